@@ -1,0 +1,142 @@
+/*
+ * nvproxy wire format: the one definition of every message between the shim
+ * (in the application) and the proxy daemon.  Python reads the block between
+ * the CDEF markers with cffi, so it must stay plain C declarations and
+ * integer #defines.
+ *
+ * A channel is a SOCK_STREAM Unix socket.  Each application thread owns one
+ * call channel; the shim's callback thread owns one callback channel.
+ *
+ *   request:  struct nvp_req, then (len - sizeof req) payload bytes
+ *   reply:    struct nvp_rep, then text_len bytes of captured device printf
+ *             output, then the rest of the payload
+ *
+ * Requests with NVP_F_REPLY set are answered with exactly one reply; all other
+ * requests are fire-and-forget (CUDA's asynchronous calls).  seq is a
+ * process-wide counter taken by the shim just before writing, so the proxy
+ * can execute submissions from all channels in the order the application
+ * made them.  seq 0 means "unordered" (HELLO only).
+ */
+#ifndef NVPROXY_WIRE_H
+#define NVPROXY_WIRE_H
+#include <stdint.h>
+
+/* CDEF-BEGIN */
+#define NVP_PROTO_VERSION 1
+#define NVP_MAX_ARGS 8
+#define NVP_MAX_PAYLOAD 268435456
+
+/* request flags */
+#define NVP_F_REPLY 1
+
+/* channel kinds (HELLO a[3]) */
+#define NVP_CHAN_CALL 0
+#define NVP_CHAN_CALLBACK 1
+
+/* operations: a[i] meanings are given beside each */
+#define NVP_OP_HELLO 1            /* a0 pid, a1 tid, a2 proto, a3 kind -> r0 device count, r1 backend (0 gpu, 1 sim) */
+#define NVP_OP_DEVICE_INFO 2      /* a0 dev -> payload struct nvp_device_info */
+#define NVP_OP_SET_DEVICE 3       /* a0 dev, a1 flags (cudaSetDeviceFlags value or ~0) */
+#define NVP_OP_DEVICE_SYNC 4      /* wait for all work of the current device */
+#define NVP_OP_DEVICE_RESET 5
+#define NVP_OP_MALLOC 6           /* a0 size -> r0 device pointer */
+#define NVP_OP_FREE 7             /* a0 device pointer (synchronises the device first) */
+#define NVP_OP_MEM_INFO 8         /* -> r0 free, r1 total */
+#define NVP_OP_HOST_REGISTER 9    /* a0 addr, a1 size, a2 flags; memfd passed with SCM_RIGHTS */
+#define NVP_OP_HOST_UNREGISTER 10 /* a0 addr */
+#define NVP_OP_MEMCPY 11          /* a0 dst, a1 src, a2 bytes, a3 stream; both addresses valid in the proxy */
+#define NVP_OP_MEMCPY_2D 12       /* a0 dst, a1 dpitch, a2 src, a3 spitch, a4 width, a5 height, a6 stream */
+#define NVP_OP_MEMSET 13          /* a0 ptr, a1 value, a2 bytes, a3 stream */
+#define NVP_OP_MEMSET_2D 14       /* a0 ptr, a1 pitch, a2 value, a3 width, a4 height, a5 stream */
+#define NVP_OP_STREAM_CREATE 15   /* a0 id, a1 flags, a2 priority */
+#define NVP_OP_STREAM_DESTROY 16  /* a0 id */
+#define NVP_OP_STREAM_SYNC 17     /* a0 id */
+#define NVP_OP_STREAM_QUERY 18    /* a0 id */
+#define NVP_OP_STREAM_WAIT_EVENT 19 /* a0 stream, a1 event, a2 flags */
+#define NVP_OP_HOST_FUNC 20       /* a0 stream, a1 callback id: run callback id in the application, in stream order */
+#define NVP_OP_EVENT_CREATE 21    /* a0 id, a1 flags */
+#define NVP_OP_EVENT_DESTROY 22   /* a0 id */
+#define NVP_OP_EVENT_RECORD 23    /* a0 event, a1 stream, a2 flags */
+#define NVP_OP_EVENT_SYNC 24      /* a0 event */
+#define NVP_OP_EVENT_QUERY 25     /* a0 event */
+#define NVP_OP_EVENT_ELAPSED 26   /* a0 start, a1 end -> r0 float bits of milliseconds */
+#define NVP_OP_MODULE_LOAD 27     /* a0 module id; payload: fatbinary */
+#define NVP_OP_KERNEL_INFO 28     /* a0 module id, a1 kernel id; payload: NUL-terminated device name -> struct nvp_kernel_info + nparams x struct nvp_param */
+#define NVP_OP_VAR_INFO 29        /* a0 module id; payload: NUL-terminated name -> r0 device address, r1 size */
+#define NVP_OP_LAUNCH 30          /* a0 kernel, a1 grid x|y<<32, a2 grid z|block x<<32, a3 block y|z<<32, a4 shmem, a5 stream, a6 flags; payload: parameter block */
+#define NVP_OP_FUNC_SET_ATTR 31   /* a0 kernel, a1 cudaFuncAttribute, a2 value */
+#define NVP_OP_OCCUPANCY 32       /* a0 kernel, a1 block size, a2 dynamic smem, a3 flags -> r0 blocks per SM */
+#define NVP_OP_SET_LIMIT 33       /* a0 cudaLimit, a1 value */
+#define NVP_OP_GET_LIMIT 34       /* a0 cudaLimit -> r0 */
+#define NVP_OP_PROFILER 35        /* a0 1 start, 0 stop */
+#define NVP_OP_STREAM_PRIORITY_RANGE 36 /* -> r0 least, r1 greatest (as int32) */
+#define NVP_OP_CACHE_CONFIG 37    /* a0 0 device set, 1 device get, 2 func set; a1 value, a2 kernel -> r0 */
+#define NVP_OP_PEER 38            /* a0 0 can-access, 1 enable, 2 disable; a1 peer, a2 flags, a3 device -> r0 */
+#define NVP_OP_STAGED_COPY 39     /* a0 device/registered address, a1 staging offset, a2 bytes, a3 stream, a4 dir (0 H2D, 1 D2H) */
+#define NVP_OP_STAGING 40         /* a0 size; memfd passed with SCM_RIGHTS -> r0 proxy-side address */
+#define NVP_OP_FLUSH 41           /* no-op with a reply: collects pending async errors and printf text */
+#define NVP_OP_COUNT 42
+
+/* launch flags */
+#define NVP_LAUNCH_COOPERATIVE 1
+
+/* memcpy a4 (MEMCPY) flags: none yet */
+
+/* callback channel message, both directions */
+struct nvp_cb {
+    uint32_t len;
+    int32_t status;
+    uint64_t id;
+    uint64_t stream;
+};
+
+struct nvp_req {
+    uint32_t len;
+    uint16_t op;
+    uint16_t flags;
+    uint64_t seq;
+    uint64_t a[8];
+};
+
+struct nvp_rep {
+    uint32_t len;
+    int32_t err;        /* result of this call (a cudaError_t) */
+    int32_t async_err;  /* first failure of this channel's earlier async calls, or 0 */
+    uint32_t text_len;  /* captured kernel printf bytes at the start of the payload */
+    uint64_t r[4];
+};
+
+/* Device properties as the runtime builds them: the shim fills
+ * cudaDeviceProp from these, and answers cudaDeviceGetAttribute locally. */
+#define NVP_MAX_ATTR 160
+struct nvp_device_info {
+    char name[256];
+    uint8_t uuid[16];
+    uint64_t total_mem;
+    uint64_t arena_base;    /* device virtual arena: cudaMalloc results lie inside */
+    uint64_t arena_size;
+    int32_t attr[160];      /* indexed by cudaDeviceAttr */
+};
+
+struct nvp_kernel_info {
+    uint32_t nparams;
+    uint32_t param_size;     /* bytes of the packed parameter block */
+    int32_t max_threads;     /* cudaFuncAttributes, queried once */
+    int32_t num_regs;
+    int32_t shared_static;
+    int32_t const_size;
+    int32_t local_size;
+    int32_t max_dyn_shared;
+    int32_t ptx_version;
+    int32_t binary_version;
+    int32_t cache_mode_ca;
+    int32_t preferred_carveout;
+};
+
+struct nvp_param {
+    uint32_t offset;
+    uint32_t size;
+};
+/* CDEF-END */
+
+#endif

@@ -1,0 +1,622 @@
+/* Modules, kernels and launches: the __cuda* registration entry points that
+ * nvcc's host code calls, kernel handles, parameter packing and launch-time
+ * checks (done here so that asynchronous launches fail where native ones do). */
+#include "shim.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define FATBIN_WRAPPER_MAGIC 0x466243b1u
+#define FATBIN_MAGIC 0xba55ed50u
+#define KERNEL_MAGIC 0x6b65726eu
+#define MAX_PARAM_BYTES 32764
+#define CONFIG_DEPTH 16
+
+struct module {
+    int id;
+    const void *image;
+    size_t size;
+    int loaded;
+    cudaError_t load_err;
+};
+
+struct kernel {
+    uint32_t magic;
+    uint32_t id;
+    struct module *mod;
+    const void *hostfun;
+    char *name;
+    int ready;
+    cudaError_t err;
+    struct nvp_kernel_info info;
+    struct nvp_param *params;
+};
+
+struct var {
+    struct module *mod;
+    char *name;
+    size_t size;
+    int resolved;
+    uint64_t addr;
+};
+
+/* pointer -> object maps (host stub / kernel handle -> kernel, host var -> var) */
+struct pmap {
+    uintptr_t *keys;
+    void **vals;
+    size_t cap, n;
+};
+
+static struct {
+    pthread_mutex_t lock;
+    struct module **mods;
+    size_t nmods, capmods;
+    uint32_t nkernels;
+    struct pmap kernels, vars;
+} R = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static size_t hash_ptr(uintptr_t k, size_t cap) { return (size_t)((k >> 3) * 0x9e3779b97f4a7c15ull) & (cap - 1); }
+
+static void *pmap_get(struct pmap *m, const void *key)
+{
+    if (!m->cap)
+        return NULL;
+    for (size_t i = hash_ptr((uintptr_t)key, m->cap);; i = (i + 1) & (m->cap - 1)) {
+        if (m->keys[i] == (uintptr_t)key)
+            return m->vals[i];
+        if (!m->keys[i])
+            return NULL;
+    }
+}
+
+static int pmap_put(struct pmap *m, const void *key, void *val)
+{
+    if (2 * (m->n + 1) > m->cap) {
+        size_t cap = m->cap ? m->cap * 2 : 256;
+        struct pmap g = {calloc(cap, sizeof(uintptr_t)), calloc(cap, sizeof(void *)), cap, 0};
+        if (!g.keys || !g.vals) {
+            free(g.keys);
+            free(g.vals);
+            return -1;
+        }
+        for (size_t i = 0; i < m->cap; i++)
+            if (m->keys[i])
+                pmap_put(&g, (void *)m->keys[i], m->vals[i]);
+        free(m->keys);
+        free(m->vals);
+        *m = g;
+    }
+    size_t i = hash_ptr((uintptr_t)key, m->cap);
+    while (m->keys[i] && m->keys[i] != (uintptr_t)key)
+        i = (i + 1) & (m->cap - 1);
+    if (!m->keys[i])
+        m->n++;
+    m->keys[i] = (uintptr_t)key;
+    m->vals[i] = val;
+    return 0;
+}
+
+/* ---- registration (runs from static constructors, before main) ---- */
+
+NVP_EXPORT void **__cudaRegisterFatBinary(void *fatCubin)
+{
+    struct module *m = calloc(1, sizeof *m);
+    if (!m)
+        return NULL;
+    const struct {
+        uint32_t magic, version;
+        const unsigned char *data;
+        void *unused;
+    } *w = fatCubin;
+    if (w && w->magic == FATBIN_WRAPPER_MAGIC && w->data) {
+        uint32_t magic;
+        uint16_t hsize;
+        uint64_t fsize;
+        memcpy(&magic, w->data, 4);
+        memcpy(&hsize, w->data + 6, 2);
+        memcpy(&fsize, w->data + 8, 8);
+        if (magic == FATBIN_MAGIC) {
+            m->image = w->data;
+            m->size = hsize + fsize;
+        }
+    }
+    pthread_mutex_lock(&R.lock);
+    if (R.nmods == R.capmods) {
+        size_t cap = R.capmods ? R.capmods * 2 : 16;
+        struct module **v = realloc(R.mods, cap * sizeof *v);
+        if (v) {
+            R.mods = v;
+            R.capmods = cap;
+        }
+    }
+    if (R.nmods < R.capmods) {
+        m->id = (int)R.nmods;
+        R.mods[R.nmods++] = m;
+    }
+    pthread_mutex_unlock(&R.lock);
+    return (void **)m;
+}
+
+NVP_EXPORT void __cudaRegisterFatBinaryEnd(void **handle) { (void)handle; }
+
+NVP_EXPORT void __cudaUnregisterFatBinary(void **handle)
+{
+    /* At exit: the proxy unloads everything when the application goes. */
+    (void)handle;
+}
+
+NVP_EXPORT void __cudaRegisterFunction(void **handle, const char *hostFun, char *deviceFun, const char *deviceName,
+                                       int thread_limit, uint3 *tid, uint3 *bid, dim3 *bDim, dim3 *gDim, int *wSize)
+{
+    (void)deviceFun;
+    (void)thread_limit;
+    (void)tid;
+    (void)bid;
+    (void)bDim;
+    (void)gDim;
+    (void)wSize;
+    struct kernel *k = calloc(1, sizeof *k);
+    if (!k)
+        return;
+    k->magic = KERNEL_MAGIC;
+    k->mod = (struct module *)handle;
+    k->hostfun = hostFun;
+    k->name = strdup(deviceName);
+    pthread_mutex_lock(&R.lock);
+    k->id = ++R.nkernels;
+    pmap_put(&R.kernels, hostFun, k);
+    pmap_put(&R.kernels, k, k);
+    pthread_mutex_unlock(&R.lock);
+}
+
+NVP_EXPORT void __cudaRegisterVar(void **handle, char *hostVar, char *deviceAddress, const char *deviceName, int ext,
+                                  size_t size, int constant, int global)
+{
+    (void)deviceAddress;
+    (void)ext;
+    (void)constant;
+    (void)global;
+    struct var *v = calloc(1, sizeof *v);
+    if (!v)
+        return;
+    v->mod = (struct module *)handle;
+    v->name = strdup(deviceName);
+    v->size = size;
+    pthread_mutex_lock(&R.lock);
+    pmap_put(&R.vars, hostVar, v);
+    pthread_mutex_unlock(&R.lock);
+}
+
+NVP_EXPORT void __cudaRegisterManagedVar(void **handle, void **hostVarPtrAddress, char *deviceAddress,
+                                         const char *deviceName, int ext, size_t size, int constant, int global)
+{
+    (void)handle;
+    (void)hostVarPtrAddress;
+    (void)deviceAddress;
+    (void)ext;
+    (void)size;
+    (void)constant;
+    (void)global;
+    nvp_log("nvproxy: __cudaRegisterManagedVar (%s) is not supported by nvproxy: __managed__ variables will not work",
+            deviceName);
+}
+
+NVP_EXPORT void __cudaRegisterHostVar(void **handle, const char *deviceName, void *hostVar, size_t size)
+{
+    (void)handle;
+    (void)hostVar;
+    (void)size;
+    nvp_log("nvproxy: __cudaRegisterHostVar (%s) is not supported by nvproxy", deviceName);
+}
+
+NVP_EXPORT void __cudaRegisterUnifiedTable(void *table) { (void)table; }
+
+NVP_EXPORT char __cudaInitModule(void **handle)
+{
+    (void)handle;
+    return 1;
+}
+
+NVP_EXPORT cudaError_t __cudaGetProcAddress(void)
+{
+    return nvp_unsupported("__cudaGetProcAddress");
+}
+
+/* ---- lazy loading: a module goes to the proxy when first needed ---- */
+
+static cudaError_t module_load(struct module *m)
+{
+    if (m->loaded)
+        return m->load_err;
+    if (!m->image)
+        return cudaErrorInvalidKernelImage;
+    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)m->id};
+    struct nvp_reply r = {0};
+    cudaError_t e = nvp_call(NVP_OP_MODULE_LOAD, a, m->image, m->size, &r, -1);
+    if (e == cudaErrorDevicesUnavailable)
+        return e; /* transport, not the module: leave it to retry */
+    m->load_err = e;
+    m->loaded = 1;
+    return e;
+}
+
+static cudaError_t kernel_ready(struct kernel *k)
+{
+    if (__atomic_load_n(&k->ready, __ATOMIC_ACQUIRE))
+        return k->err;
+    cudaError_t e = nvp_connect();
+    if (e)
+        return e;
+    pthread_mutex_lock(&R.lock);
+    if (k->ready) {
+        pthread_mutex_unlock(&R.lock);
+        return k->err;
+    }
+    e = module_load(k->mod);
+    if (e == cudaErrorDevicesUnavailable) {
+        pthread_mutex_unlock(&R.lock);
+        return e;
+    }
+    if (!e) {
+        struct {
+            struct nvp_kernel_info info;
+            struct nvp_param params[MAX_PARAM_BYTES / 4];
+        } *buf = calloc(1, sizeof *buf);
+        if (!buf) {
+            pthread_mutex_unlock(&R.lock);
+            return cudaErrorMemoryAllocation;
+        }
+        uint64_t a[NVP_MAX_ARGS] = {(uint64_t)k->mod->id, k->id};
+        struct nvp_reply r = {.out = buf, .out_cap = sizeof *buf};
+        e = nvp_call(NVP_OP_KERNEL_INFO, a, k->name, strlen(k->name) + 1, &r, -1);
+        if (e == cudaErrorDevicesUnavailable) {
+            free(buf);
+            pthread_mutex_unlock(&R.lock);
+            return e;
+        }
+        if (!e) {
+            k->info = buf->info;
+            size_t np = buf->info.nparams;
+            k->params = malloc((np ? np : 1) * sizeof *k->params);
+            if (k->params && np <= MAX_PARAM_BYTES / 4)
+                memcpy(k->params, buf->params, np * sizeof *k->params);
+            else
+                e = cudaErrorMemoryAllocation;
+        }
+        free(buf);
+    }
+    k->err = e;
+    __atomic_store_n(&k->ready, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&R.lock);
+    return e;
+}
+
+static struct kernel *kernel_of(const void *func)
+{
+    pthread_mutex_lock(&R.lock);
+    struct kernel *k = pmap_get(&R.kernels, func);
+    pthread_mutex_unlock(&R.lock);
+    return k;
+}
+
+cudaError_t nvp_var_resolve(const void *symbol, uint64_t *addr, size_t *size)
+{
+    cudaError_t e = nvp_connect();
+    if (e)
+        return e;
+    if ((e = nvp_sticky_error()))
+        return e;
+    pthread_mutex_lock(&R.lock);
+    struct var *v = pmap_get(&R.vars, symbol);
+    if (!v) {
+        pthread_mutex_unlock(&R.lock);
+        return cudaErrorInvalidSymbol;
+    }
+    if (!v->resolved) {
+        e = module_load(v->mod);
+        if (!e) {
+            uint64_t a[NVP_MAX_ARGS] = {(uint64_t)v->mod->id};
+            struct nvp_reply r = {0};
+            e = nvp_call(NVP_OP_VAR_INFO, a, v->name, strlen(v->name) + 1, &r, -1);
+            if (!e) {
+                v->addr = r.h.r[0];
+                v->resolved = 1;
+                nvp_symbol_add(v->addr, v->size);
+            }
+        }
+    }
+    *addr = v->addr;
+    *size = v->size;
+    pthread_mutex_unlock(&R.lock);
+    return e;
+}
+
+/* ---- call configuration (<<<...>>>) ---- */
+
+struct config {
+    dim3 grid, block;
+    size_t shmem;
+    void *stream;
+};
+static __thread struct config cfg_stack[CONFIG_DEPTH];
+static __thread int cfg_depth;
+
+NVP_EXPORT unsigned __cudaPushCallConfiguration(dim3 gridDim, dim3 blockDim, size_t sharedMem, struct CUstream_st *stream)
+{
+    if (cfg_depth >= CONFIG_DEPTH)
+        return 1;
+    cfg_stack[cfg_depth++] = (struct config){gridDim, blockDim, sharedMem, stream};
+    return 0;
+}
+
+NVP_EXPORT cudaError_t __cudaPopCallConfiguration(dim3 *gridDim, dim3 *blockDim, size_t *sharedMem, void *stream)
+{
+    if (cfg_depth <= 0)
+        return cudaErrorMissingConfiguration;
+    struct config c = cfg_stack[--cfg_depth];
+    *gridDim = c.grid;
+    *blockDim = c.block;
+    *sharedMem = c.shmem;
+    *(void **)stream = c.stream;
+    return cudaSuccess;
+}
+
+NVP_EXPORT cudaError_t __cudaGetKernel(cudaKernel_t *kernel, const void *hostFun)
+{
+    struct kernel *k = kernel_of(hostFun);
+    if (!kernel || !k)
+        return nvp_ret(cudaErrorInvalidDeviceFunction);
+    *kernel = (cudaKernel_t)k;
+    return cudaSuccess;
+}
+
+NVP_EXPORT cudaError_t cudaGetKernel(cudaKernel_t *kernel, const void *entryFuncAddr)
+{
+    return __cudaGetKernel(kernel, entryFuncAddr);
+}
+
+/* ---- launches ---- */
+
+static cudaError_t check_config(const struct kernel *k, dim3 g, dim3 b, size_t shmem)
+{
+    const struct nvp_device_info *d = nvp_device_info(nvp_current_device());
+    if (!d)
+        return cudaErrorDevicesUnavailable;
+    const int32_t *A = d->attr;
+    if (!g.x || !g.y || !g.z || !b.x || !b.y || !b.z)
+        return cudaErrorInvalidConfiguration;
+    if (b.x > (unsigned)A[cudaDevAttrMaxBlockDimX] || b.y > (unsigned)A[cudaDevAttrMaxBlockDimY] ||
+        b.z > (unsigned)A[cudaDevAttrMaxBlockDimZ] || g.x > (unsigned)A[cudaDevAttrMaxGridDimX] ||
+        g.y > (unsigned)A[cudaDevAttrMaxGridDimY] || g.z > (unsigned)A[cudaDevAttrMaxGridDimZ])
+        return cudaErrorInvalidConfiguration;
+    uint64_t threads = (uint64_t)b.x * b.y * b.z;
+    if (threads > (uint64_t)A[cudaDevAttrMaxThreadsPerBlock])
+        return cudaErrorInvalidConfiguration;
+    if (k->info.max_threads > 0 && threads > (uint64_t)k->info.max_threads)
+        return cudaErrorLaunchOutOfResources;
+    if (shmem > (size_t)k->info.max_dyn_shared)
+        return cudaErrorInvalidValue;
+    return cudaSuccess;
+}
+
+static __thread unsigned char param_buf[MAX_PARAM_BYTES + 4];
+
+cudaError_t nvp_launch(const void *func, dim3 grid, dim3 block, void **args, size_t shmem, cudaStream_t stream,
+                       int per_thread, unsigned flags)
+{
+    cudaError_t e = nvp_connect();
+    if (e || (e = nvp_sticky_error()))
+        return e;
+    struct kernel *k = func ? kernel_of(func) : NULL;
+    if (!k)
+        return cudaErrorInvalidDeviceFunction;
+    if ((e = kernel_ready(k)))
+        return e;
+    if ((e = check_config(k, grid, block, shmem)))
+        return e;
+    int64_t w = nvp_stream_wire(stream, per_thread);
+    if (w < 0)
+        return cudaErrorInvalidResourceHandle;
+    size_t total = k->info.param_size;
+    if (total > MAX_PARAM_BYTES)
+        return cudaErrorInvalidValue;
+    if (k->info.nparams && !args)
+        return cudaErrorInvalidValue;
+    memset(param_buf, 0, total);
+    for (uint32_t i = 0; i < k->info.nparams; i++) {
+        const struct nvp_param *p = &k->params[i];
+        if ((size_t)p->offset + p->size > total)
+            return cudaErrorInvalidValue;
+        memcpy(param_buf + p->offset, args[i], p->size);
+    }
+    uint64_t a[NVP_MAX_ARGS] = {
+        k->id,
+        grid.x | (uint64_t)grid.y << 32,
+        grid.z | (uint64_t)block.x << 32,
+        block.y | (uint64_t)block.z << 32,
+        shmem,
+        (uint64_t)w,
+        flags,
+    };
+    return nvp_call(NVP_OP_LAUNCH, a, param_buf, total, NULL, -1);
+}
+
+NVP_EXPORT cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim, void **args,
+                                          size_t sharedMem, cudaStream_t stream)
+{
+    return nvp_ret(nvp_launch(kernel, gridDim, blockDim, args, sharedMem, stream, 0, 0));
+}
+
+NVP_EXPORT cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim, void **args,
+                                               size_t sharedMem, cudaStream_t stream)
+{
+    return nvp_ret(nvp_launch(kernel, gridDim, blockDim, args, sharedMem, stream, 1, 0));
+}
+
+NVP_EXPORT cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args, size_t sharedMem,
+                                        cudaStream_t stream)
+{
+    return nvp_ret(nvp_launch(func, gridDim, blockDim, args, sharedMem, stream, 0, 0));
+}
+
+NVP_EXPORT cudaError_t cudaLaunchKernel_ptsz(const void *func, dim3 gridDim, dim3 blockDim, void **args,
+                                             size_t sharedMem, cudaStream_t stream)
+{
+    return nvp_ret(nvp_launch(func, gridDim, blockDim, args, sharedMem, stream, 1, 0));
+}
+
+NVP_EXPORT cudaError_t cudaLaunchCooperativeKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args,
+                                                   size_t sharedMem, cudaStream_t stream)
+{
+    return nvp_ret(nvp_launch(func, gridDim, blockDim, args, sharedMem, stream, 0, NVP_LAUNCH_COOPERATIVE));
+}
+
+NVP_EXPORT cudaError_t cudaLaunchCooperativeKernel_ptsz(const void *func, dim3 gridDim, dim3 blockDim, void **args,
+                                                        size_t sharedMem, cudaStream_t stream)
+{
+    return nvp_ret(nvp_launch(func, gridDim, blockDim, args, sharedMem, stream, 1, NVP_LAUNCH_COOPERATIVE));
+}
+
+NVP_EXPORT cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func, void **args)
+{
+    if (!config)
+        return nvp_ret(cudaErrorInvalidValue);
+    unsigned flags = 0;
+    for (unsigned i = 0; i < config->numAttrs; i++) {
+        const cudaLaunchAttribute *at = &config->attrs[i];
+        if (at->id == cudaLaunchAttributeCooperative && at->val.cooperative)
+            flags |= NVP_LAUNCH_COOPERATIVE;
+        else if (at->id != cudaLaunchAttributeCooperative) {
+            nvp_log("nvproxy: cudaLaunchKernelExC launch attribute %d is not supported by nvproxy", (int)at->id);
+            return nvp_ret(cudaErrorNotSupported);
+        }
+    }
+    return nvp_ret(nvp_launch(func, config->gridDim, config->blockDim, args, config->dynamicSmemBytes,
+                              config->stream, 0, flags));
+}
+
+/* ---- function attributes and occupancy ---- */
+
+static cudaError_t ready_kernel(const void *func, struct kernel **out)
+{
+    cudaError_t e = nvp_connect();
+    if (e || (e = nvp_sticky_error()))
+        return e;
+    struct kernel *k = func ? kernel_of(func) : NULL;
+    if (!k)
+        return cudaErrorInvalidDeviceFunction;
+    *out = k;
+    return kernel_ready(k);
+}
+
+NVP_EXPORT cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes *attr, const void *func)
+{
+    struct kernel *k;
+    if (!attr)
+        return nvp_ret(cudaErrorInvalidValue);
+    cudaError_t e = ready_kernel(func, &k);
+    if (e)
+        return nvp_ret(e);
+    memset(attr, 0, sizeof *attr);
+    attr->sharedSizeBytes = (size_t)k->info.shared_static;
+    attr->constSizeBytes = (size_t)k->info.const_size;
+    attr->localSizeBytes = (size_t)k->info.local_size;
+    attr->maxThreadsPerBlock = k->info.max_threads;
+    attr->numRegs = k->info.num_regs;
+    attr->ptxVersion = k->info.ptx_version;
+    attr->binaryVersion = k->info.binary_version;
+    attr->cacheModeCA = k->info.cache_mode_ca;
+    attr->maxDynamicSharedSizeBytes = k->info.max_dyn_shared;
+    attr->preferredShmemCarveout = k->info.preferred_carveout;
+    return cudaSuccess;
+}
+
+NVP_EXPORT cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value)
+{
+    struct kernel *k;
+    cudaError_t e = ready_kernel(func, &k);
+    if (e)
+        return nvp_ret(e);
+    uint64_t a[NVP_MAX_ARGS] = {k->id, (uint64_t)attr, (uint64_t)(int64_t)value};
+    struct nvp_reply r = {0};
+    e = nvp_call(NVP_OP_FUNC_SET_ATTR, a, NULL, 0, &r, -1);
+    if (!e && attr == cudaFuncAttributeMaxDynamicSharedMemorySize)
+        k->info.max_dyn_shared = value;
+    if (!e && attr == cudaFuncAttributePreferredSharedMemoryCarveout)
+        k->info.preferred_carveout = value;
+    return nvp_ret(e);
+}
+
+NVP_EXPORT cudaError_t cudaFuncSetCacheConfig(const void *func, enum cudaFuncCache cacheConfig)
+{
+    struct kernel *k;
+    cudaError_t e = ready_kernel(func, &k);
+    if (e)
+        return nvp_ret(e);
+    uint64_t a[NVP_MAX_ARGS] = {2, (uint64_t)cacheConfig, k->id};
+    struct nvp_reply r = {0};
+    return nvp_ret(nvp_call(NVP_OP_CACHE_CONFIG, a, NULL, 0, &r, -1));
+}
+
+NVP_EXPORT cudaError_t cudaFuncGetName(const char **name, const void *func)
+{
+    struct kernel *k = func ? kernel_of(func) : NULL;
+    if (!name)
+        return nvp_ret(cudaErrorInvalidValue);
+    if (!k)
+        return nvp_ret(cudaErrorInvalidDeviceFunction);
+    *name = k->name;
+    return cudaSuccess;
+}
+
+static cudaError_t occupancy(int *numBlocks, const void *func, int blockSize, size_t dynSmem, unsigned flags)
+{
+    struct kernel *k;
+    if (!numBlocks || blockSize <= 0)
+        return nvp_ret(cudaErrorInvalidValue);
+    cudaError_t e = ready_kernel(func, &k);
+    if (e)
+        return nvp_ret(e);
+    uint64_t a[NVP_MAX_ARGS] = {k->id, (uint64_t)blockSize, dynSmem, flags};
+    struct nvp_reply r = {0};
+    e = nvp_call(NVP_OP_OCCUPANCY, a, NULL, 0, &r, -1);
+    if (!e)
+        *numBlocks = (int)r.h.r[0];
+    return nvp_ret(e);
+}
+
+NVP_EXPORT cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, const void *func, int blockSize,
+                                                                     size_t dynamicSMemSize)
+{
+    return occupancy(numBlocks, func, blockSize, dynamicSMemSize, 0);
+}
+
+NVP_EXPORT cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *numBlocks, const void *func,
+                                                                              int blockSize, size_t dynamicSMemSize,
+                                                                              unsigned int flags)
+{
+    return occupancy(numBlocks, func, blockSize, dynamicSMemSize, flags);
+}
+
+NVP_EXPORT cudaError_t cudaOccupancyAvailableDynamicSMemPerBlock(size_t *dynamicSmemSize, const void *func,
+                                                                 int numBlocks, int blockSize)
+{
+    struct kernel *k;
+    if (!dynamicSmemSize || numBlocks <= 0 || blockSize <= 0)
+        return nvp_ret(cudaErrorInvalidValue);
+    cudaError_t e = ready_kernel(func, &k);
+    if (e)
+        return nvp_ret(e);
+    const struct nvp_device_info *d = nvp_device_info(nvp_current_device());
+    if (!d)
+        return nvp_ret(cudaErrorDevicesUnavailable);
+    /* per-SM shared memory split among the blocks, less the static part,
+     * capped by the per-block opt-in limit */
+    int64_t per_sm = d->attr[cudaDevAttrMaxSharedMemoryPerMultiprocessor];
+    int64_t per_block = per_sm / numBlocks - d->attr[cudaDevAttrReservedSharedMemoryPerBlock] - k->info.shared_static;
+    int64_t cap = d->attr[cudaDevAttrMaxSharedMemoryPerBlockOptin] - k->info.shared_static;
+    if (per_block > cap)
+        per_block = cap;
+    *dynamicSmemSize = per_block > 0 ? (size_t)per_block : 0;
+    return cudaSuccess;
+}

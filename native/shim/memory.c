@@ -1,0 +1,630 @@
+/* Memory: device allocations (in the proxy's arena), pinned host memory
+ * (memfd mapped at the same address in both processes), copies and memsets.
+ * Pageable host memory never reaches the proxy directly: it is staged through
+ * the thread's shared staging slots, several chunks in flight. */
+#include "shim.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define PITCH_ALIGN 512
+/* pinned host memory is placed here in both processes, far from the heap,
+ * the libraries and the device arenas (0x2000_0000_0000 + 1 TiB per device) */
+#define HOST_ARENA_BASE 0x300000000000ull
+#define HOST_ARENA_END 0x3f0000000000ull
+
+static uint64_t page_size(void) { return (uint64_t)sysconf(_SC_PAGESIZE); }
+
+static cudaError_t enter(void)
+{
+    cudaError_t e = nvp_connect();
+    return e ? e : nvp_sticky_error();
+}
+
+static cudaError_t check_device_range(const void *p, size_t n)
+{
+    uint64_t a = (uint64_t)(uintptr_t)p;
+    if (nvp_in_arena(a) && !nvp_alloc_contains(a, n))
+        return cudaErrorInvalidValue;
+    return cudaSuccess;
+}
+
+/* ---- device memory ---- */
+
+static cudaError_t device_alloc(void **p, size_t size)
+{
+    if (!p)
+        return nvp_ret(cudaErrorInvalidValue);
+    cudaError_t e = enter();
+    if (e)
+        return nvp_ret(e);
+    if (size == 0) {
+        *p = NULL;
+        return cudaSuccess;
+    }
+    uint64_t a[NVP_MAX_ARGS] = {size};
+    struct nvp_reply r = {0};
+    e = nvp_call(NVP_OP_MALLOC, a, NULL, 0, &r, -1);
+    if (e)
+        return nvp_ret(e);
+    nvp_alloc_add(r.h.r[0], size);
+    *p = (void *)(uintptr_t)r.h.r[0];
+    return cudaSuccess;
+}
+
+NVP_EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size) { return device_alloc(devPtr, size); }
+
+NVP_EXPORT cudaError_t cudaMallocPitch(void **devPtr, size_t *pitch, size_t width, size_t height)
+{
+    if (!pitch)
+        return nvp_ret(cudaErrorInvalidValue);
+    size_t pt = (width + PITCH_ALIGN - 1) / PITCH_ALIGN * PITCH_ALIGN;
+    cudaError_t e = device_alloc(devPtr, pt * height);
+    if (!e)
+        *pitch = pt;
+    return e;
+}
+
+NVP_EXPORT cudaError_t cudaFree(void *devPtr)
+{
+    cudaError_t e = enter();
+    if (e)
+        return nvp_ret(e);
+    if (!devPtr)
+        return cudaSuccess;
+    uint64_t p = (uint64_t)(uintptr_t)devPtr;
+    if (nvp_alloc_remove(p) != 0)
+        return nvp_ret(cudaErrorInvalidValue);
+    uint64_t a[NVP_MAX_ARGS] = {p};
+    return nvp_ret(nvp_call(NVP_OP_FREE, a, NULL, 0, NULL, -1));
+}
+
+NVP_EXPORT cudaError_t cudaMemGetInfo(size_t *free_, size_t *total)
+{
+    if (!free_ || !total)
+        return nvp_ret(cudaErrorInvalidValue);
+    cudaError_t e = enter();
+    if (e)
+        return nvp_ret(e);
+    uint64_t a[NVP_MAX_ARGS] = {0};
+    struct nvp_reply r = {0};
+    e = nvp_call(NVP_OP_MEM_INFO, a, NULL, 0, &r, -1);
+    if (!e) {
+        *free_ = r.h.r[0];
+        *total = r.h.r[1];
+    }
+    return nvp_ret(e);
+}
+
+/* ---- pinned host memory ---- */
+
+static _Atomic uint64_t host_cursor = HOST_ARENA_BASE;
+
+static cudaError_t share_with_proxy(int fd, uint64_t base, uint64_t size, unsigned flags)
+{
+    uint64_t a[NVP_MAX_ARGS] = {base, size, flags};
+    struct nvp_reply r = {0};
+    return nvp_call(NVP_OP_HOST_REGISTER, a, NULL, 0, &r, fd);
+}
+
+static cudaError_t host_alloc(void **pHost, size_t size, unsigned flags)
+{
+    if (!pHost)
+        return nvp_ret(cudaErrorInvalidValue);
+    cudaError_t e = enter();
+    if (e)
+        return nvp_ret(e);
+    if (size == 0) {
+        *pHost = NULL;
+        return cudaSuccess;
+    }
+    uint64_t len = (size + page_size() - 1) / page_size() * page_size();
+    int fd = memfd_create("nvproxy-pinned", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)len) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return nvp_ret(cudaErrorMemoryAllocation);
+    }
+    /* the same address must be free in both processes: try places in the host
+     * arena until both sides can map there */
+    e = cudaErrorMemoryAllocation;
+    for (int tries = 0; tries < 64; tries++) {
+        uint64_t at = atomic_fetch_add(&host_cursor, len + (2ull << 20));
+        if (at + len > HOST_ARENA_END)
+            break;
+        void *p = mmap((void *)(uintptr_t)at, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
+        if (p == MAP_FAILED)
+            continue;
+        if ((uint64_t)(uintptr_t)p != at) { /* kernels without NOREPLACE treat it as a hint */
+            munmap(p, len);
+            continue;
+        }
+        e = share_with_proxy(fd, at, len, flags);
+        if (e == cudaSuccess) {
+            struct nvp_host_region h = {at, len, at, size, NVP_HOST_ALLOC, flags};
+            nvp_host_add(&h);
+            *pHost = p;
+            break;
+        }
+        munmap(p, len);
+        if (e != cudaErrorAlreadyMapped)
+            break;
+    }
+    close(fd);
+    return nvp_ret(e);
+}
+
+NVP_EXPORT cudaError_t cudaMallocHost(void **ptr, size_t size) { return host_alloc(ptr, size, cudaHostAllocDefault); }
+
+NVP_EXPORT cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
+{
+    if (flags & ~(unsigned)(cudaHostAllocPortable | cudaHostAllocMapped | cudaHostAllocWriteCombined))
+        return nvp_ret(cudaErrorInvalidValue);
+    return host_alloc(pHost, size, flags);
+}
+
+static cudaError_t unregister_in_proxy(uint64_t base)
+{
+    uint64_t a[NVP_MAX_ARGS] = {base};
+    struct nvp_reply r = {0};
+    return nvp_call(NVP_OP_HOST_UNREGISTER, a, NULL, 0, &r, -1);
+}
+
+NVP_EXPORT cudaError_t cudaFreeHost(void *ptr)
+{
+    cudaError_t e = enter();
+    if (e)
+        return nvp_ret(e);
+    if (!ptr)
+        return cudaSuccess;
+    struct nvp_host_region h;
+    if (!nvp_host_shared((uint64_t)(uintptr_t)ptr, 0, &h) || h.kind != NVP_HOST_ALLOC || h.user != (uint64_t)(uintptr_t)ptr)
+        return nvp_ret(cudaErrorInvalidValue);
+    nvp_host_remove(h.user, NULL);
+    e = unregister_in_proxy(h.base);
+    munmap((void *)(uintptr_t)h.base, h.size);
+    return nvp_ret(e);
+}
+
+NVP_EXPORT cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags)
+{
+    cudaError_t e = enter();
+    if (e)
+        return nvp_ret(e);
+    if (!ptr || size == 0)
+        return nvp_ret(cudaErrorInvalidValue);
+    uint64_t user = (uint64_t)(uintptr_t)ptr;
+    for (uint64_t off = 0; off < size; off += page_size())
+        if (nvp_host_shared(user + off, 1, NULL))
+            return nvp_ret(cudaErrorHostMemoryAlreadyRegistered);
+    if (nvp_host_shared(user + size - 1, 1, NULL))
+        return nvp_ret(cudaErrorHostMemoryAlreadyRegistered);
+    uint64_t base = user & ~(page_size() - 1);
+    uint64_t len = (user + size - base + page_size() - 1) / page_size() * page_size();
+    /* Move the pages into a memfd, in place: same address, same contents,
+     * now shareable with the proxy. */
+    int fd = memfd_create("nvproxy-registered", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)len) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return nvp_ret(cudaErrorMemoryAllocation);
+    }
+    void *tmp = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (tmp == MAP_FAILED) {
+        close(fd);
+        return nvp_ret(cudaErrorMemoryAllocation);
+    }
+    memcpy(tmp, (void *)(uintptr_t)base, len);
+    void *p = mmap((void *)(uintptr_t)base, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+    munmap(tmp, len);
+    if (p == MAP_FAILED) {
+        close(fd);
+        return nvp_ret(cudaErrorInvalidValue);
+    }
+    e = share_with_proxy(fd, base, len, flags);
+    close(fd);
+    if (e)
+        return nvp_ret(e == cudaErrorAlreadyMapped ? cudaErrorHostMemoryAlreadyRegistered : e);
+    struct nvp_host_region h = {base, len, user, size, NVP_HOST_REGISTERED, flags};
+    nvp_host_add(&h);
+    return cudaSuccess;
+}
+
+NVP_EXPORT cudaError_t cudaHostUnregister(void *ptr)
+{
+    cudaError_t e = enter();
+    if (e)
+        return nvp_ret(e);
+    struct nvp_host_region h;
+    if (!ptr || nvp_host_remove((uint64_t)(uintptr_t)ptr, &h) != 0)
+        return nvp_ret(cudaErrorHostMemoryNotRegistered);
+    if (h.kind != NVP_HOST_REGISTERED) {
+        nvp_host_add(&h);
+        return nvp_ret(cudaErrorHostMemoryNotRegistered);
+    }
+    /* the pages stay where they are (shared memory now, same contents) */
+    return nvp_ret(unregister_in_proxy(h.base));
+}
+
+NVP_EXPORT cudaError_t cudaHostGetDevicePointer(void **pDevice, void *pHost, unsigned int flags)
+{
+    if (!pDevice || flags != 0)
+        return nvp_ret(cudaErrorInvalidValue);
+    if (!nvp_host_shared((uint64_t)(uintptr_t)pHost, 1, NULL))
+        return nvp_ret(cudaErrorInvalidValue);
+    *pDevice = pHost; /* unified addressing: mapped at the same address in the proxy */
+    return cudaSuccess;
+}
+
+NVP_EXPORT cudaError_t cudaHostGetFlags(unsigned int *pFlags, void *pHost)
+{
+    struct nvp_host_region h;
+    if (!pFlags || !nvp_host_shared((uint64_t)(uintptr_t)pHost, 1, &h))
+        return nvp_ret(cudaErrorInvalidValue);
+    *pFlags = h.flags | cudaHostAllocMapped;
+    return cudaSuccess;
+}
+
+NVP_EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const void *ptr)
+{
+    if (!attr)
+        return nvp_ret(cudaErrorInvalidValue);
+    uint64_t p = (uint64_t)(uintptr_t)ptr;
+    memset(attr, 0, sizeof *attr);
+    attr->device = nvp_current_device();
+    if (nvp_is_device_ptr(p)) {
+        attr->type = cudaMemoryTypeDevice;
+        attr->devicePointer = (void *)ptr;
+        for (int d = 0; d < nvp_device_count(); d++) {
+            const struct nvp_device_info *di = nvp_device_info(d);
+            if (di && p >= di->arena_base && p - di->arena_base < di->arena_size)
+                attr->device = d;
+        }
+    } else if (nvp_host_shared(p, 1, NULL)) {
+        attr->type = cudaMemoryTypeHost;
+        attr->devicePointer = (void *)ptr;
+        attr->hostPointer = (void *)ptr;
+    } else {
+        attr->type = cudaMemoryTypeUnregistered;
+    }
+    return cudaSuccess;
+}
+
+/* ---- copies ---- */
+
+static int pageable(uint64_t p, size_t n) { return !nvp_is_device_ptr(p) && !nvp_host_shared(p, n, NULL); }
+
+static cudaError_t staged_h2d(uint64_t dst, const char *src, size_t n, int64_t stream)
+{
+    struct nvp_staging *s;
+    cudaError_t e = nvp_staging(&s), first = cudaSuccess;
+    if (e)
+        return e;
+    size_t chunks = (n + s->slot_size - 1) / s->slot_size, waited = 0;
+    for (size_t k = 0; k < chunks; k++) {
+        size_t slot = k % (size_t)s->nslots, off = k * s->slot_size;
+        size_t len = n - off < s->slot_size ? n - off : s->slot_size;
+        if (k >= (size_t)s->nslots) { /* that slot's previous chunk must be on the device */
+            struct nvp_reply r = {0};
+            e = nvp_wait_pending(&r);
+            waited++;
+            if (e && !first)
+                first = e;
+            if (e == cudaErrorDevicesUnavailable)
+                return e;
+        }
+        memcpy(s->base + slot * s->slot_size, src + off, len);
+        uint64_t a[NVP_MAX_ARGS] = {dst + off, slot * s->slot_size, len, (uint64_t)stream, 0};
+        e = nvp_send_pending(NVP_OP_STAGED_COPY, a);
+        if (e)
+            return e;
+    }
+    for (; waited < chunks; waited++) {
+        struct nvp_reply r = {0};
+        e = nvp_wait_pending(&r);
+        if (e && !first)
+            first = e;
+        if (e == cudaErrorDevicesUnavailable)
+            return e;
+    }
+    return first;
+}
+
+static cudaError_t staged_d2h(char *dst, uint64_t src, size_t n, int64_t stream)
+{
+    struct nvp_staging *s;
+    cudaError_t e = nvp_staging(&s), first = cudaSuccess;
+    if (e)
+        return e;
+    size_t chunks = (n + s->slot_size - 1) / s->slot_size;
+    size_t sent = 0;
+    for (; sent < chunks && sent < (size_t)s->nslots; sent++) {
+        size_t off = sent * s->slot_size, len = n - off < s->slot_size ? n - off : s->slot_size;
+        uint64_t a[NVP_MAX_ARGS] = {src + off, (sent % (size_t)s->nslots) * s->slot_size, len, (uint64_t)stream, 1};
+        if ((e = nvp_send_pending(NVP_OP_STAGED_COPY, a)))
+            return e;
+    }
+    for (size_t k = 0; k < chunks; k++) {
+        struct nvp_reply r = {0};
+        e = nvp_wait_pending(&r);
+        if (e == cudaErrorDevicesUnavailable)
+            return e;
+        size_t slot = k % (size_t)s->nslots, off = k * s->slot_size;
+        size_t len = n - off < s->slot_size ? n - off : s->slot_size;
+        if (e && !first)
+            first = e;
+        if (!first)
+            memcpy(dst + off, s->base + slot * s->slot_size, len);
+        if (sent < chunks) { /* refill the slot just emptied */
+            size_t o2 = sent * s->slot_size, l2 = n - o2 < s->slot_size ? n - o2 : s->slot_size;
+            uint64_t a[NVP_MAX_ARGS] = {src + o2, slot * s->slot_size, l2, (uint64_t)stream, 1};
+            if ((e = nvp_send_pending(NVP_OP_STAGED_COPY, a)))
+                return e;
+            sent++;
+        }
+    }
+    return first;
+}
+
+cudaError_t nvp_memcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, int64_t stream,
+                       int is_async)
+{
+    cudaError_t e = enter();
+    if (e)
+        return e;
+    if ((unsigned)kind > cudaMemcpyDefault)
+        return cudaErrorInvalidMemcpyDirection;
+    if (stream < 0)
+        return cudaErrorInvalidResourceHandle;
+    if (n == 0)
+        return cudaSuccess;
+    if (!dst || !src)
+        return cudaErrorInvalidValue;
+    uint64_t d = (uint64_t)(uintptr_t)dst, s = (uint64_t)(uintptr_t)src;
+    if ((e = check_device_range(dst, n)) || (e = check_device_range(src, n)))
+        return e;
+    int dpage = pageable(d, n), spage = pageable(s, n);
+    if (dpage && spage) { /* host to host: ordered after earlier work, like the runtime */
+        if (!is_async) {
+            uint64_t a[NVP_MAX_ARGS] = {(uint64_t)stream};
+            struct nvp_reply r = {0};
+            if ((e = nvp_call(NVP_OP_STREAM_SYNC, a, NULL, 0, &r, -1)))
+                return e;
+        }
+        memmove(dst, src, n);
+        return cudaSuccess;
+    }
+    if (spage)
+        return staged_h2d(d, src, n, stream);
+    if (dpage)
+        return staged_d2h(dst, s, n, stream);
+    uint64_t a[NVP_MAX_ARGS] = {d, s, n, (uint64_t)stream};
+    struct nvp_reply r = {0};
+    return nvp_call(NVP_OP_MEMCPY, a, NULL, 0, is_async ? NULL : &r, -1);
+}
+
+NVP_EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
+{
+    return nvp_ret(nvp_memcpy(dst, src, count, kind, NVP_STREAM_LEGACY, 0));
+}
+
+NVP_EXPORT cudaError_t cudaMemcpy_ptds(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
+{
+    return nvp_ret(nvp_memcpy(dst, src, count, kind, NVP_STREAM_PER_THREAD, 0));
+}
+
+NVP_EXPORT cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                                       cudaStream_t stream)
+{
+    return nvp_ret(nvp_memcpy(dst, src, count, kind, nvp_stream_wire(stream, 0), 1));
+}
+
+NVP_EXPORT cudaError_t cudaMemcpyAsync_ptsz(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                                            cudaStream_t stream)
+{
+    return nvp_ret(nvp_memcpy(dst, src, count, kind, nvp_stream_wire(stream, 1), 1));
+}
+
+NVP_EXPORT cudaError_t cudaMemcpyPeer(void *dst, int dstDevice, const void *src, int srcDevice, size_t count)
+{
+    (void)dstDevice;
+    (void)srcDevice;
+    return nvp_ret(nvp_memcpy(dst, src, count, cudaMemcpyDeviceToDevice, NVP_STREAM_LEGACY, 0));
+}
+
+NVP_EXPORT cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *src, int srcDevice, size_t count,
+                                           cudaStream_t stream)
+{
+    (void)dstDevice;
+    (void)srcDevice;
+    return nvp_ret(nvp_memcpy(dst, src, count, cudaMemcpyDeviceToDevice, nvp_stream_wire(stream, 0), 1));
+}
+
+static cudaError_t memcpy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                            size_t height, enum cudaMemcpyKind kind, int64_t stream, int is_async)
+{
+    if (width > dpitch || width > spitch)
+        return cudaErrorInvalidPitchValue;
+    if (width == 0 || height == 0)
+        return cudaSuccess;
+    if (dpitch == width && spitch == width)
+        return nvp_memcpy(dst, src, width * height, kind, stream, is_async);
+    uint64_t d = (uint64_t)(uintptr_t)dst, s = (uint64_t)(uintptr_t)src;
+    size_t dspan = dpitch * (height - 1) + width, sspan = spitch * (height - 1) + width;
+    if (!pageable(d, dspan) && !pageable(s, sspan)) {
+        cudaError_t e = enter();
+        if (e)
+            return e;
+        if ((e = check_device_range(dst, dspan)) || (e = check_device_range(src, sspan)))
+            return e;
+        uint64_t a[NVP_MAX_ARGS] = {d, dpitch, s, spitch, width, height, (uint64_t)stream};
+        struct nvp_reply r = {0};
+        return nvp_call(NVP_OP_MEMCPY_2D, a, NULL, 0, is_async ? NULL : &r, -1);
+    }
+    /* pageable host rows: one staged copy per row */
+    for (size_t row = 0; row < height; row++) {
+        cudaError_t e = nvp_memcpy((char *)dst + row * dpitch, (const char *)src + row * spitch, width, kind,
+                                   stream, is_async);
+        if (e)
+            return e;
+    }
+    return cudaSuccess;
+}
+
+NVP_EXPORT cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                                    size_t height, enum cudaMemcpyKind kind)
+{
+    return nvp_ret(memcpy2d(dst, dpitch, src, spitch, width, height, kind, NVP_STREAM_LEGACY, 0));
+}
+
+NVP_EXPORT cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                                         size_t height, enum cudaMemcpyKind kind, cudaStream_t stream)
+{
+    return nvp_ret(memcpy2d(dst, dpitch, src, spitch, width, height, kind, nvp_stream_wire(stream, 0), 1));
+}
+
+/* ---- memset ---- */
+
+static cudaError_t memset_(void *p, int value, size_t n, int64_t stream)
+{
+    cudaError_t e = enter();
+    if (e)
+        return e;
+    if (stream < 0)
+        return cudaErrorInvalidResourceHandle;
+    if (n == 0)
+        return cudaSuccess;
+    if (!p || (e = check_device_range(p, n)))
+        return cudaErrorInvalidValue;
+    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)(uintptr_t)p, (uint64_t)(value & 0xff), n, (uint64_t)stream};
+    return nvp_call(NVP_OP_MEMSET, a, NULL, 0, NULL, -1);
+}
+
+NVP_EXPORT cudaError_t cudaMemset(void *p, int value, size_t count)
+{
+    return nvp_ret(memset_(p, value, count, NVP_STREAM_LEGACY));
+}
+
+NVP_EXPORT cudaError_t cudaMemset_ptds(void *p, int value, size_t count)
+{
+    return nvp_ret(memset_(p, value, count, NVP_STREAM_PER_THREAD));
+}
+
+NVP_EXPORT cudaError_t cudaMemsetAsync(void *p, int value, size_t count, cudaStream_t stream)
+{
+    return nvp_ret(memset_(p, value, count, nvp_stream_wire(stream, 0)));
+}
+
+NVP_EXPORT cudaError_t cudaMemsetAsync_ptsz(void *p, int value, size_t count, cudaStream_t stream)
+{
+    return nvp_ret(memset_(p, value, count, nvp_stream_wire(stream, 1)));
+}
+
+static cudaError_t memset2d(void *p, size_t pitch, int value, size_t width, size_t height, int64_t stream)
+{
+    cudaError_t e = enter();
+    if (e)
+        return e;
+    if (stream < 0)
+        return cudaErrorInvalidResourceHandle;
+    if (width == 0 || height == 0)
+        return cudaSuccess;
+    if (width > pitch)
+        return cudaErrorInvalidValue;
+    if (!p || check_device_range(p, pitch * (height - 1) + width))
+        return cudaErrorInvalidValue;
+    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)(uintptr_t)p, pitch, (uint64_t)(value & 0xff), width, height,
+                                (uint64_t)stream};
+    return nvp_call(NVP_OP_MEMSET_2D, a, NULL, 0, NULL, -1);
+}
+
+NVP_EXPORT cudaError_t cudaMemset2D(void *p, size_t pitch, int value, size_t width, size_t height)
+{
+    return nvp_ret(memset2d(p, pitch, value, width, height, NVP_STREAM_LEGACY));
+}
+
+NVP_EXPORT cudaError_t cudaMemset2DAsync(void *p, size_t pitch, int value, size_t width, size_t height,
+                                         cudaStream_t stream)
+{
+    return nvp_ret(memset2d(p, pitch, value, width, height, nvp_stream_wire(stream, 0)));
+}
+
+/* ---- symbols ---- */
+
+static cudaError_t symbol_copy(const void *symbol, size_t count, size_t offset, void **devp)
+{
+    uint64_t addr;
+    size_t size;
+    cudaError_t e = nvp_var_resolve(symbol, &addr, &size);
+    if (e)
+        return e;
+    if (offset > size || count > size - offset)
+        return cudaErrorInvalidValue;
+    *devp = (void *)(uintptr_t)(addr + offset);
+    return cudaSuccess;
+}
+
+NVP_EXPORT cudaError_t cudaMemcpyToSymbol(const void *symbol, const void *src, size_t count, size_t offset,
+                                          enum cudaMemcpyKind kind)
+{
+    void *d;
+    cudaError_t e = symbol_copy(symbol, count, offset, &d);
+    if (!e && kind != cudaMemcpyHostToDevice && kind != cudaMemcpyDeviceToDevice && kind != cudaMemcpyDefault)
+        e = cudaErrorInvalidMemcpyDirection;
+    return nvp_ret(e ? e : nvp_memcpy(d, src, count, kind, NVP_STREAM_LEGACY, 0));
+}
+
+NVP_EXPORT cudaError_t cudaMemcpyFromSymbol(void *dst, const void *symbol, size_t count, size_t offset,
+                                            enum cudaMemcpyKind kind)
+{
+    void *d;
+    cudaError_t e = symbol_copy(symbol, count, offset, &d);
+    if (!e && kind != cudaMemcpyDeviceToHost && kind != cudaMemcpyDeviceToDevice && kind != cudaMemcpyDefault)
+        e = cudaErrorInvalidMemcpyDirection;
+    return nvp_ret(e ? e : nvp_memcpy(dst, d, count, kind, NVP_STREAM_LEGACY, 0));
+}
+
+NVP_EXPORT cudaError_t cudaMemcpyToSymbolAsync(const void *symbol, const void *src, size_t count, size_t offset,
+                                               enum cudaMemcpyKind kind, cudaStream_t stream)
+{
+    void *d;
+    cudaError_t e = symbol_copy(symbol, count, offset, &d);
+    return nvp_ret(e ? e : nvp_memcpy(d, src, count, kind, nvp_stream_wire(stream, 0), 1));
+}
+
+NVP_EXPORT cudaError_t cudaMemcpyFromSymbolAsync(void *dst, const void *symbol, size_t count, size_t offset,
+                                                 enum cudaMemcpyKind kind, cudaStream_t stream)
+{
+    void *d;
+    cudaError_t e = symbol_copy(symbol, count, offset, &d);
+    return nvp_ret(e ? e : nvp_memcpy(dst, d, count, kind, nvp_stream_wire(stream, 0), 1));
+}
+
+NVP_EXPORT cudaError_t cudaGetSymbolAddress(void **devPtr, const void *symbol)
+{
+    if (!devPtr)
+        return nvp_ret(cudaErrorInvalidValue);
+    uint64_t addr;
+    size_t size;
+    cudaError_t e = nvp_var_resolve(symbol, &addr, &size);
+    if (!e)
+        *devPtr = (void *)(uintptr_t)addr;
+    return nvp_ret(e);
+}
+
+NVP_EXPORT cudaError_t cudaGetSymbolSize(size_t *size, const void *symbol)
+{
+    if (!size)
+        return nvp_ret(cudaErrorInvalidValue);
+    uint64_t addr;
+    return nvp_ret(nvp_var_resolve(symbol, &addr, size));
+}
+
+NVP_EXPORT struct cudaChannelFormatDesc cudaCreateChannelDesc(int x, int y, int z, int w, enum cudaChannelFormatKind f)
+{
+    struct cudaChannelFormatDesc d = {x, y, z, w, f};
+    return d;
+}

@@ -1,0 +1,130 @@
+/* Internal interfaces of the nvproxy shim (libnvproxy.so). */
+#ifndef NVP_SHIM_H
+#define NVP_SHIM_H
+
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <cuda_runtime_api.h>
+
+#include "nvproxy_wire.h"
+
+#define NVP_MAX_DEVICES 64
+#define NVP_EXPORT __attribute__((visibility("default")))
+
+/* Wire encodings of the two implicit streams. */
+#define NVP_STREAM_LEGACY 0
+#define NVP_STREAM_PER_THREAD 2
+
+/* ---- transport.c ---- */
+struct nvp_reply {
+    struct nvp_rep h;
+    void *out;      /* caller's buffer for the payload (after the printf text) */
+    size_t out_cap;
+    size_t out_len; /* payload bytes received */
+};
+
+/* Make sure this thread has a channel to the proxy; cudaSuccess or the error
+ * every call must return (dead proxy, no proxy could be started). */
+cudaError_t nvp_connect(void);
+/* Send a request; payload may be NULL.  With reply != NULL the call waits for
+ * the reply (NVP_F_REPLY is set).  fd >= 0 is passed along with SCM_RIGHTS.
+ * Returns the call's cudaError_t (transport failure, or the reply's err). */
+cudaError_t nvp_call(uint16_t op, const uint64_t a[NVP_MAX_ARGS], const void *payload, size_t plen,
+                     struct nvp_reply *reply, int fd);
+/* Two-part payload variant (header + big payload without copying). */
+cudaError_t nvp_callv(uint16_t op, const uint64_t a[NVP_MAX_ARGS], const void *p1, size_t l1,
+                      const void *p2, size_t l2, struct nvp_reply *reply, int fd);
+/* Pipelined requests: send with a reply pending, collect replies later, in order. */
+cudaError_t nvp_send_pending(uint16_t op, const uint64_t a[NVP_MAX_ARGS]);
+cudaError_t nvp_wait_pending(struct nvp_reply *reply);
+
+int nvp_device_count(void);
+int nvp_driver_version(void);
+int nvp_backend_is_sim(void);
+/* The thread's current device (cudaSetDevice is per thread). */
+int nvp_current_device(void);
+void nvp_set_current_device(int dev);
+/* Per-thread staging buffer for pageable copies (created on first use). */
+struct nvp_staging {
+    char *base;
+    size_t slot_size;
+    int nslots;
+};
+cudaError_t nvp_staging(struct nvp_staging **out);
+/* Print one line to stderr naming a call nvproxy does not support. */
+cudaError_t nvp_unsupported(const char *call);
+void nvp_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+int nvp_trace_enabled(void);
+
+/* ---- errors.c ---- */
+cudaError_t nvp_ret(cudaError_t err);       /* records err as this thread's last error */
+void nvp_note_async_error(cudaError_t err); /* an earlier async call failed */
+cudaError_t nvp_sticky_error(void);
+int nvp_is_sticky(cudaError_t err);
+void nvp_set_sticky(cudaError_t err);
+
+/* ---- tables.c ---- */
+/* Device allocations (cudaMalloc family) known to the shim. */
+void nvp_alloc_add(uint64_t base, uint64_t size);
+int nvp_alloc_remove(uint64_t base); /* 0 if base was a live allocation */
+/* Does [p, p+n) lie in the device arena; and if so, inside a live allocation? */
+int nvp_in_arena(uint64_t p);
+int nvp_alloc_contains(uint64_t p, uint64_t n);
+/* Module variables live outside the arena; the shim learns their ranges. */
+void nvp_symbol_add(uint64_t base, uint64_t size);
+/* Arena or module-variable address: memory of a device, not of the host. */
+int nvp_is_device_ptr(uint64_t p);
+
+enum nvp_host_kind { NVP_HOST_ALLOC = 1, NVP_HOST_REGISTERED = 2 };
+struct nvp_host_region {
+    uint64_t base, size;    /* the whole mapping (page aligned) */
+    uint64_t user, user_size; /* what the application asked for */
+    int kind;
+    unsigned flags;
+};
+void nvp_host_add(const struct nvp_host_region *r);
+int nvp_host_remove(uint64_t user, struct nvp_host_region *out);
+/* Is [p, p+n) inside memory the proxy can address (pinned/registered)? */
+int nvp_host_shared(uint64_t p, uint64_t n, struct nvp_host_region *out);
+
+/* Handle tables: streams and events are small IDs owned by nvproxy. */
+enum nvp_handle_type { NVP_H_STREAM = 1, NVP_H_EVENT = 2 };
+struct nvp_stream_rec {
+    int device;
+    unsigned flags;
+    int priority;
+};
+struct nvp_event_rec {
+    int device;
+    unsigned flags;
+    int recorded;
+};
+uint64_t nvp_handle_new(int type, const void *rec, size_t rec_size);
+int nvp_handle_get(int type, uint64_t handle, void *rec, size_t rec_size); /* 0 ok */
+int nvp_handle_set(int type, uint64_t handle, const void *rec, size_t rec_size);
+int nvp_handle_free(int type, uint64_t handle);
+uint32_t nvp_handle_id(uint64_t handle);
+
+/* ---- stream.c ---- */
+/* Translate an application stream to its wire value; -1 if invalid. */
+int64_t nvp_stream_wire(cudaStream_t s, int per_thread_default);
+/* The callback thread, started on first use. */
+cudaError_t nvp_callbacks_start(void);
+
+/* ---- device.c ---- */
+const struct nvp_device_info *nvp_device_info(int dev);
+
+/* ---- launch.c ---- */
+cudaError_t nvp_var_resolve(const void *symbol, uint64_t *addr, size_t *size);
+cudaError_t nvp_launch(const void *func, dim3 grid, dim3 block, void **args, size_t shmem,
+                       cudaStream_t stream, int per_thread, unsigned flags);
+
+/* ---- memory.c ---- */
+cudaError_t nvp_memcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
+                       int64_t wire_stream, int is_async);
+
+#endif

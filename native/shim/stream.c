@@ -1,0 +1,455 @@
+/* Streams, events and host callbacks.  Handles are nvproxy's own IDs (they
+ * must survive a restart into a fresh proxy); callbacks run here, in the
+ * application, on a callback thread the proxy drives in stream order. */
+#include "shim.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define WIRE_ID_BASE 16 /* wire ids 0 and 2 are the legacy and per-thread streams */
+
+int nvp_open_channel(int kind, struct nvp_rep *rep);
+
+static cudaError_t enter(void)
+{
+    cudaError_t e = nvp_connect();
+    return e ? e : nvp_sticky_error();
+}
+
+int64_t nvp_stream_wire(cudaStream_t s, int per_thread_default)
+{
+    uint64_t h = (uint64_t)(uintptr_t)s;
+    if (h == 0)
+        return per_thread_default ? NVP_STREAM_PER_THREAD : NVP_STREAM_LEGACY;
+    if (s == cudaStreamLegacy)
+        return NVP_STREAM_LEGACY;
+    if (s == cudaStreamPerThread)
+        return NVP_STREAM_PER_THREAD;
+    if (nvp_handle_get(NVP_H_STREAM, h, NULL, 0) != 0)
+        return -1;
+    return (int64_t)nvp_handle_id(h) + WIRE_ID_BASE;
+}
+
+static int64_t event_wire(cudaEvent_t e)
+{
+    uint64_t h = (uint64_t)(uintptr_t)e;
+    if (nvp_handle_get(NVP_H_EVENT, h, NULL, 0) != 0)
+        return -1;
+    return (int64_t)nvp_handle_id(h) + WIRE_ID_BASE;
+}
+
+/* ---- streams ---- */
+
+static cudaError_t stream_create(cudaStream_t *ps, unsigned flags, int priority)
+{
+    if (!ps || (flags & ~(unsigned)cudaStreamNonBlocking))
+        return nvp_ret(cudaErrorInvalidValue);
+    cudaError_t e = enter();
+    if (e)
+        return nvp_ret(e);
+    int least = 0, greatest = 0;
+    if (priority != 0) { /* clamped to the device's range, as the runtime does */
+        if ((e = cudaDeviceGetStreamPriorityRange(&least, &greatest)))
+            return e;
+        if (priority > least)
+            priority = least;
+        if (priority < greatest)
+            priority = greatest;
+    }
+    struct nvp_stream_rec rec = {nvp_current_device(), flags, priority};
+    uint64_t h = nvp_handle_new(NVP_H_STREAM, &rec, sizeof rec);
+    if (!h)
+        return nvp_ret(cudaErrorMemoryAllocation);
+    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)nvp_handle_id(h) + WIRE_ID_BASE, flags, (uint64_t)(int64_t)priority};
+    if ((e = nvp_call(NVP_OP_STREAM_CREATE, a, NULL, 0, NULL, -1))) {
+        nvp_handle_free(NVP_H_STREAM, h);
+        return nvp_ret(e);
+    }
+    *ps = (cudaStream_t)(uintptr_t)h;
+    return cudaSuccess;
+}
+
+NVP_EXPORT cudaError_t cudaStreamCreate(cudaStream_t *ps) { return stream_create(ps, 0, 0); }
+
+NVP_EXPORT cudaError_t cudaStreamCreateWithFlags(cudaStream_t *ps, unsigned int flags)
+{
+    return stream_create(ps, flags, 0);
+}
+
+NVP_EXPORT cudaError_t cudaStreamCreateWithPriority(cudaStream_t *ps, unsigned int flags, int priority)
+{
+    return stream_create(ps, flags, priority);
+}
+
+NVP_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t s)
+{
+    cudaError_t e = enter();
+    if (e)
+        return nvp_ret(e);
+    int64_t w = nvp_stream_wire(s, 0);
+    if (w < WIRE_ID_BASE)
+        return nvp_ret(cudaErrorInvalidResourceHandle);
+    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w};
+    e = nvp_call(NVP_OP_STREAM_DESTROY, a, NULL, 0, NULL, -1);
+    nvp_handle_free(NVP_H_STREAM, (uint64_t)(uintptr_t)s);
+    return nvp_ret(e);
+}
+
+static cudaError_t stream_wait_op(uint16_t op, cudaStream_t s, int per_thread)
+{
+    cudaError_t e = enter();
+    if (e)
+        return e;
+    int64_t w = nvp_stream_wire(s, per_thread);
+    if (w < 0)
+        return cudaErrorInvalidResourceHandle;
+    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w};
+    struct nvp_reply r = {0};
+    return nvp_call(op, a, NULL, 0, &r, -1);
+}
+
+NVP_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t s) { return nvp_ret(stream_wait_op(NVP_OP_STREAM_SYNC, s, 0)); }
+NVP_EXPORT cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t s)
+{
+    return nvp_ret(stream_wait_op(NVP_OP_STREAM_SYNC, s, 1));
+}
+
+NVP_EXPORT cudaError_t cudaStreamQuery(cudaStream_t s)
+{
+    cudaError_t e = stream_wait_op(NVP_OP_STREAM_QUERY, s, 0);
+    return e == cudaErrorNotReady ? e : nvp_ret(e); /* not-ready is no error */
+}
+
+NVP_EXPORT cudaError_t cudaStreamQuery_ptsz(cudaStream_t s)
+{
+    cudaError_t e = stream_wait_op(NVP_OP_STREAM_QUERY, s, 1);
+    return e == cudaErrorNotReady ? e : nvp_ret(e);
+}
+
+static cudaError_t stream_wait_event(cudaStream_t s, cudaEvent_t ev, unsigned flags, int per_thread)
+{
+    cudaError_t e = enter();
+    if (e)
+        return nvp_ret(e);
+    int64_t w = nvp_stream_wire(s, per_thread), we = event_wire(ev);
+    if (w < 0 || we < 0)
+        return nvp_ret(cudaErrorInvalidResourceHandle);
+    if (flags & ~(unsigned)cudaEventWaitExternal)
+        return nvp_ret(cudaErrorInvalidValue);
+    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w, (uint64_t)we, flags};
+    return nvp_ret(nvp_call(NVP_OP_STREAM_WAIT_EVENT, a, NULL, 0, NULL, -1));
+}
+
+NVP_EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned int flags)
+{
+    return stream_wait_event(s, ev, flags, 0);
+}
+
+NVP_EXPORT cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t s, cudaEvent_t ev, unsigned int flags)
+{
+    return stream_wait_event(s, ev, flags, 1);
+}
+
+static cudaError_t stream_rec(cudaStream_t s, struct nvp_stream_rec *rec)
+{
+    if (s == 0 || s == cudaStreamLegacy || s == cudaStreamPerThread) {
+        rec->device = nvp_current_device();
+        rec->flags = 0;
+        rec->priority = 0;
+        return cudaSuccess;
+    }
+    return nvp_handle_get(NVP_H_STREAM, (uint64_t)(uintptr_t)s, rec, sizeof *rec) ? cudaErrorInvalidResourceHandle
+                                                                                   : cudaSuccess;
+}
+
+NVP_EXPORT cudaError_t cudaStreamGetFlags(cudaStream_t s, unsigned int *flags)
+{
+    struct nvp_stream_rec rec;
+    if (!flags)
+        return nvp_ret(cudaErrorInvalidValue);
+    cudaError_t e = stream_rec(s, &rec);
+    if (!e)
+        *flags = rec.flags;
+    return nvp_ret(e);
+}
+
+NVP_EXPORT cudaError_t cudaStreamGetPriority(cudaStream_t s, int *priority)
+{
+    struct nvp_stream_rec rec;
+    if (!priority)
+        return nvp_ret(cudaErrorInvalidValue);
+    cudaError_t e = stream_rec(s, &rec);
+    if (!e)
+        *priority = rec.priority;
+    return nvp_ret(e);
+}
+
+NVP_EXPORT cudaError_t cudaStreamGetDevice(cudaStream_t s, int *device)
+{
+    struct nvp_stream_rec rec;
+    if (!device)
+        return nvp_ret(cudaErrorInvalidValue);
+    cudaError_t e = stream_rec(s, &rec);
+    if (!e)
+        *device = rec.device;
+    return nvp_ret(e);
+}
+
+/* ---- host callbacks ---- */
+
+struct callback {
+    int used;
+    int with_status; /* cudaStreamAddCallback (stream, status, data) vs cudaLaunchHostFunc (data) */
+    void *fn;
+    void *data;
+    cudaStream_t stream;
+};
+static struct {
+    pthread_mutex_t lock;
+    struct callback *v;
+    size_t n, cap;
+    int fd;
+    int started;
+} CB = {.lock = PTHREAD_MUTEX_INITIALIZER, .fd = -1};
+
+static uint64_t callback_add(int with_status, void *fn, void *data, cudaStream_t s)
+{
+    pthread_mutex_lock(&CB.lock);
+    size_t i;
+    for (i = 0; i < CB.n && CB.v[i].used; i++)
+        ;
+    if (i == CB.n) {
+        if (CB.n == CB.cap) {
+            size_t cap = CB.cap ? CB.cap * 2 : 64;
+            struct callback *v = realloc(CB.v, cap * sizeof *v);
+            if (!v) {
+                pthread_mutex_unlock(&CB.lock);
+                return 0;
+            }
+            CB.v = v;
+            CB.cap = cap;
+        }
+        CB.n++;
+    }
+    CB.v[i] = (struct callback){1, with_status, fn, data, s};
+    pthread_mutex_unlock(&CB.lock);
+    return i + 1;
+}
+
+static int read_full(int fd, void *buf, size_t n)
+{
+    char *p = buf;
+    while (n) {
+        ssize_t r = read(fd, p, n);
+        if (r <= 0) {
+            if (r < 0 && errno == EINTR)
+                continue;
+            return -1;
+        }
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static void *callback_thread(void *arg)
+{
+    (void)arg;
+    struct nvp_cb m;
+    while (read_full(CB.fd, &m, sizeof m) == 0) {
+        pthread_mutex_lock(&CB.lock);
+        struct callback c = {0};
+        if (m.id >= 1 && m.id <= CB.n && CB.v[m.id - 1].used) {
+            c = CB.v[m.id - 1];
+            CB.v[m.id - 1].used = 0;
+        }
+        pthread_mutex_unlock(&CB.lock);
+        if (c.fn && c.with_status)
+            ((cudaStreamCallback_t)c.fn)(c.stream, (cudaError_t)m.status, c.data);
+        else if (c.fn)
+            ((cudaHostFn_t)c.fn)(c.data);
+        if (write(CB.fd, &m, sizeof m) != (ssize_t)sizeof m)
+            break;
+    }
+    return NULL;
+}
+
+cudaError_t nvp_callbacks_start(void)
+{
+    pthread_mutex_lock(&CB.lock);
+    if (CB.started) {
+        pthread_mutex_unlock(&CB.lock);
+        return cudaSuccess;
+    }
+    CB.fd = nvp_open_channel(NVP_CHAN_CALLBACK, NULL);
+    pthread_t t;
+    if (CB.fd < 0 || pthread_create(&t, NULL, callback_thread, NULL) != 0) {
+        pthread_mutex_unlock(&CB.lock);
+        return cudaErrorDevicesUnavailable;
+    }
+    pthread_detach(t);
+    CB.started = 1;
+    pthread_mutex_unlock(&CB.lock);
+    return cudaSuccess;
+}
+
+static cudaError_t host_func(cudaStream_t s, int with_status, void *fn, void *data, int per_thread)
+{
+    cudaError_t e = enter();
+    if (e)
+        return e;
+    if (!fn)
+        return cudaErrorInvalidValue;
+    int64_t w = nvp_stream_wire(s, per_thread);
+    if (w < 0)
+        return cudaErrorInvalidResourceHandle;
+    if ((e = nvp_callbacks_start()))
+        return e;
+    uint64_t id = callback_add(with_status, fn, data, s);
+    if (!id)
+        return cudaErrorMemoryAllocation;
+    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w, id};
+    return nvp_call(NVP_OP_HOST_FUNC, a, NULL, 0, NULL, -1);
+}
+
+NVP_EXPORT cudaError_t cudaStreamAddCallback(cudaStream_t s, cudaStreamCallback_t cb, void *userData,
+                                             unsigned int flags)
+{
+    if (flags != 0)
+        return nvp_ret(cudaErrorInvalidValue);
+    return nvp_ret(host_func(s, 1, (void *)cb, userData, 0));
+}
+
+NVP_EXPORT cudaError_t cudaStreamAddCallback_ptsz(cudaStream_t s, cudaStreamCallback_t cb, void *userData,
+                                                  unsigned int flags)
+{
+    if (flags != 0)
+        return nvp_ret(cudaErrorInvalidValue);
+    return nvp_ret(host_func(s, 1, (void *)cb, userData, 1));
+}
+
+NVP_EXPORT cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *userData)
+{
+    return nvp_ret(host_func(s, 0, (void *)fn, userData, 0));
+}
+
+NVP_EXPORT cudaError_t cudaLaunchHostFunc_ptsz(cudaStream_t s, cudaHostFn_t fn, void *userData)
+{
+    return nvp_ret(host_func(s, 0, (void *)fn, userData, 1));
+}
+
+/* ---- events ---- */
+
+static cudaError_t event_create(cudaEvent_t *pe, unsigned flags)
+{
+    if (!pe || (flags & ~(unsigned)(cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess)))
+        return nvp_ret(cudaErrorInvalidValue);
+    if ((flags & cudaEventInterprocess) && !(flags & cudaEventDisableTiming))
+        return nvp_ret(cudaErrorInvalidValue);
+    cudaError_t e = enter();
+    if (e)
+        return nvp_ret(e);
+    struct nvp_event_rec rec = {nvp_current_device(), flags, 0};
+    uint64_t h = nvp_handle_new(NVP_H_EVENT, &rec, sizeof rec);
+    if (!h)
+        return nvp_ret(cudaErrorMemoryAllocation);
+    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)nvp_handle_id(h) + WIRE_ID_BASE, flags};
+    if ((e = nvp_call(NVP_OP_EVENT_CREATE, a, NULL, 0, NULL, -1))) {
+        nvp_handle_free(NVP_H_EVENT, h);
+        return nvp_ret(e);
+    }
+    *pe = (cudaEvent_t)(uintptr_t)h;
+    return cudaSuccess;
+}
+
+NVP_EXPORT cudaError_t cudaEventCreate(cudaEvent_t *pe) { return event_create(pe, 0); }
+NVP_EXPORT cudaError_t cudaEventCreateWithFlags(cudaEvent_t *pe, unsigned int flags) { return event_create(pe, flags); }
+
+NVP_EXPORT cudaError_t cudaEventDestroy(cudaEvent_t ev)
+{
+    cudaError_t e = enter();
+    if (e)
+        return nvp_ret(e);
+    int64_t w = event_wire(ev);
+    if (w < 0)
+        return nvp_ret(cudaErrorInvalidResourceHandle);
+    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w};
+    e = nvp_call(NVP_OP_EVENT_DESTROY, a, NULL, 0, NULL, -1);
+    nvp_handle_free(NVP_H_EVENT, (uint64_t)(uintptr_t)ev);
+    return nvp_ret(e);
+}
+
+static cudaError_t event_record(cudaEvent_t ev, cudaStream_t s, unsigned flags, int per_thread)
+{
+    cudaError_t e = enter();
+    if (e)
+        return nvp_ret(e);
+    int64_t w = nvp_stream_wire(s, per_thread), we = event_wire(ev);
+    if (w < 0 || we < 0)
+        return nvp_ret(cudaErrorInvalidResourceHandle);
+    struct nvp_event_rec rec;
+    nvp_handle_get(NVP_H_EVENT, (uint64_t)(uintptr_t)ev, &rec, sizeof rec);
+    rec.recorded = 1;
+    nvp_handle_set(NVP_H_EVENT, (uint64_t)(uintptr_t)ev, &rec, sizeof rec);
+    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)we, (uint64_t)w, flags};
+    return nvp_ret(nvp_call(NVP_OP_EVENT_RECORD, a, NULL, 0, NULL, -1));
+}
+
+NVP_EXPORT cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) { return event_record(ev, s, 0, 0); }
+NVP_EXPORT cudaError_t cudaEventRecord_ptsz(cudaEvent_t ev, cudaStream_t s) { return event_record(ev, s, 0, 1); }
+NVP_EXPORT cudaError_t cudaEventRecordWithFlags(cudaEvent_t ev, cudaStream_t s, unsigned int flags)
+{
+    return event_record(ev, s, flags, 0);
+}
+NVP_EXPORT cudaError_t cudaEventRecordWithFlags_ptsz(cudaEvent_t ev, cudaStream_t s, unsigned int flags)
+{
+    return event_record(ev, s, flags, 1);
+}
+
+static cudaError_t event_op(uint16_t op, cudaEvent_t ev)
+{
+    cudaError_t e = enter();
+    if (e)
+        return e;
+    int64_t w = event_wire(ev);
+    if (w < 0)
+        return cudaErrorInvalidResourceHandle;
+    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w};
+    struct nvp_reply r = {0};
+    return nvp_call(op, a, NULL, 0, &r, -1);
+}
+
+NVP_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t ev) { return nvp_ret(event_op(NVP_OP_EVENT_SYNC, ev)); }
+
+NVP_EXPORT cudaError_t cudaEventQuery(cudaEvent_t ev)
+{
+    cudaError_t e = event_op(NVP_OP_EVENT_QUERY, ev);
+    return e == cudaErrorNotReady ? e : nvp_ret(e);
+}
+
+NVP_EXPORT cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
+{
+    if (!ms)
+        return nvp_ret(cudaErrorInvalidValue);
+    cudaError_t e = enter();
+    if (e)
+        return nvp_ret(e);
+    int64_t a0 = event_wire(start), a1 = event_wire(end);
+    if (a0 < 0 || a1 < 0)
+        return nvp_ret(cudaErrorInvalidResourceHandle);
+    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)a0, (uint64_t)a1};
+    struct nvp_reply r = {0};
+    e = nvp_call(NVP_OP_EVENT_ELAPSED, a, NULL, 0, &r, -1);
+    if (!e) {
+        uint32_t bits = (uint32_t)r.h.r[0];
+        memcpy(ms, &bits, sizeof *ms);
+    }
+    return nvp_ret(e);
+}
+
+NVP_EXPORT cudaError_t cudaEventElapsedTime_v2(float *ms, cudaEvent_t start, cudaEvent_t end)
+{
+    return cudaEventElapsedTime(ms, start, end);
+}

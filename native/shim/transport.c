@@ -1,0 +1,533 @@
+/* Channels to the proxy: finding or starting it, one socket per application
+ * thread, request/reply framing, and turning a lost proxy into a clear error. */
+#include "shim.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef NVP_DEFAULT_PYTHON
+#define NVP_DEFAULT_PYTHON "python3"
+#endif
+
+#define NVP_STAGE_SLOT (8u << 20)
+#define NVP_STAGE_SLOTS 4
+#define NVP_LIVENESS_MS 250
+
+enum { ST_INIT = 0, ST_READY = 1, ST_DEAD = 2 };
+
+static struct {
+    pthread_mutex_t lock;
+    int state;
+    char sock[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    int ndev, driver_version, backend;
+    pid_t proxy_pid;
+    atomic_uint_fast64_t seq;
+    pthread_key_t key;
+    int trace;
+} G = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+struct nvp_thread {
+    int fd;
+    int dev;
+    struct nvp_staging stg;
+};
+static __thread struct nvp_thread T = {.fd = -1, .dev = 0};
+static pthread_once_t key_once = PTHREAD_ONCE_INIT;
+
+void nvp_log(const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n > sizeof buf - 2)
+        n = sizeof buf - 2;
+    buf[n++] = '\n';
+    /* write(2), not stdio: safe while other threads hold stdio locks */
+    ssize_t w = write(2, buf, (size_t)n);
+    (void)w;
+}
+
+int nvp_trace_enabled(void) { return G.trace; }
+
+static void thread_exit(void *arg)
+{
+    (void)arg;
+    if (T.fd >= 0)
+        close(T.fd);
+    T.fd = -1;
+    if (T.stg.base)
+        munmap(T.stg.base, (size_t)T.stg.slot_size * (size_t)T.stg.nslots);
+    T.stg.base = NULL;
+}
+
+static void after_fork_child(void)
+{
+    /* A forked child must never talk over its parent's channels: it gets a
+     * proxy of its own on its first CUDA call. */
+    pthread_mutex_init(&G.lock, NULL);
+    G.state = ST_INIT;
+    atomic_store(&G.seq, 0); /* the new proxy expects the sequence from 1 */
+    if (T.fd >= 0)
+        close(T.fd);
+    T.fd = -1;
+    T.stg.base = NULL;
+}
+
+static void make_key(void)
+{
+    pthread_key_create(&G.key, thread_exit);
+    pthread_atfork(NULL, NULL, after_fork_child);
+    G.trace = getenv("NVPROXY_TRACE") != NULL;
+}
+
+static cudaError_t mark_dead(const char *why)
+{
+    pthread_mutex_lock(&G.lock);
+    int was = G.state;
+    G.state = ST_DEAD;
+    pthread_mutex_unlock(&G.lock);
+    if (was != ST_DEAD)
+        nvp_log("nvproxy: lost the proxy (%s); every CUDA call now fails with "
+                "cudaErrorDevicesUnavailable",
+                why);
+    if (T.fd >= 0)
+        close(T.fd);
+    T.fd = -1;
+    return cudaErrorDevicesUnavailable;
+}
+
+/* A private directory for this user's sockets: 0700, owned by us, no symlink. */
+static int private_dir(char *out, size_t cap)
+{
+    const char *rt = getenv("XDG_RUNTIME_DIR");
+    if (rt && *rt)
+        snprintf(out, cap, "%s/nvproxy", rt);
+    else
+        snprintf(out, cap, "/tmp/nvproxy-%u", (unsigned)getuid());
+    if (mkdir(out, 0700) != 0 && errno != EEXIST)
+        return -1;
+    struct stat st;
+    if (lstat(out, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() ||
+        (st.st_mode & 077) != 0) {
+        nvp_log("nvproxy: %s is not a private directory of this user; refusing to use it", out);
+        return -1;
+    }
+    return 0;
+}
+
+static int try_connect(const char *path)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Start a proxy for this process: double fork so it is nobody's child here,
+ * without our LD_PRELOAD, told our pid so that it exits with us. */
+static int spawn_proxy(void)
+{
+    char dir[sizeof G.sock - 32];
+    if (private_dir(dir, sizeof dir) != 0)
+        return -1;
+    snprintf(G.sock, sizeof G.sock, "%s/p%d-%lx.sock", dir, (int)getpid(),
+             (unsigned long)time(NULL));
+    unlink(G.sock);
+
+    const char *py = getenv("NVPROXY_PYTHON");
+    if (!py || !*py)
+        py = NVP_DEFAULT_PYTHON;
+    char owner[32];
+    snprintf(owner, sizeof owner, "%d", (int)getpid());
+    const char *argv[] = {py, "-m", "nvproxy", "proxy", "--socket", G.sock, "--owner-pid", owner, NULL};
+
+    /* environment without the shim, built before fork (no malloc in the child) */
+    extern char **environ;
+    size_t n = 0;
+    while (environ[n])
+        n++;
+    char **envp = calloc(n + 1, sizeof *envp);
+    if (!envp)
+        return -1;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(environ[i], "LD_PRELOAD=", 11) != 0 && strncmp(environ[i], "NVPROXY_SOCKET=", 15) != 0)
+            envp[k++] = environ[i];
+
+    int pfd[2];
+    if (pipe2(pfd, O_CLOEXEC) != 0) {
+        free(envp);
+        return -1;
+    }
+    pid_t c = fork();
+    if (c < 0) {
+        free(envp);
+        return -1;
+    }
+    if (c == 0) {
+        if (fork() != 0)
+            _exit(0);
+        setsid();
+        pid_t me = getpid();
+        ssize_t w = write(pfd[1], &me, sizeof me);
+        (void)w;
+        execvpe(py, (char *const *)argv, envp);
+        _exit(127);
+    }
+    free(envp);
+    close(pfd[1]);
+    int st;
+    waitpid(c, &st, 0);
+    pid_t pp = 0;
+    ssize_t r = read(pfd[0], &pp, sizeof pp);
+    close(pfd[0]);
+    if (r != sizeof pp)
+        return -1;
+    G.proxy_pid = pp;
+    return 0;
+}
+
+static int write_all(int fd, struct iovec *iov, int iovcnt, int pass_fd)
+{
+    char cbuf[CMSG_SPACE(sizeof(int))];
+    int first = 1;
+    while (iovcnt > 0) {
+        struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
+        if (first && pass_fd >= 0) {
+            memset(cbuf, 0, sizeof cbuf);
+            m.msg_control = cbuf;
+            m.msg_controllen = sizeof cbuf;
+            struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+            c->cmsg_level = SOL_SOCKET;
+            c->cmsg_type = SCM_RIGHTS;
+            c->cmsg_len = CMSG_LEN(sizeof(int));
+            memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+        }
+        ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        first = 0;
+        size_t left = (size_t)w;
+        while (iovcnt > 0 && left >= iov->iov_len) {
+            left -= iov->iov_len;
+            iov++;
+            iovcnt--;
+        }
+        if (iovcnt > 0) {
+            iov->iov_base = (char *)iov->iov_base + left;
+            iov->iov_len -= left;
+        }
+    }
+    return 0;
+}
+
+/* Read exactly n bytes; while waiting, make sure the proxy is still alive so
+ * that a dead proxy becomes an error quickly rather than a hang. */
+static int read_all(int fd, void *buf, size_t n)
+{
+    char *p = buf;
+    while (n > 0) {
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        int pr = poll(&pf, 1, NVP_LIVENESS_MS);
+        if (pr == 0) {
+            if (G.proxy_pid > 0 && kill(G.proxy_pid, 0) != 0 && errno == ESRCH)
+                return -1;
+            continue;
+        }
+        if (pr < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        ssize_t r = recv(fd, p, n, 0);
+        if (r == 0)
+            return -1;
+        if (r < 0) {
+            if (errno == EINTR || errno == EAGAIN)
+                continue;
+            return -1;
+        }
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static int hello(int fd, int kind, struct nvp_rep *rep)
+{
+    struct nvp_req h = {.len = sizeof h, .op = NVP_OP_HELLO, .flags = NVP_F_REPLY, .seq = 0};
+    h.a[0] = (uint64_t)getpid();
+    h.a[1] = (uint64_t)syscall(SYS_gettid);
+    h.a[2] = NVP_PROTO_VERSION;
+    h.a[3] = (uint64_t)kind;
+    struct iovec iov = {&h, sizeof h};
+    if (write_all(fd, &iov, 1, -1) != 0)
+        return -1;
+    if (read_all(fd, rep, sizeof *rep) != 0)
+        return -1;
+    if (rep->len != sizeof *rep || rep->err != 0)
+        return -1;
+    return 0;
+}
+
+static int open_channel_locked_init(void)
+{
+    /* the first channel of the process: find or start the proxy */
+    const char *env = getenv("NVPROXY_SOCKET");
+    const char *owner = getenv("NVPROXY_OWNER_PID");
+    int fd = -1;
+    if (env && *env && owner && atoi(owner) == (int)getpid()) {
+        snprintf(G.sock, sizeof G.sock, "%s", env);
+        fd = try_connect(G.sock);
+        if (fd < 0) {
+            nvp_log("nvproxy: cannot connect to the proxy at %s: %s", G.sock, strerror(errno));
+            return -1;
+        }
+        const char *pp = getenv("NVPROXY_PROXY_PID");
+        G.proxy_pid = pp ? atoi(pp) : 0;
+    } else {
+        if (spawn_proxy() != 0) {
+            nvp_log("nvproxy: could not start a proxy (%s)", strerror(errno));
+            return -1;
+        }
+        for (int i = 0; i < 6000 && fd < 0; i++) { /* up to 60 s for Python and the driver to start */
+            fd = try_connect(G.sock);
+            if (fd >= 0)
+                break;
+            if (kill(G.proxy_pid, 0) != 0 && errno == ESRCH) {
+                nvp_log("nvproxy: the proxy exited during start-up (see its messages above)");
+                return -1;
+            }
+            struct timespec ts = {0, 10 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+        if (fd < 0) {
+            nvp_log("nvproxy: the proxy did not start listening at %s", G.sock);
+            return -1;
+        }
+    }
+    return fd;
+}
+
+int nvp_open_channel(int kind, struct nvp_rep *rep_out)
+{
+    pthread_once(&key_once, make_key);
+    pthread_mutex_lock(&G.lock);
+    if (G.state == ST_DEAD) {
+        pthread_mutex_unlock(&G.lock);
+        return -1;
+    }
+    int fd;
+    if (G.state == ST_INIT) {
+        fd = open_channel_locked_init();
+        if (fd < 0) {
+            G.state = ST_DEAD;
+            pthread_mutex_unlock(&G.lock);
+            return -1;
+        }
+    } else {
+        fd = try_connect(G.sock);
+    }
+    pthread_mutex_unlock(&G.lock);
+    struct nvp_rep rep;
+    if (fd < 0 || hello(fd, kind, &rep) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    pthread_mutex_lock(&G.lock);
+    if (G.state == ST_INIT) {
+        G.ndev = (int)rep.r[0];
+        G.backend = (int)rep.r[1];
+        G.proxy_pid = (pid_t)rep.r[2];
+        G.driver_version = (int)rep.r[3];
+        G.state = ST_READY;
+    }
+    pthread_mutex_unlock(&G.lock);
+    if (rep_out)
+        *rep_out = rep;
+    return fd;
+}
+
+cudaError_t nvp_connect(void)
+{
+    if (T.fd >= 0)
+        return cudaSuccess;
+    if (G.state == ST_DEAD)
+        return cudaErrorDevicesUnavailable;
+    int fd = nvp_open_channel(NVP_CHAN_CALL, NULL);
+    if (fd < 0)
+        return mark_dead("no connection");
+    T.fd = fd;
+    pthread_setspecific(G.key, &T);
+    if (T.dev != 0) {
+        uint64_t a[NVP_MAX_ARGS] = {(uint64_t)T.dev, ~0ull};
+        return nvp_call(NVP_OP_SET_DEVICE, a, NULL, 0, NULL, -1);
+    }
+    return cudaSuccess;
+}
+
+static cudaError_t send_req(uint16_t op, uint16_t flags, const uint64_t a[NVP_MAX_ARGS], const void *p1,
+                            size_t l1, const void *p2, size_t l2, int fd)
+{
+    if (l1 + l2 > NVP_MAX_PAYLOAD)
+        return cudaErrorInvalidValue;
+    struct nvp_req h = {.len = (uint32_t)(sizeof h + l1 + l2), .op = op, .flags = flags};
+    if (a)
+        memcpy(h.a, a, sizeof h.a);
+    struct iovec iov[3] = {{&h, sizeof h}, {(void *)p1, l1}, {(void *)p2, l2}};
+    int n = 1 + (l1 > 0) + (l2 > 0);
+    if (l1 == 0 && l2 > 0) {
+        iov[1] = iov[2];
+    }
+    /* the order the application made its calls in, across all threads */
+    h.seq = atomic_fetch_add(&G.seq, 1) + 1;
+    if (write_all(T.fd, iov, n, fd) != 0)
+        return mark_dead(strerror(errno));
+    if (G.trace)
+        nvp_log("nvproxy: -> op %u seq %llu", op, (unsigned long long)h.seq);
+    return cudaSuccess;
+}
+
+static cudaError_t recv_reply(struct nvp_reply *r)
+{
+    if (read_all(T.fd, &r->h, sizeof r->h) != 0)
+        return mark_dead("connection closed");
+    if (r->h.len < sizeof r->h || r->h.text_len > r->h.len - sizeof r->h)
+        return mark_dead("malformed reply");
+    if (r->h.text_len) {
+        char buf[4096];
+        size_t left = r->h.text_len;
+        while (left) {
+            size_t k = left < sizeof buf ? left : sizeof buf;
+            if (read_all(T.fd, buf, k) != 0)
+                return mark_dead("connection closed");
+            fwrite(buf, 1, k, stdout);
+            left -= k;
+        }
+        fflush(stdout);
+    }
+    size_t pay = r->h.len - sizeof r->h - r->h.text_len;
+    size_t take = pay < r->out_cap ? pay : r->out_cap;
+    if (take && read_all(T.fd, r->out, take) != 0)
+        return mark_dead("connection closed");
+    for (size_t left = pay - take; left;) {
+        char junk[4096];
+        size_t k = left < sizeof junk ? left : sizeof junk;
+        if (read_all(T.fd, junk, k) != 0)
+            return mark_dead("connection closed");
+        left -= k;
+    }
+    r->out_len = take;
+    if (r->h.async_err)
+        nvp_note_async_error((cudaError_t)r->h.async_err);
+    if (nvp_is_sticky((cudaError_t)r->h.err))
+        nvp_set_sticky((cudaError_t)r->h.err);
+    return (cudaError_t)r->h.err;
+}
+
+cudaError_t nvp_callv(uint16_t op, const uint64_t a[NVP_MAX_ARGS], const void *p1, size_t l1, const void *p2,
+                      size_t l2, struct nvp_reply *reply, int fd)
+{
+    cudaError_t e = nvp_connect();
+    if (e)
+        return e;
+    e = send_req(op, reply ? NVP_F_REPLY : 0, a, p1, l1, p2, l2, fd);
+    if (e || !reply)
+        return e;
+    return recv_reply(reply);
+}
+
+cudaError_t nvp_call(uint16_t op, const uint64_t a[NVP_MAX_ARGS], const void *payload, size_t plen,
+                     struct nvp_reply *reply, int fd)
+{
+    return nvp_callv(op, a, payload, plen, NULL, 0, reply, fd);
+}
+
+cudaError_t nvp_send_pending(uint16_t op, const uint64_t a[NVP_MAX_ARGS])
+{
+    cudaError_t e = nvp_connect();
+    if (e)
+        return e;
+    return send_req(op, NVP_F_REPLY, a, NULL, 0, NULL, 0, -1);
+}
+
+cudaError_t nvp_wait_pending(struct nvp_reply *reply) { return recv_reply(reply); }
+
+int nvp_device_count(void) { return nvp_connect() ? 0 : G.ndev; }
+int nvp_driver_version(void) { return nvp_connect() ? 0 : G.driver_version; }
+int nvp_backend_is_sim(void) { return G.backend == 1; }
+int nvp_current_device(void) { return T.dev; }
+void nvp_set_current_device(int dev) { T.dev = dev; }
+
+cudaError_t nvp_staging(struct nvp_staging **out)
+{
+    if (T.stg.base) {
+        *out = &T.stg;
+        return cudaSuccess;
+    }
+    cudaError_t e = nvp_connect();
+    if (e)
+        return e;
+    size_t size = (size_t)NVP_STAGE_SLOT * NVP_STAGE_SLOTS;
+    int fd = memfd_create("nvproxy-staging", MFD_CLOEXEC);
+    if (fd < 0)
+        return cudaErrorMemoryAllocation;
+    if (ftruncate(fd, (off_t)size) != 0) {
+        close(fd);
+        return cudaErrorMemoryAllocation;
+    }
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        close(fd);
+        return cudaErrorMemoryAllocation;
+    }
+    uint64_t a[NVP_MAX_ARGS] = {size};
+    struct nvp_reply r = {0};
+    e = nvp_call(NVP_OP_STAGING, a, NULL, 0, &r, fd);
+    close(fd);
+    if (e) {
+        munmap(p, size);
+        return e;
+    }
+    T.stg.base = p;
+    T.stg.slot_size = NVP_STAGE_SLOT;
+    T.stg.nslots = NVP_STAGE_SLOTS;
+    *out = &T.stg;
+    return cudaSuccess;
+}
+
+cudaError_t nvp_unsupported(const char *call)
+{
+    nvp_log("nvproxy: %s is not supported by nvproxy; returning cudaErrorNotSupported", call);
+    return nvp_ret(cudaErrorNotSupported);
+}

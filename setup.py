@@ -1,0 +1,56 @@
+"""Builds the LD_PRELOAD shim (plain C, no Python inside, no link against
+libcuda or libcudart: only the CUDA headers are needed)."""
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+SHIM = "nvproxy._native.libnvproxy"
+
+
+def cuda_include() -> str:
+    for env in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(env):
+            return str(Path(os.environ[env]) / "include")
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        inc = Path(nvcc).resolve().parent.parent / "include"
+        if (inc / "cuda_runtime_api.h").exists():
+            return str(inc)
+    return "/usr/local/cuda/include"
+
+
+class BuildShim(build_ext):
+    def get_ext_filename(self, ext_name: str) -> str:
+        parts = ext_name.split(".")
+        if parts[-1] == "libnvproxy":  # called with the full name and with the last part
+            return os.path.join(*parts[:-1], "libnvproxy.so")
+        return super().get_ext_filename(ext_name)
+
+    def get_export_symbols(self, ext: Extension) -> list:
+        return []  # not a Python module: no PyInit_ entry point
+
+    def run(self) -> None:
+        super().run()
+        # the wire header travels with the package: Python reads it through cffi
+        for base in {self.build_lib, str(ROOT / "src")} if self.inplace else {self.build_lib}:
+            dst = Path(base) / "nvproxy" / "include"
+            dst.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / "native" / "include" / "nvproxy_wire.h", dst / "nvproxy_wire.h")
+
+
+shim = Extension(
+    SHIM,
+    sources=sorted(str(p.relative_to(ROOT)) for p in (ROOT / "native" / "shim").glob("*.c")),
+    include_dirs=["native/include", "native/shim", cuda_include()],
+    define_macros=[("NVP_DEFAULT_PYTHON", '"%s"' % sys.executable)],
+    extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra", "-fvisibility=hidden"],
+    libraries=["pthread"],
+)
+
+setup(ext_modules=[shim], cmdclass={"build_ext": BuildShim})

@@ -1,0 +1,3 @@
+from nvproxy.cli import main
+
+raise SystemExit(main())

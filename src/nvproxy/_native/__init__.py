@@ -1,0 +1,1 @@
+"""Where the build puts the shim, libnvproxy.so."""

@@ -1,0 +1,356 @@
+"""The GPU backend: the real device, through pycuda and libcuda.
+
+pycuda initialises the driver, enumerates devices and retains their primary
+contexts (the context the runtime API would use).  Everything that needs raw
+driver handles goes through the cffi binding in cuda_driver.py: the VMM arena
+(cuMemAddressReserve/Create/Map, which pycuda lacks), parameter layouts
+(cuFuncGetParamInfo), host functions, and the per-call hot path.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..errors import INVALID_RESOURCE_HANDLE, CudaError
+from ..proxy.capture import StdoutCapture
+from . import cuda_driver as cd
+
+ffi = cd.ffi
+
+
+@dataclass
+class GpuModule:
+    device: int
+    handle: object
+    image: bytes
+
+
+@dataclass
+class GpuKernel:
+    name: str
+    handle: object
+    params: list[tuple[int, int]]
+    param_size: int
+
+
+class GpuBacking:
+    def __init__(self, dev: int) -> None:
+        self.L = cd.lib()
+        self.dev = dev
+        self.prop = ffi.new("CUmemAllocationProp *")
+        self.prop.type = cd.CU_MEM_ALLOCATION_TYPE_PINNED
+        self.prop.location.type = cd.CU_MEM_LOCATION_TYPE_DEVICE
+        self.prop.location.id = dev
+        g = ffi.new("size_t *")
+        cd.check(self.L.cuMemGetAllocationGranularity(g, self.prop, 0), "cuMemGetAllocationGranularity")
+        self.granularity = max(int(g[0]), 2 << 20)
+        self.access = ffi.new("CUmemAccessDesc *")
+        self.access.location.type = cd.CU_MEM_LOCATION_TYPE_DEVICE
+        self.access.location.id = dev
+        self.access.flags = cd.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+
+    def create(self, size: int) -> int:
+        h = ffi.new("CUmemGenericAllocationHandle *")
+        cd.check(self.L.cuMemCreate(h, size, self.prop, 0), "cuMemCreate")
+        return int(h[0])
+
+    def map(self, va: int, size: int, handle: object) -> None:
+        cd.check(self.L.cuMemMap(va, size, 0, handle, 0), "cuMemMap")
+        cd.check(self.L.cuMemSetAccess(va, size, self.access, 1), "cuMemSetAccess")
+
+    def unmap(self, va: int, size: int) -> None:
+        cd.check(self.L.cuMemUnmap(va, size), "cuMemUnmap")
+
+    def release(self, handle: object) -> None:
+        cd.check(self.L.cuMemRelease(handle), "cuMemRelease")
+
+
+class GpuBackend:
+    name = "gpu"
+
+    def __init__(self) -> None:
+        import pycuda.driver as drv
+
+        drv.init()
+        self.drv = drv
+        self.L = cd.lib()
+        self.devices = [drv.Device(i) for i in range(drv.Device.count())]
+        self._pycuda_ctx: list[object | None] = [None] * len(self.devices)
+        self._ctx: list[object | None] = [None] * len(self.devices)
+        self._backings: dict[int, GpuBacking] = {}
+        self._lock = threading.Lock()
+        self._host_fns: dict[int, Callable[[int], None]] = {}
+        self._next_fn = 0
+        self._trampoline = ffi.callback("void(void *)", self._run_host_fn)
+        self.capture = StdoutCapture()
+        self._tls = threading.local()
+
+    # ---- devices and contexts ----
+    def device_count(self) -> int:
+        return len(self.devices)
+
+    def driver_version(self) -> int:
+        return int(self.drv.get_driver_version())
+
+    def _context(self, dev: int) -> object:
+        with self._lock:
+            if self._ctx[dev] is None:
+                ctx = self.devices[dev].retain_primary_context()
+                ctx.push()
+                cur = ffi.new("CUcontext *")
+                cd.check(self.L.cuCtxGetCurrent(cur), "cuCtxGetCurrent")
+                self.drv.Context.pop()
+                self._pycuda_ctx[dev] = ctx  # keeps the primary context retained
+                self._ctx[dev] = cur[0]
+            return self._ctx[dev]
+
+    def activate(self, dev: int) -> None:
+        if getattr(self._tls, "dev", None) == dev:
+            return
+        cd.check(self.L.cuCtxSetCurrent(self._context(dev)), "cuCtxSetCurrent")
+        self._tls.dev = dev
+
+    def device_props(self, dev: int) -> tuple[str, bytes, int, list[int]]:
+        d = self.devices[dev]
+        attrs = [0] * 160
+        v = ffi.new("int *")
+        for a in range(1, 160):
+            if self.L.cuDeviceGetAttribute(v, a, dev) == 0:
+                attrs[a] = int(v[0])
+        uuid = ffi.new("unsigned char[16]")
+        cd.check(self.L.cuDeviceGetUuid_v2(uuid, dev), "cuDeviceGetUuid")
+        return d.name(), bytes(ffi.buffer(uuid)), int(d.total_memory()), attrs
+
+    def backing(self, dev: int) -> GpuBacking:
+        if dev not in self._backings:
+            self.activate(dev)
+            self._backings[dev] = GpuBacking(dev)
+        return self._backings[dev]
+
+    def reserve(self, dev: int, base: int, size: int) -> int:
+        self.activate(dev)
+        p = ffi.new("CUdeviceptr *")
+        cd.check(self.L.cuMemAddressReserve(p, size, self.backing(dev).granularity, base, 0), "cuMemAddressReserve")
+        got = int(p[0])
+        if got != base:
+            print(f"nvproxy: device {dev} arena placed at {got:#x}, not {base:#x}: a restore needs the same "
+                  "address and may fail", file=sys.stderr)
+        return got
+
+    def mem_info(self, dev: int) -> tuple[int, int]:
+        self.activate(dev)
+        f, t = ffi.new("size_t *"), ffi.new("size_t *")
+        cd.check(self.L.cuMemGetInfo_v2(f, t), "cuMemGetInfo")
+        return int(f[0]), int(t[0])
+
+    def check(self) -> None:
+        pass
+
+    def take_text(self) -> bytes:
+        return self.capture.take()
+
+    # ---- host memory ----
+    def host_register(self, addr: int, size: int) -> None:
+        flags = cd.CU_MEMHOSTREGISTER_PORTABLE | cd.CU_MEMHOSTREGISTER_DEVICEMAP
+        cd.check(self.L.cuMemHostRegister_v2(ffi.cast("void *", addr), size, flags), "cuMemHostRegister")
+
+    def host_unregister(self, addr: int, size: int) -> None:
+        cd.check(self.L.cuMemHostUnregister(ffi.cast("void *", addr)), "cuMemHostUnregister")
+
+    # ---- copies (unified addressing: one call for every direction) ----
+    def memcpy(self, dst: int, src: int, n: int, stream: object) -> None:
+        cd.check(self.L.cuMemcpyAsync(dst, src, n, stream), "cuMemcpyAsync")
+
+    def memcpy2d(self, dst: int, dpitch: int, src: int, spitch: int, width: int, height: int,
+                 stream: object) -> None:
+        c = ffi.new("CUDA_MEMCPY2D *")
+        c.srcMemoryType = c.dstMemoryType = cd.CU_MEMORYTYPE_UNIFIED
+        c.srcDevice, c.srcPitch, c.dstDevice, c.dstPitch = src, spitch, dst, dpitch
+        c.WidthInBytes, c.Height = width, height
+        cd.check(self.L.cuMemcpy2DAsync_v2(c, stream), "cuMemcpy2DAsync")
+
+    def memset(self, ptr: int, value: int, n: int, stream: object) -> None:
+        cd.check(self.L.cuMemsetD8Async(ptr, value, n, stream), "cuMemsetD8Async")
+
+    def memset2d(self, ptr: int, pitch: int, value: int, width: int, height: int, stream: object) -> None:
+        cd.check(self.L.cuMemsetD2D8Async(ptr, pitch, value, width, height, stream), "cuMemsetD2D8Async")
+
+    # ---- streams ----
+    def legacy_stream(self, dev: int) -> object:
+        return ffi.NULL
+
+    def stream_create(self, dev: int, flags: int, priority: int) -> object:
+        self.activate(dev)
+        s = ffi.new("CUstream *")
+        cd.check(self.L.cuStreamCreateWithPriority(s, flags, priority), "cuStreamCreate")
+        return s[0]
+
+    def stream_destroy(self, s: object) -> None:
+        cd.check(self.L.cuStreamDestroy_v2(s), "cuStreamDestroy")
+
+    def stream_sync(self, s: object) -> None:
+        cd.check(self.L.cuStreamSynchronize(s), "cuStreamSynchronize")
+
+    def stream_query(self, s: object) -> bool:
+        rc = self.L.cuStreamQuery(s)
+        if rc == cd.CUDA_ERROR_NOT_READY:
+            return False
+        cd.check(rc, "cuStreamQuery")
+        return True
+
+    def stream_wait_event(self, s: object, e: object, flags: int) -> None:
+        cd.check(self.L.cuStreamWaitEvent(s, e, flags), "cuStreamWaitEvent")
+
+    def _run_host_fn(self, user: object) -> None:
+        key = int(ffi.cast("uintptr_t", user))
+        with self._lock:
+            fn = self._host_fns.pop(key)
+        try:
+            fn(0)
+        except Exception as e:  # a driver thread must never see an exception
+            print(f"nvproxy: host function failed: {e}", file=sys.stderr)
+
+    def host_func(self, s: object, fn: Callable[[int], None]) -> None:
+        with self._lock:
+            self._next_fn += 1
+            key = self._next_fn
+            self._host_fns[key] = fn
+        cd.check(self.L.cuLaunchHostFunc(s, self._trampoline, ffi.cast("void *", key)), "cuLaunchHostFunc")
+
+    def device_sync(self, dev: int) -> None:
+        self.activate(dev)
+        cd.check(self.L.cuCtxSynchronize(), "cuCtxSynchronize")
+
+    # ---- events ----
+    def event_create(self, dev: int, flags: int) -> object:
+        self.activate(dev)
+        e = ffi.new("CUevent *")
+        cd.check(self.L.cuEventCreate(e, flags), "cuEventCreate")
+        return e[0]
+
+    def event_destroy(self, e: object) -> None:
+        cd.check(self.L.cuEventDestroy_v2(e), "cuEventDestroy")
+
+    def event_record(self, e: object, s: object, flags: int) -> None:
+        cd.check(self.L.cuEventRecordWithFlags(e, s, flags), "cuEventRecord")
+
+    def event_sync(self, e: object) -> None:
+        cd.check(self.L.cuEventSynchronize(e), "cuEventSynchronize")
+
+    def event_query(self, e: object) -> bool:
+        rc = self.L.cuEventQuery(e)
+        if rc == cd.CUDA_ERROR_NOT_READY:
+            return False
+        cd.check(rc, "cuEventQuery")
+        return True
+
+    def event_elapsed(self, a: object, b: object) -> float:
+        ms = ffi.new("float *")
+        rc = self.L.cuEventElapsedTime_v2(ms, a, b)
+        if rc == cd.CUDA_ERROR_INVALID_VALUE:
+            raise CudaError(INVALID_RESOURCE_HANDLE)
+        cd.check(rc, "cuEventElapsedTime")
+        return float(ms[0])
+
+    # ---- modules and kernels ----
+    def module_load(self, dev: int, image: bytes) -> GpuModule:
+        self.activate(dev)
+        m = ffi.new("CUmodule *")
+        cd.check(self.L.cuModuleLoadData(m, ffi.from_buffer(image)), "cuModuleLoadData")
+        return GpuModule(dev, m[0], image)
+
+    def kernel_get(self, mod: GpuModule, name: str) -> GpuKernel:
+        f = ffi.new("CUfunction *")
+        cd.check(self.L.cuModuleGetFunction(f, mod.handle, name.encode()), f"cuModuleGetFunction({name})")
+        params: list[tuple[int, int]] = []
+        off, size = ffi.new("size_t *"), ffi.new("size_t *")
+        while self.L.cuFuncGetParamInfo(f[0], len(params), off, size) == 0:
+            params.append((int(off[0]), int(size[0])))
+        total = max((o + s for o, s in params), default=0)
+        return GpuKernel(name, f[0], params, total)
+
+    def kernel_info(self, k: GpuKernel) -> dict[str, object]:
+        v = ffi.new("int *")
+        vals = []
+        for a in cd.CU_FUNC_ATTRIBUTES:
+            cd.check(self.L.cuFuncGetAttribute(v, a, k.handle), "cuFuncGetAttribute")
+            vals.append(int(v[0]))
+        names = ("max_threads", "shared_static", "const_size", "local_size", "num_regs", "ptx_version",
+                 "binary_version", "cache_mode_ca", "max_dyn_shared", "preferred_carveout")
+        info: dict[str, object] = dict(zip(names, vals))
+        info["params"] = k.params
+        info["param_size"] = k.param_size
+        return info
+
+    def global_get(self, mod: GpuModule, name: str) -> tuple[int, int]:
+        p, n = ffi.new("CUdeviceptr *"), ffi.new("size_t *")
+        cd.check(self.L.cuModuleGetGlobal_v2(p, n, mod.handle, name.encode()), f"cuModuleGetGlobal({name})")
+        return int(p[0]), int(n[0])
+
+    def launch(self, k: GpuKernel, grid: tuple[int, int, int], block: tuple[int, int, int], shmem: int,
+               stream: object, params: bytes, cooperative: bool) -> None:
+        buf = ffi.from_buffer(params)
+        if cooperative:
+            ptrs = ffi.new("void *[]", [buf + o for o, _ in k.params] or [ffi.NULL])
+            rc = self.L.cuLaunchCooperativeKernel(k.handle, *grid, *block, shmem, stream, ptrs)
+        elif params:
+            size = ffi.new("size_t *", len(params))
+            extra = ffi.new("void *[5]", [ffi.cast("void *", cd.CU_LAUNCH_PARAM_BUFFER_POINTER), buf,
+                                          ffi.cast("void *", cd.CU_LAUNCH_PARAM_BUFFER_SIZE), size,
+                                          ffi.cast("void *", cd.CU_LAUNCH_PARAM_END)])
+            rc = self.L.cuLaunchKernel(k.handle, *grid, *block, shmem, stream, ffi.NULL, extra)
+        else:
+            rc = self.L.cuLaunchKernel(k.handle, *grid, *block, shmem, stream, ffi.NULL, ffi.NULL)
+        cd.check(rc, f"cuLaunchKernel({k.name})")
+
+    def occupancy(self, k: GpuKernel, block: int, smem: int, flags: int) -> int:
+        n = ffi.new("int *")
+        cd.check(self.L.cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(n, k.handle, block, smem, flags),
+                 "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        return int(n[0])
+
+    def func_set_attr(self, k: GpuKernel, attr: int, value: int) -> None:
+        cd.check(self.L.cuFuncSetAttribute(k.handle, attr, value), "cuFuncSetAttribute")
+
+    def func_set_cache(self, k: GpuKernel, config: int) -> None:
+        cd.check(self.L.cuFuncSetCacheConfig(k.handle, config), "cuFuncSetCacheConfig")
+
+    # ---- context settings ----
+    def set_limit(self, limit: int, value: int) -> None:
+        cd.check(self.L.cuCtxSetLimit(limit, value), "cuCtxSetLimit")
+
+    def get_limit(self, limit: int) -> int:
+        v = ffi.new("size_t *")
+        cd.check(self.L.cuCtxGetLimit(v, limit), "cuCtxGetLimit")
+        return int(v[0])
+
+    def priority_range(self) -> tuple[int, int]:
+        lo, hi = ffi.new("int *"), ffi.new("int *")
+        cd.check(self.L.cuCtxGetStreamPriorityRange(lo, hi), "cuCtxGetStreamPriorityRange")
+        return int(lo[0]), int(hi[0])
+
+    def set_cache_config(self, c: int) -> None:
+        cd.check(self.L.cuCtxSetCacheConfig(c), "cuCtxSetCacheConfig")
+
+    def get_cache_config(self) -> int:
+        v = ffi.new("int *")
+        cd.check(self.L.cuCtxGetCacheConfig(v), "cuCtxGetCacheConfig")
+        return int(v[0])
+
+    def peer(self, what: int, dev: int, peer: int) -> int:
+        if what == 0:
+            v = ffi.new("int *")
+            cd.check(self.L.cuDeviceCanAccessPeer(v, dev, peer), "cuDeviceCanAccessPeer")
+            return int(v[0])
+        ctx = self._context(peer)
+        if what == 1:
+            cd.check(self.L.cuCtxEnablePeerAccess(ctx, 0), "cuCtxEnablePeerAccess")
+        else:
+            cd.check(self.L.cuCtxDisablePeerAccess(ctx), "cuCtxDisablePeerAccess")
+        return 0
+
+    def profiler(self, start: bool) -> None:
+        cd.check(self.L.cuProfilerStart() if start else self.L.cuProfilerStop(), "cuProfiler")

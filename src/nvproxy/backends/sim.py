@@ -1,0 +1,385 @@
+"""The sim backend: a CPU model of a CUDA device, so the whole stack runs where
+there is no GPU (CI).
+
+Device memory is host memory mapped at the arena addresses of a real device;
+streams execute their work in order at submission, so every ordering rule
+holds trivially; events carry host timestamps.  Kernels run only where a
+Python implementation is registered (nvproxy.sim_kernels); any other launch
+fails with a clear error naming the kernel.
+"""
+
+from __future__ import annotations
+
+import bisect
+import mmap
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .. import fatbin, sim_kernels
+from ..errors import (
+    ASSERT,
+    ILLEGAL_ADDRESS,
+    INVALID_DEVICE_FUNCTION,
+    INVALID_KERNEL_IMAGE,
+    INVALID_RESOURCE_HANDLE,
+    INVALID_VALUE,
+    MEMORY_ALLOCATION,
+    NOT_READY,
+    SYMBOL_NOT_FOUND,
+    CudaError,
+)
+from ..proxy import libc
+from ..proxy.arena import FreeList
+
+GRANULE = 2 << 20
+SIM_MEMORY = 16 << 30
+GLOBALS_BASE = 0x100000000000  # module variables, outside every arena
+
+# cudaDeviceAttr values of the modelled device (an H100-class part)
+_ATTRS = {
+    1: 1024, 2: 1024, 3: 1024, 4: 64, 5: 2147483647, 6: 65535, 7: 65535, 8: 49152, 9: 65536, 10: 32,
+    11: 2147483647, 12: 65536, 13: 1980000, 14: 512, 15: 1, 16: 132, 17: 0, 18: 0, 19: 1, 20: 0,
+    21: 131072, 22: 131072, 23: 65536, 24: 16384, 25: 16384, 26: 16384, 27: 32768, 28: 32768, 29: 2048,
+    30: 512, 31: 1, 32: 1, 33: 0, 34: 0, 35: 0, 36: 2619000, 37: 5120, 38: 52428800, 39: 2048, 40: 3,
+    41: 1, 42: 32768, 43: 2048, 45: 32768, 46: 32768, 47: 8192, 48: 8192, 49: 32768, 50: 0, 51: 32,
+    52: 32768, 53: 32768, 54: 2046, 55: 32768, 56: 131072, 57: 65536, 58: 16384, 59: 16384, 60: 16384,
+    61: 32768, 62: 2048, 63: 32768, 64: 32768, 65: 2048, 66: 32768, 67: 32768, 68: 2046, 69: 268435456,
+    70: 131072, 71: 65000, 72: 2097120, 73: 32768, 74: 32768, 75: 9, 76: 0, 77: 32768, 78: 1, 79: 1,
+    80: 1, 81: 233472, 82: 65536, 83: 1, 84: 0, 85: 0, 86: 0, 87: 2, 88: 0, 89: 1, 90: 1, 91: 1,
+    95: 1, 97: 232448, 98: 0, 99: 1, 100: 0, 101: 0, 106: 32, 108: 32505856, 109: 134213632, 111: 1024,
+    112: 1, 113: 1, 114: 1, 115: 1, 116: 1, 117: 1, 118: 0, 119: 9, 120: 1, 121: 1, 125: 1, 126: 4,
+    130: 0, 131: -1, 133: 0, 134: -1, 139: 0x233010DE, 140: 0,
+}
+_LIMITS = {0: 1024, 1: 1 << 20, 2: 8 << 20, 3: 2, 4: 2048, 5: 64, 6: 0}
+
+
+class SimBacking:
+    """Physical memory of the modelled device: anonymous mappings."""
+
+    granularity = GRANULE
+
+    def __init__(self, mem: SimMemory, capacity: int) -> None:
+        self.mem, self.capacity, self.used = mem, capacity, 0
+
+    def create(self, size: int) -> mmap.mmap:
+        if self.used + size > self.capacity:
+            raise CudaError(MEMORY_ALLOCATION)
+        self.used += size
+        return mmap.mmap(-1, size)
+
+    def map(self, va: int, size: int, handle: object) -> None:
+        assert isinstance(handle, mmap.mmap)
+        self.mem.add(va, size, memoryview(handle))
+
+    def unmap(self, va: int, size: int) -> None:
+        self.mem.remove(va)
+
+    def release(self, handle: object) -> None:
+        assert isinstance(handle, mmap.mmap)
+        self.used -= len(handle)
+        handle.close()
+
+
+class SimMemory:
+    """Every range the modelled device can address: arena mappings, module
+    variables, and host memory registered with it (mapped in this process)."""
+
+    def __init__(self) -> None:
+        self.bases: list[int] = []
+        self.ranges: dict[int, tuple[int, memoryview]] = {}
+
+    def add(self, base: int, size: int, view: memoryview) -> None:
+        bisect.insort(self.bases, base)
+        self.ranges[base] = (size, view)
+
+    def remove(self, base: int) -> None:
+        self.bases.remove(base)
+        self.ranges[base][1].release()
+        del self.ranges[base]
+
+    def view(self, addr: int, n: int) -> memoryview:
+        i = bisect.bisect_right(self.bases, addr) - 1
+        if i >= 0:
+            base = self.bases[i]
+            size, v = self.ranges[base]
+            if addr + n <= base + size:
+                return v[addr - base : addr - base + n]
+        raise CudaError(ILLEGAL_ADDRESS, f"sim: no device-accessible memory at {addr:#x}+{n}")
+
+
+@dataclass
+class SimStream:
+    device: int
+    flags: int = 0
+    priority: int = 0
+
+
+@dataclass
+class SimEvent:
+    device: int
+    flags: int
+    stamp: float | None = None
+
+
+@dataclass
+class SimKernel:
+    name: str
+    info: fatbin.Kernel
+    attrs: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class SimModule:
+    device: int
+    parsed: fatbin.Module
+    globals: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+class SimBackend:
+    name = "sim"
+
+    def __init__(self) -> None:
+        sim_kernels.load_from_env()
+        self.mem = SimMemory()
+        self.backings = [SimBacking(self.mem, SIM_MEMORY)]
+        self.globals_space = FreeList(GLOBALS_BASE, 1 << 40)
+        self.sticky = 0
+        self.text: list[str] = []
+        self.limits = dict(_LIMITS)
+        self.cache_config = 0
+
+    # ---- devices ----
+    def device_count(self) -> int:
+        return len(self.backings)
+
+    def driver_version(self) -> int:
+        return 13000
+
+    def device_props(self, dev: int) -> tuple[str, bytes, int, list[int]]:
+        attrs = [0] * 160
+        for k, v in _ATTRS.items():
+            attrs[k] = v
+        return "nvproxy sim device", bytes(range(16)), SIM_MEMORY, attrs
+
+    def activate(self, dev: int) -> None:
+        pass
+
+    def backing(self, dev: int) -> SimBacking:
+        return self.backings[dev]
+
+    def reserve(self, dev: int, base: int, size: int) -> int:
+        return base
+
+    def mem_info(self, dev: int) -> tuple[int, int]:
+        b = self.backings[dev]
+        return b.capacity - b.used, b.capacity
+
+    def check(self) -> None:
+        if self.sticky:
+            raise CudaError(self.sticky)
+
+    def take_text(self) -> bytes:
+        if not self.text:
+            return b""
+        out = "".join(self.text).encode()
+        self.text.clear()
+        return out
+
+    # ---- host memory ----
+    def host_register(self, addr: int, size: int) -> None:
+        self.mem.add(addr, size, libc.buffer(addr, size))
+
+    def host_unregister(self, addr: int, size: int) -> None:
+        self.mem.remove(addr)
+
+    # ---- copies ----
+    def _copy_view(self, addr: int, n: int) -> memoryview:
+        try:
+            return self.mem.view(addr, n)
+        except CudaError:
+            raise CudaError(INVALID_VALUE, f"sim: invalid address {addr:#x}+{n}") from None
+
+    def memcpy(self, dst: int, src: int, n: int, stream: SimStream) -> None:
+        self.check()
+        self._copy_view(dst, n)[:] = self._copy_view(src, n)
+
+    def memcpy2d(self, dst: int, dpitch: int, src: int, spitch: int, width: int, height: int,
+                 stream: SimStream) -> None:
+        self.check()
+        for row in range(height):
+            self._copy_view(dst + row * dpitch, width)[:] = self._copy_view(src + row * spitch, width)
+
+    def memset(self, ptr: int, value: int, n: int, stream: SimStream) -> None:
+        self.check()
+        v = self._copy_view(ptr, n)
+        v[:] = bytes([value]) * n
+
+    def memset2d(self, ptr: int, pitch: int, value: int, width: int, height: int, stream: SimStream) -> None:
+        for row in range(height):
+            self.memset(ptr + row * pitch, value, width, stream)
+
+    # ---- streams and events: work runs at submission ----
+    def legacy_stream(self, dev: int) -> SimStream:
+        return SimStream(dev)
+
+    def stream_create(self, dev: int, flags: int, priority: int) -> SimStream:
+        return SimStream(dev, flags, priority)
+
+    def stream_destroy(self, s: SimStream) -> None:
+        pass
+
+    def stream_sync(self, s: SimStream) -> None:
+        self.check()
+
+    def stream_query(self, s: SimStream) -> bool:
+        self.check()
+        return True
+
+    def stream_wait_event(self, s: SimStream, e: SimEvent, flags: int) -> None:
+        self.check()
+
+    def host_func(self, s: SimStream, fn: Callable[[int], None]) -> None:
+        fn(self.sticky)
+
+    def device_sync(self, dev: int) -> None:
+        self.check()
+
+    def event_create(self, dev: int, flags: int) -> SimEvent:
+        return SimEvent(dev, flags)
+
+    def event_destroy(self, e: SimEvent) -> None:
+        pass
+
+    def event_record(self, e: SimEvent, s: SimStream, flags: int) -> None:
+        self.check()
+        e.stamp = time.perf_counter()
+
+    def event_sync(self, e: SimEvent) -> None:
+        self.check()
+
+    def event_query(self, e: SimEvent) -> bool:
+        self.check()
+        return True
+
+    def event_elapsed(self, a: SimEvent, b: SimEvent) -> float:
+        self.check()
+        if a.stamp is None or b.stamp is None or (a.flags | b.flags) & 2:
+            raise CudaError(INVALID_RESOURCE_HANDLE)
+        return (b.stamp - a.stamp) * 1000.0
+
+    # ---- modules and kernels ----
+    def module_load(self, dev: int, image: bytes) -> SimModule:
+        try:
+            parsed = fatbin.parse(image)
+        except fatbin.FatbinError as e:
+            print(f"nvproxy(sim): {e}", file=sys.stderr)
+            raise CudaError(INVALID_KERNEL_IMAGE) from None
+        mod = SimModule(dev, parsed)
+        for name, var in parsed.variables.items():
+            size = max(var.size, 1)
+            addr = self.globals_space.take((size + 255) // 256 * 256, 256)
+            buf = mmap.mmap(-1, size)
+            buf[: len(var.init)] = var.init
+            self.mem.add(addr, size, memoryview(buf))
+            mod.globals[name] = (addr, var.size)
+        return mod
+
+    def kernel_get(self, mod: SimModule, name: str) -> SimKernel:
+        info = mod.parsed.kernels.get(name)
+        if info is None:
+            raise CudaError(INVALID_DEVICE_FUNCTION, f"sim: no kernel {name} in module")
+        return SimKernel(name, info)
+
+    def kernel_info(self, k: SimKernel) -> dict[str, object]:
+        return {
+            "params": k.info.params,
+            "param_size": k.info.param_size,
+            "max_threads": k.info.max_threads,
+            "num_regs": k.info.num_regs,
+            "shared_static": k.info.shared_static,
+            "const_size": 0,
+            "local_size": 0,
+            "max_dyn_shared": k.attrs.get(8, 49152 - k.info.shared_static),
+            "ptx_version": 90,
+            "binary_version": 90,
+            "cache_mode_ca": 0,
+            "preferred_carveout": k.attrs.get(9, -1),
+        }
+
+    def global_get(self, mod: SimModule, name: str) -> tuple[int, int]:
+        if name not in mod.globals:
+            raise CudaError(SYMBOL_NOT_FOUND)
+        return mod.globals[name]
+
+    def launch(self, k: SimKernel, grid: tuple[int, int, int], block: tuple[int, int, int], shmem: int,
+               stream: SimStream, params: bytes, cooperative: bool) -> None:
+        self.check()
+        fn = sim_kernels.lookup(k.name)
+        if fn is None:
+            print(f"nvproxy(sim): kernel {k.name} has no Python implementation; the sim backend cannot run it "
+                  "(register one with nvproxy.sim_kernels and NVPROXY_SIM_KERNELS)", file=sys.stderr)
+            raise CudaError(INVALID_DEVICE_FUNCTION, k.name)
+        args: list[object] = []
+        for off, size in k.info.params:
+            raw = params[off : off + size]
+            args.append(int.from_bytes(raw, "little") if size in (1, 2, 4, 8) else raw)
+        ctx = sim_kernels.KernelContext(self.mem, grid, block, shmem, self.text.append)
+        try:
+            fn(ctx, *args)
+        except sim_kernels.DeviceAssert as e:
+            print(f"{k.name}: block: [0,0,0], thread: [0,0,0] Assertion `{e}` failed.", file=sys.stderr)
+            self.sticky = ASSERT
+        except CudaError as e:
+            if e.code == ILLEGAL_ADDRESS:
+                self.sticky = ILLEGAL_ADDRESS
+            else:
+                raise
+
+    def occupancy(self, k: SimKernel, block: int, smem: int, flags: int) -> int:
+        if block <= 0 or block > 1024:
+            return 0
+        by_threads = 2048 // block
+        shared = smem + k.info.shared_static
+        by_smem = 233472 // shared if shared else 32
+        regs = max(k.info.num_regs, 1) * ((block + 31) // 32 * 32)
+        by_regs = 65536 // regs
+        return max(0, min(32, by_threads, by_smem, by_regs))
+
+    def func_set_attr(self, k: SimKernel, attr: int, value: int) -> None:
+        if attr == 8 and not 0 <= value <= 232448 - k.info.shared_static:
+            raise CudaError(INVALID_VALUE)
+        k.attrs[attr] = value
+
+    def func_set_cache(self, k: SimKernel, config: int) -> None:
+        pass
+
+    # ---- context settings ----
+    def set_limit(self, limit: int, value: int) -> None:
+        if limit not in self.limits:
+            raise CudaError(INVALID_VALUE)
+        self.limits[limit] = value
+
+    def get_limit(self, limit: int) -> int:
+        if limit not in self.limits:
+            raise CudaError(INVALID_VALUE)
+        return self.limits[limit]
+
+    def priority_range(self) -> tuple[int, int]:
+        return 0, -5
+
+    def set_cache_config(self, c: int) -> None:
+        self.cache_config = c
+
+    def get_cache_config(self) -> int:
+        return self.cache_config
+
+    def peer(self, what: int, dev: int, peer: int) -> int:
+        return 0 if what == 0 else 0
+
+    def profiler(self, start: bool) -> None:
+        pass
+
+    def not_ready(self) -> int:
+        return NOT_READY

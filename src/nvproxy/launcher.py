@@ -1,0 +1,79 @@
+"""Starting a proxy for an application: a private socket, a daemonised proxy
+process that knows its application's pid, and the environment the shim reads."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from . import shim_path
+
+
+def private_dir() -> Path:
+    rt = os.environ.get("XDG_RUNTIME_DIR")
+    d = Path(rt) / "nvproxy" if rt else Path(f"/tmp/nvproxy-{os.getuid()}")
+    d.mkdir(mode=0o700, exist_ok=True)
+    st = d.lstat()
+    if not d.is_dir() or d.is_symlink() or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise SystemExit(f"nvproxy: {d} is not a private directory of this user")
+    return d
+
+
+def proxy_env(backend: str | None, sim_kernels: list[str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "NVPROXY_SOCKET")}
+    if backend:
+        env["NVPROXY_BACKEND"] = backend
+    if sim_kernels:
+        env["NVPROXY_SIM_KERNELS"] = os.pathsep.join(str(Path(p).resolve()) for p in sim_kernels)
+    return env
+
+
+def spawn_proxy(owner_pid: int, env: dict[str, str]) -> tuple[str, int]:
+    """Start a proxy serving owner_pid (double fork: it is nobody's child);
+    returns (socket path, proxy pid) once it listens."""
+    sock = str(private_dir() / f"p{owner_pid}-{int(time.time())}.sock")
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            os.close(r)
+            os.setsid()
+            if os.fork():
+                os._exit(0)
+            os.write(w, str(os.getpid()).encode())
+            os.close(w)
+            argv = [sys.executable, "-m", "nvproxy", "proxy", "--socket", sock, "--owner-pid", str(owner_pid)]
+            os.execve(sys.executable, argv, env)
+        finally:
+            os._exit(127)
+    os.close(w)
+    os.waitpid(child, 0)
+    pid = int(os.read(r, 32) or b"0")
+    os.close(r)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(sock):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            raise SystemExit("nvproxy: the proxy exited during start-up (see its messages above)") from None
+        if time.monotonic() > deadline:
+            raise SystemExit("nvproxy: the proxy did not start within 60 s")
+        time.sleep(0.01)
+    return sock, pid
+
+
+def exec_app(argv: list[str], sock: str, proxy_pid: int) -> None:
+    """Become the application (same pid, which the proxy serves)."""
+    env = dict(os.environ)
+    pre = env.get("LD_PRELOAD", "")
+    env["LD_PRELOAD"] = f"{shim_path()}:{pre}" if pre else str(shim_path())
+    env["NVPROXY_SOCKET"] = sock
+    env["NVPROXY_OWNER_PID"] = str(os.getpid())
+    env["NVPROXY_PROXY_PID"] = str(proxy_pid)
+    env.setdefault("NVPROXY_PYTHON", sys.executable)
+    try:
+        os.execvpe(argv[0], argv, env)
+    except OSError as e:
+        raise SystemExit(f"nvproxy: cannot run {argv[0]}: {e.strerror}") from None

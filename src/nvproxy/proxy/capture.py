@@ -1,0 +1,66 @@
+"""Kernel printf capture.
+
+The driver writes device printf output to the process's stdout at
+synchronisation points.  The proxy's fd 1 is a pipe read here; whatever has
+arrived is attached to the next reply, and the shim writes it to the
+application's own stdout, so it interleaves with the application's output
+exactly where native CUDA would put it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import sys
+import threading
+
+from . import libc
+
+F_SETPIPE_SZ = 1031
+
+
+class StdoutCapture:
+    def __init__(self) -> None:
+        r, w = os.pipe()
+        try:
+            fcntl.fcntl(w, F_SETPIPE_SZ, 1 << 20)
+        except OSError:
+            pass
+        sys.stdout.flush()
+        os.dup2(w, 1)
+        os.close(w)
+        # Python's own prints must not be mistaken for kernel output
+        sys.stdout = sys.stderr
+        os.set_blocking(r, False)
+        self._r = r
+        self._buf = bytearray()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._pump, name="nvproxy-printf", daemon=True).start()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self._r, 1 << 16)
+            except BlockingIOError:
+                return
+            if not chunk:
+                return
+            self._buf += chunk
+
+    def _pump(self) -> None:
+        # keeps the pipe empty so a large burst never blocks the driver
+        while True:
+            select.select([self._r], [], [])
+            with self._lock:
+                self._drain()
+
+    def take(self) -> bytes:
+        libc.flush_stdio()
+        with self._lock:
+            self._drain()
+            if not self._buf:
+                return b""
+            out = bytes(self._buf)
+            self._buf.clear()
+            return out

@@ -1,0 +1,1 @@
+"""Handlers by API area (see dispatch.py for their shape)."""

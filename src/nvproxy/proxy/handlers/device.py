@@ -1,0 +1,80 @@
+"""Device management, context settings and synchronisation."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from ... import wire
+from ...errors import INVALID_DEVICE, CudaError
+from ..server import Deferred
+
+NO_FLAGS = (1 << 64) - 1
+
+
+def DEVICE_INFO(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
+    d = p.state.device(a[0])
+    name, uuid, total, attrs = d.props
+    return (), wire.pack_device_info(name, uuid, total, d.arena.base, d.arena.size, attrs)
+
+
+def SET_DEVICE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    if not 0 <= a[0] < p.backend.device_count():
+        raise CudaError(INVALID_DEVICE)
+    p.state.device(a[0])
+    ch.dev = a[0]
+    p.backend.activate(ch.dev)
+
+
+def DEVICE_SYNC(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred:
+    dev = ch.dev
+    return Deferred(lambda: p.backend.device_sync(dev))
+
+
+def DEVICE_RESET(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    """Waits for the device and frees every allocation of the process on it."""
+    p.backend.device_sync(ch.dev)
+    d = p.state.device(ch.dev)
+    for ptr in list(d.arena.allocs):
+        d.arena.free(ptr)
+    d.arena.trim()
+
+
+def SET_LIMIT(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    p.backend.set_limit(a[0], a[1])
+
+
+def GET_LIMIT(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
+    return (p.backend.get_limit(a[0]),), b""
+
+
+def STREAM_PRIORITY_RANGE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
+    least, greatest = p.backend.priority_range()
+    return (least & 0xFFFFFFFF, greatest & 0xFFFFFFFF), b""
+
+
+def CACHE_CONFIG(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes] | None:
+    if a[0] == 0:
+        p.backend.set_cache_config(a[1])
+    elif a[0] == 1:
+        return (p.backend.get_cache_config(),), b""
+    else:
+        p.backend.func_set_cache(p.state.kernel(ch.dev, a[2]), a[1])
+    return None
+
+
+def PEER(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
+    dev = a[3] if a[0] == 0 else ch.dev
+    return (p.backend.peer(a[0], dev, a[1]),), b""
+
+
+def PROFILER(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    p.backend.profiler(bool(a[0]))
+
+
+def FLUSH(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    return None
+
+
+def float_bits(x: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", x))[0]

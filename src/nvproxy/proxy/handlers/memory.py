@@ -1,0 +1,137 @@
+"""Device allocations, shared host memory, copies and memsets."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ...errors import ALREADY_MAPPED, HOST_MEMORY_NOT_REGISTERED, INVALID_VALUE, CudaError
+from .. import libc
+from ..server import Deferred
+from ..state import HostRange
+
+COPY_EVENTS = 8  # more than the shim ever has in flight per channel
+
+
+def MALLOC(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
+    return (p.state.device(ch.dev).arena.alloc(a[0]),), b""
+
+
+def FREE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    d = p.state.arena_of(a[0])
+    if a[0] not in d.arena.allocs:
+        raise CudaError(INVALID_VALUE)
+    # like cudaFree: nothing still running may use the memory
+    p.backend.device_sync(d.index)
+    d.arena.free(a[0])
+
+
+def MEM_INFO(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
+    free, total = p.backend.mem_info(ch.dev)
+    return (free + p.state.device(ch.dev).arena.cached_bytes, total), b""
+
+
+def _take_fd(ch: Any) -> int:
+    if not ch.fds:
+        raise CudaError(INVALID_VALUE, "no file descriptor came with the request")
+    return ch.fds.popleft()
+
+
+def HOST_REGISTER(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    addr, size = a[0], a[1]
+    fd = _take_fd(ch)
+    try:
+        if addr in p.state.host or not libc.map_fixed(fd, addr, size):
+            raise CudaError(ALREADY_MAPPED)
+    finally:
+        os.close(fd)
+    try:
+        p.backend.host_register(addr, size)
+    except CudaError:
+        libc.unmap(addr, size)
+        raise
+    p.state.host[addr] = HostRange(size)
+
+
+def _sync_all(p: Any) -> None:
+    for dev in p.state.devices:
+        p.backend.device_sync(dev)
+
+
+def HOST_UNREGISTER(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    r = p.state.host.pop(a[0], None)
+    if r is None:
+        raise CudaError(HOST_MEMORY_NOT_REGISTERED)
+    _sync_all(p)  # no copy in flight may still use it
+    p.backend.host_unregister(a[0], r.size)
+    libc.unmap(a[0], r.size)
+
+
+def STAGING(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
+    size = a[0]
+    fd = _take_fd(ch)
+    try:
+        addr = libc.map_anywhere(fd, size)
+    finally:
+        os.close(fd)
+    p.backend.host_register(addr, size)
+    if ch.staging is not None:
+        release_staging(p, ch)
+    ch.staging = (addr, size)
+    p.state.host[addr] = HostRange(size, ch)
+    return (addr,), b""
+
+
+def release_staging(p: Any, ch: Any) -> None:
+    addr, size = ch.staging
+    ch.staging = None
+    p.state.host.pop(addr, None)
+    try:
+        _sync_all(p)
+        p.backend.host_unregister(addr, size)
+    except CudaError:
+        pass
+    libc.unmap(addr, size)
+
+
+def _copy_event(p: Any, ch: Any) -> Any:
+    if not ch.copy_events:
+        ch.copy_events = [p.backend.event_create(ch.dev, 2) for _ in range(COPY_EVENTS)]  # timing off
+    e = ch.copy_events[ch.copy_event_next % COPY_EVENTS]
+    ch.copy_event_next += 1
+    return e
+
+
+def STAGED_COPY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred:
+    dev_addr, off, n, wire_stream, to_host = a[0], a[1], a[2], a[3], a[4]
+    if ch.staging is None or off + n > ch.staging[1]:
+        raise CudaError(INVALID_VALUE, "staged copy outside the staging buffer")
+    host = ch.staging[0] + off
+    s = p.stream(ch, wire_stream)
+    if to_host:
+        p.backend.memcpy(host, dev_addr, n, s)
+    else:
+        p.backend.memcpy(dev_addr, host, n, s)
+    e = _copy_event(p, ch)
+    p.backend.event_record(e, s, 0)
+    return Deferred(lambda: p.backend.event_sync(e))
+
+
+def MEMCPY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred:
+    s = p.stream(ch, a[3])
+    p.backend.memcpy(a[0], a[1], a[2], s)
+    return Deferred(lambda: p.backend.stream_sync(s))
+
+
+def MEMCPY_2D(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred:
+    s = p.stream(ch, a[6])
+    p.backend.memcpy2d(a[0], a[1], a[2], a[3], a[4], a[5], s)
+    return Deferred(lambda: p.backend.stream_sync(s))
+
+
+def MEMSET(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    p.backend.memset(a[0], a[1], a[2], p.stream(ch, a[3]))
+
+
+def MEMSET_2D(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    p.backend.memset2d(a[0], a[1], a[2], a[3], a[4], p.stream(ch, a[5]))

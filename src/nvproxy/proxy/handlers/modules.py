@@ -1,0 +1,59 @@
+"""Modules, kernels, module variables and launches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ... import wire
+from ...errors import INVALID_VALUE, CudaError
+
+MASK32 = 0xFFFFFFFF
+
+
+def _name(payload: bytes) -> str:
+    return payload.split(b"\0", 1)[0].decode()
+
+
+def MODULE_LOAD(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    p.state.images[a[0]] = payload
+    p.state.device(ch.dev).modules.pop(a[0], None)
+    p.state.module(ch.dev, a[0])  # load now, so that a bad image fails here
+
+
+def KERNEL_INFO(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
+    mod_id, kid, name = a[0], a[1], _name(payload)
+    p.state.kernel_names[kid] = (mod_id, name)
+    d = p.state.device(ch.dev)
+    d.kernels.pop(kid, None)
+    k = p.state.kernel(ch.dev, kid)
+    info = p.backend.kernel_info(k)
+    params = info["params"]
+    head = wire.KERNEL_INFO.pack(
+        len(params), info["param_size"], info["max_threads"], info["num_regs"], info["shared_static"],
+        info["const_size"], info["local_size"], info["max_dyn_shared"], info["ptx_version"],
+        info["binary_version"], info["cache_mode_ca"], info["preferred_carveout"],
+    )
+    return (), head + b"".join(wire.PARAM.pack(o, s) for o, s in params)
+
+
+def VAR_INFO(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
+    addr, size = p.backend.global_get(p.state.module(ch.dev, a[0]), _name(payload))
+    return (addr, size), b""
+
+
+def LAUNCH(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    k = p.state.kernel(ch.dev, a[0])
+    grid = (a[1] & MASK32, a[1] >> 32, a[2] & MASK32)
+    block = (a[2] >> 32, a[3] & MASK32, a[3] >> 32)
+    p.backend.launch(k, grid, block, a[4], p.stream(ch, a[5]), payload, bool(a[6] & wire.NVP_LAUNCH_COOPERATIVE))
+
+
+def FUNC_SET_ATTR(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    value = a[2] - (1 << 64) if a[2] >= 1 << 63 else a[2]
+    p.backend.func_set_attr(p.state.kernel(ch.dev, a[0]), a[1], value)
+
+
+def OCCUPANCY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
+    if a[1] == 0:
+        raise CudaError(INVALID_VALUE)
+    return (p.backend.occupancy(p.state.kernel(ch.dev, a[0]), a[1], a[2], a[3]),), b""

@@ -1,0 +1,71 @@
+"""Streams, events and host functions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...errors import NOT_READY, CudaError
+from ..server import Deferred
+from .device import float_bits
+
+
+def _signed(x: int) -> int:
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def STREAM_CREATE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    p.state.streams[a[0]] = (ch.dev, p.backend.stream_create(ch.dev, a[1], _signed(a[2])))
+
+
+def STREAM_DESTROY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    s = p.state.stream(a[0], ch.dev, None)
+    del p.state.streams[a[0]]
+    p.backend.stream_destroy(s)
+
+
+def STREAM_SYNC(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred:
+    s = p.stream(ch, a[0])
+    return Deferred(lambda: p.backend.stream_sync(s))
+
+
+def STREAM_QUERY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    if not p.backend.stream_query(p.stream(ch, a[0])):
+        raise CudaError(NOT_READY)
+
+
+def STREAM_WAIT_EVENT(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    p.backend.stream_wait_event(p.stream(ch, a[0]), p.state.event(a[1]), a[2])
+
+
+def HOST_FUNC(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    cb_id = a[1]
+    p.backend.host_func(p.stream(ch, a[0]), lambda status: p.server.run_callback(cb_id, status))
+
+
+def EVENT_CREATE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    p.state.events[a[0]] = (ch.dev, p.backend.event_create(ch.dev, a[1]))
+
+
+def EVENT_DESTROY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    e = p.state.event(a[0])
+    del p.state.events[a[0]]
+    p.backend.event_destroy(e)
+
+
+def EVENT_RECORD(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    p.backend.event_record(p.state.event(a[0]), p.stream(ch, a[1]), a[2])
+
+
+def EVENT_SYNC(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred:
+    e = p.state.event(a[0])
+    return Deferred(lambda: p.backend.event_sync(e))
+
+
+def EVENT_QUERY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    if not p.backend.event_query(p.state.event(a[0])):
+        raise CudaError(NOT_READY)
+
+
+def EVENT_ELAPSED(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
+    ms = p.backend.event_elapsed(p.state.event(a[0]), p.state.event(a[1]))
+    return (float_bits(ms),), b""

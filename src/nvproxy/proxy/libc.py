@@ -1,0 +1,54 @@
+"""The few libc calls the proxy needs that Python does not offer: mapping a
+shared-memory fd at a fixed address (the application's), and flushing C stdio
+(where the driver writes kernel printf output)."""
+
+from __future__ import annotations
+
+import os
+
+import cffi
+
+ffi = cffi.FFI()
+ffi.cdef(
+    """
+void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset);
+int munmap(void *addr, size_t length);
+int fflush(void *stream);
+"""
+)
+_c = ffi.dlopen(None)
+
+PROT_READ, PROT_WRITE = 1, 2
+MAP_SHARED, MAP_FIXED, MAP_FIXED_NOREPLACE = 0x01, 0x10, 0x100000
+MAP_FAILED = ffi.cast("void *", -1)
+
+
+def map_fixed(fd: int, addr: int, size: int) -> bool:
+    """Map fd at exactly addr; False if something is already mapped there."""
+    p = _c.mmap(ffi.cast("void *", addr), size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0)
+    if p == MAP_FAILED:
+        return False
+    if int(ffi.cast("uintptr_t", p)) != addr:  # an old kernel took it as a hint
+        _c.munmap(p, size)
+        return False
+    return True
+
+
+def map_anywhere(fd: int, size: int) -> int:
+    p = _c.mmap(ffi.NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+    if p == MAP_FAILED:
+        raise OSError(ffi.errno, os.strerror(ffi.errno))
+    return int(ffi.cast("uintptr_t", p))
+
+
+def unmap(addr: int, size: int) -> None:
+    _c.munmap(ffi.cast("void *", addr), size)
+
+
+def buffer(addr: int, size: int) -> memoryview:
+    """A writable view of size bytes of this process's memory at addr."""
+    return memoryview(ffi.buffer(ffi.cast("char *", addr), size))
+
+
+def flush_stdio() -> None:
+    _c.fflush(ffi.NULL)

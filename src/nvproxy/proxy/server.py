@@ -1,0 +1,312 @@
+"""The proxy's transport: the listening socket, one channel per application
+thread, execution in the application's call order, and replies.
+
+One thread (the dispatcher) reads every channel and executes submissions in
+the global order the shim stamped on them (seq), so calls from different
+application threads reach the device in the order they were made.  A call
+that must wait for the device (a synchronisation, a synchronous copy) is
+submitted by the dispatcher and then handed to its channel's waiter thread,
+which waits and replies: one application thread blocked in a sync call never
+stalls the others.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import queue
+import selectors
+import socket
+import struct
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from .. import wire
+from ..errors import NOT_SUPPORTED, UNKNOWN, CudaError
+
+REQ = wire.REQ
+HDR = REQ.size
+F_REPLY = wire.NVP_F_REPLY
+MAX_LEN = HDR + wire.NVP_MAX_PAYLOAD
+SO_PEERCRED_FMT = "3i"
+
+
+class Deferred:
+    """A result that needs waiting for: wait() runs on the channel's waiter
+    thread, then the reply carries what it returns."""
+
+    __slots__ = ("wait",)
+
+    def __init__(self, wait: Callable[[], Any]) -> None:
+        self.wait = wait
+
+
+class Channel:
+    def __init__(self, server: Server, sock: socket.socket) -> None:
+        self.server = server
+        self.sock = sock
+        self.rbuf = bytearray()
+        self.fds: deque[int] = deque()
+        self.kind = -1
+        self.tid = 0
+        self.dev = 0
+        self.async_err = 0
+        self.per_thread: dict[int, Any] = {}
+        self.staging: tuple[int, int] | None = None
+        self.copy_events: list[Any] = []
+        self.copy_event_next = 0
+        self._send_lock = threading.Lock()
+        self._waits: queue.SimpleQueue[Any] | None = None
+        self._pending = 0
+        self.closed = False
+
+    # ---- replies, always in request order ----
+    def _build(self, result: Any, err: int) -> bytes:
+        r: tuple[int, ...] = ()
+        payload = b""
+        if isinstance(result, tuple):
+            r, payload = result
+        a_err, self.async_err = self.async_err, 0
+        return wire.pack_reply(err, a_err, r, payload, self.server.backend.take_text())
+
+    def _send(self, data: bytes) -> None:
+        with self._send_lock:
+            try:
+                self.sock.sendall(data)
+            except OSError:
+                self.closed = True
+
+    def reply(self, result: Any, err: int) -> None:
+        if self._pending == 0:
+            self._send(self._build(result, err))
+        else:
+            self._queue().put((None, result, err))
+
+    def defer(self, d: Deferred) -> None:
+        self._pending += 1
+        self._queue().put((d, None, 0))
+
+    def _queue(self) -> queue.SimpleQueue[Any]:
+        if self._waits is None:
+            self._waits = queue.SimpleQueue()
+            threading.Thread(target=self._waiter, name=f"nvproxy-wait-{self.tid}", daemon=True).start()
+        return self._waits
+
+    def _waiter(self) -> None:
+        assert self._waits is not None
+        while True:
+            item = self._waits.get()
+            if item is None:
+                return
+            d, result, err = item
+            if d is not None:
+                try:
+                    self.server.backend.activate(self.dev)
+                    result, err = d.wait(), 0
+                except CudaError as e:
+                    result, err = None, e.code
+                except Exception as e:  # never leave the application waiting
+                    print(f"nvproxy: internal error while waiting: {e!r}", file=sys.stderr)
+                    result, err = None, UNKNOWN
+                self._pending -= 1
+            self._send(self._build(result, err))
+
+    def close(self) -> None:
+        self.closed = True
+        if self._waits is not None:
+            self._waits.put(None)
+        for fd in self.fds:
+            os.close(fd)
+        self.fds.clear()
+
+
+class Server:
+    def __init__(self, sock_path: str, owner_pid: int, backend: Any, dispatch: Any) -> None:
+        self.backend = backend
+        self.dispatch = dispatch
+        self.owner_pid = owner_pid
+        self.sock_path = sock_path
+        self.sel = selectors.DefaultSelector()
+        self.heap: list[tuple[int, int, Channel, int, int, tuple[int, ...], bytes]] = []
+        self.next_seq = 1
+        self.tiebreak = 0
+        self.callback_channel: Channel | None = None
+        self.callback_lock = threading.Lock()
+        self.running = True
+        old = os.umask(0o077)
+        try:
+            if os.path.exists(sock_path):
+                os.unlink(sock_path)
+            self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.listener.bind(sock_path)
+        finally:
+            os.umask(old)
+        os.chmod(sock_path, 0o600)
+        self.listener.listen(64)
+        self.listener.setblocking(False)
+        self.sel.register(self.listener, selectors.EVENT_READ, self._accept)
+        try:
+            self.owner_fd = os.pidfd_open(owner_pid)
+            self.sel.register(self.owner_fd, selectors.EVENT_READ, self._owner_gone)
+        except (ProcessLookupError, OSError):
+            print(f"nvproxy: application {owner_pid} is not running", file=sys.stderr)
+            self.running = False
+
+    # ---- connections ----
+    def _accept(self, _key: Any) -> None:
+        try:
+            s, _ = self.listener.accept()
+        except BlockingIOError:
+            return
+        pid, uid, _gid = struct.unpack(SO_PEERCRED_FMT, s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        if uid != os.getuid() or pid != self.owner_pid:
+            print(f"nvproxy: refused a connection from pid {pid} uid {uid}: this proxy serves pid {self.owner_pid}",
+                  file=sys.stderr)
+            s.close()
+            return
+        s.setblocking(False)
+        ch = Channel(self, s)
+        self.sel.register(s, selectors.EVENT_READ, lambda key, ch=ch: self._readable(ch))
+
+    def _owner_gone(self, _key: Any) -> None:
+        self.running = False
+
+    def _drop(self, ch: Channel) -> None:
+        try:
+            self.sel.unregister(ch.sock)
+        except (KeyError, ValueError):
+            pass
+        ch.close()
+        try:
+            ch.sock.close()
+        except OSError:
+            pass
+        self.dispatch.channel_closed(ch)
+
+    def _readable(self, ch: Channel) -> None:
+        try:
+            data, anc, _flags, _addr = ch.sock.recvmsg(1 << 18, socket.CMSG_SPACE(8 * 4))
+        except BlockingIOError:
+            return
+        except OSError:
+            data, anc = b"", []
+        for level, typ, cdata in anc:
+            if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+                n = len(cdata) // 4
+                ch.fds.extend(struct.unpack(f"{n}i", cdata[: n * 4]))
+        if not data:
+            self._drop(ch)
+            return
+        ch.rbuf += data
+        buf = ch.rbuf
+        off = 0
+        while len(buf) - off >= HDR:
+            length, op, flags, seq, *args = REQ.unpack_from(buf, off)
+            if length < HDR or length > MAX_LEN:
+                print(f"nvproxy: malformed message (length {length}) from thread {ch.tid}; closing its channel",
+                      file=sys.stderr)
+                self._drop(ch)
+                return
+            if len(buf) - off < length:
+                break
+            payload = bytes(buf[off + HDR : off + length])
+            off += length
+            if seq == 0:
+                self._hello(ch, op, flags, tuple(args))
+                if ch.kind == wire.NVP_CHAN_CALLBACK:
+                    return
+            else:
+                self.tiebreak += 1
+                heapq.heappush(self.heap, (seq, self.tiebreak, ch, op, flags, tuple(args), payload))
+        del buf[:off]
+
+    def _hello(self, ch: Channel, op: int, flags: int, a: tuple[int, ...]) -> None:
+        if op != wire.NVP_OP_HELLO or a[0] != self.owner_pid or a[2] != wire.NVP_PROTO_VERSION:
+            print("nvproxy: bad hello (wrong process or protocol version); closing the channel", file=sys.stderr)
+            self._drop(ch)
+            return
+        ch.tid, ch.kind = a[1], a[3]
+        ch.reply(((self.backend.device_count(), 1 if self.backend.name == "sim" else 0, os.getpid(),
+                   self.backend.driver_version()), b""), 0)
+        if ch.kind == wire.NVP_CHAN_CALLBACK:
+            self.sel.unregister(ch.sock)
+            ch.sock.setblocking(True)
+            self.callback_channel = ch
+
+    # ---- host callbacks: run in the application, in stream order ----
+    def run_callback(self, cb_id: int, status: int) -> None:
+        ch = self.callback_channel
+        if ch is None:
+            return
+        with self.callback_lock:
+            msg = wire.CB.pack(wire.CB.size, status, cb_id, 0)
+            try:
+                ch.sock.sendall(msg)
+                got = b""
+                while len(got) < wire.CB.size:
+                    chunk = ch.sock.recv(wire.CB.size - len(got))
+                    if not chunk:
+                        return
+                    got += chunk
+            except OSError:
+                return
+
+    # ---- execution in call order ----
+    def _execute_ready(self) -> None:
+        heap = self.heap
+        while heap and heap[0][0] <= self.next_seq:
+            seq, _t, ch, op, flags, args, payload = heapq.heappop(heap)
+            if seq == self.next_seq:
+                self.next_seq += 1
+            self._execute(ch, op, flags, args, payload)
+
+    def _execute(self, ch: Channel, op: int, flags: int, args: tuple[int, ...], payload: bytes) -> None:
+        if ch.closed:
+            return
+        handler = self.dispatch.table.get(op)
+        try:
+            if handler is None:
+                name = wire.OP_NAMES.get(op, str(op))
+                print(f"nvproxy: unknown operation {name} from thread {ch.tid}", file=sys.stderr)
+                raise CudaError(NOT_SUPPORTED)
+            self.backend.activate(ch.dev)
+            result = handler(ch, args, payload)
+        except CudaError as e:
+            if flags & F_REPLY:
+                ch.reply(None, e.code)
+            elif not ch.async_err:
+                ch.async_err = e.code
+            return
+        except Exception as e:
+            print(f"nvproxy: internal error in {wire.OP_NAMES.get(op, op)}: {e!r}", file=sys.stderr)
+            if flags & F_REPLY:
+                ch.reply(None, UNKNOWN)
+            elif not ch.async_err:
+                ch.async_err = UNKNOWN
+            return
+        if flags & F_REPLY:
+            if isinstance(result, Deferred):
+                ch.defer(result)
+            else:
+                ch.reply(result, 0)
+
+    def serve(self) -> None:
+        try:
+            while self.running:
+                events = self.sel.select(timeout=2.0 if self.heap else None)
+                for key, _ in events:
+                    key.data(key)
+                if not events and self.heap and self.heap[0][0] > self.next_seq:
+                    # a stamped request never arrived (its thread died mid-call): do not stall the rest
+                    print(f"nvproxy: request {self.next_seq} never arrived; going on", file=sys.stderr)
+                    self.next_seq = self.heap[0][0]
+                self._execute_ready()
+        finally:
+            self.listener.close()
+            try:
+                os.unlink(self.sock_path)
+            except OSError:
+                pass

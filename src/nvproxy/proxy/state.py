@@ -1,0 +1,100 @@
+"""What the proxy holds for its application, keyed by nvproxy's own handles:
+device arenas, modules and kernels per device, streams, events, shared host
+ranges.  Everything the application can name lives here, so that a restore
+can rebuild it under the same names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import INVALID_DEVICE, INVALID_RESOURCE_HANDLE, INVALID_VALUE, CudaError
+from .arena import Arena
+
+ARENA_BASE = 0x200000000000
+ARENA_STRIDE = 1 << 40  # one TiB of address space per device
+GiB = 1 << 30
+
+
+def arena_base(dev: int) -> int:
+    return ARENA_BASE + dev * ARENA_STRIDE
+
+
+@dataclass
+class DeviceState:
+    index: int
+    arena: Arena
+    props: tuple[str, bytes, int, list[int]]
+    modules: dict[int, Any] = field(default_factory=dict)  # module id -> backend module
+    kernels: dict[int, Any] = field(default_factory=dict)  # kernel id -> backend kernel
+
+
+@dataclass
+class HostRange:
+    size: int
+    channel: object | None = None  # staging buffers belong to a channel
+
+
+class ProcessState:
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.devices: dict[int, DeviceState] = {}
+        self.images: dict[int, bytes] = {}  # module id -> fatbinary
+        self.kernel_names: dict[int, tuple[int, str]] = {}  # kernel id -> (module id, name)
+        self.streams: dict[int, tuple[int, Any]] = {}  # wire id -> (device, backend stream)
+        self.events: dict[int, tuple[int, Any]] = {}
+        self.host: dict[int, HostRange] = {}  # address -> registered range
+
+    def device(self, dev: int) -> DeviceState:
+        d = self.devices.get(dev)
+        if d is not None:
+            return d
+        if not 0 <= dev < self.backend.device_count():
+            raise CudaError(INVALID_DEVICE)
+        props = self.backend.device_props(dev)
+        size = min(ARENA_STRIDE, max(4 * GiB, (2 * props[2] + GiB - 1) // GiB * GiB))
+        base = self.backend.reserve(dev, arena_base(dev), size)
+        d = DeviceState(dev, Arena(base, size, self.backend.backing(dev)), props)
+        self.devices[dev] = d
+        return d
+
+    def arena_of(self, ptr: int) -> DeviceState:
+        for d in self.devices.values():
+            if d.arena.contains(ptr):
+                return d
+        raise CudaError(INVALID_VALUE, f"{ptr:#x} is not device memory of nvproxy")
+
+    def module(self, dev: int, mod_id: int) -> Any:
+        d = self.device(dev)
+        m = d.modules.get(mod_id)
+        if m is None:
+            if mod_id not in self.images:
+                raise CudaError(INVALID_RESOURCE_HANDLE, f"module {mod_id} was never loaded")
+            m = d.modules[mod_id] = self.backend.module_load(dev, self.images[mod_id])
+        return m
+
+    def kernel(self, dev: int, kid: int) -> Any:
+        d = self.device(dev)
+        k = d.kernels.get(kid)
+        if k is None:
+            if kid not in self.kernel_names:
+                raise CudaError(INVALID_RESOURCE_HANDLE, f"kernel {kid} unknown")
+            mod_id, name = self.kernel_names[kid]
+            k = d.kernels[kid] = self.backend.kernel_get(self.module(dev, mod_id), name)
+        return k
+
+    def stream(self, wire: int, dev: int, per_thread: Any) -> Any:
+        if wire == 0:
+            return self.backend.legacy_stream(dev)
+        if wire == 2:
+            return per_thread(dev)
+        try:
+            return self.streams[wire][1]
+        except KeyError:
+            raise CudaError(INVALID_RESOURCE_HANDLE, f"stream {wire}") from None
+
+    def event(self, wire: int) -> Any:
+        try:
+            return self.events[wire][1]
+        except KeyError:
+            raise CudaError(INVALID_RESOURCE_HANDLE, f"event {wire}") from None

@@ -1,0 +1,77 @@
+"""The wire format, read from native/include/nvproxy_wire.h through cffi.
+
+The C header is the only definition: this module parses its CDEF block, so
+message layouts and operation numbers cannot drift between shim and proxy.
+Hot paths use precompiled struct.Struct objects derived from cffi's layout.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from importlib import resources
+from pathlib import Path
+
+import cffi
+
+
+def _header_text() -> str:
+    packaged = resources.files("nvproxy").joinpath("include/nvproxy_wire.h")
+    if packaged.is_file():
+        return packaged.read_text()
+    # running from a source checkout
+    return (Path(__file__).resolve().parents[2] / "native" / "include" / "nvproxy_wire.h").read_text()
+
+
+def _cdef_block(text: str) -> str:
+    start, end = text.index("/* CDEF-BEGIN */"), text.index("/* CDEF-END */")
+    return text[start + len("/* CDEF-BEGIN */") : end]
+
+
+HEADER = _header_text()
+ffi = cffi.FFI()
+ffi.cdef(_cdef_block(HEADER))
+_lib = ffi.dlopen(None)
+
+CONSTANTS: dict[str, int] = {
+    name: int(value, 0) for name, value in re.findall(r"#define\s+(NVP_\w+)\s+(\S+)", _cdef_block(HEADER))
+}
+globals().update(CONSTANTS)
+OP_NAMES: dict[int, str] = {v: k[len("NVP_OP_") :] for k, v in CONSTANTS.items() if k.startswith("NVP_OP_")}
+
+
+def _check(name: str, fmt: str) -> struct.Struct:
+    s = struct.Struct(fmt)
+    if s.size != ffi.sizeof(name):
+        raise RuntimeError(f"wire layout of {name} disagrees with the header ({s.size} != {ffi.sizeof(name)})")
+    return s
+
+
+# struct nvp_req: len, op, flags, seq, a[8]
+REQ = _check("struct nvp_req", "<IHHQ8Q")
+# struct nvp_rep: len, err, async_err, text_len, r[4]
+REP = _check("struct nvp_rep", "<IiiI4Q")
+# struct nvp_cb: len, status, id, stream
+CB = _check("struct nvp_cb", "<IiQQ")
+PARAM = _check("struct nvp_param", "<II")
+KERNEL_INFO = _check("struct nvp_kernel_info", "<II10i")
+DEVICE_INFO_SIZE: int = ffi.sizeof("struct nvp_device_info")
+MAX_ATTR: int = CONSTANTS["NVP_MAX_ATTR"]
+
+
+def pack_device_info(name: str, uuid: bytes, total_mem: int, arena_base: int, arena_size: int, attrs: list[int]) -> bytes:
+    info = ffi.new("struct nvp_device_info *")
+    raw = name.encode()[:255]
+    ffi.memmove(info.name, raw, len(raw))
+    ffi.memmove(info.uuid, uuid[:16], min(16, len(uuid)))
+    info.total_mem = total_mem
+    info.arena_base = arena_base
+    info.arena_size = arena_size
+    for i, v in enumerate(attrs[:MAX_ATTR]):
+        info.attr[i] = v
+    return bytes(ffi.buffer(info))
+
+
+def pack_reply(err: int, async_err: int = 0, r: tuple[int, ...] = (), payload: bytes = b"", text: bytes = b"") -> bytes:
+    rr = (tuple(x & 0xFFFFFFFFFFFFFFFF for x in r) + (0, 0, 0, 0))[:4]
+    return REP.pack(REP.size + len(text) + len(payload), err, async_err, len(text), *rr) + text + payload
