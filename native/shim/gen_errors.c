@@ -5,6 +5,7 @@ const struct nvp_error_text {
     int code;
     const char *name, *text;
 } nvp_error_table[] = {
+    {0, "cudaSuccess", "no error"},
     {1, "cudaErrorInvalidValue", "invalid argument"},
     {2, "cudaErrorMemoryAllocation", "out of memory"},
     {3, "cudaErrorInitializationError", "initialization error"},

@@ -173,7 +173,7 @@ uint64_t nvp_handle_new(int type, const void *rec, size_t rec_size)
     } else {
         if (t->n == 0)
             t->n = 1;
-        if (t->n == t->cap) {
+        if (t->n >= t->cap) {
             uint32_t cap = t->cap ? t->cap * 2 : 256;
             struct slot *v = cap <= H_MAX ? realloc(t->v, cap * sizeof *v) : NULL;
             uint32_t *f = v ? realloc(t->freed, cap * sizeof *f) : NULL;

@@ -52,7 +52,7 @@ def error_codes(cuda: Path) -> list[tuple[int, str]]:
     text = (cuda / "include" / "driver_types.h").read_text()
     body = text[text.index("enum __device_builtin__ cudaError") :]
     body = body[: body.index("};")]
-    return [(int(v), n) for n, v in re.findall(r"(cudaError\w*)\s*=\s*(\d+)", body)]
+    return [(int(v), n) for n, v in re.findall(r"(cuda(?:Success|Error\w*))\s*=\s*(\d+)", body)]
 
 
 def gen_exports(syms: list[str], rets: dict[str, str]) -> str:

@@ -72,8 +72,9 @@ class KernelContext:
     """What a sim kernel sees: launch geometry and device memory."""
 
     def __init__(self, mem: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shmem: int,
-                 printf: Callable[[str], None]) -> None:
+                 printf: Callable[[str], None], symbols: dict[str, tuple[int, int]]) -> None:
         self._mem = mem
+        self._symbols = symbols
         self.grid = grid
         self.block = block
         self.shmem = shmem
@@ -87,6 +88,10 @@ class KernelContext:
     def array(self, ptr: int, dtype: str, count: int) -> np.ndarray:
         dt = np.dtype(dtype)
         return np.frombuffer(self._mem.view(ptr, count * dt.itemsize), dtype=dt)
+
+    def symbol(self, name: str) -> int:
+        """Device address of a module variable (__device__/__constant__) of the kernel's module."""
+        return self._symbols[name][0]
 
     def read(self, ptr: int, n: int) -> bytes:
         return bytes(self._mem.view(ptr, n))

@@ -127,6 +127,7 @@ class SimEvent:
 class SimKernel:
     name: str
     info: fatbin.Kernel
+    symbols: dict[str, tuple[int, int]]
     attrs: dict[int, int] = field(default_factory=dict)
 
 
@@ -290,7 +291,7 @@ class SimBackend:
         info = mod.parsed.kernels.get(name)
         if info is None:
             raise CudaError(INVALID_DEVICE_FUNCTION, f"sim: no kernel {name} in module")
-        return SimKernel(name, info)
+        return SimKernel(name, info, mod.globals)
 
     def kernel_info(self, k: SimKernel) -> dict[str, object]:
         return {
@@ -325,7 +326,7 @@ class SimBackend:
         for off, size in k.info.params:
             raw = params[off : off + size]
             args.append(int.from_bytes(raw, "little") if size in (1, 2, 4, 8) else raw)
-        ctx = sim_kernels.KernelContext(self.mem, grid, block, shmem, self.text.append)
+        ctx = sim_kernels.KernelContext(self.mem, grid, block, shmem, self.text.append, k.symbols)
         try:
             fn(ctx, *args)
         except sim_kernels.DeviceAssert as e:

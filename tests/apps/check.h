@@ -1,0 +1,23 @@
+// Shared by the test programs: fail loudly, naming the call and the error.
+#pragma once
+#include <cstdio>
+#include <cstdlib>
+#include <cuda_runtime.h>
+
+#define CHECK(x)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            printf("FAILED %s:%d %s -> %s (%s)\n", __FILE__, __LINE__, #x, cudaGetErrorName(e_),   \
+                   cudaGetErrorString(e_));                                                        \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+// Order-independent checksum of a buffer, printed by the tests.
+static inline unsigned long long checksum(const void *p, size_t n) {
+    const unsigned char *b = (const unsigned char *)p;
+    unsigned long long h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) { h ^= b[i]; h *= 1099511628211ull; }
+    return h;
+}

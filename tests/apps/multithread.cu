@@ -1,0 +1,69 @@
+// Several host threads use the runtime at once, each on its own stream; one
+// thread blocks in cudaStreamSynchronize on a kernel that only finishes when
+// another thread, still making CUDA calls, releases it through mapped memory.
+// If a blocked thread stalled the others, this program would never end.
+#include "check.h"
+#include <pthread.h>
+#include <unistd.h>
+
+__global__ void work(int *p, int n, int k) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) p[i] = p[i] * 2 + k;
+}
+
+__global__ void wait_flag(volatile int *flag, int *out) {
+    while (*flag == 0) { }
+    *out = 77;
+}
+
+static volatile int *flag;  // mapped pinned memory the kernel spins on
+static int *waited;
+static const int T = 8, N = 1 << 14, ITERS = 50;
+static int results[T];
+
+static void *blocked(void *) {
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    wait_flag<<<1, 1, 0, s>>>(flag, waited);
+    CHECK(cudaStreamSynchronize(s));  // returns only after a worker sets the flag
+    CHECK(cudaStreamDestroy(s));
+    return nullptr;
+}
+
+static void *worker(void *arg) {
+    int id = (int)(long)arg;
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    int *d, h[4];
+    CHECK(cudaMalloc(&d, N * sizeof(int)));
+    CHECK(cudaMemsetAsync(d, 0, N * sizeof(int), s));
+    for (int i = 0; i < ITERS; i++) work<<<N / 256, 256, 0, s>>>(d, N, id);
+    CHECK(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, s));
+    CHECK(cudaStreamSynchronize(s));
+    results[id] = h[0];
+    CHECK(cudaFree(d));
+    CHECK(cudaStreamDestroy(s));
+    if (id == T - 1) *flag = 1;  // release the blocked thread's kernel
+    return nullptr;
+}
+
+int main() {
+    int *f;
+    CHECK(cudaHostAlloc(&f, sizeof(int), cudaHostAllocMapped));
+    *f = 0;
+    flag = f;
+    CHECK(cudaMalloc(&waited, sizeof(int)));
+    pthread_t b, w[T];
+    pthread_create(&b, nullptr, blocked, nullptr);
+    usleep(100000);
+    for (long i = 0; i < T; i++) pthread_create(&w[i], nullptr, worker, (void *)i);
+    for (int i = 0; i < T; i++) pthread_join(w[i], nullptr);
+    pthread_join(b, nullptr);
+    int got;
+    CHECK(cudaMemcpy(&got, waited, sizeof got, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < T; i++) printf("thread %d: %d\n", i, results[i]);
+    printf("blocked kernel finished: %d\n", got);
+    CHECK(cudaFreeHost(f));
+    printf("Test PASSED\n");
+    return 0;
+}

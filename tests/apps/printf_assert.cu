@@ -1,0 +1,38 @@
+// Kernel printf reaches the application's stdout, in order with host output;
+// a failed device assert is a sticky cudaErrorAssert.  argv[1] == "assert"
+// runs the second part.
+#include "check.h"
+#include <cassert>
+#include <cstring>
+
+__global__ void hello(int step) {
+    if (threadIdx.x < 3) printf("device step %d thread %d\n", step, threadIdx.x);
+}
+
+__global__ void check_positive(const int *p) {
+    assert(p[threadIdx.x] > 0);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "assert")) {
+        int *d, h[32];
+        for (int i = 0; i < 32; i++) h[i] = i == 5 ? -1 : 1;
+        CHECK(cudaMalloc(&d, sizeof h));
+        CHECK(cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice));
+        check_positive<<<1, 32>>>(d);
+        cudaError_t e = cudaDeviceSynchronize();
+        printf("sync after assert: %s\n", cudaGetErrorName(e));
+        printf("sticky, later call: %s\n", cudaGetErrorName(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost)));
+        printf("last error: %s\n", cudaGetErrorName(cudaGetLastError()));
+        printf("still sticky: %s\n", cudaGetErrorName(cudaGetLastError()));
+        return 0;
+    }
+    for (int step = 0; step < 3; step++) {
+        printf("host before step %d\n", step);
+        hello<<<1, 32>>>(step);
+        CHECK(cudaDeviceSynchronize());
+        printf("host after step %d\n", step);
+    }
+    printf("Test PASSED\n");
+    return 0;
+}

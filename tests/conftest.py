@@ -1,0 +1,56 @@
+"""Test helpers: build the CUDA test programs with nvcc (-cudart shared) and run
+them natively or through nvproxy."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+APPS = Path(__file__).resolve().parent / "apps"
+EXPECTED = APPS / "expected"
+TIMEOUT = 180
+
+
+@pytest.fixture(scope="session")
+def nvcc() -> str:
+    path = shutil.which("nvcc")
+    if not path:
+        pytest.skip("nvcc is not on PATH: the CUDA test programs cannot be built")
+    return path
+
+
+@pytest.fixture(scope="session")
+def build(nvcc: str, tmp_path_factory: pytest.TempPathFactory):
+    out = tmp_path_factory.mktemp("apps")
+    built: dict[tuple[str, tuple[str, ...]], Path] = {}
+
+    def _build(name: str, *flags: str) -> Path:
+        key = (name, flags)
+        if key not in built:
+            exe = out / (name + "".join(f.replace("=", "_").replace("-", "_") for f in flags))
+            subprocess.run([nvcc, "-cudart", "shared", *flags, "-o", str(exe), str(APPS / f"{name}.cu")],
+                           check=True, cwd=APPS)
+            built[key] = exe
+        return built[key]
+
+    return _build
+
+
+def sim_kernels(name: str) -> list[str]:
+    k = APPS / f"{name}_sim.py"
+    return ["--sim-kernels", str(k)] if k.exists() else []
+
+
+def nvproxy_cmd(exe: Path, backend: str, name: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "nvproxy", "run", "--backend", backend, *sim_kernels(name), "--", str(exe), *args]
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=kw.pop("timeout", TIMEOUT), env=env, **kw)

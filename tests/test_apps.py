@@ -1,0 +1,46 @@
+"""The CUDA test programs in tests/apps, built with nvcc -cudart shared.
+
+On the sim backend (CI) each program's output must equal its expected
+transcript in tests/apps/expected/sim.  With -m gpu each program runs natively
+and through nvproxy on the real device and the two outputs must be identical.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import EXPECTED, nvproxy_cmd, run
+
+PROGRAMS = [
+    ("vector_add", ()),
+    ("copies", ()),
+    ("streams_events", ()),
+    ("callbacks", ()),
+    ("multithread", ()),
+    ("printf_assert", ()),
+    ("printf_assert", ("assert",)),
+    ("symbols", ()),
+    ("bigparam", ()),
+    ("errors", ()),
+    ("device_query", ()),
+]
+IDS = ["-".join((n, *a)) for n, a in PROGRAMS]
+
+
+@pytest.mark.parametrize(("name", "args"), PROGRAMS, ids=IDS)
+def test_sim(build, name: str, args: tuple[str, ...]) -> None:
+    exe = build(name)
+    r = run(nvproxy_cmd(exe, "sim", name, *args))
+    expected = (EXPECTED / "sim" / f"{'-'.join((name, *args))}.txt").read_text()
+    assert r.stdout == expected, r.stderr
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("name", "args"), PROGRAMS, ids=IDS)
+def test_gpu_matches_native(build, name: str, args: tuple[str, ...]) -> None:
+    exe = build(name)
+    native = run([str(exe), *args])
+    proxied = run(nvproxy_cmd(exe, "gpu", name, *args))
+    assert proxied.stdout == native.stdout, proxied.stderr
+    assert proxied.returncode == native.returncode, proxied.stderr
+    assert "PASSED" in native.stdout or args, native.stdout
