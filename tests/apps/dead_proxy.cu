@@ -14,7 +14,7 @@ int main() {
     cudaError_t e1 = cudaDeviceSynchronize();
     cudaError_t e2 = cudaMalloc(&d, 64);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    printf("after the proxy died: %s, then %s, within 2 s: %s\n", cudaGetErrorName(e1), cudaGetErrorName(e2),
+    printf("after the pause: %s, then %s, within 2 s: %s\n", cudaGetErrorName(e1), cudaGetErrorName(e2),
            s < 2.0 ? "yes" : "no");
     return 0;
 }

@@ -2,6 +2,7 @@
 // thread blocks in cudaStreamSynchronize on a kernel that only finishes when
 // another thread, still making CUDA calls, releases it through mapped memory.
 // If a blocked thread stalled the others, this program would never end.
+// (No cudaMalloc/cudaFree while the kernel spins: cudaFree waits for the device.)
 #include "check.h"
 #include <pthread.h>
 #include <unistd.h>
@@ -20,6 +21,7 @@ static volatile int *flag;  // mapped pinned memory the kernel spins on
 static int *waited;
 static const int T = 8, N = 1 << 14, ITERS = 50;
 static int results[T];
+static int *bufs[T];
 
 static void *blocked(void *) {
     cudaStream_t s;
@@ -34,14 +36,12 @@ static void *worker(void *arg) {
     int id = (int)(long)arg;
     cudaStream_t s;
     CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    int *d, h[4];
-    CHECK(cudaMalloc(&d, N * sizeof(int)));
+    int *d = bufs[id], h[4];
     CHECK(cudaMemsetAsync(d, 0, N * sizeof(int), s));
     for (int i = 0; i < ITERS; i++) work<<<N / 256, 256, 0, s>>>(d, N, id);
     CHECK(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, s));
     CHECK(cudaStreamSynchronize(s));
     results[id] = h[0];
-    CHECK(cudaFree(d));
     CHECK(cudaStreamDestroy(s));
     if (id == T - 1) *flag = 1;  // release the blocked thread's kernel
     return nullptr;
@@ -53,6 +53,7 @@ int main() {
     *f = 0;
     flag = f;
     CHECK(cudaMalloc(&waited, sizeof(int)));
+    for (int i = 0; i < T; i++) CHECK(cudaMalloc(&bufs[i], N * sizeof(int)));
     pthread_t b, w[T];
     pthread_create(&b, nullptr, blocked, nullptr);
     usleep(100000);
@@ -63,6 +64,7 @@ int main() {
     CHECK(cudaMemcpy(&got, waited, sizeof got, cudaMemcpyDeviceToHost));
     for (int i = 0; i < T; i++) printf("thread %d: %d\n", i, results[i]);
     printf("blocked kernel finished: %d\n", got);
+    for (int i = 0; i < T; i++) CHECK(cudaFree(bufs[i]));
     CHECK(cudaFreeHost(f));
     printf("Test PASSED\n");
     return 0;

@@ -140,6 +140,7 @@ class SimModule:
 
 class SimBackend:
     name = "sim"
+    frees_wait_for_device = False  # work runs at submission: nothing can still be using it
 
     def __init__(self) -> None:
         sim_kernels.load_from_env()

@@ -5,6 +5,9 @@ can rebuild it under the same names."""
 
 from __future__ import annotations
 
+import queue
+import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +47,45 @@ class ProcessState:
         self.streams: dict[int, tuple[int, Any]] = {}  # wire id -> (device, backend stream)
         self.events: dict[int, tuple[int, Any]] = {}
         self.host: dict[int, HostRange] = {}  # address -> registered range
+        self.arena_lock = threading.Lock()  # the dispatcher allocates, the reaper frees
+        self.freeing: set[int] = set()
+        self._frees: queue.SimpleQueue[tuple[int, int]] | None = None
+
+    def free(self, ptr: int) -> None:
+        """cudaFree: the memory returns to the arena once the device has
+        finished everything submitted before the free, as cudaFree waits for.
+        The wait happens on a reaper thread, so the application's other
+        threads keep going (a thread blocked in cudaFree does not stop them)."""
+        d = self.arena_of(ptr)
+        if ptr not in d.arena.allocs or ptr in self.freeing:
+            raise CudaError(INVALID_VALUE, f"free of {ptr:#x}, not an allocation")
+        if not getattr(self.backend, "frees_wait_for_device", True):
+            with self.arena_lock:
+                d.arena.free(ptr)
+            return
+        self.freeing.add(ptr)
+        if self._frees is None:
+            self._frees = queue.SimpleQueue()
+            threading.Thread(target=self._reaper, name="nvproxy-free", daemon=True).start()
+        self._frees.put((d.index, ptr))
+
+    def _reaper(self) -> None:
+        assert self._frees is not None
+        while True:
+            dev, ptr = self._frees.get()
+            try:
+                self.backend.activate(dev)
+                self.backend.device_sync(dev)
+            except CudaError as e:  # a sticky error: the memory is gone with the context anyway
+                print(f"nvproxy: device {dev} failed while freeing {ptr:#x} (CUDA error {e.code})", file=sys.stderr)
+            with self.arena_lock:
+                self.devices[dev].arena.free(ptr)
+                self.freeing.discard(ptr)
+
+    def alloc(self, dev: int, size: int) -> int:
+        d = self.device(dev)
+        with self.arena_lock:
+            return d.arena.alloc(size)
 
     def device(self, dev: int) -> DeviceState:
         d = self.devices.get(dev)

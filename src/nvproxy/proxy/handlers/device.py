@@ -35,9 +35,11 @@ def DEVICE_RESET(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     """Waits for the device and frees every allocation of the process on it."""
     p.backend.device_sync(ch.dev)
     d = p.state.device(ch.dev)
-    for ptr in list(d.arena.allocs):
-        d.arena.free(ptr)
-    d.arena.trim()
+    with p.state.arena_lock:
+        for ptr in list(d.arena.allocs):
+            if ptr not in p.state.freeing:
+                d.arena.free(ptr)
+        d.arena.trim()
 
 
 def SET_LIMIT(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:

@@ -14,16 +14,11 @@ COPY_EVENTS = 8  # more than the shim ever has in flight per channel
 
 
 def MALLOC(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
-    return (p.state.device(ch.dev).arena.alloc(a[0]),), b""
+    return (p.state.alloc(ch.dev, a[0]),), b""
 
 
 def FREE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
-    d = p.state.arena_of(a[0])
-    if a[0] not in d.arena.allocs:
-        raise CudaError(INVALID_VALUE)
-    # like cudaFree: nothing still running may use the memory
-    p.backend.device_sync(d.index)
-    d.arena.free(a[0])
+    p.state.free(a[0])
 
 
 def MEM_INFO(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:

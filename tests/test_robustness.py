@@ -1,0 +1,128 @@
+"""Bad input and failure: unsupported calls, a dead proxy, foreign and
+malformed connections, private sockets, and a proxy that never outlives its
+application."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import nvproxy_cmd, run
+
+from nvproxy import wire
+
+BACKENDS = ["sim", pytest.param("gpu", marks=pytest.mark.gpu)]
+
+
+def proxy_of(app_pid: int) -> tuple[int, str]:
+    """(pid, socket path) of the proxy serving app_pid."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"proxy" in argv and b"--owner-pid" in argv and argv[argv.index(b"--owner-pid") + 1] == str(app_pid).encode():
+            return int(d.name), argv[argv.index(b"--socket") + 1].decode()
+    raise LookupError(f"no proxy serves {app_pid}")
+
+
+def start_waiting_app(build, backend: str) -> subprocess.Popen:
+    p = subprocess.Popen(nvproxy_cmd(build("dead_proxy"), backend, "dead_proxy"), stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    assert p.stdout.readline() == "ready\n"
+    return p
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unsupported_call_fails_loudly(build, backend: str) -> None:
+    r = run(nvproxy_cmd(build("unsupported"), backend, "unsupported"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "cudaMallocManaged: cudaErrorNotSupported",
+        "last error: cudaErrorNotSupported",
+        "cudaGraphCreate: cudaErrorNotSupported",
+    ]
+    lines = [line for line in r.stderr.splitlines() if "not supported by nvproxy" in line]
+    assert len(lines) == 2 and "cudaMallocManaged" in lines[0] and "cudaGraphCreate" in lines[1]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dead_proxy_is_a_clear_error_not_a_hang(build, backend: str) -> None:
+    p = start_waiting_app(build, backend)
+    pid, _ = proxy_of(p.pid)
+    os.kill(pid, signal.SIGKILL)
+    out, err = p.communicate("\n", timeout=30)
+    assert "after the pause: cudaErrorDevicesUnavailable, then cudaErrorDevicesUnavailable, within 2 s: yes" in out
+    assert "nvproxy: lost the proxy" in err
+
+
+def test_proxy_is_private_and_exits_with_its_application(build) -> None:
+    p = start_waiting_app(build, "sim")
+    pid, sock = proxy_of(p.pid)
+    assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(os.path.dirname(sock)).st_mode) == 0o700
+    # another process (this one) is refused
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(sock)
+    s.settimeout(10)
+    assert s.recv(1) == b""
+    s.close()
+    out, err = p.communicate("\n", timeout=30)
+    assert "after the pause: cudaSuccess, then cudaSuccess" in out, err
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the proxy outlived its application")
+    assert not os.path.exists(sock)
+
+
+def _hello(s: socket.socket) -> tuple[int, ...]:
+    s.sendall(wire.REQ.pack(wire.REQ.size, wire.NVP_OP_HELLO, wire.NVP_F_REPLY, 0, os.getpid(), 1,
+                            wire.NVP_PROTO_VERSION, 0, 0, 0, 0, 0))
+    return wire.REP.unpack(s.recv(wire.REP.size))
+
+
+def test_malformed_messages_close_only_that_channel(tmp_path: Path) -> None:
+    sock = str(tmp_path / "p.sock")
+    env = dict(os.environ, NVPROXY_BACKEND="sim")
+    proxy = subprocess.Popen([sys.executable, "-m", "nvproxy", "proxy", "--socket", sock, "--owner-pid",
+                              str(os.getpid())], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.05)
+        bad = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        bad.connect(sock)
+        bad.settimeout(10)
+        assert _hello(bad)[1] == 0
+        bad.sendall(struct.pack("<IHHQ", 5, 1, 0, 1) + b"\0" * 64)  # impossible length
+        assert bad.recv(1) == b""
+        good = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        good.connect(sock)
+        good.settimeout(10)
+        rep = _hello(good)
+        assert rep[1] == 0 and rep[4] >= 1  # still serving, one device
+        # an unknown operation is an error reply, not a crash
+        good.sendall(wire.REQ.pack(wire.REQ.size, 999, wire.NVP_F_REPLY, 1, *([0] * 8)))
+        assert wire.REP.unpack(good.recv(wire.REP.size))[1] == 801
+        good.close()
+    finally:
+        proxy.kill()
+        _, err = proxy.communicate()
+    assert "malformed message" in err
