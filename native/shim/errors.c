@@ -36,7 +36,6 @@ void nvp_set_sticky(cudaError_t e)
 {
     int zero = 0;
     atomic_compare_exchange_strong(&sticky, &zero, (int)e);
-    last_error = e;
 }
 
 cudaError_t nvp_sticky_error(void) { return (cudaError_t)atomic_load(&sticky); }
@@ -55,19 +54,16 @@ void nvp_note_async_error(cudaError_t e)
     last_error = e;
 }
 
+/* As the runtime: even a sticky error is reported once by cudaGetLastError;
+ * it stays sticky because every later call fails with it again. */
 NVP_EXPORT cudaError_t cudaGetLastError(void)
 {
     cudaError_t e = last_error;
-    cudaError_t s = nvp_sticky_error();
-    last_error = s; /* a sticky error cannot be cleared */
-    return e != cudaSuccess ? e : s;
+    last_error = cudaSuccess;
+    return e;
 }
 
-NVP_EXPORT cudaError_t cudaPeekAtLastError(void)
-{
-    cudaError_t e = last_error;
-    return e != cudaSuccess ? e : nvp_sticky_error();
-}
+NVP_EXPORT cudaError_t cudaPeekAtLastError(void) { return last_error; }
 
 static const struct nvp_error_text *lookup(cudaError_t e)
 {

@@ -377,6 +377,8 @@ NVP_EXPORT cudaError_t cudaGetKernel(cudaKernel_t *kernel, const void *entryFunc
 
 /* ---- launches ---- */
 
+/* CUDA 13 reports impossible geometry as cudaErrorInvalidValue (measured on
+ * the GPU machine), no longer cudaErrorInvalidConfiguration. */
 static cudaError_t check_config(const struct kernel *k, dim3 g, dim3 b, size_t shmem)
 {
     const struct nvp_device_info *d = nvp_device_info(nvp_current_device());
@@ -384,14 +386,14 @@ static cudaError_t check_config(const struct kernel *k, dim3 g, dim3 b, size_t s
         return cudaErrorDevicesUnavailable;
     const int32_t *A = d->attr;
     if (!g.x || !g.y || !g.z || !b.x || !b.y || !b.z)
-        return cudaErrorInvalidConfiguration;
+        return cudaErrorInvalidValue;
     if (b.x > (unsigned)A[cudaDevAttrMaxBlockDimX] || b.y > (unsigned)A[cudaDevAttrMaxBlockDimY] ||
         b.z > (unsigned)A[cudaDevAttrMaxBlockDimZ] || g.x > (unsigned)A[cudaDevAttrMaxGridDimX] ||
         g.y > (unsigned)A[cudaDevAttrMaxGridDimY] || g.z > (unsigned)A[cudaDevAttrMaxGridDimZ])
-        return cudaErrorInvalidConfiguration;
+        return cudaErrorInvalidValue;
     uint64_t threads = (uint64_t)b.x * b.y * b.z;
     if (threads > (uint64_t)A[cudaDevAttrMaxThreadsPerBlock])
-        return cudaErrorInvalidConfiguration;
+        return cudaErrorInvalidValue;
     if (k->info.max_threads > 0 && threads > (uint64_t)k->info.max_threads)
         return cudaErrorLaunchOutOfResources;
     if (shmem > (size_t)k->info.max_dyn_shared)
@@ -504,7 +506,7 @@ static cudaError_t ready_kernel(const void *func, struct kernel **out)
         return e;
     struct kernel *k = func ? kernel_of(func) : NULL;
     if (!k)
-        return cudaErrorInvalidDeviceFunction;
+        return cudaErrorInvalidResourceHandle; /* what the runtime says of a non-kernel */
     *out = k;
     return kernel_ready(k);
 }

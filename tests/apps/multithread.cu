@@ -19,7 +19,9 @@ __global__ void wait_flag(volatile int *flag, int *out) {
 
 static volatile int *flag;  // mapped pinned memory the kernel spins on
 static int *waited;
-static const int T = 8, N = 1 << 14, ITERS = 50;
+// 1 + T streams stay within CUDA_DEVICE_MAX_CONNECTIONS (8): more would share hardware
+// queues, and a queue behind the spinning kernel would never drain, natively too.
+static const int T = 4, N = 1 << 14, ITERS = 50;
 static int results[T];
 static int *bufs[T];
 
@@ -54,6 +56,10 @@ int main() {
     flag = f;
     CHECK(cudaMalloc(&waited, sizeof(int)));
     for (int i = 0; i < T; i++) CHECK(cudaMalloc(&bufs[i], N * sizeof(int)));
+    // load the kernels first: with lazy loading, loading one while another
+    // kernel spins can deadlock (CUDA programming guide, lazy loading)
+    work<<<1, 1>>>(bufs[0], 0, 0);
+    CHECK(cudaDeviceSynchronize());
     pthread_t b, w[T];
     pthread_create(&b, nullptr, blocked, nullptr);
     usleep(100000);
