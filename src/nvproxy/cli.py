@@ -64,12 +64,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return subprocess.run(cmd + ["--", str(exe)]).returncode
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """The microbenchmark suite (benchmarks/run.py of the source tree)."""
+    runner = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
+    if not runner.exists():
+        print("nvproxy bench: benchmarks/ is part of the source tree; run it from a checkout", file=sys.stderr)
+        return 2
+    return subprocess.run([sys.executable, str(runner), *args.rest]).returncode
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     print(f"shim: {shim_path()}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # every option belongs to the runner
+        return cmd_bench(argparse.Namespace(rest=argv[1:]))
     ap = argparse.ArgumentParser(prog="nvproxy", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run a CUDA program through nvproxy")
@@ -85,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("demo", help="build and run the bundled vector-add example")
     d.add_argument("--backend", choices=("gpu", "sim"))
     d.set_defaults(fn=cmd_demo)
+    b = sub.add_parser("bench", help="microbenchmarks, native vs nvproxy (options: benchmarks/run.py --help)")
+    b.add_argument("rest", nargs=argparse.REMAINDER)
+    b.set_defaults(fn=cmd_bench)
     i = sub.add_parser("info", help="where the shim is")
     i.set_defaults(fn=cmd_info)
     args = ap.parse_args(argv)

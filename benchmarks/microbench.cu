@@ -1,0 +1,125 @@
+// nvproxy microbenchmarks: the same binary runs natively and under nvproxy.
+// Prints one JSON object per line: {"bench", "param", "value", "unit"}.
+// Usage: microbench [--quick]   (--quick: tiny sizes for the sim backend / CI)
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+#include <cuda_runtime.h>
+
+#define CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
+    fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorName(e_)); exit(1); } } while (0)
+
+__global__ void empty() {}
+__global__ void eight(float *a, float *b, float *c, float *d, float *e, float *f, float *g, float *h) {
+    if (threadIdx.x == 1024) a[0] = b[0] + c[0] + d[0] + e[0] + f[0] + g[0] + h[0];
+}
+
+static double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+static void emit(const char *bench, long long param, double value, const char *unit) {
+    printf("{\"bench\": \"%s\", \"param\": %lld, \"value\": %.6g, \"unit\": \"%s\"}\n", bench, param, value, unit);
+    fflush(stdout);
+}
+
+int main(int argc, char **argv) {
+    bool quick = argc > 1 && !strcmp(argv[1], "--quick");
+    int N = quick ? 50 : 20000;
+    CHECK(cudaFree(0));
+    cudaStream_t s;
+    CHECK(cudaStreamCreate(&s));
+    float *p;
+    CHECK(cudaMalloc(&p, 1 << 20));
+
+    empty<<<1, 1, 0, s>>>();
+    eight<<<1, 32, 0, s>>>(p, p, p, p, p, p, p, p);
+    CHECK(cudaStreamSynchronize(s));
+    double t = now();
+    for (int i = 0; i < N; i++) empty<<<1, 1, 0, s>>>();
+    CHECK(cudaStreamSynchronize(s));
+    emit("launch_empty", 0, (now() - t) / N * 1e6, "us");
+    t = now();
+    for (int i = 0; i < N; i++) eight<<<1, 32, 0, s>>>(p, p, p, p, p, p, p, p);
+    CHECK(cudaStreamSynchronize(s));
+    emit("launch_8ptr", 0, (now() - t) / N * 1e6, "us");
+    int M = N / 4;
+    t = now();
+    for (int i = 0; i < M; i++) { empty<<<1, 1, 0, s>>>(); CHECK(cudaStreamSynchronize(s)); }
+    emit("launch_sync", 0, (now() - t) / M * 1e6, "us");
+    cudaEvent_t ev;
+    CHECK(cudaEventCreate(&ev));
+    t = now();
+    for (int i = 0; i < M; i++) { CHECK(cudaEventRecord(ev, s)); CHECK(cudaEventSynchronize(ev)); }
+    emit("event_record_sync", 0, (now() - t) / M * 1e6, "us");
+
+    for (size_t sz : {4096ul, 65536ul, 1ul << 20, 16ul << 20, 256ul << 20}) {
+        if (quick && sz > (1 << 20)) break;
+        int reps = sz >= (16 << 20) ? 20 : 200;
+        if (quick) reps = 5;
+        void *q;
+        CHECK(cudaMalloc(&q, sz)); CHECK(cudaFree(q));
+        t = now();
+        for (int i = 0; i < reps; i++) { CHECK(cudaMalloc(&q, sz)); CHECK(cudaFree(q)); }
+        emit("malloc_free", (long long)sz, (now() - t) / reps * 1e6, "us");
+    }
+
+    size_t maxsz = quick ? (1 << 20) : (1ul << 30);
+    char *dev, *pin, *pag;
+    CHECK(cudaMalloc(&dev, maxsz));
+    CHECK(cudaMallocHost(&pin, maxsz));
+    pag = (char *)malloc(maxsz);
+    memset(pag, 1, maxsz);
+    memset(pin, 1, maxsz);
+    for (size_t sz = 4096; sz <= maxsz; sz *= 4) {
+        int reps = sz <= (1 << 20) ? 200 : (sz <= (64 << 20) ? 20 : 4);
+        if (quick) reps = 3;
+        struct { const char *name; void *dst; const void *src; } cases[] = {
+            {"h2d_pinned", dev, pin}, {"d2h_pinned", pin, dev}, {"h2d_pageable", dev, pag}, {"d2h_pageable", pag, dev}};
+        for (auto &c : cases) {
+            CHECK(cudaMemcpy(c.dst, c.src, sz, cudaMemcpyDefault));
+            t = now();
+            for (int i = 0; i < reps; i++) CHECK(cudaMemcpy(c.dst, c.src, sz, cudaMemcpyDefault));
+            emit(c.name, (long long)sz, (double)sz * reps / (now() - t) / 1e9, "GB/s");
+        }
+    }
+
+    // async copies on 4 streams, each a quarter, both directions at once
+    {
+        cudaStream_t st[4];
+        for (auto &x : st) CHECK(cudaStreamCreate(&x));
+        size_t q = maxsz / 8;
+        int reps = quick ? 2 : 5;
+        CHECK(cudaDeviceSynchronize());
+        t = now();
+        for (int r = 0; r < reps; r++)
+            for (int i = 0; i < 4; i++) {
+                CHECK(cudaMemcpyAsync(dev + i * q, pin + i * q, q, cudaMemcpyHostToDevice, st[i]));
+                CHECK(cudaMemcpyAsync(pin + (4 + i) * q, dev + (4 + i) * q, q, cudaMemcpyDeviceToHost, st[i]));
+            }
+        CHECK(cudaDeviceSynchronize());
+        emit("async_4streams", (long long)(8 * q), (double)8 * q * reps / (now() - t) / 1e9, "GB/s");
+        for (auto &x : st) CHECK(cudaStreamDestroy(x));
+    }
+
+    // launch storm: T threads, each its own stream
+    for (int T : {1, 4, 16}) {
+        int per = quick ? 10 : 5000;
+        std::vector<std::thread> th;
+        t = now();
+        for (int i = 0; i < T; i++)
+            th.emplace_back([per] {
+                cudaStream_t ls;
+                CHECK(cudaStreamCreateWithFlags(&ls, cudaStreamNonBlocking));
+                for (int k = 0; k < per; k++) empty<<<1, 1, 0, ls>>>();
+                CHECK(cudaStreamSynchronize(ls));
+                CHECK(cudaStreamDestroy(ls));
+            });
+        for (auto &x : th) x.join();
+        emit("launch_storm", T, (now() - t) / (per * T) * 1e6, "us/launch");
+    }
+    CHECK(cudaFreeHost(pin));
+    CHECK(cudaFree(dev));
+    free(pag);
+    return 0;
+}

@@ -1,0 +1,138 @@
+"""Run the microbenchmarks natively and through nvproxy, alternating, and write
+medians, nvproxy/native ratios, a markdown table and plots.
+
+    python benchmarks/run.py [--quick] [--reps N] [--backend gpu|sim] [--out DIR]
+(also `nvproxy bench`).  Ratios are the figures to read: the machines are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+# for bandwidth higher is better: ratio = nvproxy/native bandwidth; for times, nvproxy/native time
+HIGHER_IS_BETTER = {"GB/s"}
+
+
+def build(out: Path) -> Path:
+    exe = out / "microbench"
+    subprocess.run(["nvcc", "-cudart", "shared", "-std=c++17", "-O2", "-o", str(exe), str(HERE / "microbench.cu")],
+                   check=True)
+    return exe
+
+
+def run_once(cmd: list[str], env: dict[str, str]) -> list[dict]:
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr}")
+    return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (CI smoke run on the sim backend)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--backend", choices=("gpu", "sim"))
+    ap.add_argument("--native", action=argparse.BooleanOptionalAction, default=None,
+                    help="also run natively (default: only with a GPU backend)")
+    ap.add_argument("--out", default="bench-results")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    backend = args.backend or ("gpu" if shutil.which("nvidia-smi") else "sim")
+    native = args.native if args.native is not None else backend == "gpu"
+    with tempfile.TemporaryDirectory() as td:
+        exe = build(Path(td))
+        extra = ["--quick"] if args.quick else []
+        proxied = [sys.executable, "-m", "nvproxy", "run", "--backend", backend,
+                   "--sim-kernels", str(HERE / "microbench_sim.py"), "--", str(exe), *extra]
+        samples: dict[tuple[str, int, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for rep in range(args.reps):
+            modes = [("native", [str(exe), *extra]), ("nvproxy", proxied)] if native else [("nvproxy", proxied)]
+            if rep % 2:
+                modes.reverse()  # alternate which goes first
+            for mode, cmd in modes:
+                print(f"[{rep + 1}/{args.reps}] {mode}", file=sys.stderr, flush=True)
+                for rec in run_once(cmd, env):
+                    samples[(rec["bench"], rec["param"], rec["unit"])][mode].append(rec["value"])
+    rows = []
+    for (bench, param, unit), by_mode in samples.items():
+        row = {"bench": bench, "param": param, "unit": unit}
+        for mode, vals in by_mode.items():
+            row[mode] = statistics.median(vals)
+        if "native" in row and row["native"]:
+            row["ratio"] = row["nvproxy"] / row["native"]
+        rows.append(row)
+    (out / "results.json").write_text(json.dumps({"backend": backend, "reps": args.reps, "rows": rows}, indent=1))
+    lines = ["| benchmark | size | unit | native | nvproxy | nvproxy/native |", "|---|---:|---|---:|---:|---:|"]
+    for r in rows:
+        size = _size(r["param"]) if r["unit"] == "GB/s" or r["bench"] == "malloc_free" else str(r["param"] or "")
+        lines.append(f"| {r['bench']} | {size} | {r['unit']} | {_f(r.get('native'))} | {_f(r.get('nvproxy'))} | "
+                     f"{_f(r.get('ratio'))} |")
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    _plots(rows, out)
+    return 0
+
+
+def _f(x: float | None) -> str:
+    return "" if x is None else f"{x:.3g}"
+
+
+def _size(n: int) -> str:
+    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= f:
+            return f"{n / f:g} {unit}"
+    return str(n)
+
+
+def _plots(rows: list[dict], out: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plots", file=sys.stderr)
+        return
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for bench in ("h2d_pinned", "d2h_pinned", "h2d_pageable", "d2h_pageable"):
+        pts = sorted((r["param"], r) for r in rows if r["bench"] == bench)
+        for mode, style in (("native", "--"), ("nvproxy", "-")):
+            xs = [p for p, r in pts if mode in r]
+            if xs:
+                ax.plot(xs, [r[mode] for p, r in pts if mode in r], style, marker="o", label=f"{bench} {mode}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("bytes per cudaMemcpy")
+    ax.set_ylabel("GB/s")
+    ax.legend(fontsize=7)
+    ax.set_title("cudaMemcpy bandwidth, native vs nvproxy")
+    fig.tight_layout()
+    fig.savefig(out / "bandwidth.png", dpi=120)
+    lat = [r for r in rows if r["unit"] in ("us", "us/launch")]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    labels = [f"{r['bench']}{'' if not r['param'] else ' ' + str(r['param'])}" for r in lat]
+    xs = range(len(lat))
+    ax.bar([x - 0.2 for x in xs], [r.get("native", 0) for r in lat], 0.4, label="native")
+    ax.bar([x + 0.2 for x in xs], [r.get("nvproxy", 0) for r in lat], 0.4, label="nvproxy")
+    ax.set_xticks(list(xs), labels, rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("microseconds")
+    ax.set_yscale("log")
+    ax.legend()
+    ax.set_title("latency per call, native vs nvproxy")
+    fig.tight_layout()
+    fig.savefig(out / "latency.png", dpi=120)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

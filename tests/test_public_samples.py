@@ -1,0 +1,49 @@
+"""Acceptance on the GPU: unmodified public CUDA programs (NVIDIA's cuda-samples,
+0_Introduction), built with nvcc -cudart shared, give the same verdicts and
+output under nvproxy as natively.
+
+The samples are not part of nvproxy: point NVPROXY_SAMPLES_DIR at a checkout of
+github.com/NVIDIA/cuda-samples (default: .samples in this repository).  Lines
+with measured times or rates differ from run to run and are left out of the
+comparison; everything else must be identical.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import run
+
+import sys
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = Path(os.environ.get("NVPROXY_SAMPLES_DIR", ROOT / ".samples"))
+NAMES = ["vectorAdd", "asyncAPI", "clock", "matrixMul", "simpleAssert", "simpleAtomicIntrinsics", "simpleCallback",
+         "simpleMultiCopy", "simpleOccupancy", "simplePrintf", "simpleStreams", "simpleTemplates",
+         "simpleVoteIntrinsics", "simpleZeroCopy", "template", "simpleCooperativeGroups", "simpleAWBarrier",
+         "simpleMultiGPU"]
+TIMING = re.compile(r"\d+\.\d+|time|Time|msec|GFlop|GB/s|Throughput", re.I)
+
+
+def stable(text: str) -> list[str]:
+    return [line for line in text.splitlines() if not TIMING.search(line)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", NAMES)
+def test_sample_matches_native(nvcc: str, tmp_path: Path, name: str) -> None:
+    src = SAMPLES / "Samples" / "0_Introduction" / name
+    if not src.is_dir():
+        pytest.skip(f"cuda-samples not found at {SAMPLES} (set NVPROXY_SAMPLES_DIR)")
+    exe = tmp_path / name
+    files = [str(p) for p in sorted(src.glob("*.cu")) + sorted(src.glob("*.cpp"))]
+    subprocess.run([nvcc, "-cudart", "shared", "-std=c++17", f"-I{SAMPLES / 'Common'}", f"-I{src}", "-o", str(exe),
+                    *files], check=True)
+    native = run([str(exe)], cwd=tmp_path)
+    proxied = run([sys.executable, "-m", "nvproxy", "run", "--backend", "gpu", "--", str(exe)], cwd=tmp_path)
+    assert proxied.returncode == native.returncode, proxied.stdout + proxied.stderr
+    assert stable(proxied.stdout) == stable(native.stdout), proxied.stderr
