@@ -31,7 +31,8 @@ def proxy_of(app_pid: int) -> tuple[int, str]:
             argv = (d / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"proxy" in argv and b"--owner-pid" in argv and argv[argv.index(b"--owner-pid") + 1] == str(app_pid).encode():
+        owner = argv[argv.index(b"--owner-pid") + 1] if b"--owner-pid" in argv else b""
+        if b"proxy" in argv and owner == str(app_pid).encode():
             return int(d.name), argv[argv.index(b"--socket") + 1].decode()
     raise LookupError(f"no proxy serves {app_pid}")
 

@@ -68,14 +68,16 @@ def gen_exports(syms: list[str], rets: dict[str, str]) -> str:
         ret = rets.get(s) or rets.get(SUFFIX.sub("", s)) or "cudaError_t"
         if ret != "cudaError_t":
             continue  # the three struct/string-returning calls are hand-written
-        lines.append(f'__attribute__((weak, visibility("default"))) int {s}(void) {{ return nvp_unsupported("{s}"); }}\n')
+        attrs = '__attribute__((weak, visibility("default")))'
+        lines.append(f'{attrs} int {s}(void) {{ return nvp_unsupported("{s}"); }}\n')
     return "".join(lines)
 
 
 def gen_errors(cuda: Path) -> str:
     rt = ctypes.CDLL(str(cuda / "lib64" / "libcudart.so.13"))
     rt.cudaGetErrorString.restype = ctypes.c_char_p
-    out = [HEADER, '#include "shim.h"\n\n', "const struct nvp_error_text {\n    int code;\n    const char *name, *text;\n}"]
+    out = [HEADER, '#include "shim.h"\n\n']
+    out.append("const struct nvp_error_text {\n    int code;\n    const char *name, *text;\n}")
     out.append(" nvp_error_table[] = {\n")
     for code, name in sorted(error_codes(cuda)):  # the shim bisects this table
         text = rt.cudaGetErrorString(code).decode().replace("\\", "\\\\").replace('"', '\\"')

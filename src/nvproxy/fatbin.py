@@ -112,7 +112,8 @@ def entries(image: bytes) -> list[Entry]:
             if flags & FLAG_ZSTD:
                 payload = _unzstd(payload[:csize] if csize else payload, dsize)
             elif flags & FLAG_LZ4:
-                raise FatbinError("LZ4-compressed fatbinary entries (flag 0x2000) are not supported; rebuild with nvcc 13")
+                raise FatbinError("LZ4-compressed fatbinary entries (flag 0x2000) are not supported; "
+                                  "rebuild with nvcc 13")
             out.append(Entry(kind, arch, flags, payload))
             p += ehsize + psize
         off = (end + 7) & ~7
@@ -185,7 +186,7 @@ def parse_cubin(elf: bytes) -> Module:
             mod.kernels[name[6:]].num_regs = info >> 24
         if name.startswith(".nv.shared.") and name[11:] in mod.kernels:
             mod.kernels[name[11:]].shared_static = _size
-    for name, typ, off, size, link, _i, entsize in secs:
+    for _name, typ, off, size, link, _i, entsize in secs:
         if typ != SHT_SYMTAB:
             continue
         stroff = secs[link][2]
@@ -207,17 +208,21 @@ def parse_cubin(elf: bytes) -> Module:
 _PTX_SIZES = {"b8": 1, "u8": 1, "s8": 1, "b16": 2, "u16": 2, "s16": 2, "f16": 2, "b32": 4, "u32": 4, "s32": 4,
               "f32": 4, "b64": 8, "u64": 8, "s64": 8, "f64": 8}
 _ENTRY = re.compile(r"\.entry\s+(\w+)\s*\(([^)]*)\)", re.S)
-_PARAM = re.compile(r"\.param\s+\.(\w+)(?:\s+\.ptr(?:\s+\.\w+)*)?(?:\s+\.align\s+(\d+))?\s+\w+(?:\[(\d+)\])?")
+_PARAM = re.compile(r"\.param\b([^,)]*?)(\w+)(?:\[(\d+)\])?\s*(?:,|$)")
 
 
 def parse_ptx(text: str) -> Module:
     mod = Module()
     for m in _ENTRY.finditer(text):
         params, off = [], 0
-        for p in _PARAM.finditer(m.group(2)):
-            elem = _PTX_SIZES.get(p.group(1), 8)
+        for p in _PARAM.finditer(m.group(2).strip()):
+            # e.g. ".u64 .ptr .align 1 name", ".align 8 .b8 name[24]"
+            types = [t for t in re.findall(r"\.(\w+)", p.group(1)) if t in _PTX_SIZES]
+            elem = _PTX_SIZES[types[0]] if types else 8
             size = elem * int(p.group(3) or 1)
-            align = int(p.group(2) or elem)
+            explicit = re.search(r"\.align\s+(\d+)", p.group(1))
+            # a pointer's ".ptr .align N" states the pointee's alignment, not the parameter's
+            align = int(explicit.group(1)) if explicit and ".ptr" not in p.group(1) else elem
             off = (off + align - 1) // align * align
             params.append((off, size))
             off += size

@@ -59,7 +59,9 @@ DEVICE_INFO_SIZE: int = ffi.sizeof("struct nvp_device_info")
 MAX_ATTR: int = CONSTANTS["NVP_MAX_ATTR"]
 
 
-def pack_device_info(name: str, uuid: bytes, total_mem: int, arena_base: int, arena_size: int, attrs: list[int]) -> bytes:
+def pack_device_info(
+    name: str, uuid: bytes, total_mem: int, arena_base: int, arena_size: int, attrs: list[int]
+) -> bytes:
     info = ffi.new("struct nvp_device_info *")
     raw = name.encode()[:255]
     ffi.memmove(info.name, raw, len(raw))

@@ -2,6 +2,7 @@ import numpy as np
 
 from nvproxy.sim_kernels import kernel
 
+
 @kernel("apply")
 def apply(ctx, out, n):
     n = ctx.i32(n)

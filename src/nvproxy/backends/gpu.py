@@ -280,7 +280,7 @@ class GpuBackend:
             vals.append(int(v[0]))
         names = ("max_threads", "shared_static", "const_size", "local_size", "num_regs", "ptx_version",
                  "binary_version", "cache_mode_ca", "max_dyn_shared", "preferred_carveout")
-        info: dict[str, object] = dict(zip(names, vals))
+        info: dict[str, object] = dict(zip(names, vals, strict=True))
         info["params"] = k.params
         info["param_size"] = k.param_size
         return info

@@ -40,7 +40,7 @@ class FreeList:
         self.sizes = [size]
 
     def take(self, size: int, align: int) -> int:
-        for i, (s, n) in enumerate(zip(self.starts, self.sizes)):
+        for i, (s, n) in enumerate(zip(self.starts, self.sizes, strict=True)):
             a = (s + align - 1) // align * align
             if a + size <= s + n:
                 tail = s + n - (a + size)

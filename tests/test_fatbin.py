@@ -1,0 +1,68 @@
+"""Kernel parameter layouts read from nvcc 13 fatbinaries without a GPU, plain
+and zstd-compressed."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from nvproxy import fatbin
+
+
+def fatbin_section(exe: bytes) -> bytes:
+    for name, _t, off, size, *_ in fatbin._sections(exe):
+        if name == ".nv_fatbin":
+            return exe[off : off + size]
+    raise LookupError(".nv_fatbin")
+
+
+def modules(exe: bytes) -> fatbin.Module:
+    data, off, merged = fatbin_section(exe), 0, fatbin.Module()
+    while off + 16 <= len(data):
+        magic, _v, hsize, fsize = struct.unpack_from("<IHHQ", data, off)
+        if magic != fatbin.FATBIN_MAGIC:
+            off += 8
+            continue
+        m = fatbin.parse(data[off : off + hsize + fsize])
+        merged.kernels.update(m.kernels)
+        merged.variables.update(m.variables)
+        off += hsize + fsize
+    return merged
+
+
+@pytest.mark.parametrize("flags", [(), ("-Xfatbin=-compress-all",)], ids=["default", "compressed"])
+def test_param_layouts(build, flags: tuple[str, ...]) -> None:
+    mod = modules(build("bigparam", *flags).read_bytes())
+    big = mod.kernels["_Z10big_kernel3BigPic5Smalld"]
+    assert big.params == [(0, 32000), (32000, 8), (32008, 1), (32016, 16), (32032, 8)]
+    assert big.param_size == 32040
+    assert mod.kernels["_Z10max_kernelPi3Max"].param_size == 32764
+
+
+def test_module_variables(build) -> None:
+    mod = modules(build("symbols").read_bytes())
+    assert mod.variables["coeff"].size == 32
+    assert mod.variables["table"].size == 8000
+    assert mod.kernels["_Z5applyPfi"].params == [(0, 8), (8, 4)]
+
+
+def test_compressed_entries_are_compressed(build) -> None:
+    data = fatbin_section(build("vector_add", "-Xfatbin=-compress-all").read_bytes())
+    ents = fatbin.entries(data[: 16 + struct.unpack_from("<Q", data, 8)[0]])
+    assert ents and all(e.flags & fatbin.FLAG_ZSTD for e in ents)
+
+
+def test_ptx_params() -> None:
+    ptx = """.visible .entry _Z1kPfi(
+        .param .u64 .ptr .align 1 _Z1kPfi_param_0,
+        .param .u32 _Z1kPfi_param_1,
+        .param .align 8 .b8 _Z1kPfi_param_2[24]
+    )"""
+    k = fatbin.parse_ptx(ptx).kernels["_Z1kPfi"]
+    assert k.params == [(0, 8), (8, 4), (16, 24)]
+
+
+def test_not_a_fatbin() -> None:
+    with pytest.raises(fatbin.FatbinError):
+        fatbin.entries(b"\0" * 64)
