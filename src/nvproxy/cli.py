@@ -30,17 +30,145 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_proxy(args: argparse.Namespace) -> int:
     # started from a checkpointer's hook, the signal mask may block nearly everything
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    log = os.environ.get("NVPROXY_PROXY_LOG")
+    if log:  # the proxy's own messages to a file rather than the application's stderr
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(fd, 2)
+        os.close(fd)
     sys.stdout = sys.stderr  # fd 1 belongs to kernel printf output
+    # hold on to no one's terminal or pipes but stderr (the application's, or, when
+    # migrating, the controller's until the hand-over)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
     from .backends import open_backend
     from .proxy.dispatch import Dispatcher
     from .proxy.server import Server
 
     backend = open_backend(args.backend)
     dispatch = Dispatcher(backend)
-    server = Server(args.socket, args.owner_pid, backend, dispatch)
+    if args.adopt:
+        server = _adopt(args, backend, dispatch)
+        if server is None:
+            return 1
+    else:
+        server = Server(args.socket, args.owner_pid, backend, dispatch)
     dispatch.server = server
-    server.serve()
+    try:
+        server.serve()
+    except BaseException as e:
+        import traceback
+
+        traceback.print_exc()
+        if os.environ.get("NVPROXY_DEBUG"):
+            with open(f"/tmp/nvproxy-debug-{os.getpid()}", "w") as f:
+                traceback.print_exc(file=f)
+        raise SystemExit(f"nvproxy: proxy failed: {e!r}") from None
     os._exit(0)  # driver threads must not keep a proxy alive without its application
+
+
+def _adopt(args: argparse.Namespace, backend, dispatch):
+    """Take over from a running proxy: it checkpoints into an image, hands over
+    its connections, and exits once this proxy has restored the image."""
+    import socket
+
+    from .checkpoint.image import ImageError
+    from .checkpoint.restore import restore_image
+    from .proxy import control
+    from .proxy.server import Server
+
+    ctl = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    ctl.connect(args.adopt)
+    control.send(ctl, {"cmd": "handoff", "image": args.image})
+    info, blob, fds = control.recv(ctl)
+    if not info.get("ok"):
+        print(f"nvproxy migrate: the running proxy refused: {info.get('error')}", file=sys.stderr)
+        return None
+    n_chan_fds = sum(1 + (1 if d["staging"] else 0) for d in info["channels"])
+    host_fds = dict(zip(info["host"], fds[2 + n_chan_fds :], strict=True))
+    try:
+        stats = restore_image(dispatch.state, args.image, host_fds)
+    except (ImageError, OSError) as e:
+        print(f"nvproxy migrate: {e}", file=sys.stderr)
+        control.send(ctl, {"cmd": "resume", "error": str(e)})
+        return None
+    if not os.environ.get("NVPROXY_PROXY_LOG"):
+        os.dup2(fds[1], 2)  # from now on, speak on the application's stderr
+    server = Server(args.socket, args.owner_pid, backend, dispatch, listener=socket.socket(fileno=fds[0]))
+    server.adopt(info, blob, fds)
+    control.send(ctl, {"cmd": "done"})
+    ctl.close()
+    print(f"nvproxy: restored {stats['device_bytes'] >> 20} MiB in {stats['seconds']:.2f} s "
+          f"({stats['gbps']:.1f} GB/s); checkpoint took {info['stats']['seconds']:.2f} s "
+          f"({info['stats']['gbps']:.1f} GB/s)", file=sys.stderr)
+    return server
+
+
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    """Write a checkpoint image of a running application's GPU state; it goes on."""
+    import socket
+
+    from .launcher import find_proxy
+    from .proxy import control
+
+    pid, sock = find_proxy(args.pid)
+    image = os.path.abspath(args.output or f"nvproxy-{args.pid}.img")
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.connect(f"{sock}.{pid}.ctl")
+    control.send(c, {"cmd": "checkpoint", "image": image})
+    reply, _b, _f = control.recv(c)
+    if not reply.get("ok"):
+        print(f"nvproxy checkpoint: {reply.get('error')}", file=sys.stderr)
+        return 1
+    s = reply["stats"]
+    print(f"{image}: {s['device_bytes'] >> 20} MiB of device memory in {s['seconds']:.2f} s ({s['gbps']:.1f} GB/s)")
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """Move a running application's GPU state into a new proxy (optionally on another GPU)."""
+    import time
+
+    from .launcher import find_proxy, private_dir, proxy_env, spawn_proxy
+
+    old_pid, sock = find_proxy(args.pid)
+    image = os.path.abspath(args.image or str(private_dir() / f"migrate-{args.pid}-{int(time.time())}.img"))
+    env = proxy_env(None, [])
+    env_file = Path(f"/proc/{old_pid}/environ")
+    try:  # the new proxy runs like the old one (backend, sim kernels)
+        for item in env_file.read_bytes().split(b"\0"):
+            k, _, v = item.decode(errors="replace").partition("=")
+            if k in ("NVPROXY_BACKEND", "NVPROXY_SIM_KERNELS", "CUDA_VISIBLE_DEVICES"):
+                env[k] = v
+    except OSError:
+        pass
+    if args.device is not None:
+        env["CUDA_VISIBLE_DEVICES"] = args.device
+    _s, new_pid = spawn_proxy(args.pid, env, ["--adopt", f"{sock}.{old_pid}.ctl", "--image", image], sock=sock,
+                              wait=False)
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        if not _alive(old_pid):
+            if not args.keep_image:
+                Path(image).unlink(missing_ok=True)
+            print(f"migrated process {args.pid}: proxy {old_pid} -> {new_pid}")
+            return 0
+        if not _alive(new_pid):
+            print(f"nvproxy migrate: the new proxy failed; process {args.pid} goes on with proxy {old_pid}",
+                  file=sys.stderr)
+            return 1
+        time.sleep(0.02)
+    print("nvproxy migrate: timed out", file=sys.stderr)
+    return 1
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return False
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -93,7 +221,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--socket", required=True)
     p.add_argument("--owner-pid", type=int, required=True)
     p.add_argument("--backend", choices=("gpu", "sim"))
+    p.add_argument("--adopt", help="control socket of a proxy to take over from (nvproxy migrate)")
+    p.add_argument("--image", help="where the proxy being taken over writes its image")
     p.set_defaults(fn=cmd_proxy)
+    c = sub.add_parser("checkpoint", help="write a checkpoint image of a running application's GPU state")
+    c.add_argument("pid", type=int)
+    c.add_argument("-o", "--output", help="image path (default: nvproxy-PID.img)")
+    c.set_defaults(fn=cmd_checkpoint)
+    m = sub.add_parser("migrate", help="move a running application's GPU state into a new proxy")
+    m.add_argument("pid", type=int)
+    m.add_argument("--device", help="GPU(s) for the new proxy, as CUDA_VISIBLE_DEVICES")
+    m.add_argument("--image", help="where to put the image (default: the private nvproxy directory)")
+    m.add_argument("--keep-image", action="store_true")
+    m.add_argument("--timeout", type=float, default=600)
+    m.set_defaults(fn=cmd_migrate)
     d = sub.add_parser("demo", help="build and run the bundled vector-add example")
     d.add_argument("--backend", choices=("gpu", "sim"))
     d.set_defaults(fn=cmd_demo)

@@ -30,10 +30,28 @@ def proxy_env(backend: str | None, sim_kernels: list[str]) -> dict[str, str]:
     return env
 
 
-def spawn_proxy(owner_pid: int, env: dict[str, str]) -> tuple[str, int]:
+def find_proxy(app_pid: int) -> tuple[int, str]:
+    """(pid, socket path) of the proxy serving app_pid."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+            st = d.stat()
+        except OSError:
+            continue
+        if st.st_uid != os.getuid() or b"proxy" not in argv or b"--owner-pid" not in argv or b"--socket" not in argv:
+            continue
+        if argv[argv.index(b"--owner-pid") + 1] == str(app_pid).encode():
+            return int(d.name), argv[argv.index(b"--socket") + 1].decode()
+    raise SystemExit(f"nvproxy: no proxy of this user serves process {app_pid}")
+
+
+def spawn_proxy(owner_pid: int, env: dict[str, str], extra: list[str] = (), sock: str | None = None,
+                wait: bool = True) -> tuple[str, int]:
     """Start a proxy serving owner_pid (double fork: it is nobody's child);
-    returns (socket path, proxy pid) once it listens."""
-    sock = str(private_dir() / f"p{owner_pid}-{int(time.time())}.sock")
+    returns (socket path, proxy pid), once it listens if wait."""
+    sock = sock or str(private_dir() / f"p{owner_pid}-{int(time.time())}.sock")
     r, w = os.pipe()
     child = os.fork()
     if child == 0:
@@ -44,7 +62,8 @@ def spawn_proxy(owner_pid: int, env: dict[str, str]) -> tuple[str, int]:
                 os._exit(0)
             os.write(w, str(os.getpid()).encode())
             os.close(w)
-            argv = [sys.executable, "-m", "nvproxy", "proxy", "--socket", sock, "--owner-pid", str(owner_pid)]
+            argv = [sys.executable, "-m", "nvproxy", "proxy", "--socket", sock, "--owner-pid", str(owner_pid),
+                    *extra]
             os.execve(sys.executable, argv, env)
         finally:
             os._exit(127)
@@ -53,7 +72,7 @@ def spawn_proxy(owner_pid: int, env: dict[str, str]) -> tuple[str, int]:
     pid = int(os.read(r, 32) or b"0")
     os.close(r)
     deadline = time.monotonic() + 60
-    while not os.path.exists(sock):
+    while wait and not os.path.exists(sock):
         try:
             os.kill(pid, 0)
         except ProcessLookupError:

@@ -56,6 +56,20 @@ class FreeList:
                 return a
         raise CudaError(MEMORY_ALLOCATION, "arena exhausted")
 
+    def take_at(self, start: int, size: int) -> None:
+        """Take exactly [start, start+size): how a restore puts things back."""
+        i = bisect.bisect_right(self.starts, start) - 1
+        if i < 0 or start + size > self.starts[i] + self.sizes[i]:
+            raise CudaError(MEMORY_ALLOCATION, f"{start:#x}+{size} is not free")
+        s, n = self.starts[i], self.sizes[i]
+        del self.starts[i], self.sizes[i]
+        if start + size < s + n:
+            self.starts.insert(i, start + size)
+            self.sizes.insert(i, s + n - start - size)
+        if start > s:
+            self.starts.insert(i, s)
+            self.sizes.insert(i, start - s)
+
     def give(self, start: int, size: int) -> None:
         i = bisect.bisect_left(self.starts, start)
         if i > 0 and self.starts[i - 1] + self.sizes[i - 1] == start:
@@ -173,6 +187,45 @@ class Arena:
                 self._unmap(va, n, handle)
         self.cache.clear()
         self.cached_bytes = 0
+
+    # ---- checkpoint/restore: the layout, and the mappings whose contents matter ----
+    def snapshot(self) -> dict:
+        g = self.backing.granularity
+        return {
+            "granularity": g,
+            "slabs": sorted(self.slabs),
+            "allocs": sorted([p, n, n <= SMALL_LIMIT] for p, (n, _o) in self.allocs.items()),
+        }
+
+    def mappings(self) -> list[tuple[int, int]]:
+        """(va, size) of every mapping holding live data: slabs and large allocations."""
+        g = self.backing.granularity
+        out = [(va, g) for va in self.slabs]
+        out += [(p, n) for p, (n, _o) in self.allocs.items() if n > SMALL_LIMIT]
+        return sorted(out)
+
+    def restore(self, snap: dict) -> None:
+        """Rebuild a snapshot's layout in this (empty) arena: same addresses."""
+        g = self.backing.granularity
+        if snap["granularity"] != g:
+            raise CudaError(MEMORY_ALLOCATION, f"allocation granularity {g} differs from the image's")
+        for va in snap["slabs"]:
+            self.vas.take_at(va, g)
+            handle = self.backing.create(g)
+            self.backing.map(va, g, handle)
+            self.slabs[va] = Slab(va, handle, FreeList(va, g))
+        for p, n, small in snap["allocs"]:
+            if small:
+                slab_va = max(va for va in self.slabs if va <= p)
+                slab = self.slabs[slab_va]
+                slab.free.take_at(p, n)
+                slab.live += 1
+                self.allocs[p] = (n, slab_va)
+            else:
+                self.vas.take_at(p, n)
+                handle = self.backing.create(n)
+                self.backing.map(p, n, handle)
+                self.allocs[p] = (n, handle)
 
     def find(self, ptr: int) -> tuple[int, int] | None:
         """(base, size) of the live allocation containing ptr."""

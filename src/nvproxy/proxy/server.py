@@ -20,12 +20,14 @@ import socket
 import struct
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from .. import wire
 from ..errors import NOT_SUPPORTED, UNKNOWN, CudaError
+from . import control
 
 REQ = wire.REQ
 HDR = REQ.size
@@ -124,7 +126,8 @@ class Channel:
 
 
 class Server:
-    def __init__(self, sock_path: str, owner_pid: int, backend: Any, dispatch: Any) -> None:
+    def __init__(self, sock_path: str, owner_pid: int, backend: Any, dispatch: Any,
+                 listener: socket.socket | None = None) -> None:
         self.backend = backend
         self.dispatch = dispatch
         self.owner_pid = owner_pid
@@ -135,25 +138,38 @@ class Server:
         self.tiebreak = 0
         self.callback_channel: Channel | None = None
         self.callback_lock = threading.Lock()
+        self.channels: set[Channel] = set()
         self.running = True
-        old = os.umask(0o077)
-        try:
-            if os.path.exists(sock_path):
-                os.unlink(sock_path)
-            self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self.listener.bind(sock_path)
-        finally:
-            os.umask(old)
-        os.chmod(sock_path, 0o600)
-        self.listener.listen(64)
+        self.handed_over = False
+        if listener is None:
+            listener = self._bind(sock_path)
+            listener.listen(64)
+        self.listener = listener
         self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, self._accept)
+        self.ctl_path = f"{sock_path}.{os.getpid()}.ctl"
+        self.ctl = self._bind(self.ctl_path)
+        self.ctl.listen(4)
+        self.sel.register(self.ctl, selectors.EVENT_READ, self._control)
         try:
             self.owner_fd = os.pidfd_open(owner_pid)
             self.sel.register(self.owner_fd, selectors.EVENT_READ, self._owner_gone)
         except (ProcessLookupError, OSError):
             print(f"nvproxy: application {owner_pid} is not running", file=sys.stderr)
             self.running = False
+
+    @staticmethod
+    def _bind(path: str) -> socket.socket:
+        old = os.umask(0o077)
+        try:
+            if os.path.exists(path):
+                os.unlink(path)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.bind(path)
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+        return s
 
     # ---- connections ----
     def _accept(self, _key: Any) -> None:
@@ -167,14 +183,25 @@ class Server:
                   file=sys.stderr)
             s.close()
             return
+        self._add_channel(s)
+
+    def _add_channel(self, s: socket.socket) -> Channel:
         s.setblocking(False)
         ch = Channel(self, s)
+        self.channels.add(ch)
         self.sel.register(s, selectors.EVENT_READ, lambda key, ch=ch: self._readable(ch))
+        return ch
 
     def _owner_gone(self, _key: Any) -> None:
         self.running = False
 
     def _drop(self, ch: Channel) -> None:
+        if os.environ.get("NVPROXY_DEBUG"):
+            import traceback
+
+            print(f"nvproxy: dropping channel of thread {ch.tid}", file=sys.stderr)
+            traceback.print_stack()
+        self.channels.discard(ch)
         try:
             self.sel.unregister(ch.sock)
         except (KeyError, ValueError):
@@ -191,7 +218,8 @@ class Server:
             data, anc, _flags, _addr = ch.sock.recvmsg(1 << 18, socket.CMSG_SPACE(8 * 4))
         except BlockingIOError:
             return
-        except OSError:
+        except OSError as e:
+            print(f"nvproxy: the channel of thread {ch.tid} failed: {e}", file=sys.stderr)
             data, anc = b"", []
         for level, typ, cdata in anc:
             if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
@@ -201,6 +229,9 @@ class Server:
             self._drop(ch)
             return
         ch.rbuf += data
+        self._consume(ch)
+
+    def _consume(self, ch: Channel) -> None:
         buf = ch.rbuf
         off = 0
         while len(buf) - off >= HDR:
@@ -293,6 +324,106 @@ class Server:
             else:
                 ch.reply(result, 0)
 
+    # ---- control: checkpoint, hand-over ----
+    def _control(self, _key: Any) -> None:
+        try:
+            conn, _ = self.ctl.accept()
+        except BlockingIOError:
+            return
+        _pid, uid, _gid = struct.unpack(SO_PEERCRED_FMT, conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        conn.setblocking(True)
+        conn.settimeout(600)
+        try:
+            if uid != os.getuid():
+                raise PermissionError("control connections are for the proxy's own user")
+            msg, _blob, fds = control.recv(conn)
+            for fd in fds:
+                os.close(fd)
+            if msg.get("cmd") == "checkpoint":
+                self.quiesce()
+                from ..checkpoint.dump import write_image
+
+                control.send(conn, {"ok": True, "stats": write_image(self.dispatch.state, msg["image"])})
+            elif msg.get("cmd") == "handoff":
+                self._hand_over(conn, msg["image"])
+            else:
+                control.send(conn, {"ok": False, "error": f"unknown command {msg.get('cmd')!r}"})
+        except Exception as e:  # the application goes on, whatever the controller did
+            print(f"nvproxy: control command failed: {e}", file=sys.stderr)
+            try:
+                control.send(conn, {"ok": False, "error": str(e)})
+            except OSError:
+                pass
+        finally:
+            conn.close()
+
+    def quiesce(self) -> None:
+        """Everything submitted so far is finished and replied to; later requests wait in the heap."""
+        for dev in list(self.dispatch.state.devices):
+            self.backend.activate(dev)
+            self.backend.device_sync(dev)
+        deadline = time.monotonic() + 60
+        while any(ch._pending for ch in self.channels) and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    def _hand_over(self, conn: socket.socket, image: str) -> None:
+        from ..checkpoint.dump import write_image
+
+        self.quiesce()
+        stats = write_image(self.dispatch.state, image)
+        chans = sorted(self.channels, key=lambda c: c.tid)
+        if self.callback_channel is not None and self.callback_channel not in chans:
+            chans.append(self.callback_channel)
+        # requests after the cut travel as raw frames, still stamped with their seq
+        pending: dict[Channel, list[bytes]] = {ch: [] for ch in chans}
+        for seq, _t, ch, op, flags, args, payload in sorted(self.heap, key=lambda e: (e[0], e[1])):
+            if ch in pending:
+                pending[ch].append(REQ.pack(HDR + len(payload), op, flags, seq, *args) + payload)
+        blob = bytearray()
+        descs = []
+        fds = [self.listener.fileno(), 2]
+        for ch in chans:
+            raw = b"".join(pending[ch]) + bytes(ch.rbuf)
+            st = self.dispatch.state.host.get(ch.staging[0]) if ch.staging else None
+            descs.append({"tid": ch.tid, "kind": ch.kind, "dev": ch.dev, "async_err": ch.async_err,
+                          "pending": [len(blob), len(raw)], "staging": ch.staging[1] if st else 0})
+            blob += raw
+            fds.append(ch.sock.fileno())
+            if st:
+                fds.append(st.fd)
+        host = sorted((a, r) for a, r in self.dispatch.state.host.items() if r.channel is None)
+        fds += [r.fd for _a, r in host]
+        control.send(conn, {"ok": True, "stats": stats, "next_seq": self.next_seq, "channels": descs,
+                            "host": [a for a, _r in host]}, bytes(blob), fds)
+        verdict, _b, _f = control.recv(conn)
+        if verdict.get("cmd") == "done":
+            print(f"nvproxy: handed over to the new proxy ({stats['device_bytes'] >> 20} MiB in "
+                  f"{stats['seconds']:.2f} s)", file=sys.stderr)
+            os.unlink(self.ctl_path)
+            os._exit(0)  # the socket path and every connection now belong to the new proxy
+        print(f"nvproxy: the new proxy could not restore ({verdict.get('error')}); going on here", file=sys.stderr)
+
+    def adopt(self, info: dict[str, Any], blob: bytes, fds: list[int]) -> None:
+        """Take over the connections of the proxy that handed over to us."""
+        it = iter(fds[2:])
+        for d in info["channels"]:
+            s = socket.socket(fileno=next(it))
+            ch = self._add_channel(s)
+            ch.tid, ch.kind, ch.dev, ch.async_err = d["tid"], d["kind"], d["dev"], d["async_err"]
+            if d["staging"]:
+                from .handlers.memory import adopt_staging
+
+                adopt_staging(self.dispatch, ch, next(it), d["staging"])
+            off, n = d["pending"]
+            ch.rbuf += blob[off : off + n]
+            if ch.kind == wire.NVP_CHAN_CALLBACK:
+                self.sel.unregister(ch.sock)
+                ch.sock.setblocking(True)
+                self.callback_channel = ch
+            else:
+                self._consume(ch)
+        self.next_seq = info["next_seq"]
+
     def serve(self) -> None:
         try:
             while self.running:
@@ -306,7 +437,8 @@ class Server:
                 self._execute_ready()
         finally:
             self.listener.close()
-            try:
-                os.unlink(self.sock_path)
-            except OSError:
-                pass
+            for path in (self.sock_path, self.ctl_path):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass

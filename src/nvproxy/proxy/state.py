@@ -35,6 +35,7 @@ class DeviceState:
 @dataclass
 class HostRange:
     size: int
+    fd: int  # kept open: a restore into a new proxy maps it again
     channel: object | None = None  # staging buffers belong to a channel
 
 
@@ -45,7 +46,11 @@ class ProcessState:
         self.images: dict[int, bytes] = {}  # module id -> fatbinary
         self.kernel_names: dict[int, tuple[int, str]] = {}  # kernel id -> (module id, name)
         self.streams: dict[int, tuple[int, Any]] = {}  # wire id -> (device, backend stream)
+        self.stream_args: dict[int, tuple[int, int]] = {}  # wire id -> (flags, priority)
         self.events: dict[int, tuple[int, Any]] = {}
+        self.event_flags: dict[int, int] = {}
+        self.kernel_attrs: dict[int, dict[int, int]] = {}  # kernel id -> cudaFuncAttribute -> value
+        self.limits: dict[int, dict[int, int]] = {}  # device -> cudaLimit -> value
         self.host: dict[int, HostRange] = {}  # address -> registered range
         self.arena_lock = threading.Lock()  # the dispatcher allocates, the reaper frees
         self.freeing: set[int] = set()

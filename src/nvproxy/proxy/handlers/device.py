@@ -44,6 +44,7 @@ def DEVICE_RESET(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
 
 def SET_LIMIT(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     p.backend.set_limit(a[0], a[1])
+    p.state.limits.setdefault(ch.dev, {})[a[0]] = a[1]
 
 
 def GET_LIMIT(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ...errors import ALREADY_MAPPED, HOST_MEMORY_NOT_REGISTERED, INVALID_VALUE, CudaError
+from ...errors import ALREADY_MAPPED, HOST_MEMORY_NOT_REGISTERED, INVALID_VALUE, MEMORY_ALLOCATION, CudaError
 from .. import libc
 from ..server import Deferred
 from ..state import HostRange
@@ -38,14 +38,13 @@ def HOST_REGISTER(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     try:
         if addr in p.state.host or not libc.map_fixed(fd, addr, size):
             raise CudaError(ALREADY_MAPPED)
-    finally:
-        os.close(fd)
-    try:
         p.backend.host_register(addr, size)
     except CudaError:
-        libc.unmap(addr, size)
+        if addr not in p.state.host:
+            libc.unmap(addr, size)
+        os.close(fd)
         raise
-    p.state.host[addr] = HostRange(size)
+    p.state.host[addr] = HostRange(size, fd)
 
 
 def _sync_all(p: Any) -> None:
@@ -60,6 +59,7 @@ def HOST_UNREGISTER(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None
     _sync_all(p)  # no copy in flight may still use it
     p.backend.host_unregister(a[0], r.size)
     libc.unmap(a[0], r.size)
+    os.close(r.fd)
 
 
 def STAGING(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
@@ -67,26 +67,37 @@ def STAGING(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[
     fd = _take_fd(ch)
     try:
         addr = libc.map_anywhere(fd, size)
-    finally:
+    except OSError:
         os.close(fd)
+        raise CudaError(MEMORY_ALLOCATION) from None
     p.backend.host_register(addr, size)
     if ch.staging is not None:
         release_staging(p, ch)
     ch.staging = (addr, size)
-    p.state.host[addr] = HostRange(size, ch)
+    p.state.host[addr] = HostRange(size, fd, ch)
     return (addr,), b""
+
+
+def adopt_staging(p: Any, ch: Any, fd: int, size: int) -> None:
+    """A channel handed over by another proxy brings its staging memfd."""
+    addr = libc.map_anywhere(fd, size)
+    p.backend.host_register(addr, size)
+    ch.staging = (addr, size)
+    p.state.host[addr] = HostRange(size, fd, ch)
 
 
 def release_staging(p: Any, ch: Any) -> None:
     addr, size = ch.staging
     ch.staging = None
-    p.state.host.pop(addr, None)
+    r = p.state.host.pop(addr, None)
     try:
         _sync_all(p)
         p.backend.host_unregister(addr, size)
     except CudaError:
         pass
     libc.unmap(addr, size)
+    if r is not None:
+        os.close(r.fd)
 
 
 def _copy_event(p: Any, ch: Any) -> Any:

@@ -51,6 +51,7 @@ def LAUNCH(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
 def FUNC_SET_ATTR(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     value = a[2] - (1 << 64) if a[2] >= 1 << 63 else a[2]
     p.backend.func_set_attr(p.state.kernel(ch.dev, a[0]), a[1], value)
+    p.state.kernel_attrs.setdefault(a[0], {})[a[1]] = value
 
 
 def OCCUPANCY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:

@@ -15,11 +15,13 @@ def _signed(x: int) -> int:
 
 def STREAM_CREATE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     p.state.streams[a[0]] = (ch.dev, p.backend.stream_create(ch.dev, a[1], _signed(a[2])))
+    p.state.stream_args[a[0]] = (a[1], _signed(a[2]))
 
 
 def STREAM_DESTROY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     s = p.state.stream(a[0], ch.dev, None)
     del p.state.streams[a[0]]
+    p.state.stream_args.pop(a[0], None)
     p.backend.stream_destroy(s)
 
 
@@ -44,11 +46,13 @@ def HOST_FUNC(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
 
 def EVENT_CREATE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     p.state.events[a[0]] = (ch.dev, p.backend.event_create(ch.dev, a[1]))
+    p.state.event_flags[a[0]] = a[1]
 
 
 def EVENT_DESTROY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     e = p.state.event(a[0])
     del p.state.events[a[0]]
+    p.state.event_flags.pop(a[0], None)
     p.backend.event_destroy(e)
 
 

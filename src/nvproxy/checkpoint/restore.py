@@ -1,0 +1,119 @@
+"""Rebuilding a checkpointed process in a fresh proxy: the same device
+addresses (arena at the same base, same layout), the same handle IDs, the
+same kernels and module variables, memory contents checked against their
+CRCs.  Anything that makes an exact restore impossible raises ImageError
+before the application is let go on."""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+from typing import Any
+
+from ..errors import CudaError
+from ..proxy import libc
+from ..proxy.state import HostRange, ProcessState
+from . import transfer
+from .dump import PROGRESS_OVER, _progress
+from .image import ImageError, read_header
+
+
+def restore_image(state: ProcessState, path: str, host_fds: dict[int, int]) -> dict[str, Any]:
+    t0 = time.monotonic()
+    fd, h = read_header(path)
+    try:
+        try:
+            _replay(state, fd, h, host_fds, t0)
+        except CudaError as e:
+            raise ImageError(f"restoring {path} failed: CUDA error {e.code} ({e})") from None
+    finally:
+        os.close(fd)
+    total = sum(r["size"] for r in h["regions"] if r["kind"] == "mem")
+    seconds = time.monotonic() - t0
+    return {"path": path, "device_bytes": total, "seconds": seconds, "gbps": total / seconds / 1e9 if seconds else 0}
+
+
+def _replay(state: ProcessState, fd: int, h: dict[str, Any], host_fds: dict[int, int], t0: float) -> None:
+    be = state.backend
+    if h["backend"] != be.name:
+        raise ImageError(f"the image was taken on the {h['backend']} backend; this proxy runs {be.name}")
+    for desc in h["devices"]:
+        dev = desc["index"]
+        if dev >= be.device_count():
+            raise ImageError(f"the image uses device {dev}; only {be.device_count()} are visible")
+        name, _uuid, total, _attrs = be.device_props(dev)
+        if name != desc["name"]:
+            raise ImageError(f"device {dev} is a {name}; the image was taken on a {desc['name']}")
+        need = sum(n for va, n in _mappings(desc))
+        free, _t = be.mem_info(dev)
+        if need > free:
+            raise ImageError(f"device {dev} has {free >> 20} MiB free; the image needs {need >> 20} MiB")
+        d = state.device(dev)
+        if d.arena.base != desc["arena_base"]:
+            raise ImageError(f"device {dev}'s arena landed at {d.arena.base:#x}, not {desc['arena_base']:#x}")
+        d.arena.restore(desc["arena"])
+        be.activate(dev)
+        for lim, v in desc["limits"].items():
+            be.set_limit(int(lim), v)
+            state.limits.setdefault(dev, {})[int(lim)] = v
+    # modules first: kernels and variables live in them
+    for r in h["regions"]:
+        if r["kind"] == "module":
+            data = os.pread(fd, r["size"], r["offset"])
+            if len(data) != r["size"] or zlib.crc32(data) != r["crcs"][0]:
+                raise ImageError(f"module {r['id']}: checksum mismatch; the image is damaged")
+            state.images[r["id"]] = data
+    state.kernel_names.update({int(k): (m, n) for k, (m, n) in h["kernels"].items()})
+    for desc in h["devices"]:
+        dev = desc["index"]
+        for mod_id in desc["modules"]:
+            state.module(dev, mod_id)
+        for kid in desc["kernels"]:
+            k = state.kernel(dev, kid)
+            for attr, v in h["kernel_attrs"].get(str(kid), {}).items():
+                be.func_set_attr(k, int(attr), v)
+                state.kernel_attrs.setdefault(kid, {})[int(attr)] = v
+    for w, dev, flags, prio in h["streams"]:
+        state.streams[w] = (dev, be.stream_create(dev, flags, prio))
+        state.stream_args[w] = (flags, prio)
+    for w, dev, flags in h["events"]:
+        state.events[w] = (dev, be.event_create(dev, flags))
+        state.event_flags[w] = flags
+    for addr, size in h["host"]:
+        hfd = host_fds.get(addr)
+        if hfd is None:
+            raise ImageError(f"pinned host memory at {addr:#x} was not handed over")
+        if not libc.map_fixed(hfd, addr, size):
+            raise ImageError(f"pinned host memory at {addr:#x} cannot be mapped at its address here")
+        be.host_register(addr, size)
+        state.host[addr] = HostRange(size, hfd)
+    total = sum(r["size"] for r in h["regions"] if r["kind"] == "mem")
+    done = 0
+    for desc in h["devices"]:
+        dev = desc["index"]
+        b = transfer.Bounce(be, dev)
+        try:
+            for r in h["regions"]:
+                if r.get("dev") != dev:
+                    continue
+                if r["kind"] == "mem":
+                    transfer.file_to_device(b, fd, r["va"], r["size"], r["offset"], r["crcs"], f"memory {r['va']:#x}")
+                    done += r["size"]
+                    if total > PROGRESS_OVER:
+                        _progress("restore", done, total, t0)
+                elif r["kind"] == "var":
+                    va, n = be.global_get(state.module(dev, r["module"]), r["name"])
+                    if n != r["size"]:
+                        raise ImageError(f"variable {r['name']} has {n} bytes; the image holds {r['size']}")
+                    transfer.file_to_device(b, fd, va, n, r["offset"], r["crcs"], f"variable {r['name']}")
+        finally:
+            b.close()
+        be.device_sync(dev)
+
+
+def _mappings(desc: dict[str, Any]) -> list[tuple[int, int]]:
+    g = desc["arena"]["granularity"]
+    out = [(va, g) for va in desc["arena"]["slabs"]]
+    out += [(p, n) for p, n, small in desc["arena"]["allocs"] if not small]
+    return out

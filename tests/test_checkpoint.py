@@ -1,0 +1,113 @@
+"""Checkpoint and migration: a long-running program moved into a new proxy
+at random points (and checkpointed while it runs) prints exactly what an
+uninterrupted run prints; images are private and verified on restore."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import stat
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import APPS, nvproxy_cmd, run
+
+from nvproxy.checkpoint.image import ImageError, read_header
+
+BACKENDS = ["sim", pytest.param("gpu", marks=pytest.mark.gpu)]
+STEPS = 40
+PAUSE_MS = "150"  # a migration (a new Python process) takes a second or two: spread them out
+
+
+def nvproxy(*args: str) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "nvproxy", *args], timeout=300)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_migrations_mid_run_change_nothing(build, backend: str, tmp_path: Path) -> None:
+    exe = build("ckpt_steps")
+    reference = run(nvproxy_cmd(exe, backend, "ckpt_steps", str(STEPS), "0"))
+    assert reference.returncode == 0, reference.stderr
+    rng = random.Random(int(os.environ.get("NVPROXY_TEST_SEED", "0")) or None)
+    app = subprocess.Popen(nvproxy_cmd(exe, backend, "ckpt_steps", str(STEPS), PAUSE_MS), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    assert app.stdout is not None
+    lines = [app.stdout.readline()]  # the first step ran: the proxy holds state
+    points = [rng.randrange(lo, lo + 8) for lo in (1, 13, 25)]  # one in each third of the run
+    actions = ["migrate", "checkpoint", "migrate"]
+    for point, action in zip(points, actions, strict=True):
+        while len(lines) <= point:
+            lines.append(app.stdout.readline())
+        time.sleep(rng.random() * 0.15)  # anywhere in the step, also inside CUDA calls
+        if action == "migrate":
+            r = nvproxy("migrate", str(app.pid))
+        else:
+            image = tmp_path / f"step{point}.img"
+            r = nvproxy("checkpoint", str(app.pid), "-o", str(image))
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert stat.S_IMODE(image.stat().st_mode) == 0o600
+            _fd, header = read_header(image)
+            os.close(_fd)
+            assert header["streams"] and any(rg["kind"] == "var" for rg in header["regions"])
+        assert r.returncode == 0, r.stdout + r.stderr
+    out, err = app.communicate(timeout=300)
+    assert "".join(lines) + out == reference.stdout, err
+    assert app.returncode == 0, err
+    assert err.count("handed over to the new proxy") == 2, err
+
+
+def test_damaged_image_is_refused(build, tmp_path: Path) -> None:
+    exe = build("ckpt_steps")
+    app = subprocess.Popen(nvproxy_cmd(exe, "sim", "ckpt_steps", "8", "100"), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    assert app.stdout is not None
+    app.stdout.readline()
+    image = tmp_path / "a.img"
+    assert nvproxy("checkpoint", str(app.pid), "-o", str(image)).returncode == 0
+    app.communicate(timeout=120)
+    fd, header = read_header(image)
+    os.close(fd)
+    region = next(r for r in header["regions"] if r["kind"] == "mem" and r["size"] > 1 << 20)
+    with open(image, "r+b") as f:  # flip one byte of device memory
+        f.seek(region["offset"] + 12345)
+        b = f.read(1)
+        f.seek(region["offset"] + 12345)
+        f.write(bytes([b[0] ^ 0xFF]))
+    code = f"""
+import os, sys
+from nvproxy.backends.sim import SimBackend
+from nvproxy.proxy.state import ProcessState
+from nvproxy.checkpoint.restore import restore_image
+from nvproxy.checkpoint.image import read_header
+fd, h = read_header({str(image)!r}); os.close(fd)
+fds = {{}}
+for addr, size in h["host"]:
+    m = os.memfd_create("t"); os.ftruncate(m, size); fds[addr] = m
+try:
+    restore_image(ProcessState(SimBackend()), {str(image)!r}, fds)
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "ImageError" in r.stdout and "checksum mismatch" in r.stdout, r.stdout + r.stderr
+
+
+def test_image_format_is_checked(tmp_path: Path) -> None:
+    bad = tmp_path / "x.img"
+    bad.write_bytes(b"not an image" + b"\0" * 100)
+    with pytest.raises(ImageError):
+        read_header(bad)
+    future = tmp_path / "y.img"
+    body = json.dumps({"format": 99}).encode()
+    future.write_bytes(b"NVPXIMG1" + struct.pack("<QQ", 24, len(body)) + body)
+    with pytest.raises(ImageError, match="format 99"):
+        read_header(future)
+
+
+def test_apps_dir_has_the_program() -> None:
+    assert (APPS / "ckpt_steps.cu").exists() and (APPS / "ckpt_steps_sim.py").exists()
