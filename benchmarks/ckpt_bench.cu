@@ -1,0 +1,39 @@
+// Checkpoint benchmark target: fills argv[1] GiB of device memory (in 1 GiB
+// allocations), prints "ready", waits for a line on stdin, then verifies the
+// memory and prints "verified ok" (so a migration in between is checked too).
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#include <cuda_runtime.h>
+
+__global__ void fill(unsigned *p, size_t n, unsigned seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = (unsigned)i * 2654435761u + seed;
+}
+__global__ void check(const unsigned *p, size_t n, unsigned seed, unsigned long long *bad) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        if (p[i] != (unsigned)i * 2654435761u + seed) atomicAdd(bad, 1ull);
+}
+
+int main(int argc, char **argv) {
+    int gib = argc > 1 ? atoi(argv[1]) : 1;
+    size_t n = (1ull << 30) / sizeof(unsigned);
+    std::vector<unsigned *> bufs(gib);
+    for (int i = 0; i < gib; i++) {
+        if (cudaMalloc(&bufs[i], 1ull << 30) != cudaSuccess) { printf("alloc failed\n"); return 1; }
+        fill<<<1024, 256>>>(bufs[i], n, i);
+    }
+    unsigned long long *bad;
+    cudaMalloc(&bad, sizeof *bad);
+    cudaMemset(bad, 0, sizeof *bad);
+    cudaDeviceSynchronize();
+    printf("ready\n");
+    fflush(stdout);
+    char line[8];
+    if (!fgets(line, sizeof line, stdin)) return 2;
+    for (int i = 0; i < gib; i++) check<<<1024, 256>>>(bufs[i], n, i, bad);
+    unsigned long long h = 1;
+    cudaMemcpy(&h, bad, sizeof h, cudaMemcpyDeviceToHost);
+    printf(h == 0 ? "verified ok\n" : "verified BAD\n");
+    return h != 0;
+}

@@ -1,0 +1,68 @@
+"""Checkpoint and restore throughput: a program holding N GiB of device memory
+is checkpointed (nvproxy checkpoint: dump while it waits) and migrated into a
+new proxy (dump + restore), then verifies its memory.
+
+    python benchmarks/ckpt_run.py [--sizes 1,4,16,32] [--backend gpu|sim] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--sizes", default="1,4")
+    ap.add_argument("--backend", default="gpu")
+    ap.add_argument("--out", default="bench-results")
+    ap.add_argument("--image-dir", default=None, help="where images go (default: a temporary directory)")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with tempfile.TemporaryDirectory(dir=args.image_dir) as td:
+        exe = Path(td) / "ckpt_bench"
+        subprocess.run(["nvcc", "-cudart", "shared", "-O2", "-o", str(exe), str(HERE / "ckpt_bench.cu")], check=True)
+        for gib in (int(x) for x in args.sizes.split(",")):
+            app = subprocess.Popen([sys.executable, "-m", "nvproxy", "run", "--backend", args.backend, "--",
+                                    str(exe), str(gib)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+            assert app.stdout and app.stdin
+            if app.stdout.readline().strip() != "ready":
+                print(app.communicate()[1], file=sys.stderr)
+                return 1
+            image = Path(td) / f"c{gib}.img"
+            t = time.monotonic()
+            r = subprocess.run([sys.executable, "-m", "nvproxy", "checkpoint", str(app.pid), "-o", str(image)],
+                               capture_output=True, text=True)
+            ck_wall = time.monotonic() - t
+            image.unlink(missing_ok=True)
+            t = time.monotonic()
+            m = subprocess.run([sys.executable, "-m", "nvproxy", "migrate", str(app.pid), "--image",
+                                str(Path(td) / f"m{gib}.img")], capture_output=True, text=True)
+            mig_wall = time.monotonic() - t
+            stdout, stderr = app.communicate("\n", timeout=600)
+            restored = re.search(r"restored (\d+) MiB in ([\d.]+) s .*checkpoint took ([\d.]+) s", stderr)
+            row = {"gib": gib, "checkpoint_out": r.stdout.strip(), "checkpoint_wall_s": ck_wall,
+                   "migrate_wall_s": mig_wall, "verified": "verified ok" in stdout, "migrate_rc": m.returncode}
+            if restored:
+                mib, rs, ds = int(restored.group(1)), float(restored.group(2)), float(restored.group(3))
+                row.update(restore_s=rs, dump_s=ds, restore_gbps=mib * 2**20 / rs / 1e9,
+                           dump_gbps=mib * 2**20 / ds / 1e9)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    (out / "checkpoint.json").write_text(json.dumps(rows, indent=1))
+    return 0 if all(r["verified"] and r["migrate_rc"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
