@@ -49,12 +49,16 @@ def test_migrations_mid_run_change_nothing(build, backend: str, tmp_path: Path) 
         else:
             image = tmp_path / f"step{point}.img"
             r = nvproxy("checkpoint", str(app.pid), "-o", str(image))
-            assert r.returncode == 0, r.stdout + r.stderr
-            assert stat.S_IMODE(image.stat().st_mode) == 0o600
-            _fd, header = read_header(image)
-            os.close(_fd)
-            assert header["streams"] and any(rg["kind"] == "var" for rg in header["regions"])
-        assert r.returncode == 0, r.stdout + r.stderr
+            if r.returncode == 0:
+                assert stat.S_IMODE(image.stat().st_mode) == 0o600
+                _fd, header = read_header(image)
+                os.close(_fd)
+                assert header["streams"] and any(rg["kind"] == "var" for rg in header["regions"])
+        if r.returncode != 0:
+            app.kill()
+            rest, err = app.communicate()
+            pytest.fail(f"{action} at step {point} failed: {r.stdout}{r.stderr}\napplication:\n{rest[-2000:]}\n"
+                        f"{err[-4000:]}")
     out, err = app.communicate(timeout=300)
     assert "".join(lines) + out == reference.stdout, err
     assert app.returncode == 0, err

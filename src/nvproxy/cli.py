@@ -36,6 +36,9 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         os.dup2(fd, 2)
         os.close(fd)
     sys.stdout = sys.stderr  # fd 1 belongs to kernel printf output
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 <proxy>: where is every thread?
     # hold on to no one's terminal or pipes but stderr (the application's, or, when
     # migrating, the controller's until the hand-over)
     null = os.open(os.devnull, os.O_RDWR)
