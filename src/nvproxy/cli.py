@@ -38,6 +38,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     sys.stdout = sys.stderr  # fd 1 belongs to kernel printf output
     import faulthandler
 
+    faulthandler.enable()  # a crash in the driver or cffi leaves a trace on stderr
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 <proxy>: where is every thread?
     # hold on to no one's terminal or pipes but stderr (the application's, or, when
     # migrating, the controller's until the hand-over)

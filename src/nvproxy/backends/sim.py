@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import mmap
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -146,7 +147,9 @@ class SimBackend:
         sim_kernels.load_from_env()
         self.mem = SimMemory()
         self.backings = [SimBacking(self.mem, SIM_MEMORY)]
-        self.globals_space = FreeList(GLOBALS_BASE, 1 << 40)
+        # like the driver, place module variables wherever this process likes: a
+        # restored process finds them elsewhere (exercises the proxy's relocation)
+        self.globals_space = FreeList(GLOBALS_BASE + (os.getpid() % 1024 << 30), 1 << 30)
         self.sticky = 0
         self.text: list[str] = []
         self.limits = dict(_LIMITS)

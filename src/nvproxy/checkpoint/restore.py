@@ -107,6 +107,8 @@ def _replay(state: ProcessState, fd: int, h: dict[str, Any], host_fds: dict[int,
                     if n != r["size"]:
                         raise ImageError(f"variable {r['name']} has {n} bytes; the image holds {r['size']}")
                     transfer.file_to_device(b, fd, va, n, r["offset"], r["crcs"], f"variable {r['name']}")
+                    if va != r["va"]:  # the driver placed the module elsewhere this time
+                        state.relocate(r["va"], n, va)
         finally:
             b.close()
         be.device_sync(dev)

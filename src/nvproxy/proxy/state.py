@@ -5,6 +5,7 @@ can rebuild it under the same names."""
 
 from __future__ import annotations
 
+import bisect
 import queue
 import sys
 import threading
@@ -54,7 +55,12 @@ class ProcessState:
         self.host: dict[int, HostRange] = {}  # address -> registered range
         self.arena_lock = threading.Lock()  # the dispatcher allocates, the reaper frees
         self.freeing: set[int] = set()
-        self._frees: queue.SimpleQueue[tuple[int, int]] | None = None
+        # module variables the driver placed elsewhere after a restore: the
+        # application may still hold the old addresses (cudaMemcpyToSymbol's cache,
+        # cudaGetSymbolAddress), so copies and memsets are translated
+        self.reloc_starts: list[int] = []
+        self.relocs: list[tuple[int, int, int]] = []  # (old, size, new), sorted by old
+        self._frees: queue.SimpleQueue[tuple[int, Any]] | None = None
 
     def free(self, ptr: int) -> None:
         """cudaFree: the memory returns to the arena once the device has
@@ -69,23 +75,48 @@ class ProcessState:
                 d.arena.free(ptr)
             return
         self.freeing.add(ptr)
+        self.later(d.index, lambda: self._free_when_idle(d.index, ptr))
+
+    def later(self, dev: int, fn: Any) -> None:
+        """Run fn on the reaper thread (with dev's context current), in order."""
         if self._frees is None:
             self._frees = queue.SimpleQueue()
-            threading.Thread(target=self._reaper, name="nvproxy-free", daemon=True).start()
-        self._frees.put((d.index, ptr))
+            threading.Thread(target=self._reaper, name="nvproxy-reaper", daemon=True).start()
+        self._frees.put((dev, fn))
+
+    def _free_when_idle(self, dev: int, ptr: int) -> None:
+        try:
+            self.backend.device_sync(dev)
+        except CudaError as e:  # a sticky error: the memory is gone with the context anyway
+            print(f"nvproxy: device {dev} failed while freeing {ptr:#x} (CUDA error {e.code})", file=sys.stderr)
+        with self.arena_lock:
+            self.devices[dev].arena.free(ptr)
+            self.freeing.discard(ptr)
 
     def _reaper(self) -> None:
         assert self._frees is not None
         while True:
-            dev, ptr = self._frees.get()
+            dev, fn = self._frees.get()
             try:
                 self.backend.activate(dev)
-                self.backend.device_sync(dev)
-            except CudaError as e:  # a sticky error: the memory is gone with the context anyway
-                print(f"nvproxy: device {dev} failed while freeing {ptr:#x} (CUDA error {e.code})", file=sys.stderr)
-            with self.arena_lock:
-                self.devices[dev].arena.free(ptr)
-                self.freeing.discard(ptr)
+                fn()
+            except Exception as e:
+                print(f"nvproxy: background work failed: {e!r}", file=sys.stderr)
+
+    def relocate(self, old: int, size: int, new: int) -> None:
+        i = bisect.bisect_left(self.reloc_starts, old)
+        self.reloc_starts.insert(i, old)
+        self.relocs.insert(i, (old, size, new))
+
+    def translate(self, addr: int) -> int:
+        if not self.relocs:
+            return addr
+        i = bisect.bisect_right(self.reloc_starts, addr) - 1
+        if i >= 0:
+            old, size, new = self.relocs[i]
+            if addr < old + size:
+                return new + (addr - old)
+        return addr
 
     def alloc(self, dev: int, size: int) -> int:
         d = self.device(dev)

@@ -87,17 +87,24 @@ def adopt_staging(p: Any, ch: Any, fd: int, size: int) -> None:
 
 
 def release_staging(p: Any, ch: Any) -> None:
+    """A channel's thread is gone.  Every staged copy of it was waited for, so
+    nothing can still use the buffer: no device synchronisation, which would
+    stall the dispatcher behind a long kernel (and deadlock a kernel that
+    waits for another thread).  Unregistering goes to the background too."""
     addr, size = ch.staging
     ch.staging = None
     r = p.state.host.pop(addr, None)
-    try:
-        _sync_all(p)
-        p.backend.host_unregister(addr, size)
-    except CudaError:
-        pass
-    libc.unmap(addr, size)
-    if r is not None:
-        os.close(r.fd)
+
+    def release() -> None:
+        try:
+            p.backend.host_unregister(addr, size)
+        except CudaError:
+            pass
+        libc.unmap(addr, size)
+        if r is not None:
+            os.close(r.fd)
+
+    p.state.later(ch.dev, release)
 
 
 def _copy_event(p: Any, ch: Any) -> Any:
@@ -109,7 +116,7 @@ def _copy_event(p: Any, ch: Any) -> Any:
 
 
 def STAGED_COPY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred:
-    dev_addr, off, n, wire_stream, to_host = a[0], a[1], a[2], a[3], a[4]
+    dev_addr, off, n, wire_stream, to_host = p.state.translate(a[0]), a[1], a[2], a[3], a[4]
     if ch.staging is None or off + n > ch.staging[1]:
         raise CudaError(INVALID_VALUE, "staged copy outside the staging buffer")
     host = ch.staging[0] + off
@@ -125,19 +132,19 @@ def STAGED_COPY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred
 
 def MEMCPY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred:
     s = p.stream(ch, a[3])
-    p.backend.memcpy(a[0], a[1], a[2], s)
+    p.backend.memcpy(p.state.translate(a[0]), p.state.translate(a[1]), a[2], s)
     return Deferred(lambda: p.backend.stream_sync(s))
 
 
 def MEMCPY_2D(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred:
     s = p.stream(ch, a[6])
-    p.backend.memcpy2d(a[0], a[1], a[2], a[3], a[4], a[5], s)
+    p.backend.memcpy2d(p.state.translate(a[0]), a[1], p.state.translate(a[2]), a[3], a[4], a[5], s)
     return Deferred(lambda: p.backend.stream_sync(s))
 
 
 def MEMSET(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
-    p.backend.memset(a[0], a[1], a[2], p.stream(ch, a[3]))
+    p.backend.memset(p.state.translate(a[0]), a[1], a[2], p.stream(ch, a[3]))
 
 
 def MEMSET_2D(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
-    p.backend.memset2d(a[0], a[1], a[2], a[3], a[4], p.stream(ch, a[5]))
+    p.backend.memset2d(p.state.translate(a[0]), a[1], a[2], a[3], a[4], p.stream(ch, a[5]))
