@@ -83,7 +83,7 @@ def write_image(state: ProcessState, path: str) -> dict[str, Any]:
                         off = w.reserve(n)
                         crcs = transfer.device_to_file(b, w.fd, va, n, off)
                         regions.append({"kind": "var", "dev": dev, "module": mod_id, "name": name, "size": n,
-                                        "va": va, "offset": off, "crcs": crcs})
+                                        "va": state.original(va), "offset": off, "crcs": crcs})
             finally:
                 b.close()
         header["regions"] = regions

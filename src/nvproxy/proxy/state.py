@@ -108,6 +108,13 @@ class ProcessState:
         self.reloc_starts.insert(i, old)
         self.relocs.insert(i, (old, size, new))
 
+    def original(self, addr: int) -> int:
+        """The address the application knows for a (relocated) module variable."""
+        for old, _size, new in self.relocs:
+            if new == addr:
+                return old
+        return addr
+
     def translate(self, addr: int) -> int:
         if not self.relocs:
             return addr
