@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,6 +18,25 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+
+
+def _cuda_checkpoint(exe: Path, gib: int) -> dict:
+    """NVIDIA's cuda-checkpoint on the same program run natively: --toggle moves
+    device memory to host memory (suspend) and back (resume)."""
+    app = subprocess.Popen([str(exe), str(gib)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert app.stdout and app.stdin
+    app.stdout.readline()
+    t = time.monotonic()
+    a = subprocess.run(["cuda-checkpoint", "--toggle", "--pid", str(app.pid)], capture_output=True, text=True)
+    suspend = time.monotonic() - t
+    t = time.monotonic()
+    b = subprocess.run(["cuda-checkpoint", "--toggle", "--pid", str(app.pid)], capture_output=True, text=True)
+    resume = time.monotonic() - t
+    out, _ = app.communicate("\n", timeout=600)
+    ok = a.returncode == 0 and b.returncode == 0 and "verified ok" in out
+    return {"cuda_checkpoint_ok": ok, "cuda_checkpoint_suspend_s": suspend, "cuda_checkpoint_resume_s": resume,
+            "cuda_checkpoint_suspend_gbps": gib * 2**30 / suspend / 1e9 if ok else None,
+            "cuda_checkpoint_error": (a.stderr + b.stderr).strip()[-300:]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
                 mib, rs, ds = int(restored.group(1)), float(restored.group(2)), float(restored.group(3))
                 row.update(restore_s=rs, dump_s=ds, restore_gbps=mib * 2**20 / rs / 1e9,
                            dump_gbps=mib * 2**20 / ds / 1e9)
+            if shutil.which("cuda-checkpoint"):
+                row.update(_cuda_checkpoint(exe, gib))
             rows.append(row)
             print(json.dumps(row), flush=True)
     (out / "checkpoint.json").write_text(json.dumps(rows, indent=1))

@@ -7,14 +7,13 @@ from __future__ import annotations
 import os
 import sys
 import time
-import zlib
 from typing import Any
 
 from .. import fatbin
 from ..errors import CudaError
 from ..proxy.state import ProcessState
 from . import transfer
-from .image import ImageWriter
+from .image import ImageWriter, checksum
 
 PROGRESS_OVER = 1 << 30
 
@@ -59,7 +58,7 @@ def write_image(state: ProcessState, path: str) -> dict[str, Any]:
             off = w.reserve(len(image))
             os.pwrite(w.fd, image, off)
             regions.append({"kind": "module", "id": mod_id, "size": len(image), "offset": off,
-                            "crcs": [zlib.crc32(image)]})
+                            "crcs": [checksum(image)]})
         total = sum(n for d in state.devices.values() for _va, n in d.arena.mappings())
         done = 0
         for dev, d in sorted(state.devices.items()):

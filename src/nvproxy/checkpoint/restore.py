@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import time
-import zlib
 from typing import Any
 
 from ..errors import CudaError
@@ -16,7 +15,7 @@ from ..proxy import libc
 from ..proxy.state import HostRange, ProcessState
 from . import transfer
 from .dump import PROGRESS_OVER, _progress
-from .image import ImageError, read_header
+from .image import ImageError, checksum, read_header
 
 
 def restore_image(state: ProcessState, path: str, host_fds: dict[int, int]) -> dict[str, Any]:
@@ -61,7 +60,7 @@ def _replay(state: ProcessState, fd: int, h: dict[str, Any], host_fds: dict[int,
     for r in h["regions"]:
         if r["kind"] == "module":
             data = os.pread(fd, r["size"], r["offset"])
-            if len(data) != r["size"] or zlib.crc32(data) != r["crcs"][0]:
+            if len(data) != r["size"] or checksum(data) != r["crcs"][0]:
                 raise ImageError(f"module {r['id']}: checksum mismatch; the image is damaged")
             state.images[r["id"]] = data
     state.kernel_names.update({int(k): (m, n) for k, (m, n) in h["kernels"].items()})

@@ -6,15 +6,14 @@ zlib.crc32)."""
 from __future__ import annotations
 
 import os
-import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ..errors import CudaError
 from ..proxy import libc
-from .image import CHUNK, ImageError
+from .image import CHUNK, ImageError, checksum
 
-SLOTS = 4
+SLOTS = 8
 _DISABLE_TIMING = 2
 _NON_BLOCKING = 1
 
@@ -68,7 +67,7 @@ def device_to_file(b: Bounce, fd: int, va: int, size: int, file_off: int) -> lis
         done = 0
         while done < n:
             done += os.pwrite(fd, v[done:], at + done)
-        return zlib.crc32(v)
+        return checksum(v)
 
     for k, (off, n) in enumerate(_chunks(size)):
         i = k % SLOTS
@@ -97,7 +96,7 @@ def file_to_device(b: Bounce, fd: int, va: int, size: int, file_off: int, crcs: 
         got = os.preadv(fd, [v], file_off + off)
         if got != n:
             raise ImageError(f"{what}: the image is truncated")
-        if zlib.crc32(v) != crcs[k]:
+        if checksum(v) != crcs[k]:
             raise ImageError(f"{what}: checksum mismatch in chunk {k}; the image is damaged")
         return i
 
