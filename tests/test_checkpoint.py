@@ -115,3 +115,30 @@ def test_image_format_is_checked(tmp_path: Path) -> None:
 
 def test_apps_dir_has_the_program() -> None:
     assert (APPS / "ckpt_steps.cu").exists() and (APPS / "ckpt_steps_sim.py").exists()
+
+
+def _gpu_count() -> int:
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+@pytest.mark.gpu
+def test_migrate_to_another_gpu(build) -> None:
+    if _gpu_count() < 2:
+        pytest.skip("needs two GPUs (nvidia-smi -L lists fewer)")
+    exe = build("ckpt_steps")
+    reference = run(nvproxy_cmd(exe, "gpu", "ckpt_steps", "20", "0"))
+    app = subprocess.Popen(nvproxy_cmd(exe, "gpu", "ckpt_steps", "20", PAUSE_MS), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    assert app.stdout is not None
+    lines = [app.stdout.readline() for _ in range(3)]
+    r = nvproxy("migrate", str(app.pid), "--device", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    new_pid = int(r.stdout.split()[-1])
+    env = Path(f"/proc/{new_pid}/environ").read_bytes().split(b"\0")
+    assert b"CUDA_VISIBLE_DEVICES=1" in env
+    out, err = app.communicate(timeout=300)
+    assert "".join(lines) + out == reference.stdout, err
