@@ -43,7 +43,8 @@ class HostRange:
 class ProcessState:
     def __init__(self, backend: Any) -> None:
         self.backend = backend
-        self.devices: dict[int, DeviceState] = {}
+        self.devices: dict[int, DeviceState] = {}  # devices the application has used
+        self._props: dict[int, tuple[str, bytes, int, list[int]]] = {}
         self.images: dict[int, bytes] = {}  # module id -> fatbinary
         self.kernel_names: dict[int, tuple[int, str]] = {}  # kernel id -> (module id, name)
         self.streams: dict[int, tuple[int, Any]] = {}  # wire id -> (device, backend stream)
@@ -130,15 +131,26 @@ class ProcessState:
         with self.arena_lock:
             return d.arena.alloc(size)
 
+    def props(self, dev: int) -> tuple[str, bytes, int, list[int]]:
+        """A device's properties, without making it the process's (no context, no arena)."""
+        if not 0 <= dev < self.backend.device_count():
+            raise CudaError(INVALID_DEVICE)
+        if dev not in self._props:
+            self._props[dev] = self.backend.device_props(dev)
+        return self._props[dev]
+
+    def arena_plan(self, dev: int) -> tuple[int, int]:
+        """Where the device's arena goes: a fixed base, twice the device's memory."""
+        total = self.props(dev)[2]
+        return arena_base(dev), min(ARENA_STRIDE, max(4 * GiB, (2 * total + GiB - 1) // GiB * GiB))
+
     def device(self, dev: int) -> DeviceState:
         d = self.devices.get(dev)
         if d is not None:
             return d
-        if not 0 <= dev < self.backend.device_count():
-            raise CudaError(INVALID_DEVICE)
-        props = self.backend.device_props(dev)
-        size = min(ARENA_STRIDE, max(4 * GiB, (2 * props[2] + GiB - 1) // GiB * GiB))
-        base = self.backend.reserve(dev, arena_base(dev), size)
+        props = self.props(dev)
+        want, size = self.arena_plan(dev)
+        base = self.backend.reserve(dev, want, size)
         d = DeviceState(dev, Arena(base, size, self.backend.backing(dev)), props)
         self.devices[dev] = d
         return d

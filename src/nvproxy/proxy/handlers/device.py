@@ -13,9 +13,10 @@ NO_FLAGS = (1 << 64) - 1
 
 
 def DEVICE_INFO(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
-    d = p.state.device(a[0])
-    name, uuid, total, attrs = d.props
-    return (), wire.pack_device_info(name, uuid, total, d.arena.base, d.arena.size, attrs)
+    name, uuid, total, attrs = p.state.props(a[0])
+    d = p.state.devices.get(a[0])
+    base, size = (d.arena.base, d.arena.size) if d else p.state.arena_plan(a[0])
+    return (), wire.pack_device_info(name, uuid, total, base, size, attrs)
 
 
 def SET_DEVICE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
