@@ -18,23 +18,14 @@ import pytest
 from conftest import nvproxy_cmd, run
 
 from nvproxy import wire
+from nvproxy.launcher import find_proxy
 
 BACKENDS = ["sim", pytest.param("gpu", marks=pytest.mark.gpu)]
 
 
 def proxy_of(app_pid: int) -> tuple[int, str]:
     """(pid, socket path) of the proxy serving app_pid."""
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        owner = argv[argv.index(b"--owner-pid") + 1] if b"--owner-pid" in argv else b""
-        if b"proxy" in argv and owner == str(app_pid).encode():
-            return int(d.name), argv[argv.index(b"--socket") + 1].decode()
-    raise LookupError(f"no proxy serves {app_pid}")
+    return find_proxy(app_pid)
 
 
 def start_waiting_app(build, backend: str) -> subprocess.Popen:

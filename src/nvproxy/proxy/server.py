@@ -171,13 +171,22 @@ class Server:
         os.chmod(path, 0o600)
         return s
 
+    @staticmethod
+    def _accept_from(listener: socket.socket) -> tuple[socket.socket, int, int] | None:
+        """A new connection and its peer's (pid, uid), from the kernel (SO_PEERCRED)."""
+        try:
+            s, _ = listener.accept()
+        except BlockingIOError:
+            return None
+        pid, uid, _gid = struct.unpack(SO_PEERCRED_FMT, s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        return s, pid, uid
+
     # ---- connections ----
     def _accept(self, _key: Any) -> None:
-        try:
-            s, _ = self.listener.accept()
-        except BlockingIOError:
+        got = self._accept_from(self.listener)
+        if got is None:
             return
-        pid, uid, _gid = struct.unpack(SO_PEERCRED_FMT, s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        s, pid, uid = got
         if uid != os.getuid() or pid != self.owner_pid:
             print(f"nvproxy: refused a connection from pid {pid} uid {uid}: this proxy serves pid {self.owner_pid}",
                   file=sys.stderr)
@@ -326,11 +335,10 @@ class Server:
 
     # ---- control: checkpoint, hand-over ----
     def _control(self, _key: Any) -> None:
-        try:
-            conn, _ = self.ctl.accept()
-        except BlockingIOError:
+        got = self._accept_from(self.ctl)
+        if got is None:
             return
-        _pid, uid, _gid = struct.unpack(SO_PEERCRED_FMT, conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        conn, _pid, uid = got
         conn.setblocking(True)
         conn.settimeout(600)
         try:
