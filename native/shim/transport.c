@@ -28,6 +28,7 @@
 #define NVP_STAGE_SLOT (8u << 20)
 #define NVP_STAGE_SLOTS 4
 #define NVP_LIVENESS_MS 250
+#define NVP_SPIN_NS 50000
 
 enum { ST_INIT = 0, ST_READY = 1, ST_DEAD = 2 };
 
@@ -253,9 +254,31 @@ static int write_all(int fd, struct iovec *iov, int iovcnt, int pass_fd)
 /* Read exactly n bytes.  The proxy's death shows as EOF (only the proxy holds
  * its end; a migration hands the very same connection to the new proxy, so
  * the proxy's pid is no sign of life). */
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 static int read_all(int fd, void *buf, size_t n)
 {
     char *p = buf;
+    /* Most replies come within tens of microseconds: poll the socket for a
+     * short while before sleeping in poll(2), which costs a wake-up. */
+    uint64_t spin_until = now_ns() + NVP_SPIN_NS;
+    while (n > 0 && now_ns() < spin_until) {
+        ssize_t r = recv(fd, p, n, MSG_DONTWAIT);
+        if (r > 0) {
+            p += r;
+            n -= (size_t)r;
+        } else if (r == 0) {
+            errno = EPIPE;
+            return -1;
+        } else if (errno != EAGAIN && errno != EINTR) {
+            return -1;
+        }
+    }
     while (n > 0) {
         struct pollfd pf = {.fd = fd, .events = POLLIN};
         int pr = poll(&pf, 1, NVP_LIVENESS_MS);

@@ -127,19 +127,19 @@ def STAGED_COPY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred
         p.backend.memcpy(dev_addr, host, n, s)
     e = _copy_event(p, ch)
     p.backend.event_record(e, s, 0)
-    return Deferred(lambda: p.backend.event_sync(e))
+    return Deferred(lambda: p.backend.event_sync(e), lambda: p.backend.event_query(e))
 
 
 def MEMCPY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred:
     s = p.stream(ch, a[3])
     p.backend.memcpy(p.state.translate(a[0]), p.state.translate(a[1]), a[2], s)
-    return Deferred(lambda: p.backend.stream_sync(s))
+    return Deferred(lambda: p.backend.stream_sync(s), lambda: p.backend.stream_query(s))
 
 
 def MEMCPY_2D(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred:
     s = p.stream(ch, a[6])
     p.backend.memcpy2d(p.state.translate(a[0]), a[1], p.state.translate(a[2]), a[3], a[4], a[5], s)
-    return Deferred(lambda: p.backend.stream_sync(s))
+    return Deferred(lambda: p.backend.stream_sync(s), lambda: p.backend.stream_query(s))
 
 
 def MEMSET(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:

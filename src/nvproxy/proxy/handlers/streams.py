@@ -27,7 +27,7 @@ def STREAM_DESTROY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
 
 def STREAM_SYNC(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred:
     s = p.stream(ch, a[0])
-    return Deferred(lambda: p.backend.stream_sync(s))
+    return Deferred(lambda: p.backend.stream_sync(s), lambda: p.backend.stream_query(s))
 
 
 def STREAM_QUERY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
@@ -62,7 +62,7 @@ def EVENT_RECORD(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
 
 def EVENT_SYNC(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred:
     e = p.state.event(a[0])
-    return Deferred(lambda: p.backend.event_sync(e))
+    return Deferred(lambda: p.backend.event_sync(e), lambda: p.backend.event_query(e))
 
 
 def EVENT_QUERY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
