@@ -142,3 +142,27 @@ def test_migrate_to_another_gpu(build) -> None:
     assert b"CUDA_VISIBLE_DEVICES=1" in env
     out, err = app.communicate(timeout=300)
     assert "".join(lines) + out == reference.stdout, err
+
+
+def test_recover_from_image_after_the_proxy_died(build, tmp_path: Path) -> None:
+    """NVPROXY_RECOVER: a new proxy starts from the last image; the program,
+    checkpointed while it waited between steps, finishes as if nothing happened."""
+    from conftest import run as plain_run
+
+    from nvproxy.launcher import find_proxy
+
+    exe = build("ckpt_steps")
+    reference = plain_run(nvproxy_cmd(exe, "sim", "ckpt_steps", "20", "0"))
+    image = tmp_path / "last.img"
+    env = dict(os.environ, NVPROXY_RECOVER=str(image))
+    env.pop("LD_PRELOAD", None)
+    app = subprocess.Popen(nvproxy_cmd(exe, "sim", "ckpt_steps", "20", "400"), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=env)
+    assert app.stdout is not None
+    lines = [app.stdout.readline() for _ in range(6)]  # the program now sleeps 400 ms
+    assert nvproxy("checkpoint", str(app.pid), "-o", str(image)).returncode == 0
+    pid, _sock = find_proxy(app.pid)
+    os.kill(pid, 9)
+    out, err = app.communicate(timeout=120)
+    assert "starting a new one from" in err, err
+    assert "".join(lines) + out == reference.stdout, err

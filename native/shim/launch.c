@@ -291,6 +291,24 @@ static cudaError_t kernel_ready(struct kernel *k)
     return e;
 }
 
+void nvp_registry_reset(void)
+{
+    pthread_mutex_lock(&R.lock);
+    for (size_t i = 0; i < R.nmods; i++)
+        R.mods[i]->loaded = 0;
+    for (size_t i = 0; i < R.kernels.cap; i++) {
+        struct kernel *k = R.kernels.keys[i] ? R.kernels.vals[i] : NULL;
+        if (k)
+            __atomic_store_n(&k->ready, 0, __ATOMIC_RELEASE);
+    }
+    for (size_t i = 0; i < R.vars.cap; i++) {
+        struct var *v = R.vars.keys[i] ? R.vars.vals[i] : NULL;
+        if (v)
+            v->resolved = 0;
+    }
+    pthread_mutex_unlock(&R.lock);
+}
+
 static struct kernel *kernel_of(const void *func)
 {
     pthread_mutex_lock(&R.lock);

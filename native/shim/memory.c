@@ -144,10 +144,10 @@ static cudaError_t host_alloc(void **pHost, size_t size, unsigned flags)
         }
         e = share_with_proxy(fd, at, len, flags);
         if (e == cudaSuccess) {
-            struct nvp_host_region h = {at, len, at, size, NVP_HOST_ALLOC, flags};
+            struct nvp_host_region h = {at, len, at, size, NVP_HOST_ALLOC, flags, fd};
             nvp_host_add(&h);
             *pHost = p;
-            break;
+            return cudaSuccess;
         }
         munmap(p, len);
         if (e != cudaErrorAlreadyMapped)
@@ -186,6 +186,7 @@ NVP_EXPORT cudaError_t cudaFreeHost(void *ptr)
     nvp_host_remove(h.user, NULL);
     e = unregister_in_proxy(h.base);
     munmap((void *)(uintptr_t)h.base, h.size);
+    close(h.fd);
     return nvp_ret(e);
 }
 
@@ -225,10 +226,11 @@ NVP_EXPORT cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int fla
         return nvp_ret(cudaErrorInvalidValue);
     }
     e = share_with_proxy(fd, base, len, flags);
-    close(fd);
-    if (e)
+    if (e) {
+        close(fd);
         return nvp_ret(e == cudaErrorAlreadyMapped ? cudaErrorHostMemoryAlreadyRegistered : e);
-    struct nvp_host_region h = {base, len, user, size, NVP_HOST_REGISTERED, flags};
+    }
+    struct nvp_host_region h = {base, len, user, size, NVP_HOST_REGISTERED, flags, fd};
     nvp_host_add(&h);
     return cudaSuccess;
 }
@@ -246,6 +248,7 @@ NVP_EXPORT cudaError_t cudaHostUnregister(void *ptr)
         return nvp_ret(cudaErrorHostMemoryNotRegistered);
     }
     /* the pages stay where they are (shared memory now, same contents) */
+    close(h.fd);
     return nvp_ret(unregister_in_proxy(h.base));
 }
 

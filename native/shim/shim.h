@@ -43,6 +43,8 @@ cudaError_t nvp_send_pending(uint16_t op, const uint64_t a[NVP_MAX_ARGS]);
 cudaError_t nvp_wait_pending(struct nvp_reply *reply);
 
 int nvp_device_count(void);
+/* Bumped each time a new proxy replaces a dead one (NVPROXY_RECOVER). */
+int nvp_generation(void);
 int nvp_driver_version(void);
 int nvp_backend_is_sim(void);
 /* The thread's current device (cudaSetDevice is per thread). */
@@ -85,8 +87,11 @@ struct nvp_host_region {
     uint64_t user, user_size; /* what the application asked for */
     int kind;
     unsigned flags;
+    int fd; /* the memfd, kept: a proxy started after a failure maps it again */
 };
 void nvp_host_add(const struct nvp_host_region *r);
+/* Call fn for every shared host region (under the table's lock). */
+void nvp_host_foreach(void (*fn)(const struct nvp_host_region *r, void *arg), void *arg);
 int nvp_host_remove(uint64_t user, struct nvp_host_region *out);
 /* Is [p, p+n) inside memory the proxy can address (pinned/registered)? */
 int nvp_host_shared(uint64_t p, uint64_t n, struct nvp_host_region *out);
@@ -122,6 +127,9 @@ const struct nvp_device_info *nvp_device_info(int dev);
 cudaError_t nvp_var_resolve(const void *symbol, uint64_t *addr, size_t *size);
 cudaError_t nvp_launch(const void *func, dim3 grid, dim3 block, void **args, size_t shmem,
                        cudaStream_t stream, int per_thread, unsigned flags);
+
+/* ---- launch.c: after a recovery the new proxy must be told modules again ---- */
+void nvp_registry_reset(void);
 
 /* ---- memory.c ---- */
 cudaError_t nvp_memcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,

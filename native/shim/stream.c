@@ -212,6 +212,7 @@ static struct {
     size_t n, cap;
     int fd;
     int started;
+    int gen; /* the proxy generation the callback channel goes to */
 } CB = {.lock = PTHREAD_MUTEX_INITIALIZER, .fd = -1};
 
 static uint64_t callback_add(int with_status, void *fn, void *data, cudaStream_t s)
@@ -256,9 +257,9 @@ static int read_full(int fd, void *buf, size_t n)
 
 static void *callback_thread(void *arg)
 {
-    (void)arg;
+    int fd = (int)(intptr_t)arg;
     struct nvp_cb m;
-    while (read_full(CB.fd, &m, sizeof m) == 0) {
+    while (read_full(fd, &m, sizeof m) == 0) {
         pthread_mutex_lock(&CB.lock);
         struct callback c = {0};
         if (m.id >= 1 && m.id <= CB.n && CB.v[m.id - 1].used) {
@@ -270,27 +271,30 @@ static void *callback_thread(void *arg)
             ((cudaStreamCallback_t)c.fn)(c.stream, (cudaError_t)m.status, c.data);
         else if (c.fn)
             ((cudaHostFn_t)c.fn)(c.data);
-        if (write(CB.fd, &m, sizeof m) != (ssize_t)sizeof m)
+        if (write(fd, &m, sizeof m) != (ssize_t)sizeof m)
             break;
     }
+    close(fd);
     return NULL;
 }
 
 cudaError_t nvp_callbacks_start(void)
 {
     pthread_mutex_lock(&CB.lock);
-    if (CB.started) {
+    if (CB.started && CB.gen == nvp_generation()) {
         pthread_mutex_unlock(&CB.lock);
         return cudaSuccess;
     }
+    /* first use, or a new proxy replaced the one the old thread served */
     CB.fd = nvp_open_channel(NVP_CHAN_CALLBACK, NULL);
     pthread_t t;
-    if (CB.fd < 0 || pthread_create(&t, NULL, callback_thread, NULL) != 0) {
+    if (CB.fd < 0 || pthread_create(&t, NULL, callback_thread, (void *)(intptr_t)CB.fd) != 0) {
         pthread_mutex_unlock(&CB.lock);
         return cudaErrorDevicesUnavailable;
     }
     pthread_detach(t);
     CB.started = 1;
+    CB.gen = nvp_generation();
     pthread_mutex_unlock(&CB.lock);
     return cudaSuccess;
 }

@@ -134,6 +134,14 @@ int nvp_host_remove(uint64_t user, struct nvp_host_region *out)
     return 0;
 }
 
+void nvp_host_foreach(void (*fn)(const struct nvp_host_region *r, void *arg), void *arg)
+{
+    pthread_mutex_lock(&hosts.lock);
+    for (size_t i = 0; i < hosts.n; i++)
+        fn(&hosts.v[i].host, arg);
+    pthread_mutex_unlock(&hosts.lock);
+}
+
 int nvp_host_shared(uint64_t p, uint64_t n, struct nvp_host_region *out)
 {
     struct range x;

@@ -41,14 +41,19 @@ static struct {
     atomic_uint_fast64_t seq;
     pthread_key_t key;
     int trace;
+    _Atomic int generation; /* bumped when a new proxy replaces a dead one */
 } G = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 struct nvp_thread {
     int fd;
     int dev;
+    int gen;
+    int broken; /* the last call failed in transport, not in CUDA */
     struct nvp_staging stg;
 };
 static __thread struct nvp_thread T = {.fd = -1, .dev = 0};
+
+static int spawn_proxy(const char *restore_image);
 static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 
 void nvp_log(const char *fmt, ...)
@@ -103,6 +108,14 @@ static void make_key(void)
 
 static cudaError_t mark_dead(const char *why)
 {
+    T.broken = 1;
+    if (getenv("NVPROXY_RECOVER") && *getenv("NVPROXY_RECOVER")) {
+        /* nvp_callv starts a new proxy from the image and tries again */
+        if (T.fd >= 0)
+            close(T.fd);
+        T.fd = -1;
+        return cudaErrorDevicesUnavailable;
+    }
     pthread_mutex_lock(&G.lock);
     int was = G.state;
     G.state = ST_DEAD;
@@ -152,7 +165,7 @@ static int try_connect(const char *path)
 
 /* Start a proxy for this process: double fork so it is nobody's child here,
  * without our LD_PRELOAD, told our pid so that it exits with us. */
-static int spawn_proxy(void)
+static int spawn_proxy(const char *restore_image)
 {
     char dir[sizeof G.sock - 32];
     if (private_dir(dir, sizeof dir) != 0)
@@ -166,7 +179,8 @@ static int spawn_proxy(void)
         py = NVP_DEFAULT_PYTHON;
     char owner[32];
     snprintf(owner, sizeof owner, "%d", (int)getpid());
-    const char *argv[] = {py, "-m", "nvproxy", "proxy", "--socket", G.sock, "--owner-pid", owner, NULL};
+    const char *argv[] = {py, "-m", "nvproxy", "proxy", "--socket", G.sock, "--owner-pid", owner,
+                          restore_image ? "--restore" : NULL, restore_image, NULL};
 
     /* environment without the shim, built before fork (no malloc in the child) */
     extern char **environ;
@@ -338,7 +352,7 @@ static int open_channel_locked_init(void)
         const char *pp = getenv("NVPROXY_PROXY_PID");
         G.proxy_pid = pp ? atoi(pp) : 0;
     } else {
-        if (spawn_proxy() != 0) {
+        if (spawn_proxy(NULL) != 0) {
             nvp_log("nvproxy: could not start a proxy (%s)", strerror(errno));
             return -1;
         }
@@ -401,16 +415,29 @@ int nvp_open_channel(int kind, struct nvp_rep *rep_out)
     return fd;
 }
 
+static void drop_staging(void)
+{
+    if (T.stg.base)
+        munmap(T.stg.base, (size_t)T.stg.slot_size * (size_t)T.stg.nslots);
+    T.stg.base = NULL;
+}
+
 cudaError_t nvp_connect(void)
 {
-    if (T.fd >= 0)
+    if (T.fd >= 0 && T.gen == atomic_load(&G.generation))
         return cudaSuccess;
+    if (T.fd >= 0) { /* a new proxy replaced the one this channel went to */
+        close(T.fd);
+        T.fd = -1;
+        drop_staging();
+    }
     if (G.state == ST_DEAD)
         return cudaErrorDevicesUnavailable;
     int fd = nvp_open_channel(NVP_CHAN_CALL, NULL);
     if (fd < 0)
         return mark_dead("no connection");
     T.fd = fd;
+    T.gen = atomic_load(&G.generation);
     pthread_setspecific(G.key, &T);
     if (T.dev != 0) {
         uint64_t a[NVP_MAX_ARGS] = {(uint64_t)T.dev, ~0ull};
@@ -478,16 +505,89 @@ static cudaError_t recv_reply(struct nvp_reply *r)
     return (cudaError_t)r->h.err;
 }
 
+/* ---- recovery (NVPROXY_RECOVER=image): a new proxy from the last image ---- */
+
+static void reshare(const struct nvp_host_region *h, void *arg)
+{
+    int *failed = arg;
+    uint64_t a[NVP_MAX_ARGS] = {h->base, h->size, h->flags};
+    struct nvp_req q = {.len = sizeof q, .op = NVP_OP_HOST_REGISTER, .flags = NVP_F_REPLY};
+    memcpy(q.a, a, sizeof q.a);
+    q.seq = atomic_fetch_add(&G.seq, 1) + 1;
+    struct iovec iov = {&q, sizeof q};
+    struct nvp_rep rep;
+    if (write_all(T.fd, &iov, 1, h->fd) != 0 || read_all(T.fd, &rep, sizeof rep) != 0 || rep.err)
+        *failed = 1;
+}
+
+static int recover(int seen_gen)
+{
+    const char *image = getenv("NVPROXY_RECOVER");
+    if (!image || !*image)
+        return 0;
+    pthread_mutex_lock(&G.lock);
+    if (atomic_load(&G.generation) != seen_gen) { /* another thread recovered already */
+        pthread_mutex_unlock(&G.lock);
+        return 1;
+    }
+    nvp_log("nvproxy: the proxy is gone; starting a new one from %s. GPU work and CUDA objects created after "
+            "that image are lost unless the application redoes them",
+            image);
+    int ok = spawn_proxy(image) == 0;
+    int fd = -1;
+    for (int i = 0; ok && i < 12000 && fd < 0; i++) { /* restoring the image can take a while */
+        fd = try_connect(G.sock);
+        if (fd >= 0)
+            break;
+        if (kill(G.proxy_pid, 0) != 0 && errno == ESRCH)
+            ok = 0;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    struct nvp_rep rep;
+    if (!ok || fd < 0 || hello(fd, NVP_CHAN_CALL, &rep) != 0) {
+        if (fd >= 0)
+            close(fd);
+        G.state = ST_DEAD;
+        pthread_mutex_unlock(&G.lock);
+        nvp_log("nvproxy: recovery from %s failed; every CUDA call now fails with cudaErrorDevicesUnavailable",
+                image);
+        return 0;
+    }
+    atomic_store(&G.seq, 0);
+    atomic_fetch_add(&G.generation, 1);
+    drop_staging();
+    T.fd = fd;
+    T.gen = atomic_load(&G.generation);
+    int failed = 0;
+    nvp_host_foreach(reshare, &failed); /* pinned memory, at its addresses */
+    nvp_registry_reset();               /* modules loaded after the image are sent again */
+    if (T.dev != 0) {
+        uint64_t a[NVP_MAX_ARGS] = {(uint64_t)T.dev, ~0ull};
+        send_req(NVP_OP_SET_DEVICE, 0, a, NULL, 0, NULL, 0, -1);
+    }
+    pthread_mutex_unlock(&G.lock);
+    if (failed)
+        nvp_log("nvproxy: some pinned host memory could not be shared with the new proxy");
+    return 1;
+}
+
 cudaError_t nvp_callv(uint16_t op, const uint64_t a[NVP_MAX_ARGS], const void *p1, size_t l1, const void *p2,
                       size_t l2, struct nvp_reply *reply, int fd)
 {
-    cudaError_t e = nvp_connect();
-    if (e)
+    for (int attempt = 0;; attempt++) {
+        int gen = T.fd >= 0 ? T.gen : atomic_load(&G.generation);
+        T.broken = 0;
+        cudaError_t e = nvp_connect();
+        if (!e) {
+            e = send_req(op, reply ? NVP_F_REPLY : 0, a, p1, l1, p2, l2, fd);
+            if (!e && reply)
+                e = recv_reply(reply);
+        }
+        if (T.broken && attempt == 0 && recover(gen))
+            continue; /* once more, to the new proxy */
         return e;
-    e = send_req(op, reply ? NVP_F_REPLY : 0, a, p1, l1, p2, l2, fd);
-    if (e || !reply)
-        return e;
-    return recv_reply(reply);
+    }
 }
 
 cudaError_t nvp_call(uint16_t op, const uint64_t a[NVP_MAX_ARGS], const void *payload, size_t plen,
@@ -507,6 +607,7 @@ cudaError_t nvp_send_pending(uint16_t op, const uint64_t a[NVP_MAX_ARGS])
 cudaError_t nvp_wait_pending(struct nvp_reply *reply) { return recv_reply(reply); }
 
 int nvp_device_count(void) { return nvp_connect() ? 0 : G.ndev; }
+int nvp_generation(void) { return atomic_load(&G.generation); }
 int nvp_driver_version(void) { return nvp_connect() ? 0 : G.driver_version; }
 int nvp_backend_is_sim(void) { return G.backend == 1; }
 int nvp_current_device(void) { return T.dev; }

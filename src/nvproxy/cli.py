@@ -22,8 +22,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not argv:
         print("nvproxy run: no command given", file=sys.stderr)
         return 2
-    sock, pid = spawn_proxy(os.getpid(), proxy_env(args.backend, args.sim_kernels))
-    exec_app(argv, sock, pid)
+    env = proxy_env(args.backend, args.sim_kernels)
+    sock, pid = spawn_proxy(os.getpid(), env)
+    exec_app(argv, sock, pid, env)
     return 127
 
 
@@ -56,6 +57,18 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         server = _adopt(args, backend, dispatch)
         if server is None:
             return 1
+    elif args.restore:  # the application lost its proxy and wants this image back (NVPROXY_RECOVER)
+        from .checkpoint.image import ImageError
+        from .checkpoint.restore import restore_image
+
+        try:
+            stats = restore_image(dispatch.state, args.restore, None)
+        except (ImageError, OSError) as e:
+            print(f"nvproxy: cannot recover from {args.restore}: {e}", file=sys.stderr)
+            return 1
+        print(f"nvproxy: restored {stats['device_bytes'] >> 20} MiB from {args.restore} in {stats['seconds']:.2f} s",
+              file=sys.stderr)
+        server = Server(args.socket, args.owner_pid, backend, dispatch)
     else:
         server = Server(args.socket, args.owner_pid, backend, dispatch)
     dispatch.server = server
@@ -227,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", choices=("gpu", "sim"))
     p.add_argument("--adopt", help="control socket of a proxy to take over from (nvproxy migrate)")
     p.add_argument("--image", help="where the proxy being taken over writes its image")
+    p.add_argument("--restore", help="start from this checkpoint image (NVPROXY_RECOVER)")
     p.set_defaults(fn=cmd_proxy)
     c = sub.add_parser("checkpoint", help="write a checkpoint image of a running application's GPU state")
     c.add_argument("pid", type=int)

@@ -83,9 +83,12 @@ def spawn_proxy(owner_pid: int, env: dict[str, str], extra: list[str] = (), sock
     return sock, pid
 
 
-def exec_app(argv: list[str], sock: str, proxy_pid: int) -> None:
-    """Become the application (same pid, which the proxy serves)."""
+def exec_app(argv: list[str], sock: str, proxy_pid: int, proxy_settings: dict[str, str]) -> None:
+    """Become the application (same pid, which the proxy serves).  proxy_settings
+    (backend, sim kernels) go into its environment too: a proxy the shim starts
+    later (for a forked child, or to recover) runs like this one."""
     env = dict(os.environ)
+    env.update({k: v for k, v in proxy_settings.items() if k in ("NVPROXY_BACKEND", "NVPROXY_SIM_KERNELS")})
     pre = env.get("LD_PRELOAD", "")
     env["LD_PRELOAD"] = f"{shim_path()}:{pre}" if pre else str(shim_path())
     env["NVPROXY_SOCKET"] = sock

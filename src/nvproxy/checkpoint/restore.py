@@ -18,7 +18,9 @@ from .dump import PROGRESS_OVER, _progress
 from .image import ImageError, checksum, read_header
 
 
-def restore_image(state: ProcessState, path: str, host_fds: dict[int, int]) -> dict[str, Any]:
+def restore_image(state: ProcessState, path: str, host_fds: dict[int, int] | None) -> dict[str, Any]:
+    """host_fds: the pinned-memory memfds by address; None when the application
+    will share them again itself (recovery after the proxy died)."""
     t0 = time.monotonic()
     fd, h = read_header(path)
     try:
@@ -79,7 +81,7 @@ def _replay(state: ProcessState, fd: int, h: dict[str, Any], host_fds: dict[int,
     for w, dev, flags in h["events"]:
         state.events[w] = (dev, be.event_create(dev, flags))
         state.event_flags[w] = flags
-    for addr, size in h["host"]:
+    for addr, size in h["host"] if host_fds is not None else []:
         hfd = host_fds.get(addr)
         if hfd is None:
             raise ImageError(f"pinned host memory at {addr:#x} was not handed over")

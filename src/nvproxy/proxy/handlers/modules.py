@@ -15,6 +15,8 @@ def _name(payload: bytes) -> str:
 
 
 def MODULE_LOAD(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    if p.state.images.get(a[0]) == payload and a[0] in p.state.device(ch.dev).modules:
+        return  # already here (restored from an image): keep its variables' contents
     p.state.images[a[0]] = payload
     p.state.device(ch.dev).modules.pop(a[0], None)
     p.state.module(ch.dev, a[0])  # load now, so that a bad image fails here
