@@ -74,13 +74,10 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     dispatch.server = server
     try:
         server.serve()
-    except BaseException as e:
+    except Exception as e:
         import traceback
 
         traceback.print_exc()
-        if os.environ.get("NVPROXY_DEBUG"):
-            with open(f"/tmp/nvproxy-debug-{os.getpid()}", "w") as f:
-                traceback.print_exc(file=f)
         raise SystemExit(f"nvproxy: proxy failed: {e!r}") from None
     os._exit(0)  # driver threads must not keep a proxy alive without its application
 

@@ -227,11 +227,6 @@ class Server:
         self.running = False
 
     def _drop(self, ch: Channel) -> None:
-        if os.environ.get("NVPROXY_DEBUG"):
-            import traceback
-
-            print(f"nvproxy: dropping channel of thread {ch.tid}", file=sys.stderr)
-            traceback.print_stack()
         self.channels.discard(ch)
         try:
             self.sel.unregister(ch.sock)
