@@ -50,7 +50,7 @@ shim = Extension(
     include_dirs=["native/include", "native/shim", cuda_include()],
     define_macros=[("NVP_DEFAULT_PYTHON", '"%s"' % sys.executable)],
     extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra", "-fvisibility=hidden"],
-    libraries=["pthread"],
+    libraries=["pthread", "dl"],
 )
 
 setup(ext_modules=[shim], cmdclass={"build_ext": BuildShim})

@@ -372,8 +372,20 @@ static cudaError_t staged_d2h(char *dst, uint64_t src, size_t n, int64_t stream)
     return first;
 }
 
+static cudaError_t memcpy_impl(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, int64_t stream,
+                               int is_async);
+
 cudaError_t nvp_memcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, int64_t stream,
                        int is_async)
+{
+    nvp_ckpt_disable(); /* a staged copy has several requests in flight */
+    cudaError_t e = memcpy_impl(dst, src, n, kind, stream, is_async);
+    nvp_ckpt_enable();
+    return e;
+}
+
+static cudaError_t memcpy_impl(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, int64_t stream,
+                               int is_async)
 {
     cudaError_t e = enter();
     if (e)

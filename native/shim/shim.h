@@ -90,8 +90,8 @@ struct nvp_host_region {
     int fd; /* the memfd, kept: a proxy started after a failure maps it again */
 };
 void nvp_host_add(const struct nvp_host_region *r);
-/* Call fn for every shared host region (under the table's lock). */
-void nvp_host_foreach(void (*fn)(const struct nvp_host_region *r, void *arg), void *arg);
+/* Call fn for every shared host region (under the table's lock; fn may change fd). */
+void nvp_host_foreach(void (*fn)(struct nvp_host_region *r, void *arg), void *arg);
 int nvp_host_remove(uint64_t user, struct nvp_host_region *out);
 /* Is [p, p+n) inside memory the proxy can address (pinned/registered)? */
 int nvp_host_shared(uint64_t p, uint64_t n, struct nvp_host_region *out);
@@ -119,6 +119,7 @@ uint32_t nvp_handle_id(uint64_t handle);
 int64_t nvp_stream_wire(cudaStream_t s, int per_thread_default);
 /* The callback thread, started on first use. */
 cudaError_t nvp_callbacks_start(void);
+void nvp_callbacks_close(void);
 
 /* ---- device.c ---- */
 const struct nvp_device_info *nvp_device_info(int dev);
@@ -127,6 +128,16 @@ const struct nvp_device_info *nvp_device_info(int dev);
 cudaError_t nvp_var_resolve(const void *symbol, uint64_t *addr, size_t *size);
 cudaError_t nvp_launch(const void *func, dim3 grid, dim3 block, void **args, size_t shmem,
                        cudaStream_t stream, int per_thread, unsigned flags);
+
+/* ---- dmtcp.c / transport.c: checkpointing under DMTCP ---- */
+void nvp_ckpt_disable(void); /* no checkpoint while a call is half done */
+void nvp_ckpt_enable(void);
+int nvp_under_dmtcp(void);
+pid_t nvp_real_pid(void);          /* not DMTCP's virtual pid: what the proxy sees */
+const char *nvp_control_path(void); /* the proxy's control socket, NULL before the first call */
+void nvp_disconnect_all(void);      /* close every channel (before a checkpoint) */
+void nvp_reconnect_same_proxy(void);
+int nvp_restore_from(const char *image); /* a new proxy from an image (after a restart) */
 
 /* ---- launch.c: after a recovery the new proxy must be told modules again ---- */
 void nvp_registry_reset(void);

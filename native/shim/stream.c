@@ -4,6 +4,7 @@
 #include "shim.h"
 
 #include <errno.h>
+#include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -276,6 +277,16 @@ static void *callback_thread(void *arg)
     }
     close(fd);
     return NULL;
+}
+
+void nvp_callbacks_close(void)
+{
+    /* before a checkpoint: the thread, frozen in read(), finds the socket gone
+     * when it resumes and ends; the next host function starts a new one */
+    if (CB.fd >= 0)
+        shutdown(CB.fd, SHUT_RDWR);
+    CB.fd = -1;
+    CB.started = 0;
 }
 
 cudaError_t nvp_callbacks_start(void)

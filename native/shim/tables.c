@@ -134,7 +134,7 @@ int nvp_host_remove(uint64_t user, struct nvp_host_region *out)
     return 0;
 }
 
-void nvp_host_foreach(void (*fn)(const struct nvp_host_region *r, void *arg), void *arg)
+void nvp_host_foreach(void (*fn)(struct nvp_host_region *r, void *arg), void *arg)
 {
     pthread_mutex_lock(&hosts.lock);
     for (size_t i = 0; i < hosts.n; i++)

@@ -30,7 +30,7 @@
 #define NVP_LIVENESS_MS 250
 #define NVP_SPIN_NS 50000
 
-enum { ST_INIT = 0, ST_READY = 1, ST_DEAD = 2 };
+enum { ST_INIT = 0, ST_READY = 1, ST_DEAD = 2, ST_PAUSED = 3 /* checkpoint under way */ };
 
 static struct {
     pthread_mutex_t lock;
@@ -50,8 +50,20 @@ struct nvp_thread {
     int gen;
     int broken; /* the last call failed in transport, not in CUDA */
     struct nvp_staging stg;
+    struct nvp_thread *next; /* all threads with a channel, for a checkpoint to close */
 };
 static __thread struct nvp_thread T = {.fd = -1, .dev = 0};
+static struct nvp_thread *threads; /* under G.lock */
+
+extern pid_t dmtcp_virtual_to_real_pid(pid_t virtual_pid) __attribute__((weak));
+
+/* DMTCP gives the application virtual pids (and wraps even syscall(SYS_getpid));
+ * the proxy, outside DMTCP, knows the real one. */
+pid_t nvp_real_pid(void)
+{
+    pid_t p = getpid();
+    return dmtcp_virtual_to_real_pid ? dmtcp_virtual_to_real_pid(p) : p;
+}
 
 static int spawn_proxy(const char *restore_image);
 static pthread_once_t key_once = PTHREAD_ONCE_INIT;
@@ -78,6 +90,13 @@ int nvp_trace_enabled(void) { return G.trace; }
 static void thread_exit(void *arg)
 {
     (void)arg;
+    pthread_mutex_lock(&G.lock);
+    for (struct nvp_thread **p = &threads; *p; p = &(*p)->next)
+        if (*p == &T) {
+            *p = T.next;
+            break;
+        }
+    pthread_mutex_unlock(&G.lock);
     if (T.fd >= 0)
         close(T.fd);
     T.fd = -1;
@@ -92,6 +111,7 @@ static void after_fork_child(void)
      * proxy of its own on its first CUDA call. */
     pthread_mutex_init(&G.lock, NULL);
     G.state = ST_INIT;
+    threads = NULL;
     atomic_store(&G.seq, 0); /* the new proxy expects the sequence from 1 */
     if (T.fd >= 0)
         close(T.fd);
@@ -170,7 +190,7 @@ static int spawn_proxy(const char *restore_image)
     char dir[sizeof G.sock - 32];
     if (private_dir(dir, sizeof dir) != 0)
         return -1;
-    snprintf(G.sock, sizeof G.sock, "%s/p%d-%lx.sock", dir, (int)getpid(),
+    snprintf(G.sock, sizeof G.sock, "%s/p%d-%lx.sock", dir, (int)nvp_real_pid(),
              (unsigned long)time(NULL));
     unlink(G.sock);
 
@@ -178,9 +198,14 @@ static int spawn_proxy(const char *restore_image)
     if (!py || !*py)
         py = NVP_DEFAULT_PYTHON;
     char owner[32];
-    snprintf(owner, sizeof owner, "%d", (int)getpid());
-    const char *argv[] = {py, "-m", "nvproxy", "proxy", "--socket", G.sock, "--owner-pid", owner,
+    snprintf(owner, sizeof owner, "%d", (int)nvp_real_pid());
+    const char *args[] = {py, "-m", "nvproxy", "proxy", "--socket", G.sock, "--owner-pid", owner,
                           restore_image ? "--restore" : NULL, restore_image, NULL};
+    /* under DMTCP the proxy must stay outside the checkpointed computation */
+    const char *nockpt = getenv("NVPROXY_DMTCP_NOCHECKPOINT");
+    const char *with_dmtcp[sizeof args / sizeof *args + 1] = {nockpt && *nockpt ? nockpt : "dmtcp_nocheckpoint"};
+    memcpy(with_dmtcp + 1, args, sizeof args);
+    const char **argv = nvp_under_dmtcp() ? with_dmtcp : args;
 
     /* environment without the shim, built before fork (no malloc in the child) */
     extern char **environ;
@@ -209,10 +234,10 @@ static int spawn_proxy(const char *restore_image)
         if (fork() != 0)
             _exit(0);
         setsid();
-        pid_t me = getpid();
+        pid_t me = nvp_real_pid();
         ssize_t w = write(pfd[1], &me, sizeof me);
         (void)w;
-        execvpe(py, (char *const *)argv, envp);
+        execvpe(argv[0], (char *const *)argv, envp);
         _exit(127);
     }
     free(envp);
@@ -322,7 +347,7 @@ static int read_all(int fd, void *buf, size_t n)
 static int hello(int fd, int kind, struct nvp_rep *rep)
 {
     struct nvp_req h = {.len = sizeof h, .op = NVP_OP_HELLO, .flags = NVP_F_REPLY, .seq = 0};
-    h.a[0] = (uint64_t)getpid();
+    h.a[0] = (uint64_t)nvp_real_pid();
     h.a[1] = (uint64_t)syscall(SYS_gettid);
     h.a[2] = NVP_PROTO_VERSION;
     h.a[3] = (uint64_t)kind;
@@ -342,7 +367,7 @@ static int open_channel_locked_init(void)
     const char *env = getenv("NVPROXY_SOCKET");
     const char *owner = getenv("NVPROXY_OWNER_PID");
     int fd = -1;
-    if (env && *env && owner && atoi(owner) == (int)getpid()) {
+    if (env && *env && owner && atoi(owner) == (int)nvp_real_pid()) {
         snprintf(G.sock, sizeof G.sock, "%s", env);
         fd = try_connect(G.sock);
         if (fd < 0) {
@@ -379,6 +404,12 @@ int nvp_open_channel(int kind, struct nvp_rep *rep_out)
 {
     pthread_once(&key_once, make_key);
     pthread_mutex_lock(&G.lock);
+    for (int i = 0; G.state == ST_PAUSED && i < 120000; i++) { /* a checkpoint or restart is under way */
+        pthread_mutex_unlock(&G.lock);
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&G.lock);
+    }
     if (G.state == ST_DEAD) {
         pthread_mutex_unlock(&G.lock);
         return -1;
@@ -439,6 +470,15 @@ cudaError_t nvp_connect(void)
     T.fd = fd;
     T.gen = atomic_load(&G.generation);
     pthread_setspecific(G.key, &T);
+    pthread_mutex_lock(&G.lock);
+    int known = 0;
+    for (struct nvp_thread *t = threads; t; t = t->next)
+        known |= t == &T;
+    if (!known) {
+        T.next = threads;
+        threads = &T;
+    }
+    pthread_mutex_unlock(&G.lock);
     if (T.dev != 0) {
         uint64_t a[NVP_MAX_ARGS] = {(uint64_t)T.dev, ~0ull};
         return nvp_call(NVP_OP_SET_DEVICE, a, NULL, 0, NULL, -1);
@@ -507,7 +547,7 @@ static cudaError_t recv_reply(struct nvp_reply *r)
 
 /* ---- recovery (NVPROXY_RECOVER=image): a new proxy from the last image ---- */
 
-static void reshare(const struct nvp_host_region *h, void *arg)
+static void reshare(struct nvp_host_region *h, void *arg)
 {
     int *failed = arg;
     uint64_t a[NVP_MAX_ARGS] = {h->base, h->size, h->flags};
@@ -516,23 +556,49 @@ static void reshare(const struct nvp_host_region *h, void *arg)
     q.seq = atomic_fetch_add(&G.seq, 1) + 1;
     struct iovec iov = {&q, sizeof q};
     struct nvp_rep rep;
-    if (write_all(T.fd, &iov, 1, h->fd) != 0 || read_all(T.fd, &rep, sizeof rep) != 0 || rep.err)
+    if (write_all(T.fd, &iov, 1, h->fd) != 0) {
+        nvp_log("nvproxy: sharing pinned memory at %#llx with the new proxy failed: %s",
+                (unsigned long long)h->base, strerror(errno));
         *failed = 1;
+    } else if (read_all(T.fd, &rep, sizeof rep) != 0 || rep.err) {
+        nvp_log("nvproxy: the new proxy could not map pinned memory at %#llx (error %d)", (unsigned long long)h->base,
+                rep.err);
+        *failed = 1;
+    }
 }
 
-static int recover(int seen_gen)
+/* After a restart the memfds behind pinned memory may not be what they were:
+ * put the (restored) contents into fresh ones, at the same addresses. */
+static void remake_memfd(struct nvp_host_region *h, void *arg)
 {
-    const char *image = getenv("NVPROXY_RECOVER");
-    if (!image || !*image)
-        return 0;
-    pthread_mutex_lock(&G.lock);
-    if (atomic_load(&G.generation) != seen_gen) { /* another thread recovered already */
-        pthread_mutex_unlock(&G.lock);
-        return 1;
-    }
-    nvp_log("nvproxy: the proxy is gone; starting a new one from %s. GPU work and CUDA objects created after "
-            "that image are lost unless the application redoes them",
-            image);
+    (void)arg;
+    int fd = memfd_create("nvproxy-pinned", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)h->size) != 0)
+        goto fail;
+    void *tmp = mmap(NULL, h->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (tmp == MAP_FAILED)
+        goto fail;
+    memcpy(tmp, (void *)(uintptr_t)h->base, h->size);
+    void *p = mmap((void *)(uintptr_t)h->base, h->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+    munmap(tmp, h->size);
+    if (p == MAP_FAILED)
+        goto fail;
+    if (h->fd >= 0 && h->fd != fd)
+        close(h->fd);
+    h->fd = fd;
+    if (nvp_trace_enabled())
+        nvp_log("nvproxy: pinned memory at %#llx now in memfd %d", (unsigned long long)h->base, fd);
+    return;
+fail:
+    if (fd >= 0)
+        close(fd);
+    nvp_log("nvproxy: pinned memory at %#llx could not be made shareable again", (unsigned long long)h->base);
+}
+
+/* Start a new proxy from image and make this thread's channel go to it.
+ * Called with G.lock held. */
+static int replace_proxy(const char *image, int fresh_memfds)
+{
     int ok = spawn_proxy(image) == 0;
     int fd = -1;
     for (int i = 0; ok && i < 12000 && fd < 0; i++) { /* restoring the image can take a while */
@@ -549,32 +615,104 @@ static int recover(int seen_gen)
         if (fd >= 0)
             close(fd);
         G.state = ST_DEAD;
-        pthread_mutex_unlock(&G.lock);
-        nvp_log("nvproxy: recovery from %s failed; every CUDA call now fails with cudaErrorDevicesUnavailable",
-                image);
+        nvp_log("nvproxy: no new proxy from %s; every CUDA call now fails with cudaErrorDevicesUnavailable", image);
         return 0;
     }
+    G.proxy_pid = (pid_t)rep.r[2];
+    G.state = ST_READY;
     atomic_store(&G.seq, 0);
     atomic_fetch_add(&G.generation, 1);
     drop_staging();
+    if (T.fd >= 0)
+        close(T.fd);
     T.fd = fd;
     T.gen = atomic_load(&G.generation);
     int failed = 0;
+    if (fresh_memfds)
+        nvp_host_foreach(remake_memfd, NULL);
     nvp_host_foreach(reshare, &failed); /* pinned memory, at its addresses */
     nvp_registry_reset();               /* modules loaded after the image are sent again */
     if (T.dev != 0) {
         uint64_t a[NVP_MAX_ARGS] = {(uint64_t)T.dev, ~0ull};
         send_req(NVP_OP_SET_DEVICE, 0, a, NULL, 0, NULL, 0, -1);
     }
-    pthread_mutex_unlock(&G.lock);
     if (failed)
         nvp_log("nvproxy: some pinned host memory could not be shared with the new proxy");
     return 1;
 }
 
+static int recover(int seen_gen)
+{
+    const char *image = getenv("NVPROXY_RECOVER");
+    if (!image || !*image)
+        return 0;
+    pthread_mutex_lock(&G.lock);
+    if (atomic_load(&G.generation) != seen_gen) { /* another thread recovered already */
+        pthread_mutex_unlock(&G.lock);
+        return 1;
+    }
+    nvp_log("nvproxy: the proxy is gone; starting a new one from %s. GPU work and CUDA objects created after "
+            "that image are lost unless the application redoes them",
+            image);
+    int ok = replace_proxy(image, 0);
+    pthread_mutex_unlock(&G.lock);
+    return ok;
+}
+
+/* ---- DMTCP (dmtcp.c decides when) ---- */
+
+const char *nvp_control_path(void)
+{
+    static char path[sizeof G.sock + 32];
+    if (G.state != ST_READY || G.proxy_pid <= 0)
+        return NULL;
+    snprintf(path, sizeof path, "%s.%d.ctl", G.sock, (int)G.proxy_pid);
+    return path;
+}
+
+void nvp_disconnect_all(void)
+{
+    /* application threads are frozen, none inside a call (nvp_callv holds the
+     * checkpoint off); their channels are closed under them */
+    pthread_mutex_lock(&G.lock);
+    for (struct nvp_thread *t = threads; t; t = t->next) {
+        if (t->fd >= 0)
+            close(t->fd);
+        t->fd = -1;
+        if (t->stg.base)
+            munmap(t->stg.base, (size_t)t->stg.slot_size * (size_t)t->stg.nslots);
+        t->stg.base = NULL;
+    }
+    threads = NULL;
+    nvp_callbacks_close();
+    if (G.state == ST_READY)
+        G.state = ST_PAUSED;
+    atomic_fetch_add(&G.generation, 1); /* the callback thread starts again on next use */
+    pthread_mutex_unlock(&G.lock);
+}
+
+void nvp_reconnect_same_proxy(void)
+{
+    pthread_mutex_lock(&G.lock);
+    if (G.state == ST_PAUSED)
+        G.state = ST_READY;
+    pthread_mutex_unlock(&G.lock);
+}
+
+int nvp_restore_from(const char *image)
+{
+    pthread_mutex_lock(&G.lock);
+    nvp_log("nvproxy: restarted; restoring the GPU state from %s", image);
+    int ok = replace_proxy(image, 1);
+    pthread_mutex_unlock(&G.lock);
+    return ok ? 0 : -1;
+}
+
 cudaError_t nvp_callv(uint16_t op, const uint64_t a[NVP_MAX_ARGS], const void *p1, size_t l1, const void *p2,
                       size_t l2, struct nvp_reply *reply, int fd)
 {
+    nvp_ckpt_disable();
+    cudaError_t out = cudaSuccess;
     for (int attempt = 0;; attempt++) {
         int gen = T.fd >= 0 ? T.gen : atomic_load(&G.generation);
         T.broken = 0;
@@ -586,8 +724,11 @@ cudaError_t nvp_callv(uint16_t op, const uint64_t a[NVP_MAX_ARGS], const void *p
         }
         if (T.broken && attempt == 0 && recover(gen))
             continue; /* once more, to the new proxy */
-        return e;
+        out = e;
+        break;
     }
+    nvp_ckpt_enable();
+    return out;
 }
 
 cudaError_t nvp_call(uint16_t op, const uint64_t a[NVP_MAX_ARGS], const void *payload, size_t plen,

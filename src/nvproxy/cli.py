@@ -24,7 +24,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     env = proxy_env(args.backend, args.sim_kernels)
     sock, pid = spawn_proxy(os.getpid(), env)
-    exec_app(argv, sock, pid, env)
+    exec_app(argv, sock, pid, env, args.dmtcp_args.split() if args.dmtcp or args.dmtcp_args else None)
     return 127
 
 
@@ -229,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="run a CUDA program through nvproxy")
     r.add_argument("--backend", choices=("gpu", "sim"), help="default: gpu if usable, else sim")
     r.add_argument("--sim-kernels", action="append", default=[], help="Python kernels for the sim backend")
+    r.add_argument("--dmtcp", action="store_true", help="run under dmtcp_launch with nvproxy as a DMTCP plugin")
+    r.add_argument("--dmtcp-args", default="", help="options for dmtcp_launch, e.g. '--coord-port 7779 --no-gzip'")
     r.add_argument("command", nargs=argparse.REMAINDER)
     r.set_defaults(fn=cmd_run)
     p = sub.add_parser("proxy", help="the proxy daemon (started for you by run or the shim)")

@@ -4,6 +4,7 @@ process that knows its application's pid, and the environment the shim reads."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -83,14 +84,31 @@ def spawn_proxy(owner_pid: int, env: dict[str, str], extra: list[str] = (), sock
     return sock, pid
 
 
-def exec_app(argv: list[str], sock: str, proxy_pid: int, proxy_settings: dict[str, str]) -> None:
+def dmtcp_tool(name: str) -> str:
+    """Path of a DMTCP command: $NVPROXY_DMTCP_DIR/bin, else PATH."""
+    base = os.environ.get("NVPROXY_DMTCP_DIR")
+    if base and (Path(base) / "bin" / name).exists():
+        return str(Path(base) / "bin" / name)
+    found = shutil.which(name)
+    if not found:
+        raise SystemExit(f"nvproxy: {name} not found (install DMTCP, or set NVPROXY_DMTCP_DIR)")
+    return found
+
+
+def exec_app(argv: list[str], sock: str, proxy_pid: int, proxy_settings: dict[str, str],
+             dmtcp_args: list[str] | None = None) -> None:
     """Become the application (same pid, which the proxy serves).  proxy_settings
     (backend, sim kernels) go into its environment too: a proxy the shim starts
     later (for a forked child, or to recover) runs like this one."""
     env = dict(os.environ)
     env.update({k: v for k, v in proxy_settings.items() if k in ("NVPROXY_BACKEND", "NVPROXY_SIM_KERNELS")})
-    pre = env.get("LD_PRELOAD", "")
-    env["LD_PRELOAD"] = f"{shim_path()}:{pre}" if pre else str(shim_path())
+    if dmtcp_args is not None:
+        # under DMTCP the shim is a plugin (loaded after DMTCP's own libraries), not an LD_PRELOAD
+        env["NVPROXY_DMTCP_NOCHECKPOINT"] = dmtcp_tool("dmtcp_nocheckpoint")
+        argv = [dmtcp_tool("dmtcp_launch"), *dmtcp_args, "--with-plugin", str(shim_path()), *argv]
+    else:
+        pre = env.get("LD_PRELOAD", "")
+        env["LD_PRELOAD"] = f"{shim_path()}:{pre}" if pre else str(shim_path())
     env["NVPROXY_SOCKET"] = sock
     env["NVPROXY_OWNER_PID"] = str(os.getpid())
     env["NVPROXY_PROXY_PID"] = str(proxy_pid)

@@ -1,0 +1,143 @@
+/* The DMTCP plugin: the same libnvproxy.so, loaded with
+ * `dmtcp_launch --with-plugin`.  Without DMTCP nothing here runs.
+ *
+ *   PRECHECKPOINT  the proxy writes an image of the GPU state into DMTCP's
+ *                  checkpoint directory; the shim closes its sockets (sockets to
+ *                  a process outside DMTCP do not survive a restart)
+ *   RESUME         threads reconnect to the same proxy on their next call
+ *   RESTART        remember to bring the GPU state back ...
+ *   RUNNING        ... here, where starting a process is safe: a new proxy
+ *                  (outside DMTCP, through dmtcp_nocheckpoint) restores the image
+ *
+ * DMTCP's plugin interface (API version 3, DMTCP 4.2) is declared here rather
+ * than included, so the shim builds where DMTCP is not installed. */
+#include "shim.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+enum { EV_PRECHECKPOINT = 16, EV_RESUME = 17, EV_RESTART = 18, EV_RUNNING = 19 };
+
+struct dmtcp_descriptor {
+    const char *api_version, *dmtcp_version, *name, *author, *email, *description;
+    void (*hook)(int event, void *data);
+};
+
+extern void dmtcp_register_plugin(struct dmtcp_descriptor) __attribute__((weak));
+extern const char *dmtcp_get_ckpt_dir(void) __attribute__((weak));
+extern int dmtcp_plugin_disable_ckpt(void) __attribute__((weak));
+extern void dmtcp_plugin_enable_ckpt(void) __attribute__((weak));
+extern void *dmtcp_dlsym(void *handle, const char *symbol) __attribute__((weak));
+
+/* in application memory, so that DMTCP saves it: where the image went */
+static char image_path[4096];
+static int restarted;
+
+void nvp_ckpt_disable(void)
+{
+    if (dmtcp_plugin_disable_ckpt)
+        dmtcp_plugin_disable_ckpt();
+}
+
+void nvp_ckpt_enable(void)
+{
+    if (dmtcp_plugin_enable_ckpt)
+        dmtcp_plugin_enable_ckpt();
+}
+
+int nvp_under_dmtcp(void) { return dmtcp_register_plugin != NULL; }
+
+/* One request on the proxy's control socket (the format of proxy/control.py):
+ * u32 JSON length, u64 blob length, u32 fd batches, then the JSON. */
+static int control_checkpoint(const char *ctl, const char *image)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", ctl);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        close(fd);
+        return -1;
+    }
+    char json[4400];
+    int n = snprintf(json, sizeof json, "{\"cmd\": \"checkpoint\", \"image\": \"%s\"}", image);
+    unsigned char head[16];
+    uint32_t jl = (uint32_t)n, batches = 1;
+    uint64_t bl = 0;
+    memcpy(head, &jl, 4);
+    memcpy(head + 4, &bl, 8);
+    memcpy(head + 12, &batches, 4);
+    int ok = write(fd, head, sizeof head) == (ssize_t)sizeof head && write(fd, json, (size_t)n) == n;
+    /* the reply: same framing; only "ok": true matters */
+    char rep[4096];
+    size_t got = 0;
+    while (ok && got < sizeof rep - 1) {
+        ssize_t r = read(fd, rep + got, sizeof rep - 1 - got);
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    rep[got] = 0;
+    close(fd);
+    return ok && got > 16 && strstr(rep + 16, "\"ok\": true") ? 0 : -1;
+}
+
+static void precheckpoint(void)
+{
+    const char *ctl = nvp_control_path();
+    if (!ctl) /* no CUDA call yet: nothing on the GPU */
+        return;
+    const char *dir = dmtcp_get_ckpt_dir ? dmtcp_get_ckpt_dir() : ".";
+    snprintf(image_path, sizeof image_path, "%s/nvproxy-%d.img", dir && *dir ? dir : ".", (int)nvp_real_pid());
+    if (control_checkpoint(ctl, image_path) != 0)
+        nvp_log("nvproxy: the proxy could not write %s; a restart will lose the GPU state", image_path);
+    nvp_disconnect_all();
+}
+
+static void hook(int event, void *data)
+{
+    (void)data;
+    switch (event) {
+    case EV_PRECHECKPOINT:
+        precheckpoint();
+        break;
+    case EV_RESUME:
+        nvp_reconnect_same_proxy();
+        break;
+    case EV_RESTART:
+        restarted = 1;
+        break;
+    case EV_RUNNING:
+        if (restarted) {
+            restarted = 0;
+            if (image_path[0] && nvp_restore_from(image_path) != 0)
+                nvp_log("nvproxy: could not bring the GPU state back from %s", image_path);
+        }
+        break;
+    default: /* every other event is DMTCP's business */
+        break;
+    }
+}
+
+static struct dmtcp_descriptor descriptor = {
+    "3", "4.2.0", "nvproxy", "nvproxy", "", "CUDA through a proxy process: GPU state in and out of checkpoints",
+    hook,
+};
+
+NVP_EXPORT void dmtcp_initialize_plugin(void)
+{
+    if (dmtcp_register_plugin)
+        dmtcp_register_plugin(descriptor);
+    /* the next plugin in the chain; DMTCP's own lookup knows where "next" is */
+    void *sym = dmtcp_dlsym ? dmtcp_dlsym(RTLD_NEXT, "dmtcp_initialize_plugin") : dlsym(RTLD_NEXT, "dmtcp_initialize_plugin");
+    void (*next)(void) = (void (*)(void))sym;
+    if (next)
+        next();
+}
