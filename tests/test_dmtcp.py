@@ -56,23 +56,19 @@ def test_dmtcp_checkpoint_kill_restart(build, backend: str, tmp_path: Path) -> N
                 break
             time.sleep(0.05)
         command = [str(bin_ / "dmtcp_command"), "--coord-port", port]
-        subprocess.run([*command, "-bc"], check=True, env=env, capture_output=True, timeout=60)
-        for _ in range(600):  # -bc does not block in DMTCP 4.2: wait for the image
-            if list(tmp_path.glob("ckpt_*.dmtcp")):
-                status = subprocess.run([*command, "-s"], env=env, capture_output=True, text=True).stdout
-                if "RUNNING=yes" in status:
-                    break
-            time.sleep(0.05)
+        ck = subprocess.run([sys.executable, "-m", "nvproxy", "checkpoint", "--dmtcp", "--coord-port", port],
+                            env=env, capture_output=True, text=True, timeout=300)
+        assert ck.returncode == 0, ck.stderr
+        assert list(tmp_path.glob("ckpt_*.dmtcp")), "DMTCP wrote no image"
         assert list(tmp_path.glob("nvproxy-*.img")), "the plugin wrote no GPU image beside DMTCP's"
         subprocess.run([*command, "-k"], env=env, capture_output=True, timeout=60)
         app.wait(timeout=60)
     finally:
         if app.poll() is None:
             app.kill()
-    images = sorted(tmp_path.glob("ckpt_*.dmtcp"))
     subprocess.run([str(bin_ / "dmtcp_coordinator"), "--daemon", "--exit-on-last", "--coord-port", port,
                     "--ckptdir", str(tmp_path)], env=env, capture_output=True)
-    r = subprocess.run([str(bin_ / "dmtcp_restart"), "--coord-port", port, "--no-strict-checking", *map(str, images)],
+    r = subprocess.run([sys.executable, "-m", "nvproxy", "restart", str(tmp_path), "--coord-port", port],
                        capture_output=True, text=True, env=env, timeout=300)
     after = r.stdout.splitlines(keepends=True)
     assert after, r.stderr

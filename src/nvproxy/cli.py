@@ -119,9 +119,57 @@ def _adopt(args: argparse.Namespace, backend, dispatch):
     return server
 
 
+def _dmtcp_checkpoint(args: argparse.Namespace) -> int:
+    """dmtcp_command -bc, waiting until DMTCP has written its images (-bc does not block in DMTCP 4.2)."""
+    import time
+
+    from .launcher import dmtcp_tool
+
+    cmd = [dmtcp_tool("dmtcp_command"), "--coord-port", str(args.coord_port)]
+    if subprocess.run([*cmd, "-bc"]).returncode != 0:
+        return 1
+    def running() -> bool:
+        status = subprocess.run([*cmd, "-s"], capture_output=True, text=True).stdout
+        return "RUNNING=yes" in status or "NUM_PEERS=0" in status
+
+    # first see the checkpoint start (it may also be over before the first look), then end
+    started_by = time.monotonic() + 2
+    while running() and time.monotonic() < started_by:
+        time.sleep(0.02)
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        if running():
+            print("checkpoint written")
+            return 0
+        time.sleep(0.1)
+    print("nvproxy checkpoint: DMTCP did not finish in time", file=sys.stderr)
+    return 1
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    """dmtcp_restart of the images in a checkpoint directory (nvproxy's GPU image is found by the plugin)."""
+    from .launcher import dmtcp_tool
+
+    images = sorted(str(p) for p in Path(args.dir).glob("ckpt_*.dmtcp"))
+    if not images:
+        print(f"nvproxy restart: no DMTCP images in {args.dir}", file=sys.stderr)
+        return 1
+    cmd = [dmtcp_tool("dmtcp_restart"), "--no-strict-checking"]
+    if args.coord_port:
+        cmd += ["--coord-port", str(args.coord_port)]
+    os.execv(cmd[0], cmd + images)
+    return 127
+
+
 def cmd_checkpoint(args: argparse.Namespace) -> int:
     """Write a checkpoint image of a running application's GPU state; it goes on."""
     import socket
+
+    if args.dmtcp:
+        return _dmtcp_checkpoint(args)
+    if args.pid is None:
+        print("nvproxy checkpoint: give the application's pid (or --dmtcp)", file=sys.stderr)
+        return 2
 
     from .launcher import find_proxy
     from .proxy import control
@@ -242,9 +290,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--restore", help="start from this checkpoint image (NVPROXY_RECOVER)")
     p.set_defaults(fn=cmd_proxy)
     c = sub.add_parser("checkpoint", help="write a checkpoint image of a running application's GPU state")
-    c.add_argument("pid", type=int)
+    c.add_argument("pid", type=int, nargs="?")
     c.add_argument("-o", "--output", help="image path (default: nvproxy-PID.img)")
+    c.add_argument("--dmtcp", action="store_true", help="checkpoint the DMTCP computation instead (and wait)")
+    c.add_argument("--coord-port", type=int, default=7779, help="DMTCP coordinator port (with --dmtcp)")
+    c.add_argument("--timeout", type=float, default=600)
     c.set_defaults(fn=cmd_checkpoint)
+    rs = sub.add_parser("restart", help="restart a DMTCP checkpoint of a program run with nvproxy run --dmtcp")
+    rs.add_argument("dir", help="DMTCP's checkpoint directory")
+    rs.add_argument("--coord-port", type=int, help="DMTCP coordinator port")
+    rs.set_defaults(fn=cmd_restart)
     m = sub.add_parser("migrate", help="move a running application's GPU state into a new proxy")
     m.add_argument("pid", type=int)
     m.add_argument("--device", help="GPU(s) for the new proxy, as CUDA_VISIBLE_DEVICES")
