@@ -57,15 +57,9 @@ int nvp_under_dmtcp(void) { return dmtcp_register_plugin != NULL; }
  * u32 JSON length, u64 blob length, u32 fd batches, then the JSON. */
 static int control_checkpoint(const char *ctl, const char *image)
 {
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = nvp_unix_connect(ctl);
     if (fd < 0)
         return -1;
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", ctl);
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-        close(fd);
-        return -1;
-    }
     char json[4400];
     int n = snprintf(json, sizeof json, "{\"cmd\": \"checkpoint\", \"image\": \"%s\"}", image);
     unsigned char head[16];

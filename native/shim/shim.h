@@ -133,7 +133,8 @@ cudaError_t nvp_launch(const void *func, dim3 grid, dim3 block, void **args, siz
 void nvp_ckpt_disable(void); /* no checkpoint while a call is half done */
 void nvp_ckpt_enable(void);
 int nvp_under_dmtcp(void);
-pid_t nvp_real_pid(void);          /* not DMTCP's virtual pid: what the proxy sees */
+pid_t nvp_real_pid(void);
+int nvp_unix_connect(const char *path); /* a connected SOCK_STREAM socket, or -1 */          /* not DMTCP's virtual pid: what the proxy sees */
 const char *nvp_control_path(void); /* the proxy's control socket, NULL before the first call */
 void nvp_disconnect_all(void);      /* close every channel (before a checkpoint) */
 void nvp_reconnect_same_proxy(void);

@@ -169,7 +169,7 @@ static int private_dir(char *out, size_t cap)
     return 0;
 }
 
-static int try_connect(const char *path)
+int nvp_unix_connect(const char *path)
 {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
@@ -369,7 +369,7 @@ static int open_channel_locked_init(void)
     int fd = -1;
     if (env && *env && owner && atoi(owner) == (int)nvp_real_pid()) {
         snprintf(G.sock, sizeof G.sock, "%s", env);
-        fd = try_connect(G.sock);
+        fd = nvp_unix_connect(G.sock);
         if (fd < 0) {
             nvp_log("nvproxy: cannot connect to the proxy at %s: %s", G.sock, strerror(errno));
             return -1;
@@ -382,7 +382,7 @@ static int open_channel_locked_init(void)
             return -1;
         }
         for (int i = 0; i < 6000 && fd < 0; i++) { /* up to 60 s for Python and the driver to start */
-            fd = try_connect(G.sock);
+            fd = nvp_unix_connect(G.sock);
             if (fd >= 0)
                 break;
             if (kill(G.proxy_pid, 0) != 0 && errno == ESRCH) {
@@ -423,7 +423,7 @@ int nvp_open_channel(int kind, struct nvp_rep *rep_out)
             return -1;
         }
     } else {
-        fd = try_connect(G.sock);
+        fd = nvp_unix_connect(G.sock);
     }
     pthread_mutex_unlock(&G.lock);
     struct nvp_rep rep;
@@ -602,7 +602,7 @@ static int replace_proxy(const char *image, int fresh_memfds)
     int ok = spawn_proxy(image) == 0;
     int fd = -1;
     for (int i = 0; ok && i < 12000 && fd < 0; i++) { /* restoring the image can take a while */
-        fd = try_connect(G.sock);
+        fd = nvp_unix_connect(G.sock);
         if (fd >= 0)
             break;
         if (kill(G.proxy_pid, 0) != 0 && errno == ESRCH)
