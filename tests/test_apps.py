@@ -22,6 +22,7 @@ PROGRAMS = [
     ("bigparam", ()),
     ("errors", ()),
     ("device_query", ()),
+    ("mempool", ()),
 ]
 IDS = ["-".join((n, *a)) for n, a in PROGRAMS]
 

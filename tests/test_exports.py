@@ -18,7 +18,7 @@ LATER = ("cudaGraph", "cudaStreamBeginCapture", "cudaStreamEndCapture", "cudaStr
          "cudaStreamUpdateCaptureDependencies", "cudaMallocManaged", "cudaMemPrefetchAsync", "cudaStreamAttachMemAsync",
          "cudaMallocArray", "cudaMalloc3DArray", "cudaFreeArray", "cudaMemcpyToArray", "cudaCreateTextureObject",
          "cudaDestroyTextureObject", "cudaCreateSurfaceObject", "cudaDestroySurfaceObject", "cudaIpc",
-         "cudaMallocAsync", "cudaFreeAsync", "cudaMemPool", "cudaDeviceGetDefaultMemPool", "cudaMalloc3D",
+         "cudaMalloc3D",
          "cudaMemcpy3D", "cudaStreamSetAttribute", "cudaCtxResetPersistingL2Cache")
 
 

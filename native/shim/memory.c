@@ -78,6 +78,7 @@ NVP_EXPORT cudaError_t cudaFree(void *devPtr)
     uint64_t p = (uint64_t)(uintptr_t)devPtr;
     if (nvp_alloc_remove(p) != 0)
         return nvp_ret(cudaErrorInvalidValue);
+    nvp_pool_forget(p);
     uint64_t a[NVP_MAX_ARGS] = {p};
     return nvp_ret(nvp_call(NVP_OP_FREE, a, NULL, 0, NULL, -1));
 }

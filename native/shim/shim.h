@@ -143,6 +143,9 @@ int nvp_restore_from(const char *image); /* a new proxy from an image (after a r
 /* ---- launch.c: after a recovery the new proxy must be told modules again ---- */
 void nvp_registry_reset(void);
 
+/* ---- mempool.c ---- */
+void nvp_pool_forget(uint64_t ptr);
+
 /* ---- memory.c ---- */
 cudaError_t nvp_memcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
                        int64_t wire_stream, int is_async);
