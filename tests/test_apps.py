@@ -23,6 +23,7 @@ PROGRAMS = [
     ("errors", ()),
     ("device_query", ()),
     ("mempool", ()),
+    ("pitched3d", ()),
 ]
 IDS = ["-".join((n, *a)) for n, a in PROGRAMS]
 

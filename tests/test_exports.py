@@ -18,8 +18,7 @@ LATER = ("cudaGraph", "cudaStreamBeginCapture", "cudaStreamEndCapture", "cudaStr
          "cudaStreamUpdateCaptureDependencies", "cudaMallocManaged", "cudaMemPrefetchAsync", "cudaStreamAttachMemAsync",
          "cudaMallocArray", "cudaMalloc3DArray", "cudaFreeArray", "cudaMemcpyToArray", "cudaCreateTextureObject",
          "cudaDestroyTextureObject", "cudaCreateSurfaceObject", "cudaDestroySurfaceObject", "cudaIpc",
-         "cudaMalloc3D",
-         "cudaMemcpy3D", "cudaStreamSetAttribute", "cudaCtxResetPersistingL2Cache")
+         "cudaStreamSetAttribute", "cudaCtxResetPersistingL2Cache")
 
 
 def symbols() -> dict[str, str]:

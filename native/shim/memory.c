@@ -644,3 +644,60 @@ NVP_EXPORT struct cudaChannelFormatDesc cudaCreateChannelDesc(int x, int y, int 
     struct cudaChannelFormatDesc d = {x, y, z, w, f};
     return d;
 }
+
+/* ---- 3D on pitched linear memory (slices of 2D copies); CUDA arrays come later ---- */
+
+NVP_EXPORT cudaError_t cudaMalloc3D(struct cudaPitchedPtr *pitchedDevPtr, struct cudaExtent extent)
+{
+    if (!pitchedDevPtr)
+        return nvp_ret(cudaErrorInvalidValue);
+    void *p = NULL;
+    size_t pitch = 0;
+    cudaError_t e = cudaMallocPitch(&p, &pitch, extent.width, extent.height * extent.depth);
+    if (!e) {
+        struct cudaPitchedPtr r = {p, pitch, extent.width, extent.height};
+        *pitchedDevPtr = r;
+    }
+    return e;
+}
+
+static char *slice(const struct cudaPitchedPtr *p, const struct cudaPos *pos, size_t z)
+{
+    return (char *)p->ptr + (pos->z + z) * p->pitch * p->ysize + pos->y * p->pitch + pos->x;
+}
+
+static cudaError_t memcpy3d(const struct cudaMemcpy3DParms *p, int64_t stream, int is_async)
+{
+    if (!p)
+        return cudaErrorInvalidValue;
+    if (p->srcArray || p->dstArray)
+        return nvp_unsupported("cudaMemcpy3D with CUDA arrays");
+    for (size_t z = 0; z < p->extent.depth; z++) {
+        cudaError_t e = memcpy2d(slice(&p->dstPtr, &p->dstPos, z), p->dstPtr.pitch, slice(&p->srcPtr, &p->srcPos, z),
+                                 p->srcPtr.pitch, p->extent.width, p->extent.height, p->kind, stream, is_async);
+        if (e)
+            return e;
+    }
+    return cudaSuccess;
+}
+
+NVP_EXPORT cudaError_t cudaMemcpy3D(const struct cudaMemcpy3DParms *p)
+{
+    return nvp_ret(memcpy3d(p, NVP_STREAM_LEGACY, 0));
+}
+
+NVP_EXPORT cudaError_t cudaMemcpy3DAsync(const struct cudaMemcpy3DParms *p, cudaStream_t stream)
+{
+    return nvp_ret(memcpy3d(p, nvp_stream_wire(stream, 0), 1));
+}
+
+NVP_EXPORT cudaError_t cudaMemset3D(struct cudaPitchedPtr p, int value, struct cudaExtent extent)
+{
+    struct cudaPos origin = {0, 0, 0};
+    for (size_t z = 0; z < extent.depth; z++) {
+        cudaError_t e = memset2d(slice(&p, &origin, z), p.pitch, value, extent.width, extent.height, NVP_STREAM_LEGACY);
+        if (e)
+            return nvp_ret(e);
+    }
+    return cudaSuccess;
+}
