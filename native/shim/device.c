@@ -39,6 +39,14 @@ const struct nvp_device_info *nvp_device_info(int dev)
     return d;
 }
 
+cudaError_t nvp_valid_device(int device)
+{
+    cudaError_t e = nvp_connect();
+    if (e)
+        return e;
+    return device < 0 || device >= nvp_device_count() ? cudaErrorInvalidDevice : cudaSuccess;
+}
+
 /* Common entry check: channel up, no sticky error. */
 static cudaError_t enter(void)
 {
@@ -71,11 +79,9 @@ NVP_EXPORT cudaError_t cudaGetDevice(int *device)
 
 NVP_EXPORT cudaError_t cudaSetDevice(int device)
 {
-    cudaError_t e = nvp_connect();
+    cudaError_t e = nvp_valid_device(device);
     if (e)
         return nvp_ret(e);
-    if (device < 0 || device >= nvp_device_count())
-        return nvp_ret(cudaErrorInvalidDevice);
     nvp_set_current_device(device);
     uint64_t a[NVP_MAX_ARGS] = {(uint64_t)device, ~0ull};
     return nvp_ret(nvp_call(NVP_OP_SET_DEVICE, a, NULL, 0, NULL, -1));
@@ -85,10 +91,7 @@ NVP_EXPORT cudaError_t cudaInitDevice(int device, unsigned int deviceFlags, unsi
 {
     (void)deviceFlags;
     (void)flags;
-    cudaError_t e = nvp_connect();
-    if (e)
-        return nvp_ret(e);
-    return device < 0 || device >= nvp_device_count() ? nvp_ret(cudaErrorInvalidDevice) : cudaSuccess;
+    return nvp_ret(nvp_valid_device(device));
 }
 
 NVP_EXPORT cudaError_t cudaSetDeviceFlags(unsigned int flags)
@@ -116,11 +119,9 @@ NVP_EXPORT cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr at
 {
     if (!value)
         return nvp_ret(cudaErrorInvalidValue);
-    cudaError_t e = nvp_connect();
+    cudaError_t e = nvp_valid_device(device);
     if (e)
         return nvp_ret(e);
-    if (device < 0 || device >= nvp_device_count())
-        return nvp_ret(cudaErrorInvalidDevice);
     if ((int)attr <= 0 || (int)attr >= NVP_MAX_ATTR)
         return nvp_ret(cudaErrorInvalidValue);
     const struct nvp_device_info *d = nvp_device_info(device);
@@ -135,11 +136,9 @@ NVP_EXPORT cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int dev
 {
     if (!p)
         return nvp_ret(cudaErrorInvalidValue);
-    cudaError_t e = nvp_connect();
+    cudaError_t e = nvp_valid_device(device);
     if (e)
         return nvp_ret(e);
-    if (device < 0 || device >= nvp_device_count())
-        return nvp_ret(cudaErrorInvalidDevice);
     const struct nvp_device_info *d = nvp_device_info(device);
     if (!d)
         return nvp_ret(cudaErrorDevicesUnavailable);

@@ -50,11 +50,9 @@ NVP_EXPORT cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *memPool, int d
 {
     if (!memPool)
         return nvp_ret(cudaErrorInvalidValue);
-    cudaError_t e = nvp_connect();
+    cudaError_t e = nvp_valid_device(device);
     if (e)
         return nvp_ret(e);
-    if (device < 0 || device >= nvp_device_count())
-        return nvp_ret(cudaErrorInvalidDevice);
     pthread_mutex_lock(&lock);
     *memPool = (cudaMemPool_t)pool_of_device(device);
     pthread_mutex_unlock(&lock);
@@ -168,25 +166,43 @@ NVP_EXPORT cudaError_t cudaMemPoolTrimTo(cudaMemPool_t memPool, size_t minBytesT
     return pool_check(memPool) ? cudaSuccess : nvp_ret(cudaErrorInvalidValue);
 }
 
-NVP_EXPORT cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t memPool, enum cudaMemPoolAttr attr, void *value)
+/* get or set one attribute: the integer reuse flags, the 64-bit figures */
+static cudaError_t pool_attr(cudaMemPool_t memPool, enum cudaMemPoolAttr attr, void *value, int set)
 {
     struct pool *p = pool_check(memPool);
     if (!p || !value)
         return nvp_ret(cudaErrorInvalidValue);
     cudaError_t e = cudaSuccess;
+    uint64_t *v64 = value;
     pthread_mutex_lock(&lock);
     switch (attr) {
     case cudaMemPoolReuseFollowEventDependencies:
     case cudaMemPoolReuseAllowOpportunistic:
     case cudaMemPoolReuseAllowInternalDependencies:
-        p->reuse[attr - 1] = *(int *)value;
+        if (set)
+            p->reuse[attr - 1] = *(int *)value;
+        else
+            *(int *)value = p->reuse[attr - 1];
         break;
     case cudaMemPoolAttrReleaseThreshold:
-        p->release_threshold = *(uint64_t *)value;
+        if (set)
+            p->release_threshold = *v64;
+        else
+            *v64 = p->release_threshold;
+        break;
+    /* reserved memory is the arena's business: the pool reports what it holds */
+    case cudaMemPoolAttrReservedMemCurrent:
+    case cudaMemPoolAttrUsedMemCurrent:
+        if (set)
+            e = cudaErrorInvalidValue;
+        else
+            *v64 = p->used;
         break;
     case cudaMemPoolAttrReservedMemHigh:
-    case cudaMemPoolAttrUsedMemHigh: /* only a reset to 0 is allowed */
-        if (*(uint64_t *)value != 0)
+    case cudaMemPoolAttrUsedMemHigh: /* setting: only a reset to 0 is allowed */
+        if (!set)
+            *v64 = p->used_high;
+        else if (*v64 != 0)
             e = cudaErrorInvalidValue;
         else
             p->used_high = p->used;
@@ -198,34 +214,12 @@ NVP_EXPORT cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t memPool, enum cudaM
     return nvp_ret(e);
 }
 
+NVP_EXPORT cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t memPool, enum cudaMemPoolAttr attr, void *value)
+{
+    return pool_attr(memPool, attr, value, 1);
+}
+
 NVP_EXPORT cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t memPool, enum cudaMemPoolAttr attr, void *value)
 {
-    struct pool *p = pool_check(memPool);
-    if (!p || !value)
-        return nvp_ret(cudaErrorInvalidValue);
-    cudaError_t e = cudaSuccess;
-    pthread_mutex_lock(&lock);
-    switch (attr) {
-    case cudaMemPoolReuseFollowEventDependencies:
-    case cudaMemPoolReuseAllowOpportunistic:
-    case cudaMemPoolReuseAllowInternalDependencies:
-        *(int *)value = p->reuse[attr - 1];
-        break;
-    case cudaMemPoolAttrReleaseThreshold:
-        *(uint64_t *)value = p->release_threshold;
-        break;
-    /* reserved memory is the arena's business: report what the pool holds */
-    case cudaMemPoolAttrReservedMemCurrent:
-    case cudaMemPoolAttrUsedMemCurrent:
-        *(uint64_t *)value = p->used;
-        break;
-    case cudaMemPoolAttrReservedMemHigh:
-    case cudaMemPoolAttrUsedMemHigh:
-        *(uint64_t *)value = p->used_high;
-        break;
-    default:
-        e = cudaErrorInvalidValue;
-    }
-    pthread_mutex_unlock(&lock);
-    return nvp_ret(e);
+    return pool_attr(memPool, attr, value, 0);
 }

@@ -123,6 +123,7 @@ void nvp_callbacks_close(void);
 
 /* ---- device.c ---- */
 const struct nvp_device_info *nvp_device_info(int dev);
+cudaError_t nvp_valid_device(int device); /* channel up and a device that exists */
 
 /* ---- launch.c ---- */
 cudaError_t nvp_var_resolve(const void *symbol, uint64_t *addr, size_t *size);
