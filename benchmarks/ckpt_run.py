@@ -39,49 +39,56 @@ def _cuda_checkpoint(exe: Path, gib: int) -> dict:
             "cuda_checkpoint_error": (a.stderr + b.stderr).strip()[-300:]}
 
 
+def _measure(exe: Path, gib: int, td: Path, backend: str) -> dict:
+    """nvproxy checkpoint (the program waits, then goes on) and nvproxy migrate of a program holding gib GiB."""
+    app = subprocess.Popen([sys.executable, "-m", "nvproxy", "run", "--backend", backend, "--", str(exe), str(gib)],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert app.stdout and app.stdin
+    if app.stdout.readline().strip() != "ready":
+        raise SystemExit(app.communicate()[1])
+    image = td / f"c{gib}.img"
+    t = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "nvproxy", "checkpoint", str(app.pid), "-o", str(image)],
+                       capture_output=True, text=True)
+    ck_wall = time.monotonic() - t
+    image.unlink(missing_ok=True)
+    t = time.monotonic()
+    m = subprocess.run([sys.executable, "-m", "nvproxy", "migrate", str(app.pid), "--image", str(td / f"m{gib}.img")],
+                       capture_output=True, text=True)
+    mig_wall = time.monotonic() - t
+    stdout, stderr = app.communicate("\n", timeout=600)
+    restored = re.search(r"restored (\d+) MiB in ([\d.]+) s .*checkpoint took ([\d.]+) s", stderr)
+    row = {"gib": gib, "checkpoint_out": r.stdout.strip(), "checkpoint_wall_s": ck_wall,
+           "migrate_wall_s": mig_wall, "verified": "verified ok" in stdout, "migrate_rc": m.returncode}
+    if restored:
+        mib, rs, ds = int(restored.group(1)), float(restored.group(2)), float(restored.group(3))
+        row.update(restore_s=rs, dump_s=ds, restore_gbps=mib * 2**20 / rs / 1e9, dump_gbps=mib * 2**20 / ds / 1e9)
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--sizes", default="1,4")
     ap.add_argument("--backend", default="gpu")
     ap.add_argument("--out", default="bench-results")
-    ap.add_argument("--image-dir", default=None, help="where images go (default: a temporary directory)")
+    ap.add_argument("--image-dir", action="append", default=[],
+                    help="where images go; repeat to compare (default: the system's temporary directory)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    with tempfile.TemporaryDirectory(dir=args.image_dir) as td:
-        exe = Path(td) / "ckpt_bench"
+    with tempfile.TemporaryDirectory() as build_dir:
+        exe = Path(build_dir) / "ckpt_bench"
         subprocess.run(["nvcc", "-cudart", "shared", "-O2", "-o", str(exe), str(HERE / "ckpt_bench.cu")], check=True)
-        for gib in (int(x) for x in args.sizes.split(",")):
-            app = subprocess.Popen([sys.executable, "-m", "nvproxy", "run", "--backend", args.backend, "--",
-                                    str(exe), str(gib)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True)
-            assert app.stdout and app.stdin
-            if app.stdout.readline().strip() != "ready":
-                print(app.communicate()[1], file=sys.stderr)
-                return 1
-            image = Path(td) / f"c{gib}.img"
-            t = time.monotonic()
-            r = subprocess.run([sys.executable, "-m", "nvproxy", "checkpoint", str(app.pid), "-o", str(image)],
-                               capture_output=True, text=True)
-            ck_wall = time.monotonic() - t
-            image.unlink(missing_ok=True)
-            t = time.monotonic()
-            m = subprocess.run([sys.executable, "-m", "nvproxy", "migrate", str(app.pid), "--image",
-                                str(Path(td) / f"m{gib}.img")], capture_output=True, text=True)
-            mig_wall = time.monotonic() - t
-            stdout, stderr = app.communicate("\n", timeout=600)
-            restored = re.search(r"restored (\d+) MiB in ([\d.]+) s .*checkpoint took ([\d.]+) s", stderr)
-            row = {"gib": gib, "checkpoint_out": r.stdout.strip(), "checkpoint_wall_s": ck_wall,
-                   "migrate_wall_s": mig_wall, "verified": "verified ok" in stdout, "migrate_rc": m.returncode}
-            if restored:
-                mib, rs, ds = int(restored.group(1)), float(restored.group(2)), float(restored.group(3))
-                row.update(restore_s=rs, dump_s=ds, restore_gbps=mib * 2**20 / rs / 1e9,
-                           dump_gbps=mib * 2**20 / ds / 1e9)
-            if shutil.which("cuda-checkpoint"):
-                row.update(_cuda_checkpoint(exe, gib))
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+        for where in args.image_dir or [None]:
+            for gib in (int(x) for x in args.sizes.split(",")):
+                with tempfile.TemporaryDirectory(dir=where) as td:
+                    row = _measure(exe, gib, Path(td), args.backend)
+                row["image_dir"] = where or tempfile.gettempdir()
+                if shutil.which("cuda-checkpoint") and where == (args.image_dir or [None])[0]:
+                    row.update(_cuda_checkpoint(exe, gib))
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     (out / "checkpoint.json").write_text(json.dumps(rows, indent=1))
     return 0 if all(r["verified"] and r["migrate_rc"] == 0 for r in rows) else 1
 

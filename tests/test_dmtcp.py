@@ -30,50 +30,115 @@ def dmtcp_bin() -> Path:
     return Path(found).parent
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_dmtcp_checkpoint_kill_restart(build, backend: str, tmp_path: Path) -> None:
-    bin_ = dmtcp_bin()
-    exe = build("ckpt_steps")
-    reference = run(nvproxy_cmd(exe, backend, "ckpt_steps", "40", "0")).stdout.splitlines(keepends=True)
-    env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}")
-    env.pop("LD_PRELOAD", None)
-    port_file = tmp_path / "port"
-    subprocess.run([str(bin_ / "dmtcp_coordinator"), "--daemon", "--exit-on-last", "--coord-port", "0",
-                    "--port-file", str(port_file), "--ckptdir", str(tmp_path)], check=True, env=env,
-                   capture_output=True)
-    for _ in range(100):
-        if port_file.exists() and port_file.read_text().strip():
-            break
-        time.sleep(0.05)
-    port = port_file.read_text().strip()
-    out = open(tmp_path / "out.txt", "w")  # a file: DMTCP restores it, a pipe it would not
-    cmd = nvproxy_cmd(exe, backend, "ckpt_steps", "40", "150")
-    cmd[cmd.index("--"):cmd.index("--")] = ["--dmtcp-args", f"--coord-port {port} --no-gzip --ckptdir {tmp_path}"]
-    app = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        for _ in range(200):  # a few steps first
-            if (tmp_path / "out.txt").read_text().count("\n") >= 4:
+class Session:
+    """A private DMTCP coordinator and checkpoint directory for one test."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.bin = dmtcp_bin()
+        self.dir = tmp_path
+        self.env = dict(os.environ, PATH=f"{self.bin}:{os.environ['PATH']}")
+        self.env.pop("LD_PRELOAD", None)
+        port_file = tmp_path / "port"
+        self._coordinator("--coord-port", "0", "--port-file", str(port_file))
+        for _ in range(100):
+            if port_file.exists() and port_file.read_text().strip():
                 break
             time.sleep(0.05)
-        command = [str(bin_ / "dmtcp_command"), "--coord-port", port]
-        ck = subprocess.run([sys.executable, "-m", "nvproxy", "checkpoint", "--dmtcp", "--coord-port", port],
-                            env=env, capture_output=True, text=True, timeout=300)
-        assert ck.returncode == 0, ck.stderr
-        assert list(tmp_path.glob("ckpt_*.dmtcp")), "DMTCP wrote no image"
-        assert list(tmp_path.glob("nvproxy-*.img")), "the plugin wrote no GPU image beside DMTCP's"
-        subprocess.run([*command, "-k"], env=env, capture_output=True, timeout=60)
-        app.wait(timeout=60)
-    finally:
-        if app.poll() is None:
-            app.kill()
-    subprocess.run([str(bin_ / "dmtcp_coordinator"), "--daemon", "--exit-on-last", "--coord-port", port,
-                    "--ckptdir", str(tmp_path)], env=env, capture_output=True)
-    r = subprocess.run([sys.executable, "-m", "nvproxy", "restart", str(tmp_path), "--coord-port", port],
-                       capture_output=True, text=True, env=env, timeout=300)
+        self.port = port_file.read_text().strip()
+        self.out = tmp_path / "out.txt"  # a file: DMTCP restores it, a pipe it would not
+
+    def _coordinator(self, *args: str) -> None:
+        subprocess.run([str(self.bin / "dmtcp_coordinator"), "--daemon", "--exit-on-last", "--ckptdir",
+                        str(self.dir), *args], check=True, env=self.env, capture_output=True)
+
+    def launch(self, cmd: list[str]) -> subprocess.Popen:
+        cmd = list(cmd)
+        cmd[cmd.index("--"):cmd.index("--")] = ["--dmtcp-args",
+                                                f"--coord-port {self.port} --no-gzip --ckptdir {self.dir}"]
+        return subprocess.Popen(cmd, stdout=open(self.out, "w"), stderr=subprocess.PIPE, text=True, env=self.env)
+
+    def wait_for(self, app: subprocess.Popen, text: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.out.read_text():
+            assert app.poll() is None and time.monotonic() < deadline, f"never printed {text!r}"
+            time.sleep(0.02)
+
+    def checkpoint_and_kill(self, app: subprocess.Popen, kill_command: bool = False) -> None:
+        """nvproxy checkpoint --dmtcp then dmtcp_command -k, or dmtcp_command -kc (checkpoint, then kill)."""
+        command = [str(self.bin / "dmtcp_command"), "--coord-port", self.port]
+        try:
+            if kill_command:
+                ck = subprocess.run([*command, "-kc"], env=self.env, capture_output=True, text=True, timeout=300)
+            else:
+                ck = subprocess.run([sys.executable, "-m", "nvproxy", "checkpoint", "--dmtcp", "--coord-port",
+                                     self.port], env=self.env, capture_output=True, text=True, timeout=300)
+            assert ck.returncode == 0, ck.stderr
+            if not kill_command:
+                subprocess.run([*command, "-k"], env=self.env, capture_output=True, timeout=60)
+            app.wait(timeout=120)
+        finally:
+            if app.poll() is None:
+                app.kill()
+        assert list(self.dir.glob("ckpt_*.dmtcp")), "DMTCP wrote no image"
+        assert list(self.dir.glob("nvproxy-*.img")), "the plugin wrote no GPU image beside DMTCP's"
+
+    def restart(self, *extra: str) -> subprocess.CompletedProcess:
+        self._coordinator("--coord-port", self.port)
+        return subprocess.run([sys.executable, "-m", "nvproxy", "restart", str(self.dir), "--coord-port", self.port,
+                               *extra], capture_output=True, text=True, env=self.env, timeout=300)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dmtcp_checkpoint_kill_restart(build, backend: str, tmp_path: Path) -> None:
+    session = Session(tmp_path)
+    exe = build("ckpt_steps")
+    reference = run(nvproxy_cmd(exe, backend, "ckpt_steps", "40", "0")).stdout.splitlines(keepends=True)
+    app = session.launch(nvproxy_cmd(exe, backend, "ckpt_steps", "40", "150"))
+    session.wait_for(app, "step 3:")
+    session.checkpoint_and_kill(app)
+    r = session.restart()
     after = r.stdout.splitlines(keepends=True)
     assert after, r.stderr
     first = reference.index(after[0]) if after[0] in reference else -1
     assert first >= 0 and after == reference[first:], r.stderr
+    assert "restoring the GPU state" in r.stderr
+
+
+def _gpu_count() -> int:
+    r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return len([line for line in r.stdout.splitlines() if line.startswith("GPU ")])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("other_gpu", [False, True], ids=["same-gpu", "other-gpu"])
+def test_dmtcp_public_sample(nvcc: str, tmp_path: Path, other_gpu: bool) -> None:
+    """The acceptance run: NVIDIA's matrixMul, unmodified (built -cudart shared), under nvproxy run --dmtcp,
+    checkpointed mid-run with dmtcp_command -kc (which also kills it) and restarted with nvproxy restart
+    (dmtcp_restart), on the same GPU or on the other one, prints what a native run prints."""
+    from test_public_samples import SAMPLES, stable
+
+    if other_gpu and _gpu_count() < 2:
+        pytest.skip("needs two GPUs (nvidia-smi -L lists fewer)")
+    src = SAMPLES / "Samples" / "0_Introduction" / "matrixMul"
+    if not src.is_dir():
+        pytest.skip(f"cuda-samples not found at {SAMPLES} (set NVPROXY_SAMPLES_DIR)")
+    session = Session(tmp_path)
+    exe = tmp_path / "matrixMul"
+    subprocess.run([nvcc, "-cudart", "shared", "-std=c++17", f"-I{SAMPLES / 'Common'}", f"-I{src}", "-o", str(exe),
+                    str(src / "matrixMul.cu")], check=True)
+    args = ["-wA=4096", "-hA=4096", "-wB=4096", "-hB=4096"]  # a few seconds of kernels on an H200
+    native = run([str(exe), *args], cwd=tmp_path)
+    assert native.returncode == 0 and "Result = PASS" in native.stdout, native.stdout
+    app = session.launch([sys.executable, "-m", "nvproxy", "run", "--backend", "gpu", "--", str(exe), *args])
+    session.wait_for(app, "Computing result using CUDA Kernel")
+    time.sleep(0.3)
+    session.checkpoint_and_kill(app, kill_command=True)
+    before = session.out.read_text()
+    assert "Result = PASS" not in before, "the checkpoint came too late to be mid-run"
+    r = session.restart(*(["--device", "1"] if other_gpu else []))
+    assert r.returncode == 0, r.stderr
+    whole = session.out.read_text() + r.stdout
+    assert stable(whole, "matrixMul") == stable(native.stdout, "matrixMul"), r.stderr
     assert "restoring the GPU state" in r.stderr
 
 

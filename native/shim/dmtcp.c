@@ -5,9 +5,15 @@
  *                  checkpoint directory; the shim closes its sockets (sockets to
  *                  a process outside DMTCP do not survive a restart)
  *   RESUME         threads reconnect to the same proxy on their next call
- *   RESTART        remember to bring the GPU state back ...
+ *   RESTART        remember to bring the GPU state back, and read the restart's
+ *                  own environment for NVPROXY_DEVICES (the GPUs to restart on,
+ *                  as CUDA_VISIBLE_DEVICES; the application's environment is the
+ *                  one restored from the checkpoint) ...
  *   RUNNING        ... here, where starting a process is safe: a new proxy
  *                  (outside DMTCP, through dmtcp_nocheckpoint) restores the image
+ *
+ * The image goes into DMTCP's checkpoint directory unless NVPROXY_IMAGE_DIR
+ * names another (a tmpfs, say, when the node keeps it until the restart).
  *
  * DMTCP's plugin interface (API version 3, DMTCP 4.2) is declared here rather
  * than included, so the shim builds where DMTCP is not installed. */
@@ -34,10 +40,14 @@ extern const char *dmtcp_get_ckpt_dir(void) __attribute__((weak));
 extern int dmtcp_plugin_disable_ckpt(void) __attribute__((weak));
 extern void dmtcp_plugin_enable_ckpt(void) __attribute__((weak));
 extern void *dmtcp_dlsym(void *handle, const char *symbol) __attribute__((weak));
+extern int dmtcp_get_restart_env(const char *name, char *value, size_t maxlen) __attribute__((weak));
 
 /* in application memory, so that DMTCP saves it: where the image went */
 static char image_path[4096];
 static int restarted;
+static char restart_devices[256];
+
+const char *nvp_restart_devices(void) { return restart_devices[0] ? restart_devices : NULL; }
 
 void nvp_ckpt_disable(void)
 {
@@ -88,7 +98,9 @@ static void precheckpoint(void)
     const char *ctl = nvp_control_path();
     if (!ctl) /* no CUDA call yet: nothing on the GPU */
         return;
-    const char *dir = dmtcp_get_ckpt_dir ? dmtcp_get_ckpt_dir() : ".";
+    const char *dir = getenv("NVPROXY_IMAGE_DIR");
+    if (!dir || !*dir)
+        dir = dmtcp_get_ckpt_dir ? dmtcp_get_ckpt_dir() : ".";
     snprintf(image_path, sizeof image_path, "%s/nvproxy-%d.img", dir && *dir ? dir : ".", (int)nvp_real_pid());
     if (control_checkpoint(ctl, image_path) != 0)
         nvp_log("nvproxy: the proxy could not write %s; a restart will lose the GPU state", image_path);
@@ -107,6 +119,10 @@ static void hook(int event, void *data)
         break;
     case EV_RESTART:
         restarted = 1;
+        restart_devices[0] = 0;
+        if (dmtcp_get_restart_env && dmtcp_get_restart_env("NVPROXY_DEVICES", restart_devices,
+                                                           sizeof restart_devices) != 0)
+            restart_devices[0] = 0;
         break;
     case EV_RUNNING:
         if (restarted) {

@@ -134,6 +134,7 @@ cudaError_t nvp_launch(const void *func, dim3 grid, dim3 block, void **args, siz
 void nvp_ckpt_disable(void); /* no checkpoint while a call is half done */
 void nvp_ckpt_enable(void);
 int nvp_under_dmtcp(void);
+const char *nvp_restart_devices(void); /* NVPROXY_DEVICES of dmtcp_restart's environment */
 pid_t nvp_real_pid(void);
 int nvp_unix_connect(const char *path); /* a connected SOCK_STREAM socket, or -1 */          /* not DMTCP's virtual pid: what the proxy sees */
 const char *nvp_control_path(void); /* the proxy's control socket, NULL before the first call */

@@ -212,13 +212,21 @@ static int spawn_proxy(const char *restore_image)
     size_t n = 0;
     while (environ[n])
         n++;
-    char **envp = calloc(n + 1, sizeof *envp);
+    /* a restart onto other GPUs (nvproxy restart --device) */
+    const char *devices = restore_image ? nvp_restart_devices() : NULL;
+    static char visible[300];
+    if (devices)
+        snprintf(visible, sizeof visible, "CUDA_VISIBLE_DEVICES=%s", devices);
+    char **envp = calloc(n + 2, sizeof *envp);
     if (!envp)
         return -1;
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
-        if (strncmp(environ[i], "LD_PRELOAD=", 11) != 0 && strncmp(environ[i], "NVPROXY_SOCKET=", 15) != 0)
+        if (strncmp(environ[i], "LD_PRELOAD=", 11) != 0 && strncmp(environ[i], "NVPROXY_SOCKET=", 15) != 0 &&
+            !(devices && strncmp(environ[i], "CUDA_VISIBLE_DEVICES=", 21) == 0))
             envp[k++] = environ[i];
+    if (devices)
+        envp[k++] = visible;
 
     int pfd[2];
     if (pipe2(pfd, O_CLOEXEC) != 0) {

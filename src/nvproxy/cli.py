@@ -157,13 +157,29 @@ def cmd_restart(args: argparse.Namespace) -> int:
     cmd = [dmtcp_tool("dmtcp_restart"), "--no-strict-checking"]
     if args.coord_port:
         cmd += ["--coord-port", str(args.coord_port)]
+    if args.device is not None:
+        # read by the plugin through dmtcp_get_restart_env: the restored
+        # application keeps the environment it was checkpointed with
+        os.environ["NVPROXY_DEVICES"] = args.device
     os.execv(cmd[0], cmd + images)
     return 127
 
 
+def _control_call(sock: str, proxy_pid: int, msg: dict) -> dict:
+    """One command on a proxy's control socket; its reply."""
+    import socket
+
+    from .proxy import control
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+        c.connect(f"{sock}.{proxy_pid}.ctl")
+        control.send(c, msg)
+        reply, _b, _f = control.recv(c)
+    return reply
+
+
 def cmd_checkpoint(args: argparse.Namespace) -> int:
     """Write a checkpoint image of a running application's GPU state; it goes on."""
-    import socket
 
     if args.dmtcp:
         return _dmtcp_checkpoint(args)
@@ -172,14 +188,10 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
         return 2
 
     from .launcher import find_proxy
-    from .proxy import control
 
     pid, sock = find_proxy(args.pid)
     image = os.path.abspath(args.output or f"nvproxy-{args.pid}.img")
-    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    c.connect(f"{sock}.{pid}.ctl")
-    control.send(c, {"cmd": "checkpoint", "image": image})
-    reply, _b, _f = control.recv(c)
+    reply = _control_call(sock, pid, {"cmd": "checkpoint", "image": image})
     if not reply.get("ok"):
         print(f"nvproxy checkpoint: {reply.get('error')}", file=sys.stderr)
         return 1
@@ -192,10 +204,13 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     """Move a running application's GPU state into a new proxy (optionally on another GPU)."""
     import time
 
-    from .launcher import find_proxy, private_dir, proxy_env, spawn_proxy
+    from .launcher import find_proxy, image_dir, proxy_env, spawn_proxy
 
     old_pid, sock = find_proxy(args.pid)
-    image = os.path.abspath(args.image or str(private_dir() / f"migrate-{args.pid}-{int(time.time())}.img"))
+    if args.image is None:
+        usage = _control_call(sock, old_pid, {"cmd": "usage"})
+        folder = image_dir(usage.get("device_bytes", 0) if usage.get("ok") else 1 << 62)
+    image = os.path.abspath(args.image or str(folder / f"migrate-{args.pid}-{int(time.time())}.img"))
     env = proxy_env(None, [])
     env_file = Path(f"/proc/{old_pid}/environ")
     try:  # the new proxy runs like the old one (backend, sim kernels)
@@ -299,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     rs = sub.add_parser("restart", help="restart a DMTCP checkpoint of a program run with nvproxy run --dmtcp")
     rs.add_argument("dir", help="DMTCP's checkpoint directory")
     rs.add_argument("--coord-port", type=int, help="DMTCP coordinator port")
+    rs.add_argument("--device", help="GPU(s) to restart on, as CUDA_VISIBLE_DEVICES (default: as before)")
     rs.set_defaults(fn=cmd_restart)
     m = sub.add_parser("migrate", help="move a running application's GPU state into a new proxy")
     m.add_argument("pid", type=int)

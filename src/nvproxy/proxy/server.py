@@ -373,6 +373,9 @@ class Server:
                 from ..checkpoint.dump import write_image
 
                 control.send(conn, {"ok": True, "stats": write_image(self.dispatch.state, msg["image"])})
+            elif msg.get("cmd") == "usage":
+                used = sum(n for d in self.dispatch.state.devices.values() for _va, n in d.arena.mappings())
+                control.send(conn, {"ok": True, "device_bytes": used})
             elif msg.get("cmd") == "handoff":
                 self._hand_over(conn, msg["image"])
             else:
