@@ -1,5 +1,6 @@
-"""Builds the LD_PRELOAD shim (plain C, no Python inside, no link against
-libcuda or libcudart: only the CUDA headers are needed)."""
+"""Builds the two native libraries (plain C, no Python inside, no link against
+libcuda or libcudart; only the CUDA headers are needed): the LD_PRELOAD shim,
+and the proxy's fast path, which Python loads with cffi."""
 
 import os
 import shutil
@@ -11,6 +12,8 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 SHIM = "nvproxy._native.libnvproxy"
+FAST = "nvproxy._native.libnvproxy_fast"
+HEADERS = [ROOT / "native" / "include" / "nvproxy_wire.h", ROOT / "native" / "proxy" / "fastpath.h"]
 
 
 def cuda_include() -> str:
@@ -28,8 +31,8 @@ def cuda_include() -> str:
 class BuildShim(build_ext):
     def get_ext_filename(self, ext_name: str) -> str:
         parts = ext_name.split(".")
-        if parts[-1] == "libnvproxy":  # called with the full name and with the last part
-            return os.path.join(*parts[:-1], "libnvproxy.so")
+        if parts[-1] in ("libnvproxy", "libnvproxy_fast"):  # called with the full name and with the last part
+            return os.path.join(*parts[:-1], parts[-1] + ".so")
         return super().get_ext_filename(ext_name)
 
     def get_export_symbols(self, ext: Extension) -> list:
@@ -37,11 +40,12 @@ class BuildShim(build_ext):
 
     def run(self) -> None:
         super().run()
-        # the wire header travels with the package: Python reads it through cffi
+        # the headers travel with the package: Python reads them through cffi
         for base in {self.build_lib, str(ROOT / "src")} if self.inplace else {self.build_lib}:
             dst = Path(base) / "nvproxy" / "include"
             dst.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / "native" / "include" / "nvproxy_wire.h", dst / "nvproxy_wire.h")
+            for h in HEADERS:
+                shutil.copy2(h, dst / h.name)
 
 
 shim = Extension(
@@ -53,4 +57,11 @@ shim = Extension(
     libraries=["pthread", "dl"],
 )
 
-setup(ext_modules=[shim], cmdclass={"build_ext": BuildShim})
+fast = Extension(
+    FAST,
+    sources=["native/proxy/fastpath.c"],
+    include_dirs=["native/include", "native/proxy"],
+    extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra", "-fvisibility=hidden"],
+)
+
+setup(ext_modules=[shim, fast], cmdclass={"build_ext": BuildShim})

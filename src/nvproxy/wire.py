@@ -15,26 +15,26 @@ from pathlib import Path
 import cffi
 
 
-def _header_text() -> str:
-    packaged = resources.files("nvproxy").joinpath("include/nvproxy_wire.h")
+def header_text(name: str = "nvproxy_wire.h", folder: str = "include") -> str:
+    """A C header of native/<folder>, as packaged (or from a source checkout)."""
+    packaged = resources.files("nvproxy").joinpath(f"include/{name}")
     if packaged.is_file():
         return packaged.read_text()
-    # running from a source checkout
-    return (Path(__file__).resolve().parents[2] / "native" / "include" / "nvproxy_wire.h").read_text()
+    return (Path(__file__).resolve().parents[2] / "native" / folder / name).read_text()
 
 
-def _cdef_block(text: str) -> str:
+def cdef_block(text: str) -> str:
     start, end = text.index("/* CDEF-BEGIN */"), text.index("/* CDEF-END */")
     return text[start + len("/* CDEF-BEGIN */") : end]
 
 
-HEADER = _header_text()
+HEADER = header_text()
 ffi = cffi.FFI()
-ffi.cdef(_cdef_block(HEADER))
+ffi.cdef(cdef_block(HEADER))
 _lib = ffi.dlopen(None)
 
 CONSTANTS: dict[str, int] = {
-    name: int(value, 0) for name, value in re.findall(r"#define\s+(NVP_\w+)\s+(\S+)", _cdef_block(HEADER))
+    name: int(value, 0) for name, value in re.findall(r"#define\s+(NVP_\w+)\s+(\S+)", cdef_block(HEADER))
 }
 globals().update(CONSTANTS)
 OP_NAMES: dict[int, str] = {v: k[len("NVP_OP_") :] for k, v in CONSTANTS.items() if k.startswith("NVP_OP_")}

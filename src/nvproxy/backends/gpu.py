@@ -149,6 +149,29 @@ class GpuBackend:
     def check(self) -> None:
         pass
 
+    # ---- the native fast path (proxy/fastpath.py) ----
+    def fast_driver(self) -> dict[str, int]:
+        """The libcuda entry points the fast path calls: the same ones this backend calls."""
+        names = {"launch": "cuLaunchKernel", "launch_cooperative": "cuLaunchCooperativeKernel",
+                 "memcpy_async": "cuMemcpyAsync", "memset_async": "cuMemsetD8Async",
+                 "event_record": "cuEventRecordWithFlags", "event_query": "cuEventQuery",
+                 "event_sync": "cuEventSynchronize", "stream_query": "cuStreamQuery",
+                 "stream_sync": "cuStreamSynchronize", "stream_wait_event": "cuStreamWaitEvent"}
+        return {k: int(ffi.cast("uintptr_t", getattr(self.L, v))) for k, v in names.items()}
+
+    def watch_text(self, notify: Callable[[bool], None]) -> int:
+        """The fast path hears when kernel printf text waits; returns the pipe it arrives on."""
+        self.capture.notify = notify
+        return self.capture.fd
+
+    @staticmethod
+    def handle_value(h: object) -> int:
+        return int(ffi.cast("uintptr_t", h))
+
+    def kernel_handle(self, k: GpuKernel) -> tuple[int, list[int]]:
+        """(CUfunction, parameter offsets) for the fast path."""
+        return self.handle_value(k.handle), [o for o, _ in k.params]
+
     def take_text(self) -> bytes:
         return self.capture.take()
 

@@ -29,6 +29,7 @@ from ..errors import (
     MEMORY_ALLOCATION,
     NOT_READY,
     SYMBOL_NOT_FOUND,
+    UNKNOWN,
     CudaError,
 )
 from ..proxy import libc
@@ -152,6 +153,9 @@ class SimBackend:
         self.globals_space = FreeList(GLOBALS_BASE + (os.getpid() % 1024 << 30), 1 << 30)
         self.sticky = 0
         self.text: list[str] = []
+        self._text_notify: Callable[[bool], None] = lambda pending: None
+        self._handles: dict[int, object] = {}
+        self._fast_callbacks: list[object] = []
         self.limits = dict(_LIMITS)
         self.cache_config = 0
 
@@ -186,6 +190,7 @@ class SimBackend:
             raise CudaError(self.sticky)
 
     def take_text(self) -> bytes:
+        self._text_notify(False)
         if not self.text:
             return b""
         out = "".join(self.text).encode()
@@ -330,7 +335,7 @@ class SimBackend:
         for off, size in k.info.params:
             raw = params[off : off + size]
             args.append(int.from_bytes(raw, "little") if size in (1, 2, 4, 8) else raw)
-        ctx = sim_kernels.KernelContext(self.mem, grid, block, shmem, self.text.append, k.symbols)
+        ctx = sim_kernels.KernelContext(self.mem, grid, block, shmem, self._print, k.symbols)
         try:
             fn(ctx, *args)
         except sim_kernels.DeviceAssert as e:
@@ -388,3 +393,82 @@ class SimBackend:
 
     def not_ready(self) -> int:
         return NOT_READY
+
+    def _print(self, text: str) -> None:
+        self.text.append(text)
+        self._text_notify(True)
+
+    # ---- the native fast path, on the CPU model: C calls back into this
+    # backend (slowly), so CI runs the same C code that drives the GPU ----
+    def watch_text(self, notify: Callable[[bool], None]) -> int:
+        self._text_notify = notify
+        return -1  # no pipe: kernel printf text is kept here
+
+    def handle_value(self, h: object) -> int:
+        self._handles[id(h)] = h
+        return id(h)
+
+    def kernel_handle(self, k: SimKernel) -> tuple[int, list[int]]:
+        return self.handle_value(k), [o for o, _ in k.info.params]
+
+    def fast_driver(self) -> dict[str, int]:
+        from ..proxy.fastpath import DRIVER_FIELDS, ffi
+
+        def obj(h: object) -> object:
+            return self._handles.get(int(ffi.cast("uintptr_t", h)))
+
+        def stream(h: object) -> object:
+            return obj(h) or SimStream(0)  # NULL: the legacy default stream
+
+        def done(ok: bool) -> None:
+            if not ok:
+                raise CudaError(NOT_READY)
+
+        def launch(f, gx, gy, gz, bx, by, bz, shmem, s, _params, extra) -> None:
+            data = b""
+            if extra != ffi.NULL:  # {BUFFER_POINTER, buf, BUFFER_SIZE, &size, END}
+                data = ffi.buffer(extra[1], ffi.cast("size_t *", extra[3])[0])[:]
+            self.launch(obj(f), (gx, gy, gz), (bx, by, bz), shmem, stream(s), data, False)
+
+        def launch_cooperative(f, gx, gy, gz, bx, by, bz, shmem, s, params) -> None:
+            k = obj(f)
+            data = bytearray(max((o + n for o, n in k.info.params), default=0))
+            for i, (o, n) in enumerate(k.info.params):
+                data[o : o + n] = ffi.buffer(params[i], n)
+            self.launch(k, (gx, gy, gz), (bx, by, bz), shmem, stream(s), bytes(data), True)
+
+        impl = {
+            "launch": launch,
+            "launch_cooperative": launch_cooperative,
+            "memcpy_async": lambda d, src, n, s: self.memcpy(d, src, n, stream(s)),
+            "memset_async": lambda d, v, n, s: self.memset(d, v, n, stream(s)),
+            "event_record": lambda e, s, flags: self.event_record(obj(e), stream(s), flags),
+            "event_query": lambda e: done(self.event_query(obj(e))),
+            "event_sync": lambda e: self.event_sync(obj(e)),
+            "stream_query": lambda s: done(self.stream_query(stream(s))),
+            "stream_sync": lambda s: self.stream_sync(stream(s)),
+            "stream_wait_event": lambda s, e, flags: self.stream_wait_event(stream(s), obj(e), flags),
+        }
+        template = ffi.new("struct nvpf_driver *")
+        out = {}
+        for name in DRIVER_FIELDS:
+            cb = ffi.callback(ffi.typeof(getattr(template, name)), _as_cuda_result(impl[name]))
+            self._fast_callbacks.append(cb)
+            out[name] = int(ffi.cast("uintptr_t", cb))
+        return out
+
+
+def _as_cuda_result(fn: Callable[..., None]) -> Callable[..., int]:
+    """A driver-style entry point: 0, or the CUDA error the call raised."""
+
+    def call(*args: object) -> int:
+        try:
+            fn(*args)
+        except CudaError as e:
+            return e.code
+        except Exception as e:  # C cannot take an exception: report it as the driver would an unknown failure
+            print(f"nvproxy(sim): fast path call failed: {e!r}", file=sys.stderr)
+            return UNKNOWN
+        return 0
+
+    return call

@@ -14,6 +14,7 @@ import os
 import select
 import sys
 import threading
+from collections.abc import Callable
 
 from . import libc
 
@@ -34,6 +35,8 @@ class StdoutCapture:
         sys.stdout = sys.stderr
         os.set_blocking(r, False)
         self._r = r
+        self.fd = r
+        self.notify: Callable[[bool], None] = lambda pending: None  # the fast path's "text waits" flag
         self._buf = bytearray()
         self._lock = threading.Lock()
         threading.Thread(target=self._pump, name="nvproxy-printf", daemon=True).start()
@@ -52,6 +55,7 @@ class StdoutCapture:
         # keeps the pipe empty so a large burst never blocks the driver
         while True:
             select.select([self._r], [], [])
+            self.notify(True)  # before the pipe empties: a reader always sees one or the other
             with self._lock:
                 self._drain()
 
@@ -59,6 +63,7 @@ class StdoutCapture:
         libc.flush_stdio()
         with self._lock:
             self._drain()
+            self.notify(False)
             if not self._buf:
                 return b""
             out = bytes(self._buf)

@@ -9,7 +9,9 @@ import functools
 from typing import Any
 
 from .. import wire
+from . import fastpath
 from .handlers import device, memory, modules, streams
+from .server import SPIN_S
 from .state import ProcessState
 
 
@@ -18,6 +20,12 @@ class Dispatcher:
         self.backend = backend
         self.state = ProcessState(backend)
         self.server: Any = None
+        self.fast: fastpath.FastPath | None = None
+        driver = getattr(backend, "fast_driver", None)
+        if driver is not None and fastpath.enabled():
+            self.fast = fastpath.FastPath(driver(), spin_us=int(SPIN_S * 1e6))
+            # C replies itself only while no kernel printf text waits for a reply
+            self.fast.set_text_fd(backend.watch_text(self.fast.set_text_pending))
         self.table: dict[int, Any] = {}
         for mod in (device, memory, modules, streams):
             for name, op in wire.CONSTANTS.items():
@@ -33,12 +41,34 @@ class Dispatcher:
             s = ch.per_thread.get(dev)
             if s is None:
                 s = ch.per_thread[dev] = self.backend.stream_create(dev, 0, 0)
+                if ch.fast is not None and dev < fastpath.MAX_DEV:
+                    ch.fast.per_thread[dev] = fastpath.ffi.cast("void *", self.backend.handle_value(s))
             return s
 
         return get
 
     def stream(self, ch: Any, wire_id: int) -> Any:
-        return self.state.stream(wire_id, ch.dev, self.per_thread_stream(ch))
+        s = self.state.stream(wire_id, ch.dev, self.per_thread_stream(ch))
+        if self.fast is not None and wire_id in self.state.streams:
+            self.fast.learn_stream(wire_id, self.backend.handle_value(s))
+        return s
+
+    def event(self, wire_id: int) -> Any:
+        e = self.state.event(wire_id)
+        if self.fast is not None:
+            self.fast.learn_event(wire_id, self.backend.handle_value(e))
+        return e
+
+    def kernel(self, ch: Any, kid: int) -> Any:
+        k = self.state.kernel(ch.dev, kid)
+        if self.fast is not None:
+            self.fast.learn_kernel(ch.dev, kid, *self.backend.kernel_handle(k))
+        return k
+
+    def forget(self) -> None:
+        """Handles were destroyed or reloaded: the fast path learns them again."""
+        if self.fast is not None:
+            self.fast.forget_all()
 
     def channel_closed(self, ch: Any) -> None:
         if ch.staging is not None:

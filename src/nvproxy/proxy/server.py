@@ -27,7 +27,7 @@ from typing import Any
 
 from .. import wire
 from ..errors import NOT_SUPPORTED, UNKNOWN, CudaError
-from . import control
+from . import control, fastpath
 
 REQ = wire.REQ
 HDR = REQ.size
@@ -86,6 +86,7 @@ class Channel:
         self._waits: queue.SimpleQueue[Any] | None = None
         self._pending = 0
         self.closed = False
+        self.fast: Any = None  # its struct nvpf_chan, where the native fast path runs
 
     # ---- replies, always in request order ----
     def _build(self, result: Any, err: int) -> bytes:
@@ -135,8 +136,11 @@ class Channel:
                 except Exception as e:  # never leave the application waiting
                     print(f"nvproxy: internal error while waiting: {e!r}", file=sys.stderr)
                     result, err = None, UNKNOWN
-                self._pending -= 1
             self._send(self._build(result, err))
+            if d is not None:
+                # only now: the dispatcher replies itself once nothing is pending,
+                # and that reply must not overtake this one
+                self._pending -= 1
 
     def close(self) -> None:
         self.closed = True
@@ -152,6 +156,7 @@ class Server:
                  listener: socket.socket | None = None) -> None:
         self.backend = backend
         self.dispatch = dispatch
+        self.fast = dispatch.fast
         self.owner_pid = owner_pid
         self.sock_path = sock_path
         self.sel = selectors.DefaultSelector()
@@ -219,6 +224,8 @@ class Server:
     def _add_channel(self, s: socket.socket) -> Channel:
         s.setblocking(False)
         ch = Channel(self, s)
+        if self.fast is not None:
+            ch.fast = self.fast.channel(s.fileno())
         self.channels.add(ch)
         self.sel.register(s, selectors.EVENT_READ, lambda key, ch=ch: self._readable(ch))
         return ch
@@ -257,18 +264,46 @@ class Server:
             self._drop(ch)
             return
         ch.rbuf += RECV_VIEW[:n]
-        self._consume(ch)
+        if ch.fast is None:
+            self._consume(ch)
+            return
+        while ch.rbuf and not ch.closed and ch.fast is not None:  # (a callback channel's HELLO clears fast)
+            if not self.heap and self._fast_run(ch):
+                break  # C did everything there was
+            if not self._consume(ch, one=True):
+                break  # the rest of a message is still on its way
+            self._execute_ready()
 
-    def _consume(self, ch: Channel) -> None:
+    def _fast_run(self, ch: Channel) -> bool:
+        """Let C execute what it can at the start of ch's buffer; True when it used all complete messages."""
+        fast, fc = self.fast, ch.fast
+        fast.set_translating(bool(self.dispatch.state.relocs))
+        self.backend.activate(ch.dev)
+        while True:
+            fc.dev, fc.pending, fc.async_err = ch.dev, ch._pending, ch.async_err
+            why, used, self.next_seq = fast.run(fc, ch.rbuf, self.next_seq)
+            ch.async_err = fc.async_err
+            if used:
+                del ch.rbuf[:used]
+            if why != fastpath.REPLY:
+                return why == fastpath.MORE
+            wait = fast.waiter(fc)
+            if wait is None:
+                ch.reply(None, fc.reply_err)
+            else:
+                ch.defer(Deferred(wait))
+
+    def _consume(self, ch: Channel, one: bool = False) -> bool:
+        """Parse ch's complete messages (one only if one) into the heap; whether any was."""
         buf = ch.rbuf
         off = 0
-        while len(buf) - off >= HDR:
+        while len(buf) - off >= HDR and not (one and off):
             length, op, flags, seq, *args = REQ.unpack_from(buf, off)
             if length < HDR or length > MAX_LEN:
                 print(f"nvproxy: malformed message (length {length}) from thread {ch.tid}; closing its channel",
                       file=sys.stderr)
                 self._drop(ch)
-                return
+                return False
             if len(buf) - off < length:
                 break
             payload = bytes(buf[off + HDR : off + length])
@@ -276,11 +311,12 @@ class Server:
             if seq == 0:
                 self._hello(ch, op, flags, tuple(args))
                 if ch.kind == wire.NVP_CHAN_CALLBACK:
-                    return
+                    return True
             else:
                 self.tiebreak += 1
                 heapq.heappush(self.heap, (seq, self.tiebreak, ch, op, flags, tuple(args), payload))
         del buf[:off]
+        return off > 0
 
     def _hello(self, ch: Channel, op: int, flags: int, a: tuple[int, ...]) -> None:
         if op != wire.NVP_OP_HELLO or a[0] != self.owner_pid or a[2] != wire.NVP_PROTO_VERSION:
@@ -293,6 +329,7 @@ class Server:
         if ch.kind == wire.NVP_CHAN_CALLBACK:
             self.sel.unregister(ch.sock)
             ch.sock.setblocking(True)
+            ch.fast = None
             self.callback_channel = ch
 
     # ---- host callbacks: run in the application, in stream order ----
@@ -451,6 +488,7 @@ class Server:
             if ch.kind == wire.NVP_CHAN_CALLBACK:
                 self.sel.unregister(ch.sock)
                 ch.sock.setblocking(True)
+                ch.fast = None
                 self.callback_channel = ch
             else:
                 self._consume(ch)

@@ -35,6 +35,7 @@ def DEVICE_SYNC(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred
 def DEVICE_RESET(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     """Waits for the device and frees every allocation of the process on it."""
     p.backend.device_sync(ch.dev)
+    p.forget()
     d = p.state.device(ch.dev)
     with p.state.arena_lock:
         for ptr in list(d.arena.allocs):

@@ -6,11 +6,10 @@ import os
 from typing import Any
 
 from ...errors import ALREADY_MAPPED, HOST_MEMORY_NOT_REGISTERED, INVALID_VALUE, MEMORY_ALLOCATION, CudaError
-from .. import libc
+from .. import fastpath, libc
+from ..fastpath import COPY_EVENTS  # more than the shim ever has in flight per channel
 from ..server import Deferred
 from ..state import HostRange
-
-COPY_EVENTS = 8  # more than the shim ever has in flight per channel
 
 
 def MALLOC(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
@@ -73,16 +72,22 @@ def STAGING(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[
     p.backend.host_register(addr, size)
     if ch.staging is not None:
         release_staging(p, ch)
-    ch.staging = (addr, size)
+    _set_staging(ch, (addr, size))
     p.state.host[addr] = HostRange(size, fd, ch)
     return (addr,), b""
+
+
+def _set_staging(ch: Any, staging: tuple[int, int] | None) -> None:
+    ch.staging = staging
+    if ch.fast is not None:
+        ch.fast.staging_base, ch.fast.staging_size = staging or (0, 0)
 
 
 def adopt_staging(p: Any, ch: Any, fd: int, size: int) -> None:
     """A channel handed over by another proxy brings its staging memfd."""
     addr = libc.map_anywhere(fd, size)
     p.backend.host_register(addr, size)
-    ch.staging = (addr, size)
+    _set_staging(ch, (addr, size))
     p.state.host[addr] = HostRange(size, fd, ch)
 
 
@@ -92,7 +97,7 @@ def release_staging(p: Any, ch: Any) -> None:
     stall the dispatcher behind a long kernel (and deadlock a kernel that
     waits for another thread).  Unregistering goes to the background too."""
     addr, size = ch.staging
-    ch.staging = None
+    _set_staging(ch, None)
     r = p.state.host.pop(addr, None)
 
     def release() -> None:
@@ -108,10 +113,19 @@ def release_staging(p: Any, ch: Any) -> None:
 
 
 def _copy_event(p: Any, ch: Any) -> Any:
+    """The next of the channel's ring of events that mark staged copies done
+    (the fast path takes from the same ring, at the same place)."""
+    fc = ch.fast
     if not ch.copy_events:
         ch.copy_events = [p.backend.event_create(ch.dev, 2) for _ in range(COPY_EVENTS)]  # timing off
-    e = ch.copy_events[ch.copy_event_next % COPY_EVENTS]
-    ch.copy_event_next += 1
+        if fc is not None:
+            for i, e in enumerate(ch.copy_events):
+                fc.copy_events[i] = fastpath.ffi.cast("void *", p.backend.handle_value(e))
+    i = fc.copy_next if fc is not None else ch.copy_event_next
+    e = ch.copy_events[i % COPY_EVENTS]
+    if fc is not None:
+        fc.copy_next = (i + 1) & 0xFFFFFFFF
+    ch.copy_event_next = i + 1
     return e
 
 

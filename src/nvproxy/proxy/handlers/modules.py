@@ -18,6 +18,7 @@ def MODULE_LOAD(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     if p.state.images.get(a[0]) == payload and a[0] in p.state.device(ch.dev).modules:
         return  # already here (restored from an image): keep its variables' contents
     p.state.images[a[0]] = payload
+    p.forget()
     p.state.device(ch.dev).modules.pop(a[0], None)
     p.state.module(ch.dev, a[0])  # load now, so that a bad image fails here
 
@@ -26,6 +27,7 @@ def KERNEL_INFO(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tu
     mod_id, kid, name = a[0], a[1], _name(payload)
     p.state.kernel_names[kid] = (mod_id, name)
     d = p.state.device(ch.dev)
+    p.forget()
     d.kernels.pop(kid, None)
     k = p.state.kernel(ch.dev, kid)
     info = p.backend.kernel_info(k)
@@ -44,7 +46,7 @@ def VAR_INFO(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple
 
 
 def LAUNCH(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
-    k = p.state.kernel(ch.dev, a[0])
+    k = p.kernel(ch, a[0])
     grid = (a[1] & MASK32, a[1] >> 32, a[2] & MASK32)
     block = (a[2] >> 32, a[3] & MASK32, a[3] >> 32)
     p.backend.launch(k, grid, block, a[4], p.stream(ch, a[5]), payload, bool(a[6] & wire.NVP_LAUNCH_COOPERATIVE))

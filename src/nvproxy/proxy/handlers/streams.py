@@ -20,6 +20,7 @@ def STREAM_CREATE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
 
 def STREAM_DESTROY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     s = p.state.stream(a[0], ch.dev, None)
+    p.forget()
     del p.state.streams[a[0]]
     p.state.stream_args.pop(a[0], None)
     p.backend.stream_destroy(s)
@@ -36,7 +37,7 @@ def STREAM_QUERY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
 
 
 def STREAM_WAIT_EVENT(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
-    p.backend.stream_wait_event(p.stream(ch, a[0]), p.state.event(a[1]), a[2])
+    p.backend.stream_wait_event(p.stream(ch, a[0]), p.event(a[1]), a[2])
 
 
 def HOST_FUNC(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
@@ -51,22 +52,23 @@ def EVENT_CREATE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
 
 def EVENT_DESTROY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     e = p.state.event(a[0])
+    p.forget()
     del p.state.events[a[0]]
     p.state.event_flags.pop(a[0], None)
     p.backend.event_destroy(e)
 
 
 def EVENT_RECORD(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
-    p.backend.event_record(p.state.event(a[0]), p.stream(ch, a[1]), a[2])
+    p.backend.event_record(p.event(a[0]), p.stream(ch, a[1]), a[2])
 
 
 def EVENT_SYNC(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred:
-    e = p.state.event(a[0])
+    e = p.event(a[0])
     return Deferred(lambda: p.backend.event_sync(e), lambda: p.backend.event_query(e))
 
 
 def EVENT_QUERY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
-    if not p.backend.event_query(p.state.event(a[0])):
+    if not p.backend.event_query(p.event(a[0])):
         raise CudaError(NOT_READY)
 
 

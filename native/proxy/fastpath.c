@@ -1,0 +1,401 @@
+/* The proxy's native fast path (see fastpath.h).  Runs on the dispatcher
+ * thread only; Python calls in with the GIL released. */
+#include "fastpath.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "nvproxy_wire.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* cuLaunchKernel's `extra` keys */
+#define LAUNCH_PARAM_END ((void *)0x00)
+#define LAUNCH_PARAM_BUFFER_POINTER ((void *)0x01)
+#define LAUNCH_PARAM_BUFFER_SIZE ((void *)0x02)
+#define ERR_NOT_READY 600 /* CUDA_ERROR_NOT_READY, cudaErrorNotReady */
+#define MAX_PARAM_BYTES 32768 /* CUDA 12.1+ kernels take up to 32 KiB of parameters */
+
+/* ---- a small open-addressing map, uint64 -> entry ---- */
+struct entry {
+    uint64_t key;
+    int used;
+    void *handle;
+    uint32_t nparams;
+    uint32_t *offsets;
+};
+
+struct map {
+    struct entry *slots;
+    size_t cap, count;
+};
+
+static size_t hash(uint64_t k) { return (size_t)((k * 0x9E3779B97F4A7C15ull) >> 17); }
+
+static struct entry *map_find(const struct map *m, uint64_t key)
+{
+    if (!m->cap)
+        return NULL;
+    for (size_t i = hash(key) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
+        if (!m->slots[i].used)
+            return NULL;
+        if (m->slots[i].key == key)
+            return &m->slots[i];
+    }
+}
+
+static struct entry *map_put(struct map *m, uint64_t key)
+{
+    struct entry *e = map_find(m, key);
+    if (e)
+        return e;
+    if (2 * (m->count + 1) > m->cap) { /* grow: rehash everything */
+        size_t ncap = m->cap ? 2 * m->cap : 64;
+        struct entry *ns = calloc(ncap, sizeof *ns);
+        if (!ns)
+            return NULL;
+        for (size_t i = 0; i < m->cap; i++) {
+            if (!m->slots[i].used)
+                continue;
+            size_t j = hash(m->slots[i].key) & (ncap - 1);
+            while (ns[j].used)
+                j = (j + 1) & (ncap - 1);
+            ns[j] = m->slots[i];
+        }
+        free(m->slots);
+        m->slots = ns;
+        m->cap = ncap;
+    }
+    size_t i = hash(key) & (m->cap - 1);
+    while (m->slots[i].used)
+        i = (i + 1) & (m->cap - 1);
+    m->slots[i].used = 1;
+    m->slots[i].key = key;
+    m->count++;
+    return &m->slots[i];
+}
+
+static void map_clear(struct map *m)
+{
+    for (size_t i = 0; i < m->cap; i++)
+        free(m->slots[i].offsets);
+    free(m->slots);
+    m->slots = NULL;
+    m->cap = m->count = 0;
+}
+
+/* ---- state ---- */
+static struct nvpf_driver D;
+static int ready, text_fd = -1, translating;
+static volatile int text_pending;
+static long spin_ns = 50000;
+static struct map kernels, streams, events;
+static _Alignas(64) unsigned char params[MAX_PARAM_BYTES];
+
+EXPORT int nvpf_init(const struct nvpf_driver *drv, unsigned spin_us)
+{
+    D = *drv;
+    spin_ns = (long)spin_us * 1000;
+    ready = 1;
+    return 0;
+}
+
+static uint64_t kernel_key(int dev, uint64_t id) { return id << 8 | (uint64_t)(dev & 0xff); }
+
+EXPORT void nvpf_learn_kernel(int dev, uint64_t id, void *func, uint32_t nparams, const uint32_t *offsets)
+{
+    struct entry *e = map_put(&kernels, kernel_key(dev, id));
+    if (!e)
+        return;
+    free(e->offsets);
+    e->offsets = NULL;
+    e->handle = func;
+    e->nparams = nparams;
+    if (nparams && (e->offsets = malloc(nparams * sizeof *offsets)))
+        memcpy(e->offsets, offsets, nparams * sizeof *offsets);
+    else if (nparams) /* without its layout C cannot launch it cooperatively: forget it */
+        e->nparams = UINT32_MAX;
+}
+
+EXPORT void nvpf_learn_stream(uint64_t id, void *handle)
+{
+    struct entry *e = map_put(&streams, id);
+    if (e)
+        e->handle = handle;
+}
+
+EXPORT void nvpf_learn_event(uint64_t id, void *handle)
+{
+    struct entry *e = map_put(&events, id);
+    if (e)
+        e->handle = handle;
+}
+
+EXPORT void nvpf_forget_all(void)
+{
+    map_clear(&kernels);
+    map_clear(&streams);
+    map_clear(&events);
+}
+
+EXPORT void nvpf_set_text_fd(int fd) { text_fd = fd; }
+EXPORT void nvpf_set_translating(int on) { translating = on; }
+EXPORT void nvpf_set_text_pending(int on) { text_pending = on; }
+
+/* ---- execution ---- */
+enum { DONE, TO_PYTHON, REPLY_BY_PYTHON };
+
+static void async_failed(struct nvpf_chan *ch, int rc)
+{
+    if (rc && !ch->async_err)
+        ch->async_err = rc;
+}
+
+/* stream wire ids: 0 the legacy default stream, 2 the thread's per-thread stream */
+static int stream_of(const struct nvpf_chan *ch, uint64_t wire, void **out)
+{
+    if (wire == 0) {
+        *out = NULL;
+        return 1;
+    }
+    if (wire == 2) {
+        if (ch->dev < 0 || ch->dev >= NVPF_MAX_DEV || !ch->per_thread[ch->dev])
+            return 0;
+        *out = ch->per_thread[ch->dev];
+        return 1;
+    }
+    struct entry *e = map_find(&streams, wire);
+    if (!e)
+        return 0;
+    *out = e->handle;
+    return 1;
+}
+
+static int event_of(uint64_t wire, void **out)
+{
+    struct entry *e = map_find(&events, wire);
+    if (!e)
+        return 0;
+    *out = e->handle;
+    return 1;
+}
+
+static long now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+/* Poll for a short while: most waits find short work already done. */
+static int done_soon(int (*query)(void *), void *h)
+{
+    long end = now_ns() + spin_ns;
+    for (;;) {
+        int rc = query(h);
+        if (rc != ERR_NOT_READY)
+            return 1; /* done, or failed: the real wait reports which */
+        if (now_ns() > end)
+            return 0;
+    }
+}
+
+static int text_waiting(void)
+{
+    if (text_pending)
+        return 1;
+    if (text_fd < 0)
+        return 0;
+    struct pollfd p = {.fd = text_fd, .events = POLLIN};
+    return poll(&p, 1, 0) > 0;
+}
+
+/* Reply from here when nothing may come before it (Python's queued replies,
+ * kernel printf text); else leave it to Python. */
+static int reply(struct nvpf_chan *ch, int err)
+{
+    ch->reply_err = err;
+    ch->wait_kind = NVPF_WAIT_NONE;
+    if (ch->pending || text_waiting())
+        return REPLY_BY_PYTHON;
+    struct nvp_rep r;
+    memset(&r, 0, sizeof r);
+    r.len = sizeof r;
+    r.err = err;
+    r.async_err = ch->async_err;
+    ssize_t n = send(ch->fd, &r, sizeof r, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n == (ssize_t)sizeof r) {
+        ch->async_err = 0;
+        return DONE;
+    }
+    if (n <= 0)
+        return REPLY_BY_PYTHON; /* full (or closed): Python's blocking send deals with it */
+    /* a partial write of 32 bytes: finish it here, the stream must stay framed */
+    size_t off = (size_t)n;
+    while (off < sizeof r) {
+        n = send(ch->fd, (char *)&r + off, sizeof r - off, MSG_NOSIGNAL);
+        if (n > 0)
+            off += (size_t)n;
+        else if (n < 0 && errno == EAGAIN) {
+            struct pollfd p = {.fd = ch->fd, .events = POLLOUT};
+            poll(&p, 1, 1000);
+        } else
+            break;
+    }
+    ch->async_err = 0;
+    return DONE;
+}
+
+static int wait_then_reply(struct nvpf_chan *ch, int kind, void *h)
+{
+    int (*query)(void *) = kind == NVPF_WAIT_STREAM ? D.stream_query : D.event_query;
+    int (*wait)(void *) = kind == NVPF_WAIT_STREAM ? D.stream_sync : D.event_sync;
+    if (ch->pending || !done_soon(query, h)) {
+        ch->wait_kind = kind;
+        ch->wait_handle = h;
+        ch->reply_err = 0;
+        return REPLY_BY_PYTHON;
+    }
+    /* done: the real wait costs little now and reports errors as a native wait
+     * would (it also makes the driver flush kernel printf output) */
+    return reply(ch, wait(h));
+}
+
+static int launch(struct nvpf_chan *ch, const struct nvp_req *q, const uint8_t *payload, size_t plen)
+{
+    void *s;
+    struct entry *k = map_find(&kernels, kernel_key(ch->dev, q->a[0]));
+    if (!k || !stream_of(ch, q->a[5], &s) || plen > sizeof params)
+        return TO_PYTHON;
+    unsigned gx = (unsigned)q->a[1], gy = (unsigned)(q->a[1] >> 32), gz = (unsigned)q->a[2];
+    unsigned bx = (unsigned)(q->a[2] >> 32), by = (unsigned)q->a[3], bz = (unsigned)(q->a[3] >> 32);
+    unsigned shmem = (unsigned)q->a[4];
+    memcpy(params, payload, plen); /* aligned, whatever the message's place in the buffer */
+    int rc;
+    if (q->a[6] & NVP_LAUNCH_COOPERATIVE) {
+        if (k->nparams == UINT32_MAX || k->nparams > 1024)
+            return TO_PYTHON;
+        void *ptrs[1024];
+        for (uint32_t i = 0; i < k->nparams; i++) {
+            if (k->offsets[i] >= plen && plen)
+                return TO_PYTHON;
+            ptrs[i] = params + k->offsets[i];
+        }
+        rc = D.launch_cooperative(k->handle, gx, gy, gz, bx, by, bz, shmem, s, ptrs);
+    } else if (plen) {
+        size_t size = plen;
+        void *extra[] = {LAUNCH_PARAM_BUFFER_POINTER, params, LAUNCH_PARAM_BUFFER_SIZE, &size, LAUNCH_PARAM_END};
+        rc = D.launch(k->handle, gx, gy, gz, bx, by, bz, shmem, s, NULL, extra);
+    } else {
+        rc = D.launch(k->handle, gx, gy, gz, bx, by, bz, shmem, s, NULL, NULL);
+    }
+    async_failed(ch, rc);
+    return DONE;
+}
+
+static int execute(struct nvpf_chan *ch, const struct nvp_req *q, const uint8_t *payload, size_t plen)
+{
+    int wants_reply = q->flags & NVP_F_REPLY;
+    void *s, *e;
+    int rc;
+    switch (q->op) {
+    case NVP_OP_LAUNCH:
+        return wants_reply ? TO_PYTHON : launch(ch, q, payload, plen);
+    case NVP_OP_EVENT_RECORD:
+        if (wants_reply || !event_of(q->a[0], &e) || !stream_of(ch, q->a[1], &s))
+            return TO_PYTHON;
+        async_failed(ch, D.event_record(e, s, (unsigned)q->a[2]));
+        return DONE;
+    case NVP_OP_STREAM_WAIT_EVENT:
+        if (wants_reply || !stream_of(ch, q->a[0], &s) || !event_of(q->a[1], &e))
+            return TO_PYTHON;
+        async_failed(ch, D.stream_wait_event(s, e, (unsigned)q->a[2]));
+        return DONE;
+    case NVP_OP_MEMSET:
+        if (translating || !stream_of(ch, q->a[3], &s))
+            return TO_PYTHON;
+        rc = D.memset_async(q->a[0], (unsigned char)q->a[1], (size_t)q->a[2], s);
+        if (!wants_reply) {
+            async_failed(ch, rc);
+            return DONE;
+        }
+        return reply(ch, rc);
+    case NVP_OP_MEMCPY:
+        if (translating || !stream_of(ch, q->a[3], &s))
+            return TO_PYTHON;
+        rc = D.memcpy_async(q->a[0], q->a[1], (size_t)q->a[2], s);
+        if (!wants_reply) {
+            async_failed(ch, rc);
+            return DONE;
+        }
+        return rc ? reply(ch, rc) : wait_then_reply(ch, NVPF_WAIT_STREAM, s);
+    case NVP_OP_STAGED_COPY: {
+        uint64_t off = q->a[1], n = q->a[2];
+        void *ev = ch->copy_events[ch->copy_next % NVPF_COPY_EVENTS];
+        if (translating || !wants_reply || !ch->staging_base || !ev || off > ch->staging_size ||
+            n > ch->staging_size - off || !stream_of(ch, q->a[3], &s))
+            return TO_PYTHON; /* Python also reports the errors */
+        uint64_t host = ch->staging_base + off;
+        rc = q->a[4] ? D.memcpy_async(host, q->a[0], (size_t)n, s) : D.memcpy_async(q->a[0], host, (size_t)n, s);
+        if (rc)
+            return reply(ch, rc);
+        ch->copy_next++;
+        if ((rc = D.event_record(ev, s, 0)))
+            return reply(ch, rc);
+        return wait_then_reply(ch, NVPF_WAIT_EVENT, ev);
+    }
+    case NVP_OP_STREAM_SYNC:
+        if (!wants_reply || !stream_of(ch, q->a[0], &s))
+            return TO_PYTHON;
+        return wait_then_reply(ch, NVPF_WAIT_STREAM, s);
+    case NVP_OP_EVENT_SYNC:
+        if (!wants_reply || !event_of(q->a[0], &e))
+            return TO_PYTHON;
+        return wait_then_reply(ch, NVPF_WAIT_EVENT, e);
+    case NVP_OP_STREAM_QUERY:
+        if (!wants_reply || !stream_of(ch, q->a[0], &s))
+            return TO_PYTHON;
+        return reply(ch, D.stream_query(s));
+    case NVP_OP_EVENT_QUERY:
+        if (!wants_reply || !event_of(q->a[0], &e))
+            return TO_PYTHON;
+        return reply(ch, D.event_query(e));
+    case NVP_OP_FLUSH:
+        return wants_reply ? reply(ch, 0) : DONE;
+    default:
+        return TO_PYTHON;
+    }
+}
+
+EXPORT int nvpf_run(struct nvpf_chan *ch, const uint8_t *buf, size_t len, uint64_t *next_seq, size_t *consumed)
+{
+    size_t off = 0;
+    int why = NVPF_MORE;
+    while (ready && len - off >= sizeof(struct nvp_req)) {
+        struct nvp_req q;
+        memcpy(&q, buf + off, sizeof q);
+        if (q.len < sizeof q || q.len - sizeof q > NVP_MAX_PAYLOAD || q.seq != *next_seq) {
+            why = NVPF_PYTHON; /* malformed (Python says so), or not this call's turn */
+            break;
+        }
+        if (len - off < q.len)
+            break;
+        int r = execute(ch, &q, buf + off + sizeof q, q.len - sizeof q);
+        if (r == TO_PYTHON) {
+            why = NVPF_PYTHON;
+            break;
+        }
+        off += q.len;
+        (*next_seq)++;
+        if (r == REPLY_BY_PYTHON) {
+            why = NVPF_REPLY;
+            break;
+        }
+    }
+    *consumed = off;
+    return why;
+}

@@ -1,0 +1,74 @@
+/*
+ * The proxy's native fast path: the calls an application makes most often
+ * (launches, event records, copies, stream and event waits), executed in C
+ * straight from a channel's receive buffer, without the Python dispatcher.
+ *
+ * Python (proxy/fastpath.py) owns everything else: it learns each handle
+ * before C may use it (C stops at the first message naming one it does not
+ * know), does every other operation, and every reply C cannot send at once.
+ * The driver entry points come in a table, so tests can run this code
+ * against doubles where there is no GPU.
+ *
+ * Python reads the block between the CDEF markers with cffi.
+ */
+#ifndef NVPROXY_FASTPATH_H
+#define NVPROXY_FASTPATH_H
+#include <stddef.h>
+#include <stdint.h>
+
+/* CDEF-BEGIN */
+#define NVPF_MAX_DEV 64
+#define NVPF_COPY_EVENTS 8
+
+/* why nvpf_run returned */
+#define NVPF_MORE 0   /* every complete message is done */
+#define NVPF_PYTHON 1 /* the next message is Python's to execute */
+#define NVPF_REPLY 2  /* the last message done wants a reply that Python sends: wait_kind says after what */
+
+#define NVPF_WAIT_NONE 0   /* at once, with reply_err */
+#define NVPF_WAIT_STREAM 1 /* once wait_handle (a stream) is idle */
+#define NVPF_WAIT_EVENT 2  /* once wait_handle (an event) has completed */
+
+struct nvpf_driver {
+    int (*launch)(void *func, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                  unsigned shmem, void *stream, void **params, void **extra);
+    int (*launch_cooperative)(void *func, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                              unsigned bz, unsigned shmem, void *stream, void **params);
+    int (*memcpy_async)(uint64_t dst, uint64_t src, size_t n, void *stream);
+    int (*memset_async)(uint64_t dst, unsigned char value, size_t n, void *stream);
+    int (*event_record)(void *event, void *stream, unsigned flags);
+    int (*event_query)(void *event);
+    int (*event_sync)(void *event);
+    int (*stream_query)(void *stream);
+    int (*stream_sync)(void *stream);
+    int (*stream_wait_event)(void *stream, void *event, unsigned flags);
+};
+
+/* One channel (one application thread), shared with Python's Channel. */
+struct nvpf_chan {
+    int fd;             /* its socket (non-blocking) */
+    int dev;            /* the thread's current device */
+    int pending;        /* replies Python still owes: C must not reply before them */
+    int async_err;      /* first failure of an asynchronous call, for the next reply */
+    uint64_t staging_base, staging_size;
+    void *per_thread[NVPF_MAX_DEV]; /* the thread's per-thread default stream per device */
+    void *copy_events[NVPF_COPY_EVENTS];
+    uint32_t copy_next;
+    /* out, with NVPF_REPLY */
+    int wait_kind;
+    int reply_err;
+    void *wait_handle;
+};
+
+int nvpf_init(const struct nvpf_driver *drv, unsigned spin_us);
+void nvpf_set_text_fd(int fd); /* where kernel printf text arrives (-1: nowhere) */
+void nvpf_learn_kernel(int dev, uint64_t id, void *func, uint32_t nparams, const uint32_t *offsets);
+void nvpf_learn_stream(uint64_t id, void *handle);
+void nvpf_learn_event(uint64_t id, void *handle);
+void nvpf_forget_all(void);
+void nvpf_set_translating(int on);
+void nvpf_set_text_pending(int on);
+int nvpf_run(struct nvpf_chan *ch, const uint8_t *buf, size_t len, uint64_t *next_seq, size_t *consumed);
+/* CDEF-END */
+
+#endif

@@ -1,0 +1,126 @@
+"""The native fast path (native/proxy/fastpath.h), seen from Python.
+
+The dispatcher hands a channel's receive buffer to C, which executes the
+hottest calls (launches, event records, copies, stream and event waits) in
+call order until it meets one that Python must do.  C may only use handles
+Python taught it: the handlers teach a kernel, stream or event when they use
+it, and everything is forgotten whenever one is destroyed or reloaded.
+
+NVPROXY_FASTPATH=0 turns it off (every call then takes the Python path).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import cffi
+
+from .. import wire
+from ..errors import CudaError
+
+TEXT = wire.header_text("fastpath.h", "proxy")
+ffi = cffi.FFI()
+ffi.cdef(wire.cdef_block(TEXT))
+CONSTANTS = {k: int(v, 0) for k, v in re.findall(r"#define\s+(NVPF_\w+)\s+(\S+)", wire.cdef_block(TEXT))}
+MORE, PYTHON, REPLY = CONSTANTS["NVPF_MORE"], CONSTANTS["NVPF_PYTHON"], CONSTANTS["NVPF_REPLY"]
+WAIT_NONE, WAIT_STREAM, WAIT_EVENT = (CONSTANTS[f"NVPF_WAIT_{k}"] for k in ("NONE", "STREAM", "EVENT"))
+MAX_DEV = CONSTANTS["NVPF_MAX_DEV"]
+COPY_EVENTS = CONSTANTS["NVPF_COPY_EVENTS"]
+DRIVER_FIELDS = ("launch", "launch_cooperative", "memcpy_async", "memset_async", "event_record", "event_query",
+                 "event_sync", "stream_query", "stream_sync", "stream_wait_event")
+
+
+def library_path() -> Path:
+    return Path(__file__).resolve().parents[1] / "_native" / "libnvproxy_fast.so"
+
+
+def enabled() -> bool:
+    return os.environ.get("NVPROXY_FASTPATH", "1") != "0" and library_path().exists()
+
+
+class FastPath:
+    def __init__(self, driver: dict[str, int], spin_us: int = 50) -> None:
+        """driver: DRIVER_FIELDS -> function addresses (libcuda's, or test doubles)."""
+        self.lib = ffi.dlopen(str(library_path()))
+        self.drv = ffi.new("struct nvpf_driver *")
+        for name in DRIVER_FIELDS:
+            setattr(self.drv, name, ffi.cast(ffi.typeof(getattr(self.drv, name)), driver[name]))
+        self.lib.nvpf_init(self.drv, spin_us)
+        self._seq = ffi.new("uint64_t *")
+        self._consumed = ffi.new("size_t *")
+        self._kernels: set[tuple[int, int]] = set()
+        self._streams: set[int] = set()
+        self._events: set[int] = set()
+        self._translating = False
+
+    # ---- what C may use ----
+    def channel(self, fd: int) -> Any:
+        c = ffi.new("struct nvpf_chan *")
+        c.fd = fd
+        return c
+
+    # handles travel as integers: they come from another cffi instance (the backend's)
+    def learn_kernel(self, dev: int, kid: int, handle: int, offsets: list[int]) -> None:
+        if (dev, kid) in self._kernels:
+            return
+        offs = ffi.new("uint32_t[]", offsets or [0])
+        self.lib.nvpf_learn_kernel(dev, kid, ffi.cast("void *", handle), len(offsets), offs)
+        self._kernels.add((dev, kid))
+
+    def learn_stream(self, wire_id: int, handle: int) -> None:
+        if wire_id not in self._streams:
+            self.lib.nvpf_learn_stream(wire_id, ffi.cast("void *", handle))
+            self._streams.add(wire_id)
+
+    def learn_event(self, wire_id: int, handle: int) -> None:
+        if wire_id not in self._events:
+            self.lib.nvpf_learn_event(wire_id, ffi.cast("void *", handle))
+            self._events.add(wire_id)
+
+    def forget_all(self) -> None:
+        self.lib.nvpf_forget_all()
+        self._kernels.clear()
+        self._streams.clear()
+        self._events.clear()
+
+    def set_translating(self, on: bool) -> None:
+        if on != self._translating:
+            self.lib.nvpf_set_translating(int(on))
+            self._translating = on
+
+    def set_text_fd(self, fd: int) -> None:
+        self.lib.nvpf_set_text_fd(fd)
+
+    def set_text_pending(self, on: bool) -> None:
+        self.lib.nvpf_set_text_pending(int(on))
+
+    # ---- running ----
+    def run(self, chan: Any, buf: bytearray, next_seq: int) -> tuple[int, int, int]:
+        """(why it stopped, bytes consumed, next seq) for the messages at buf's start."""
+        self._seq[0] = next_seq
+        view = ffi.from_buffer("uint8_t[]", buf)
+        try:
+            why = self.lib.nvpf_run(chan, view, len(buf), self._seq, self._consumed)
+        finally:
+            ffi.release(view)
+        return why, int(self._consumed[0]), int(self._seq[0])
+
+    def waiter(self, chan: Any) -> Any:
+        """For a reply C left to Python: a function that waits as the call must, or None (reply at once)."""
+        kind, h = chan.wait_kind, chan.wait_handle
+        if kind == WAIT_STREAM:
+            fn = self.drv.stream_sync
+        elif kind == WAIT_EVENT:
+            fn = self.drv.event_sync
+        else:
+            return None
+
+        def wait() -> None:
+            rc = fn(h)
+            if rc:
+                raise CudaError(rc)
+
+        return wait

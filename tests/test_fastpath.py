@@ -1,0 +1,211 @@
+"""The proxy's native fast path (native/proxy/fastpath.c) against driver
+doubles: what it executes, in which order, where it stops for Python, and the
+replies it sends itself.  (The sim backend's test programs run through it too.)"""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import pytest
+
+from nvproxy import wire
+from nvproxy.proxy import fastpath
+from nvproxy.proxy.fastpath import ffi
+
+NOT_READY = 600
+STREAM, EVENT, KERNEL = 0x5000, 0x6000, 0x7000  # fake driver handles
+
+
+class Driver:
+    """Records every driver call; queries answer from `busy`."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.busy = False
+        self.fail_launch = 0
+        self._cbs = []
+        template = ffi.new("struct nvpf_driver *")
+        impl = {
+            "launch": self.launch,
+            "launch_cooperative": self.launch_cooperative,
+            "memcpy_async": lambda d, s, n, st: self._rec("memcpy", d, s, n, self.h(st)),
+            "memset_async": lambda d, v, n, st: self._rec("memset", d, v, n, self.h(st)),
+            "event_record": lambda e, s, f: self._rec("record", self.h(e), self.h(s), f),
+            "event_query": lambda e: NOT_READY if self.busy else self._rec("event_query", self.h(e)),
+            "event_sync": lambda e: self._rec("event_sync", self.h(e)),
+            "stream_query": lambda s: NOT_READY if self.busy else self._rec("stream_query", self.h(s)),
+            "stream_sync": lambda s: self._rec("stream_sync", self.h(s)),
+            "stream_wait_event": lambda s, e, f: self._rec("wait_event", self.h(s), self.h(e), f),
+        }
+        self.addresses = {}
+        for name in fastpath.DRIVER_FIELDS:
+            cb = ffi.callback(ffi.typeof(getattr(template, name)), impl[name])
+            self._cbs.append(cb)
+            self.addresses[name] = int(ffi.cast("uintptr_t", cb))
+
+    @staticmethod
+    def h(p) -> int:
+        return int(ffi.cast("uintptr_t", p))
+
+    def _rec(self, *call) -> int:
+        self.calls.append(call)
+        return 0
+
+    def launch(self, f, gx, gy, gz, bx, by, bz, shmem, s, params, extra) -> int:
+        data = b""
+        if extra != ffi.NULL:
+            data = ffi.buffer(extra[1], ffi.cast("size_t *", extra[3])[0])[:]
+        self.calls.append(("launch", self.h(f), (gx, gy, gz), (bx, by, bz), shmem, self.h(s), data))
+        return self.fail_launch
+
+    def launch_cooperative(self, f, gx, gy, gz, bx, by, bz, shmem, s, params) -> int:
+        self.calls.append(("coop", self.h(f), ffi.buffer(params[0], 4)[:], ffi.buffer(params[1], 8)[:]))
+        return 0
+
+
+def req(op: int, seq: int, *a: int, payload: bytes = b"", reply: bool = False) -> bytes:
+    args = list(a) + [0] * (8 - len(a))
+    return wire.REQ.pack(wire.REQ.size + len(payload), op, 1 if reply else 0, seq, *args) + payload
+
+
+def launch_req(seq: int, kernel: int = 1, stream: int = 0, payload: bytes = b"", coop: bool = False) -> bytes:
+    grid, block = (3, 2, 1), (128, 1, 1)
+    return req(wire.NVP_OP_LAUNCH, seq, kernel, grid[0] | grid[1] << 32, grid[2] | block[0] << 32,
+               block[1] | block[2] << 32, 64, stream, 1 if coop else 0, payload=payload)
+
+
+@pytest.fixture
+def setup():
+    if not fastpath.library_path().exists():
+        pytest.skip("the fast path library is not built")
+    drv = Driver()
+    fast = fastpath.FastPath(drv.addresses, spin_us=200)
+    fast.forget_all()
+    fast.set_text_fd(-1)
+    fast.set_text_pending(False)
+    fast.set_translating(False)
+    fast.learn_kernel(0, 1, KERNEL, [0, 8])
+    fast.learn_stream(3, STREAM)
+    fast.learn_event(4, EVENT)
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    chan = fast.channel(a.fileno())
+    yield fast, drv, chan, b
+    a.close()
+    b.close()
+
+
+def replies(sock: socket.socket) -> list[tuple]:
+    sock.settimeout(0.2)
+    out = []
+    try:
+        while True:
+            out.append(wire.REP.unpack(sock.recv(wire.REP.size)))
+    except (TimeoutError, BlockingIOError):
+        return out
+
+
+def test_runs_launches_in_order_and_stops_where_python_must(setup) -> None:
+    fast, drv, chan, _peer = setup
+    params = struct.pack("<iiQ", 7, 0, 0xDEADBEEF)
+    buf = bytearray(launch_req(10, payload=params) + launch_req(11, stream=3) + launch_req(12, kernel=99))
+    why, used, seq = fast.run(chan, buf, 10)
+    assert (why, seq) == (fastpath.PYTHON, 12)  # kernel 99 was never taught: Python's
+    assert used == len(launch_req(10, payload=params)) + len(launch_req(11))
+    assert drv.calls == [("launch", KERNEL, (3, 2, 1), (128, 1, 1), 64, 0, params),
+                         ("launch", KERNEL, (3, 2, 1), (128, 1, 1), 64, STREAM, b"")]
+
+
+def test_waits_for_its_turn_and_for_whole_messages(setup) -> None:
+    fast, drv, chan, _peer = setup
+    msg = launch_req(5)
+    assert fast.run(chan, bytearray(msg), 4)[:2] == (fastpath.PYTHON, 0)  # another thread's call comes first
+    assert fast.run(chan, bytearray(msg[:50]), 5) == (fastpath.MORE, 0, 5)
+    assert fast.run(chan, bytearray(msg + msg[:10]), 5) == (fastpath.MORE, len(msg), 6)
+    assert len(drv.calls) == 1
+
+
+def test_unknown_stream_and_per_thread_stream_go_to_python(setup) -> None:
+    fast, drv, chan, _peer = setup
+    assert fast.run(chan, bytearray(launch_req(1, stream=77)), 1)[0] == fastpath.PYTHON
+    assert fast.run(chan, bytearray(launch_req(1, stream=2)), 1)[0] == fastpath.PYTHON
+    chan.per_thread[0] = ffi.cast("void *", 0x9000)
+    assert fast.run(chan, bytearray(launch_req(1, stream=2)), 1)[0] == fastpath.MORE
+    assert drv.calls[0][5] == 0x9000
+
+
+def test_sync_replies_itself_with_the_async_error(setup) -> None:
+    fast, drv, chan, peer = setup
+    drv.fail_launch = 719
+    buf = bytearray(launch_req(1) + req(wire.NVP_OP_STREAM_SYNC, 2, 3, reply=True))
+    assert fast.run(chan, buf, 1) == (fastpath.MORE, len(buf), 3)
+    assert drv.calls[-2:] == [("stream_query", STREAM), ("stream_sync", STREAM)]
+    got = replies(peer)
+    assert [(r[1], r[2]) for r in got] == [(0, 719)]  # err, async_err
+    assert chan.async_err == 0
+
+
+def test_replies_that_must_wait_go_to_python(setup) -> None:
+    fast, drv, chan, peer = setup
+    drv.busy = True  # the stream does not finish within the spin
+    buf = bytearray(req(wire.NVP_OP_STREAM_SYNC, 1, 3, reply=True))
+    assert fast.run(chan, buf, 1) == (fastpath.REPLY, len(buf), 2)
+    assert chan.wait_kind == fastpath.WAIT_STREAM and Driver.h(chan.wait_handle) == STREAM
+    drv.busy = False
+    chan.pending = 1  # an earlier reply is still owed: this one must not overtake it
+    assert fast.run(chan, bytearray(req(wire.NVP_OP_EVENT_SYNC, 2, 4, reply=True)), 2)[0] == fastpath.REPLY
+    assert chan.wait_kind == fastpath.WAIT_EVENT
+    chan.pending = 0
+    fast.set_text_pending(True)  # kernel printf text must go out with the reply
+    assert fast.run(chan, bytearray(req(wire.NVP_OP_FLUSH, 3, reply=True)), 3)[0] == fastpath.REPLY
+    assert chan.wait_kind == fastpath.WAIT_NONE
+    assert replies(peer) == []
+
+
+def test_queries_report_not_ready(setup) -> None:
+    fast, drv, chan, peer = setup
+    drv.busy = True
+    buf = bytearray(req(wire.NVP_OP_EVENT_QUERY, 1, 4, reply=True) + req(wire.NVP_OP_STREAM_QUERY, 2, 3, reply=True))
+    assert fast.run(chan, buf, 1) == (fastpath.MORE, len(buf), 3)
+    assert [r[1] for r in replies(peer)] == [NOT_READY, NOT_READY]
+
+
+def test_copies_records_and_cooperative_launches(setup) -> None:
+    fast, drv, chan, peer = setup
+    ev = [ffi.cast("void *", 0xA000 + i) for i in range(fastpath.COPY_EVENTS)]
+    for i, e in enumerate(ev):
+        chan.copy_events[i] = e
+    chan.staging_base, chan.staging_size = 0x100000, 1 << 20
+    params = struct.pack("<iiQ", 5, 0, 42)
+    buf = bytearray(
+        req(wire.NVP_OP_EVENT_RECORD, 1, 4, 3, 0)
+        + req(wire.NVP_OP_STREAM_WAIT_EVENT, 2, 3, 4, 0)
+        + req(wire.NVP_OP_MEMSET, 3, 0x2000, 0xAB, 64, 3)
+        + req(wire.NVP_OP_MEMCPY, 4, 0x2000, 0x3000, 256, 3, reply=True)
+        + req(wire.NVP_OP_STAGED_COPY, 5, 0x2000, 4096, 8192, 3, 1, reply=True)
+        + launch_req(6, payload=params, coop=True)
+    )
+    assert fast.run(chan, buf, 1) == (fastpath.MORE, len(buf), 7)
+    assert drv.calls == [
+        ("record", EVENT, STREAM, 0), ("wait_event", STREAM, EVENT, 0), ("memset", 0x2000, 0xAB, 64, STREAM),
+        ("memcpy", 0x2000, 0x3000, 256, STREAM), ("stream_query", STREAM), ("stream_sync", STREAM),
+        ("memcpy", 0x100000 + 4096, 0x2000, 8192, STREAM), ("record", 0xA000, STREAM, 0),
+        ("event_query", 0xA000), ("event_sync", 0xA000),
+        ("coop", KERNEL, params[:4], params[8:]),
+    ]
+    assert chan.copy_next == 1
+    assert [r[1] for r in replies(peer)] == [0, 0]
+    # outside the staging buffer: Python reports the error
+    assert fast.run(chan, bytearray(req(wire.NVP_OP_STAGED_COPY, 7, 0, (1 << 20) - 8, 16, 3, 0, reply=True)),
+                    7)[0] == fastpath.PYTHON
+    fast.set_translating(True)  # relocated module variables: copies need Python's address translation
+    assert fast.run(chan, bytearray(req(wire.NVP_OP_MEMSET, 7, 0x2000, 0, 8, 3)), 7)[0] == fastpath.PYTHON
+
+
+def test_forgetting_sends_everything_back_to_python(setup) -> None:
+    fast, drv, chan, _peer = setup
+    fast.forget_all()
+    for msg in (launch_req(1), req(wire.NVP_OP_STREAM_SYNC, 1, 3, reply=True), req(wire.NVP_OP_EVENT_RECORD, 1, 4)):
+        assert fast.run(chan, bytearray(msg), 1)[:2] == (fastpath.PYTHON, 0)
+    assert drv.calls == []
