@@ -126,7 +126,7 @@ def test_dmtcp_public_sample(nvcc: str, tmp_path: Path, other_gpu: bool) -> None
     exe = tmp_path / "matrixMul"
     subprocess.run([nvcc, "-cudart", "shared", "-std=c++17", f"-I{SAMPLES / 'Common'}", f"-I{src}", "-o", str(exe),
                     str(src / "matrixMul.cu")], check=True)
-    args = ["-wA=4096", "-hA=4096", "-wB=4096", "-hB=4096"]  # a few seconds of kernels on an H200
+    args = ["-wA=8192", "-hA=8192", "-wB=8192", "-hB=8192"]  # seconds of kernels on an H200
     native = run([str(exe), *args], cwd=tmp_path)
     assert native.returncode == 0 and "Result = PASS" in native.stdout, native.stdout
     app = session.launch([sys.executable, "-m", "nvproxy", "run", "--backend", "gpu", "--", str(exe), *args])

@@ -93,13 +93,18 @@ static struct nvpf_driver D;
 static int ready, text_fd = -1, translating;
 static volatile int text_pending;
 static long spin_ns = 50000;
+/* A thread alone in its process holds up no other thread while the dispatcher
+ * polls for it, so it may poll much longer: a hand-off to a Python waiter
+ * thread costs tens of microseconds (a 4 MiB copy takes 80). */
+static long exclusive_spin_ns = 5000000;
 static struct map kernels, streams, events;
 static _Alignas(64) unsigned char params[MAX_PARAM_BYTES];
 
-EXPORT int nvpf_init(const struct nvpf_driver *drv, unsigned spin_us)
+EXPORT int nvpf_init(const struct nvpf_driver *drv, unsigned spin_us, unsigned exclusive_spin_us)
 {
     D = *drv;
     spin_ns = (long)spin_us * 1000;
+    exclusive_spin_ns = (long)exclusive_spin_us * 1000;
     ready = 1;
     return 0;
 }
@@ -192,9 +197,9 @@ static long now_ns(void)
 }
 
 /* Poll for a short while: most waits find short work already done. */
-static int done_soon(int (*query)(void *), void *h)
+static int done_soon(int (*query)(void *), void *h, long limit_ns)
 {
-    long end = now_ns() + spin_ns;
+    long end = now_ns() + limit_ns;
     for (;;) {
         int rc = query(h);
         if (rc != ERR_NOT_READY)
@@ -254,7 +259,7 @@ static int wait_then_reply(struct nvpf_chan *ch, int kind, void *h)
 {
     int (*query)(void *) = kind == NVPF_WAIT_STREAM ? D.stream_query : D.event_query;
     int (*wait)(void *) = kind == NVPF_WAIT_STREAM ? D.stream_sync : D.event_sync;
-    if (ch->pending || !done_soon(query, h)) {
+    if (ch->pending || !done_soon(query, h, ch->exclusive ? exclusive_spin_ns : spin_ns)) {
         ch->wait_kind = kind;
         ch->wait_handle = h;
         ch->reply_err = 0;

@@ -49,6 +49,7 @@ struct nvpf_chan {
     int fd;             /* its socket (non-blocking) */
     int dev;            /* the thread's current device */
     int pending;        /* replies Python still owes: C must not reply before them */
+    int exclusive;      /* the process's only calling thread: nobody else waits while C spins */
     int async_err;      /* first failure of an asynchronous call, for the next reply */
     uint64_t staging_base, staging_size;
     void *per_thread[NVPF_MAX_DEV]; /* the thread's per-thread default stream per device */
@@ -60,7 +61,7 @@ struct nvpf_chan {
     void *wait_handle;
 };
 
-int nvpf_init(const struct nvpf_driver *drv, unsigned spin_us);
+int nvpf_init(const struct nvpf_driver *drv, unsigned spin_us, unsigned exclusive_spin_us);
 void nvpf_set_text_fd(int fd); /* where kernel printf text arrives (-1: nowhere) */
 void nvpf_learn_kernel(int dev, uint64_t id, void *func, uint32_t nparams, const uint32_t *offsets);
 void nvpf_learn_stream(uint64_t id, void *handle);

@@ -284,7 +284,14 @@ static cudaError_t simple_wait(uint16_t op, uint64_t a0)
     return nvp_ret(nvp_call(op, a, NULL, 0, &r, -1));
 }
 
-NVP_EXPORT cudaError_t cudaDeviceSynchronize(void) { return simple_wait(NVP_OP_DEVICE_SYNC, 0); }
+NVP_EXPORT cudaError_t cudaDeviceSynchronize(void)
+{
+    uint64_t sent = nvp_async_sent();
+    cudaError_t e = simple_wait(NVP_OP_DEVICE_SYNC, 0);
+    if (!e) /* memory freed before this is free to use again */
+        nvp_note_device_idle(nvp_current_device(), sent);
+    return e;
+}
 
 NVP_EXPORT cudaError_t cudaDeviceReset(void)
 {
@@ -295,7 +302,10 @@ NVP_EXPORT cudaError_t cudaDeviceReset(void)
         return nvp_ret(e);
     uint64_t a[NVP_MAX_ARGS] = {0};
     struct nvp_reply r = {0};
-    return nvp_ret(nvp_call(NVP_OP_DEVICE_RESET, a, NULL, 0, &r, -1));
+    e = nvp_call(NVP_OP_DEVICE_RESET, a, NULL, 0, &r, -1);
+    if (!e)
+        nvp_suballoc_reset(nvp_current_device());
+    return nvp_ret(e);
 }
 
 NVP_EXPORT cudaError_t cudaThreadSynchronize(void) { return cudaDeviceSynchronize(); }

@@ -45,13 +45,18 @@ static cudaError_t device_alloc(void **p, size_t size)
         *p = NULL;
         return cudaSuccess;
     }
-    uint64_t a[NVP_MAX_ARGS] = {size};
-    struct nvp_reply r = {0};
-    e = nvp_call(NVP_OP_MALLOC, a, NULL, 0, &r, -1);
+    uint64_t addr;
+    e = nvp_suballoc(size, &addr);
+    if (e == cudaErrorNotSupported) {
+        uint64_t a[NVP_MAX_ARGS] = {size};
+        struct nvp_reply r = {0};
+        e = nvp_call(NVP_OP_MALLOC, a, NULL, 0, &r, -1);
+        addr = r.h.r[0];
+    }
     if (e)
         return nvp_ret(e);
-    nvp_alloc_add(r.h.r[0], size);
-    *p = (void *)(uintptr_t)r.h.r[0];
+    nvp_alloc_add(addr, size);
+    *p = (void *)(uintptr_t)addr;
     return cudaSuccess;
 }
 
@@ -79,6 +84,8 @@ NVP_EXPORT cudaError_t cudaFree(void *devPtr)
     if (nvp_alloc_remove(p) != 0)
         return nvp_ret(cudaErrorInvalidValue);
     nvp_pool_forget(p);
+    if (nvp_subfree(p) == 0)
+        return cudaSuccess;
     uint64_t a[NVP_MAX_ARGS] = {p};
     return nvp_ret(nvp_call(NVP_OP_FREE, a, NULL, 0, NULL, -1));
 }

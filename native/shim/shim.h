@@ -70,6 +70,14 @@ int nvp_is_sticky(cudaError_t err);
 void nvp_set_sticky(cudaError_t err);
 
 /* ---- tables.c ---- */
+/* Small device allocations carved out locally (suballoc.c). */
+cudaError_t nvp_suballoc(size_t size, uint64_t *out); /* cudaErrorNotSupported: too large, ask the proxy */
+int nvp_subfree(uint64_t addr);                       /* 0 if addr was one */
+void nvp_suballoc_reset(int dev);
+void nvp_note_async_sent(void); /* a fire-and-forget request went out */
+uint64_t nvp_async_sent(void);
+void nvp_note_device_idle(int dev, uint64_t sent_before); /* the device finished those */
+
 /* Device allocations (cudaMalloc family) known to the shim. */
 void nvp_alloc_add(uint64_t base, uint64_t size);
 int nvp_alloc_remove(uint64_t base); /* 0 if base was a live allocation */

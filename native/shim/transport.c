@@ -511,6 +511,8 @@ static cudaError_t send_req(uint16_t op, uint16_t flags, const uint64_t a[NVP_MA
     h.seq = atomic_fetch_add(&G.seq, 1) + 1;
     if (write_all(T.fd, iov, n, fd) != 0)
         return mark_dead(strerror(errno));
+    if (!(flags & NVP_F_REPLY)) /* device work that may still run after this returns */
+        nvp_note_async_sent();
     if (G.trace)
         nvp_log("nvproxy: -> op %u seq %llu", op, (unsigned long long)h.seq);
     return cudaSuccess;

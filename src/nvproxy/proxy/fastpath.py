@@ -42,13 +42,13 @@ def enabled() -> bool:
 
 
 class FastPath:
-    def __init__(self, driver: dict[str, int], spin_us: int = 50) -> None:
+    def __init__(self, driver: dict[str, int], spin_us: int = 50, exclusive_spin_us: int = 5000) -> None:
         """driver: DRIVER_FIELDS -> function addresses (libcuda's, or test doubles)."""
         self.lib = ffi.dlopen(str(library_path()))
         self.drv = ffi.new("struct nvpf_driver *")
         for name in DRIVER_FIELDS:
             setattr(self.drv, name, ffi.cast(ffi.typeof(getattr(self.drv, name)), driver[name]))
-        self.lib.nvpf_init(self.drv, spin_us)
+        self.lib.nvpf_init(self.drv, spin_us, exclusive_spin_us)
         self._seq = ffi.new("uint64_t *")
         self._consumed = ffi.new("size_t *")
         self._kernels: set[tuple[int, int]] = set()

@@ -166,6 +166,7 @@ class Server:
         self.callback_channel: Channel | None = None
         self.callback_lock = threading.Lock()
         self.channels: set[Channel] = set()
+        self.calling_threads = 0  # call channels open
         self.running = True
         self.handed_over = False
         if listener is None:
@@ -234,6 +235,8 @@ class Server:
         self.running = False
 
     def _drop(self, ch: Channel) -> None:
+        if ch in self.channels and ch.kind == wire.NVP_CHAN_CALL:
+            self.calling_threads -= 1
         self.channels.discard(ch)
         try:
             self.sel.unregister(ch.sock)
@@ -281,6 +284,7 @@ class Server:
         self.backend.activate(ch.dev)
         while True:
             fc.dev, fc.pending, fc.async_err = ch.dev, ch._pending, ch.async_err
+            fc.exclusive = self.calling_threads == 1
             why, used, self.next_seq = fast.run(fc, ch.rbuf, self.next_seq)
             ch.async_err = fc.async_err
             if used:
@@ -324,6 +328,8 @@ class Server:
             self._drop(ch)
             return
         ch.tid, ch.kind = a[1], a[3]
+        if ch.kind == wire.NVP_CHAN_CALL:
+            self.calling_threads += 1
         ch.reply(((self.backend.device_count(), 1 if self.backend.name == "sim" else 0, os.getpid(),
                    self.backend.driver_version()), b""), 0)
         if ch.kind == wire.NVP_CHAN_CALLBACK:
@@ -479,6 +485,7 @@ class Server:
             s = socket.socket(fileno=next(it))
             ch = self._add_channel(s)
             ch.tid, ch.kind, ch.dev, ch.async_err = d["tid"], d["kind"], d["dev"], d["async_err"]
+            self.calling_threads += ch.kind == wire.NVP_CHAN_CALL
             if d["staging"]:
                 from .handlers.memory import adopt_staging
 
