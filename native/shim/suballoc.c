@@ -1,18 +1,17 @@
 /* Small device allocations without a round trip: cudaMalloc of up to 2 MiB
- * carves blocks out of chunks that the proxy allocates in its arena (4 or
- * 16 MiB each), one free list per power-of-two size class and device.
+ * carves blocks out of chunks that the proxy allocates in its arena, one free list per power-of-two size class and device.
  *
  * The proxy sees only the chunks: they are ordinary allocations of its
  * arena, so checkpoints save them whole and restores put them back at the
  * same addresses; these lists live in the application's memory and come
- * back with it.
+ * back with it.  Chunks are 4 MiB, 32 MiB for blocks of 512 KiB and more.
  *
  * cudaFree waits for the device before the memory can be used again.  Here a
  * freed block waits in quarantine, stamped with the count of asynchronous
  * requests sent so far, until the device is known to have finished them (a
  * cudaDeviceSynchronize that started after them succeeded).  An allocation
- * that finds its list empty takes another chunk while little memory is in
- * quarantine, and otherwise synchronises the device once to recycle it. */
+ * that finds its list empty synchronises the device once to recycle them when
+ * a chunk's worth waits, and otherwise takes another chunk. */
 #include "shim.h"
 
 #include <stdatomic.h>
@@ -135,10 +134,12 @@ static uint64_t quarantined(int dev)
 }
 
 /* A new chunk for class c from the proxy, cut into blocks (lock held). */
+static size_t chunk_size(int c) { return c + MIN_SHIFT >= 19 ? 32u << 20 : 4u << 20; }
+
 static cudaError_t grow(int dev, int c)
 {
     size_t bsize = (size_t)1 << (c + MIN_SHIFT);
-    size_t chunk = bsize >= (512u << 10) ? 16u << 20 : 4u << 20;
+    size_t chunk = chunk_size(c);
     uint64_t a[NVP_MAX_ARGS] = {chunk};
     struct nvp_reply r = {0};
     cudaError_t e = nvp_call(NVP_OP_MALLOC, a, NULL, 0, &r, -1);
@@ -167,7 +168,9 @@ cudaError_t nvp_suballoc(size_t size, uint64_t *out)
     cudaError_t e = cudaSuccess;
     if (!p->free)
         recycle(p, c, atomic_load(&idle_after[dev]));
-    if (!p->free && p->quarantine && quarantined(dev) >= QUARANTINE_LIMIT) {
+    /* a chunk's worth waiting (or too much on the device): one synchronisation
+     * recycles it for less than a new chunk would cost */
+    if (!p->free && p->quarantine && (p->quarantined >= chunk_size(c) || quarantined(dev) >= QUARANTINE_LIMIT)) {
         /* synchronise once, as the cudaFree calls would have, and reuse */
         uint64_t sent = nvp_async_sent();
         uint64_t a[NVP_MAX_ARGS] = {0};
