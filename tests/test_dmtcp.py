@@ -72,7 +72,8 @@ class Session:
             else:
                 ck = subprocess.run([sys.executable, "-m", "nvproxy", "checkpoint", "--dmtcp", "--coord-port",
                                      self.port], env=self.env, capture_output=True, text=True, timeout=300)
-            assert ck.returncode == 0, ck.stderr
+            # (dmtcp_command -kc of DMTCP 4.2 exits 2 once the killed computation's coordinator is gone)
+            assert ck.returncode == 0 or "checkpointed and killed" in ck.stdout, ck.stdout + ck.stderr
             if not kill_command:
                 subprocess.run([*command, "-k"], env=self.env, capture_output=True, timeout=60)
             app.wait(timeout=120)
@@ -126,7 +127,7 @@ def test_dmtcp_public_sample(nvcc: str, tmp_path: Path, other_gpu: bool) -> None
     exe = tmp_path / "matrixMul"
     subprocess.run([nvcc, "-cudart", "shared", "-std=c++17", f"-I{SAMPLES / 'Common'}", f"-I{src}", "-o", str(exe),
                     str(src / "matrixMul.cu")], check=True)
-    args = ["-wA=8192", "-hA=8192", "-wB=8192", "-hB=8192"]  # seconds of kernels on an H200
+    args = ["-wA=8192", "-hA=8192", "-wB=8192", "-hB=8192"]  # 300 products of 8192x8192 matrices: seconds
     t = time.monotonic()
     native = run([str(exe), *args], cwd=tmp_path)
     native_s = time.monotonic() - t
