@@ -54,3 +54,12 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env.pop("LD_PRELOAD", None)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=kw.pop("timeout", TIMEOUT), env=env, **kw)
+
+
+def gpu_count() -> int:
+    """How many GPUs nvidia-smi lists (0 without it)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))

@@ -24,6 +24,7 @@ PROGRAMS = [
     ("device_query", ()),
     ("mempool", ()),
     ("pitched3d", ()),
+    ("small_allocs", ()),
 ]
 IDS = ["-".join((n, *a)) for n, a in PROGRAMS]
 

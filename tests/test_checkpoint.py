@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import APPS, nvproxy_cmd, run
+from conftest import APPS, gpu_count, nvproxy_cmd, run
 
 from nvproxy.checkpoint.image import ImageError, read_header
 
@@ -117,17 +117,9 @@ def test_apps_dir_has_the_program() -> None:
     assert (APPS / "ckpt_steps.cu").exists() and (APPS / "ckpt_steps_sim.py").exists()
 
 
-def _gpu_count() -> int:
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
-
-
 @pytest.mark.gpu
 def test_migrate_to_another_gpu(build) -> None:
-    if _gpu_count() < 2:
+    if gpu_count() < 2:
         pytest.skip("needs two GPUs (nvidia-smi -L lists fewer)")
     exe = build("ckpt_steps")
     reference = run(nvproxy_cmd(exe, "gpu", "ckpt_steps", "20", "0"))

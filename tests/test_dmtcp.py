@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import nvproxy_cmd, run
+from conftest import gpu_count, nvproxy_cmd, run
 
 BACKENDS = ["sim", pytest.param("gpu", marks=pytest.mark.gpu)]
 
@@ -105,11 +105,6 @@ def test_dmtcp_checkpoint_kill_restart(build, backend: str, tmp_path: Path) -> N
     assert "restoring the GPU state" in r.stderr
 
 
-def _gpu_count() -> int:
-    r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
-    return len([line for line in r.stdout.splitlines() if line.startswith("GPU ")])
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("other_gpu", [False, True], ids=["same-gpu", "other-gpu"])
 def test_dmtcp_public_sample(nvcc: str, tmp_path: Path, other_gpu: bool) -> None:
@@ -118,7 +113,7 @@ def test_dmtcp_public_sample(nvcc: str, tmp_path: Path, other_gpu: bool) -> None
     (dmtcp_restart), on the same GPU or on the other one, prints what a native run prints."""
     from test_public_samples import SAMPLES, stable
 
-    if other_gpu and _gpu_count() < 2:
+    if other_gpu and gpu_count() < 2:
         pytest.skip("needs two GPUs (nvidia-smi -L lists fewer)")
     src = SAMPLES / "Samples" / "0_Introduction" / "matrixMul"
     if not src.is_dir():

@@ -303,8 +303,13 @@ NVP_EXPORT cudaError_t cudaDeviceReset(void)
     uint64_t a[NVP_MAX_ARGS] = {0};
     struct nvp_reply r = {0};
     e = nvp_call(NVP_OP_DEVICE_RESET, a, NULL, 0, &r, -1);
-    if (!e)
-        nvp_suballoc_reset(nvp_current_device());
+    if (!e) { /* the proxy freed every allocation of the device */
+        int dev = nvp_current_device();
+        const struct nvp_device_info *d = nvp_device_info(dev);
+        if (d)
+            nvp_alloc_forget(d->arena_base, d->arena_base + d->arena_size);
+        nvp_suballoc_reset(dev);
+    }
     return nvp_ret(e);
 }
 

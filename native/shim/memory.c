@@ -46,7 +46,8 @@ static cudaError_t device_alloc(void **p, size_t size)
         return cudaSuccess;
     }
     uint64_t addr;
-    e = nvp_suballoc(size, &addr);
+    int tag = NVP_ALLOC_PROXY;
+    e = nvp_suballoc(size, &addr, &tag);
     if (e == cudaErrorNotSupported) {
         uint64_t a[NVP_MAX_ARGS] = {size};
         struct nvp_reply r = {0};
@@ -55,7 +56,7 @@ static cudaError_t device_alloc(void **p, size_t size)
     }
     if (e)
         return nvp_ret(e);
-    nvp_alloc_add(addr, size);
+    nvp_alloc_add(addr, size, tag);
     *p = (void *)(uintptr_t)addr;
     return cudaSuccess;
 }
@@ -81,11 +82,14 @@ NVP_EXPORT cudaError_t cudaFree(void *devPtr)
     if (!devPtr)
         return cudaSuccess;
     uint64_t p = (uint64_t)(uintptr_t)devPtr;
-    if (nvp_alloc_remove(p) != 0)
+    int tag;
+    if (nvp_alloc_remove(p, &tag) != 0)
         return nvp_ret(cudaErrorInvalidValue);
     nvp_pool_forget(p);
-    if (nvp_subfree(p) == 0)
+    if (tag != NVP_ALLOC_PROXY) {
+        nvp_subfree(p, tag);
         return cudaSuccess;
+    }
     uint64_t a[NVP_MAX_ARGS] = {p};
     return nvp_ret(nvp_call(NVP_OP_FREE, a, NULL, 0, NULL, -1));
 }

@@ -70,17 +70,20 @@ int nvp_is_sticky(cudaError_t err);
 void nvp_set_sticky(cudaError_t err);
 
 /* ---- tables.c ---- */
-/* Small device allocations carved out locally (suballoc.c). */
-cudaError_t nvp_suballoc(size_t size, uint64_t *out); /* cudaErrorNotSupported: too large, ask the proxy */
-int nvp_subfree(uint64_t addr);                       /* 0 if addr was one */
+/* Small device allocations carved out locally (suballoc.c); tag says where
+ * the block belongs (kept beside the allocation in the table below). */
+cudaError_t nvp_suballoc(size_t size, uint64_t *out, int *tag); /* cudaErrorNotSupported: ask the proxy */
+void nvp_subfree(uint64_t addr, int tag);
 void nvp_suballoc_reset(int dev);
 void nvp_note_async_sent(void); /* a fire-and-forget request went out */
 uint64_t nvp_async_sent(void);
 void nvp_note_device_idle(int dev, uint64_t sent_before); /* the device finished those */
 
 /* Device allocations (cudaMalloc family) known to the shim. */
-void nvp_alloc_add(uint64_t base, uint64_t size);
-int nvp_alloc_remove(uint64_t base); /* 0 if base was a live allocation */
+#define NVP_ALLOC_PROXY 0 /* tag of an allocation the proxy made itself */
+void nvp_alloc_add(uint64_t base, uint64_t size, int tag);
+int nvp_alloc_remove(uint64_t base, int *tag); /* 0 if base was a live allocation */
+void nvp_alloc_forget(uint64_t lo, uint64_t hi); /* every allocation based in [lo, hi) */
 /* Does [p, p+n) lie in the device arena; and if so, inside a live allocation? */
 int nvp_in_arena(uint64_t p);
 int nvp_alloc_contains(uint64_t p, uint64_t n);

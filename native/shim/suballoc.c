@@ -38,12 +38,9 @@ struct pool {
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct pool pools[MAX_DEV][NCLASS];
 static struct block *spare; /* unused list nodes */
-/* addr -> (device, class) of live sub-allocations: a sorted array */
-static struct live {
-    uint64_t addr;
-    int dev, cls;
-} *live;
-static size_t nlive, cap_live;
+
+/* the allocation table's tag of a block: its device and class, never NVP_ALLOC_PROXY */
+static int tag_of(int dev, int cls) { return 1 + dev * NCLASS + cls; }
 
 static _Atomic uint64_t async_sent;       /* fire-and-forget requests written so far */
 static _Atomic uint64_t idle_after[MAX_DEV]; /* device d finished everything up to this count */
@@ -68,19 +65,6 @@ static int class_of(size_t size)
     return c - MIN_SHIFT;
 }
 
-static size_t live_index(uint64_t addr)
-{
-    size_t lo = 0, hi = nlive;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (live[mid].addr < addr)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
 static struct block *node(void)
 {
     struct block *b = spare;
@@ -89,23 +73,6 @@ static struct block *node(void)
     else
         b = malloc(sizeof *b);
     return b;
-}
-
-static int add_live(uint64_t addr, int dev, int cls)
-{
-    if (nlive == cap_live) {
-        size_t cap = cap_live ? 2 * cap_live : 256;
-        struct live *v = realloc(live, cap * sizeof *v);
-        if (!v)
-            return -1;
-        live = v;
-        cap_live = cap;
-    }
-    size_t i = live_index(addr);
-    memmove(live + i + 1, live + i, (nlive - i) * sizeof *live);
-    live[i] = (struct live){addr, dev, cls};
-    nlive++;
-    return 0;
 }
 
 /* quarantined blocks the device has finished with go back to the free list */
@@ -157,7 +124,7 @@ static cudaError_t grow(int dev, int c)
     return cudaSuccess;
 }
 
-cudaError_t nvp_suballoc(size_t size, uint64_t *out)
+cudaError_t nvp_suballoc(size_t size, uint64_t *out, int *tag)
 {
     int dev = nvp_current_device();
     if (size > ((size_t)1 << MAX_SHIFT) || dev < 0 || dev >= MAX_DEV)
@@ -184,44 +151,33 @@ cudaError_t nvp_suballoc(size_t size, uint64_t *out)
         e = grow(dev, c);
     if (!e) {
         struct block *b = p->free;
-        if (add_live(b->addr, dev, c) != 0) {
-            e = cudaErrorMemoryAllocation;
-        } else {
-            p->free = b->next;
-            *out = b->addr;
-            b->next = spare;
-            spare = b;
-        }
+        p->free = b->next;
+        *out = b->addr;
+        *tag = tag_of(dev, c);
+        b->next = spare;
+        spare = b;
     }
     pthread_mutex_unlock(&lock);
     return e;
 }
 
-int nvp_subfree(uint64_t addr)
+void nvp_subfree(uint64_t addr, int tag)
 {
+    int dev = (tag - 1) / NCLASS, cls = (tag - 1) % NCLASS;
     pthread_mutex_lock(&lock);
-    size_t i = live_index(addr);
-    if (i >= nlive || live[i].addr != addr) {
-        pthread_mutex_unlock(&lock);
-        return -1;
-    }
-    struct live l = live[i];
-    memmove(live + i, live + i + 1, (nlive - i - 1) * sizeof *live);
-    nlive--;
     struct block *b = node();
     if (b) { /* (without a node the block is lost, not misused) */
-        struct pool *p = &pools[l.dev][l.cls];
+        struct pool *p = &pools[dev][cls];
         b->addr = addr;
         b->ready_after = nvp_async_sent();
         b->next = p->quarantine;
         p->quarantine = b;
-        p->quarantined += (uint64_t)1 << (l.cls + MIN_SHIFT);
+        p->quarantined += (uint64_t)1 << (cls + MIN_SHIFT);
     }
     pthread_mutex_unlock(&lock);
-    return 0;
 }
 
-/* cudaDeviceReset: the proxy freed the chunks */
+/* cudaDeviceReset: the proxy freed the chunks (and device.c forgets the allocations) */
 void nvp_suballoc_reset(int dev)
 {
     if (dev < 0 || dev >= MAX_DEV)
@@ -240,10 +196,5 @@ void nvp_suballoc_reset(int dev)
         p->free = p->quarantine = NULL;
         p->quarantined = 0;
     }
-    size_t k = 0;
-    for (size_t i = 0; i < nlive; i++)
-        if (live[i].dev != dev)
-            live[k++] = live[i];
-    nlive = k;
     pthread_mutex_unlock(&lock);
 }

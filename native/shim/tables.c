@@ -8,6 +8,7 @@
 /* ---- ranges: sorted arrays, bisected; few entries, rare updates ---- */
 struct range {
     uint64_t base, size;
+    int tag; /* allocations: who carved it (nvp_alloc_add) */
     struct nvp_host_region host;
 };
 struct ranges {
@@ -82,13 +83,32 @@ static int ranges_find(struct ranges *r, uint64_t p, uint64_t n, struct range *o
     return ok;
 }
 
-void nvp_alloc_add(uint64_t base, uint64_t size)
+void nvp_alloc_add(uint64_t base, uint64_t size, int tag)
 {
-    struct range x = {.base = base, .size = size};
+    struct range x = {.base = base, .size = size, .tag = tag};
     ranges_add(&allocs, &x);
 }
 
-int nvp_alloc_remove(uint64_t base) { return ranges_remove(&allocs, base, NULL); }
+int nvp_alloc_remove(uint64_t base, int *tag)
+{
+    struct range x;
+    if (ranges_remove(&allocs, base, &x) != 0)
+        return -1;
+    if (tag)
+        *tag = x.tag;
+    return 0;
+}
+
+void nvp_alloc_forget(uint64_t lo, uint64_t hi)
+{
+    pthread_mutex_lock(&allocs.lock);
+    size_t k = 0;
+    for (size_t i = 0; i < allocs.n; i++)
+        if (allocs.v[i].base < lo || allocs.v[i].base >= hi)
+            allocs.v[k++] = allocs.v[i];
+    allocs.n = k;
+    pthread_mutex_unlock(&allocs.lock);
+}
 
 int nvp_in_arena(uint64_t p)
 {

@@ -12,9 +12,8 @@ from pathlib import Path
 from . import shim_path
 
 
-def private_dir() -> Path:
-    rt = os.environ.get("XDG_RUNTIME_DIR")
-    d = Path(rt) / "nvproxy" if rt else Path(f"/tmp/nvproxy-{os.getuid()}")
+def _private(d: Path) -> Path:
+    """d, made 0700 if missing; SystemExit unless it is a real directory of this user, closed to others."""
     d.mkdir(mode=0o700, exist_ok=True)
     st = d.lstat()
     if not d.is_dir() or d.is_symlink() or st.st_uid != os.getuid() or st.st_mode & 0o077:
@@ -22,19 +21,19 @@ def private_dir() -> Path:
     return d
 
 
+def private_dir() -> Path:
+    rt = os.environ.get("XDG_RUNTIME_DIR")
+    return _private(Path(rt) / "nvproxy" if rt else Path(f"/tmp/nvproxy-{os.getuid()}"))
+
+
 def image_dir(nbytes: int) -> Path:
     """Where a transient image (a migration's) of about nbytes goes: a private
-    folder in /dev/shm when the image fits there with room to spare (memory
-    moves 20+ GB/s; the VMs' disks 1-2 GB/s), else the private directory."""
-    shm = Path("/dev/shm")
+    folder in /dev/shm when the image fits there with room to spare (faster than
+    these VMs' disks, see docs/checkpoint.md), else the private directory."""
     try:
-        st = os.statvfs(shm)
+        st = os.statvfs("/dev/shm")
         if st.f_bavail * st.f_frsize > nbytes + (nbytes >> 3) + (256 << 20):
-            d = shm / f"nvproxy-{os.getuid()}"
-            d.mkdir(mode=0o700, exist_ok=True)
-            lst = d.lstat()
-            if d.is_dir() and not d.is_symlink() and lst.st_uid == os.getuid() and not lst.st_mode & 0o077:
-                return d
+            return _private(Path(f"/dev/shm/nvproxy-{os.getuid()}"))
     except OSError:
         pass
     return private_dir()

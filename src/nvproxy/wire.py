@@ -33,9 +33,12 @@ ffi = cffi.FFI()
 ffi.cdef(cdef_block(HEADER))
 _lib = ffi.dlopen(None)
 
-CONSTANTS: dict[str, int] = {
-    name: int(value, 0) for name, value in re.findall(r"#define\s+(NVP_\w+)\s+(\S+)", cdef_block(HEADER))
-}
+def defines(block: str, prefix: str) -> dict[str, int]:
+    """The integer #defines of a CDEF block whose names start with prefix."""
+    return {name: int(value, 0) for name, value in re.findall(rf"#define\s+({prefix}\w+)\s+(\S+)", block)}
+
+
+CONSTANTS: dict[str, int] = defines(cdef_block(HEADER), "NVP_")
 globals().update(CONSTANTS)
 OP_NAMES: dict[int, str] = {v: k[len("NVP_OP_") :] for k, v in CONSTANTS.items() if k.startswith("NVP_OP_")}
 

@@ -50,19 +50,19 @@ class Dispatcher:
     def stream(self, ch: Any, wire_id: int) -> Any:
         s = self.state.stream(wire_id, ch.dev, self.per_thread_stream(ch))
         if self.fast is not None and wire_id in self.state.streams:
-            self.fast.learn_stream(wire_id, self.backend.handle_value(s))
+            self.fast.learn_stream(wire_id, s, self.backend.handle_value)
         return s
 
     def event(self, wire_id: int) -> Any:
         e = self.state.event(wire_id)
         if self.fast is not None:
-            self.fast.learn_event(wire_id, self.backend.handle_value(e))
+            self.fast.learn_event(wire_id, e, self.backend.handle_value)
         return e
 
     def kernel(self, ch: Any, kid: int) -> Any:
         k = self.state.kernel(ch.dev, kid)
         if self.fast is not None:
-            self.fast.learn_kernel(ch.dev, kid, *self.backend.kernel_handle(k))
+            self.fast.learn_kernel(ch.dev, kid, k, self.backend.kernel_handle)
         return k
 
     def forget(self) -> None:

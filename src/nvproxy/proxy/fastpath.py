@@ -12,7 +12,7 @@ NVPROXY_FASTPATH=0 turns it off (every call then takes the Python path).
 from __future__ import annotations
 
 import os
-import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from ..errors import CudaError
 TEXT = wire.header_text("fastpath.h", "proxy")
 ffi = cffi.FFI()
 ffi.cdef(wire.cdef_block(TEXT))
-CONSTANTS = {k: int(v, 0) for k, v in re.findall(r"#define\s+(NVPF_\w+)\s+(\S+)", wire.cdef_block(TEXT))}
+CONSTANTS = wire.defines(wire.cdef_block(TEXT), "NVPF_")
 MORE, PYTHON, REPLY = CONSTANTS["NVPF_MORE"], CONSTANTS["NVPF_PYTHON"], CONSTANTS["NVPF_REPLY"]
 WAIT_NONE, WAIT_STREAM, WAIT_EVENT = (CONSTANTS[f"NVPF_WAIT_{k}"] for k in ("NONE", "STREAM", "EVENT"))
 MAX_DEV = CONSTANTS["NVPF_MAX_DEV"]
@@ -62,22 +62,23 @@ class FastPath:
         c.fd = fd
         return c
 
-    # handles travel as integers: they come from another cffi instance (the backend's)
-    def learn_kernel(self, dev: int, kid: int, handle: int, offsets: list[int]) -> None:
-        if (dev, kid) in self._kernels:
-            return
-        offs = ffi.new("uint32_t[]", offsets or [0])
-        self.lib.nvpf_learn_kernel(dev, kid, ffi.cast("void *", handle), len(offsets), offs)
-        self._kernels.add((dev, kid))
+    # handles come from another cffi instance (the backend's): `value` turns one
+    # into an integer, called only for what C does not know yet
+    def learn_kernel(self, dev: int, kid: int, k: Any, value: Callable[[Any], tuple[int, list[int]]]) -> None:
+        if (dev, kid) not in self._kernels:
+            handle, offsets = value(k)
+            offs = ffi.new("uint32_t[]", offsets or [0])
+            self.lib.nvpf_learn_kernel(dev, kid, ffi.cast("void *", handle), len(offsets), offs)
+            self._kernels.add((dev, kid))
 
-    def learn_stream(self, wire_id: int, handle: int) -> None:
+    def learn_stream(self, wire_id: int, s: Any, value: Callable[[Any], int]) -> None:
         if wire_id not in self._streams:
-            self.lib.nvpf_learn_stream(wire_id, ffi.cast("void *", handle))
+            self.lib.nvpf_learn_stream(wire_id, ffi.cast("void *", value(s)))
             self._streams.add(wire_id)
 
-    def learn_event(self, wire_id: int, handle: int) -> None:
+    def learn_event(self, wire_id: int, e: Any, value: Callable[[Any], int]) -> None:
         if wire_id not in self._events:
-            self.lib.nvpf_learn_event(wire_id, ffi.cast("void *", handle))
+            self.lib.nvpf_learn_event(wire_id, ffi.cast("void *", value(e)))
             self._events.add(wire_id)
 
     def forget_all(self) -> None:

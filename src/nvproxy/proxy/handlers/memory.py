@@ -121,12 +121,11 @@ def _copy_event(p: Any, ch: Any) -> Any:
         if fc is not None:
             for i, e in enumerate(ch.copy_events):
                 fc.copy_events[i] = fastpath.ffi.cast("void *", p.backend.handle_value(e))
-    i = fc.copy_next if fc is not None else ch.copy_event_next
-    e = ch.copy_events[i % COPY_EVENTS]
-    if fc is not None:
-        fc.copy_next = (i + 1) & 0xFFFFFFFF
-    ch.copy_event_next = i + 1
-    return e
+    if fc is None:
+        i = ch.copy_event_next = ch.copy_event_next + 1
+    else:
+        i = fc.copy_next = (fc.copy_next + 1) & 0xFFFFFFFF
+    return ch.copy_events[(i - 1) % COPY_EVENTS]
 
 
 def STAGED_COPY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred:
