@@ -4,6 +4,7 @@
 // A run checkpointed/migrated at any point must print exactly what an
 // uninterrupted run prints.  argv[1]: steps (default 40); argv[2]: ms between steps.
 #include "check.h"
+#include <cmath>
 #include <unistd.h>
 
 __device__ unsigned long long dev_counter;
@@ -41,6 +42,13 @@ int main(int argc, char **argv) {
     CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
     cudaEvent_t done;
     CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    // timing events recorded before a checkpoint keep their distances after it
+    cudaEvent_t t_start, t_first, t_end;
+    CHECK(cudaEventCreate(&t_start));
+    CHECK(cudaEventCreate(&t_first));
+    CHECK(cudaEventCreate(&t_end));
+    CHECK(cudaEventRecord(t_start, 0));
+    float first_ms = -1;
     Acc acc = {0, 0, pin, 2 * m};
     for (int step = 0; step < steps; step++) {
         step_small<<<(m + 255) / 256, 256, 0, s1>>>(small, m, step);
@@ -51,12 +59,27 @@ int main(int argc, char **argv) {
         CHECK(cudaMemcpyAsync(pin + m, large + n - m, m * sizeof(unsigned), cudaMemcpyDeviceToHost, s2));
         CHECK(cudaLaunchHostFunc(s2, fold, &acc));
         CHECK(cudaStreamSynchronize(s2));
+        if (step == 0) {
+            CHECK(cudaEventRecord(t_first, s2));
+            CHECK(cudaEventSynchronize(t_first));
+            CHECK(cudaEventElapsedTime(&first_ms, t_start, t_first));
+        }
         unsigned long long c;
         CHECK(cudaMemcpyFromSymbol(&c, dev_counter, sizeof c));
         printf("step %d: fold %016llx counter %llu calls %d\n", step, acc.sum, c, acc.calls);
         fflush(stdout);
         usleep(pause_ms * 1000);
     }
+    CHECK(cudaEventRecord(t_end, 0));
+    CHECK(cudaEventSynchronize(t_end));
+    float again_ms, total_ms, rest_ms;
+    CHECK(cudaEventElapsedTime(&again_ms, t_start, t_first));
+    CHECK(cudaEventElapsedTime(&total_ms, t_start, t_end));
+    CHECK(cudaEventElapsedTime(&rest_ms, t_end, t_first));
+    bool timed = first_ms >= 0 && fabsf(again_ms - first_ms) < 0.05f && total_ms >= first_ms &&
+                 fabsf(rest_ms + total_ms - first_ms) < 0.05f;
+    printf("event times %s\n", timed ? "consistent" : "INCONSISTENT");
+    if (!timed) printf("  first %f again %f total %f rest %f\n", first_ms, again_ms, total_ms, rest_ms);
     unsigned *all = (unsigned *)malloc(n * sizeof(unsigned));
     CHECK(cudaMemcpy(all, large, n * sizeof(unsigned), cudaMemcpyDeviceToHost));
     printf("final large checksum %016llx\n", checksum(all, n * sizeof(unsigned)));

@@ -29,6 +29,9 @@ def module_variables(image: bytes) -> list[str]:
 def describe(state: ProcessState) -> dict[str, Any]:
     """The image header's description of the process (no regions yet)."""
     devices = []
+    before: dict[int, float] = {}  # event -> ms it was recorded before now
+    for dev in sorted(state.devices):
+        before.update(state.times_before(dev))
     for dev, d in sorted(state.devices.items()):
         name, _uuid, total, attrs = d.props
         devices.append({"index": dev, "name": name, "total_mem": total, "cc": [attrs[75], attrs[76]],
@@ -41,7 +44,7 @@ def describe(state: ProcessState) -> dict[str, Any]:
         "kernels": {str(k): [m, n] for k, (m, n) in state.kernel_names.items()},
         "kernel_attrs": {str(k): v for k, v in state.kernel_attrs.items()},
         "streams": [[w, dev, *state.stream_args[w]] for w, (dev, _s) in sorted(state.streams.items())],
-        "events": [[w, dev, state.event_flags[w]] for w, (dev, _e) in sorted(state.events.items())],
+        "events": [[w, dev, state.event_flags[w], before.get(w)] for w, (dev, _e) in sorted(state.events.items())],
         "host": sorted([addr, r.size] for addr, r in state.host.items() if r.channel is None),
     }
 

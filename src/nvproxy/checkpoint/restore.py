@@ -78,9 +78,12 @@ def _replay(state: ProcessState, fd: int, h: dict[str, Any], host_fds: dict[int,
     for w, dev, flags, prio in h["streams"]:
         state.streams[w] = (dev, be.stream_create(dev, flags, prio))
         state.stream_args[w] = (flags, prio)
-    for w, dev, flags in h["events"]:
+    before: dict[int, dict[int, float]] = {}
+    for w, dev, flags, *ms in h["events"]:
         state.events[w] = (dev, be.event_create(dev, flags))
         state.event_flags[w] = flags
+        if ms and ms[0] is not None:
+            before.setdefault(dev, {})[w] = ms[0]
     for addr, size in h["host"] if host_fds is not None else []:
         hfd = host_fds.get(addr)
         if hfd is None:
@@ -113,6 +116,7 @@ def _replay(state: ProcessState, fd: int, h: dict[str, Any], host_fds: dict[int,
         finally:
             b.close()
         be.device_sync(dev)
+        state.set_times_before(dev, before.get(dev, {}))
 
 
 def _mappings(desc: dict[str, Any]) -> list[tuple[int, int]]:

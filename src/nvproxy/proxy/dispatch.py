@@ -55,7 +55,8 @@ class Dispatcher:
 
     def event(self, wire_id: int) -> Any:
         e = self.state.event(wire_id)
-        if self.fast is not None:
+        # an event timed before a restore must come here when it is recorded again
+        if self.fast is not None and wire_id not in self.state.event_past:
             self.fast.learn_event(wire_id, e, self.backend.handle_value)
         return e
 

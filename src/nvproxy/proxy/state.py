@@ -51,6 +51,11 @@ class ProcessState:
         self.stream_args: dict[int, tuple[int, int]] = {}  # wire id -> (flags, priority)
         self.events: dict[int, tuple[int, Any]] = {}
         self.event_flags: dict[int, int] = {}
+        # events recorded before a restore: their time is t(ref) - ms, ref being an
+        # event recorded when the restore finished (the time the process was stopped
+        # does not count, as it did not for the application's work)
+        self.event_past: dict[int, tuple[Any, float]] = {}
+        self.time_refs: dict[int, Any] = {}  # device -> reference event of the last restore
         self.kernel_attrs: dict[int, dict[int, int]] = {}  # kernel id -> cudaFuncAttribute -> value
         self.limits: dict[int, dict[int, int]] = {}  # device -> cudaLimit -> value
         self.host: dict[int, HostRange] = {}  # address -> registered range
@@ -195,3 +200,47 @@ class ProcessState:
             return self.events[wire][1]
         except KeyError:
             raise CudaError(INVALID_RESOURCE_HANDLE, f"event {wire}") from None
+
+    def event_time(self, wire: int) -> tuple[Any, float]:
+        """(a recorded event, ms to add to its time) giving the event's time."""
+        past = self.event_past.get(wire)
+        return past if past is not None else (self.event(wire), 0.0)
+
+    def elapsed(self, a: int, b: int) -> float:
+        """cudaEventElapsedTime, across checkpoints too."""
+        (ea, sa), (eb, sb) = self.event_time(a), self.event_time(b)
+        return self.backend.event_elapsed(ea, eb) + sb - sa
+
+    def times_before(self, dev: int) -> dict[int, float]:
+        """For the device's recorded timing events: how many ms before now
+        (the device idle) each was recorded.  Unrecorded ones are left out."""
+        be = self.backend
+        ref = be.event_create(dev, 0)
+        try:
+            be.event_record(ref, be.legacy_stream(dev), 0)
+            be.event_sync(ref)
+            out = {}
+            for w, (d, _e) in self.events.items():
+                if d != dev or self.event_flags.get(w, 0) & 2:  # cudaEventDisableTiming
+                    continue
+                e, shift = self.event_time(w)
+                try:
+                    out[w] = be.event_elapsed(e, ref) - shift
+                except CudaError:
+                    pass  # never recorded
+            return out
+        finally:
+            be.event_destroy(ref)
+
+    def set_times_before(self, dev: int, before: dict[int, float]) -> None:
+        """After a restore: the events recorded before it keep their distances."""
+        if not before:
+            return
+        be = self.backend
+        ref = self.time_refs.get(dev)
+        if ref is None:
+            ref = self.time_refs[dev] = be.event_create(dev, 0)
+        be.event_record(ref, be.legacy_stream(dev), 0)
+        be.event_sync(ref)
+        for w, ms in before.items():
+            self.event_past[w] = (ref, -ms)

@@ -55,10 +55,12 @@ def EVENT_DESTROY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     p.forget()
     del p.state.events[a[0]]
     p.state.event_flags.pop(a[0], None)
+    p.state.event_past.pop(a[0], None)
     p.backend.event_destroy(e)
 
 
 def EVENT_RECORD(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    p.state.event_past.pop(a[0], None)  # (the fast path records it from now on)
     p.backend.event_record(p.event(a[0]), p.stream(ch, a[1]), a[2])
 
 
@@ -73,5 +75,5 @@ def EVENT_QUERY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
 
 
 def EVENT_ELAPSED(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
-    ms = p.backend.event_elapsed(p.state.event(a[0]), p.state.event(a[1]))
+    ms = p.state.elapsed(a[0], a[1])
     return (float_bits(ms),), b""
