@@ -21,6 +21,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,10 +50,44 @@ static char restart_devices[256];
 
 const char *nvp_restart_devices(void) { return restart_devices[0] ? restart_devices : NULL; }
 
+/* From RESTART until the new proxy is up, application threads wait here, before
+ * they take DMTCP's checkpoint lock: the restoring thread forks the proxy, and
+ * DMTCP's fork waits for every holder of that lock (a thread holding it while
+ * waiting for the restore deadlocked the restart). */
+static pthread_mutex_t restore_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t restore_cv = PTHREAD_COND_INITIALIZER;
+static int restore_pending;
+static pthread_t restorer;
+
+static int must_wait(void)
+{
+    return __atomic_load_n(&restore_pending, __ATOMIC_ACQUIRE) && !pthread_equal(restorer, pthread_self());
+}
+
+static void set_restore_pending(int on)
+{
+    pthread_mutex_lock(&restore_mu);
+    restorer = pthread_self();
+    __atomic_store_n(&restore_pending, on, __ATOMIC_RELEASE);
+    if (!on)
+        pthread_cond_broadcast(&restore_cv);
+    pthread_mutex_unlock(&restore_mu);
+}
+
 void nvp_ckpt_disable(void)
 {
-    if (dmtcp_plugin_disable_ckpt)
+    if (!dmtcp_plugin_disable_ckpt)
+        return;
+    for (;;) {
+        pthread_mutex_lock(&restore_mu);
+        while (must_wait())
+            pthread_cond_wait(&restore_cv, &restore_mu);
+        pthread_mutex_unlock(&restore_mu);
         dmtcp_plugin_disable_ckpt();
+        if (!must_wait()) /* (a restart can come between the check and the lock) */
+            return;
+        dmtcp_plugin_enable_ckpt();
+    }
 }
 
 void nvp_ckpt_enable(void)
@@ -119,6 +154,7 @@ static void hook(int event, void *data)
         break;
     case EV_RESTART:
         restarted = 1;
+        set_restore_pending(1);
         restart_devices[0] = 0;
         if (dmtcp_get_restart_env && dmtcp_get_restart_env("NVPROXY_DEVICES", restart_devices,
                                                            sizeof restart_devices) != 0)
@@ -129,6 +165,7 @@ static void hook(int event, void *data)
             restarted = 0;
             if (image_path[0] && nvp_restore_from(image_path) != 0)
                 nvp_log("nvproxy: could not bring the GPU state back from %s", image_path);
+            set_restore_pending(0);
         }
         break;
     default: /* every other event is DMTCP's business */
