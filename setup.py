@@ -1,6 +1,7 @@
 """Builds the two native libraries (plain C, no Python inside, no link against
 libcuda or libcudart; only the CUDA headers are needed): the LD_PRELOAD shim,
-and the proxy's fast path, which Python loads with cffi."""
+and the proxy's native part (fast path, checksums), which Python loads
+with cffi."""
 
 import os
 import shutil
@@ -13,7 +14,8 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 SHIM = "nvproxy._native.libnvproxy"
 FAST = "nvproxy._native.libnvproxy_fast"
-HEADERS = [ROOT / "native" / "include" / "nvproxy_wire.h", ROOT / "native" / "proxy" / "fastpath.h"]
+HEADERS = [ROOT / "native" / "include" / "nvproxy_wire.h", ROOT / "native" / "proxy" / "fastpath.h",
+           ROOT / "native" / "proxy" / "checksum.h"]
 
 
 def cuda_include() -> str:
@@ -59,7 +61,7 @@ shim = Extension(
 
 fast = Extension(
     FAST,
-    sources=["native/proxy/fastpath.c"],
+    sources=sorted(str(p.relative_to(ROOT)) for p in (ROOT / "native" / "proxy").glob("*.c")),
     include_dirs=["native/include", "native/proxy"],
     extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra", "-fvisibility=hidden"],
 )

@@ -1,6 +1,9 @@
 """Checkpoint and restore throughput: a program holding N GiB of device memory
-is checkpointed (nvproxy checkpoint: dump while it waits) and migrated into a
-new proxy (dump + restore), then verifies its memory.
+is checkpointed (nvproxy checkpoint: dump while it waits, then the file is
+written while it goes on) and migrated into a new proxy (dump + restore, the
+image in memory), then verifies its memory.  The proxy prepares its host image
+buffer after the program allocated (NVPROXY_CKPT_BUFFER=prefault): how long
+that took is reported, and the checkpoint waits for it.
 
     python benchmarks/ckpt_run.py [--sizes 1,4,16,32] [--backend gpu|sim] [--out DIR]
 """
@@ -39,6 +42,21 @@ def _cuda_checkpoint(exe: Path, gib: int) -> dict:
             "cuda_checkpoint_error": (a.stderr + b.stderr).strip()[-300:]}
 
 
+def _wait_prepared(app_pid: int, timeout: float = 300) -> float:
+    """Seconds until the proxy's host image buffer holds an image of the program's state."""
+    from nvproxy.cli import _control_call
+    from nvproxy.launcher import find_proxy
+
+    pid, sock = find_proxy(app_pid)
+    t = time.monotonic()
+    while time.monotonic() - t < timeout:
+        u = _control_call(sock, pid, {"cmd": "usage"})
+        if u.get("buffer_bytes", 0) >= u.get("image_estimate", 1):
+            break
+        time.sleep(0.1)
+    return time.monotonic() - t
+
+
 def _measure(exe: Path, gib: int, td: Path, backend: str) -> dict:
     """nvproxy checkpoint (the program waits, then goes on) and nvproxy migrate of a program holding gib GiB."""
     app = subprocess.Popen([sys.executable, "-m", "nvproxy", "run", "--backend", backend, "--", str(exe), str(gib)],
@@ -46,6 +64,8 @@ def _measure(exe: Path, gib: int, td: Path, backend: str) -> dict:
     assert app.stdout and app.stdin
     if app.stdout.readline().strip() != "ready":
         raise SystemExit(app.communicate()[1])
+    t = time.monotonic()
+    prepare_s = _wait_prepared(app.pid)
     image = td / f"c{gib}.img"
     t = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "nvproxy", "checkpoint", str(app.pid), "-o", str(image)],
@@ -53,13 +73,17 @@ def _measure(exe: Path, gib: int, td: Path, backend: str) -> dict:
     ck_wall = time.monotonic() - t
     image.unlink(missing_ok=True)
     t = time.monotonic()
-    m = subprocess.run([sys.executable, "-m", "nvproxy", "migrate", str(app.pid), "--image", str(td / f"m{gib}.img")],
-                       capture_output=True, text=True)
+    m = subprocess.run([sys.executable, "-m", "nvproxy", "migrate", str(app.pid)], capture_output=True, text=True)
     mig_wall = time.monotonic() - t
     stdout, stderr = app.communicate("\n", timeout=600)
     restored = re.search(r"restored (\d+) MiB in ([\d.]+) s .*checkpoint took ([\d.]+) s", stderr)
-    row = {"gib": gib, "checkpoint_out": r.stdout.strip(), "checkpoint_wall_s": ck_wall,
+    row = {"gib": gib, "checkpoint_out": r.stdout.strip(), "checkpoint_wall_s": ck_wall, "prepare_s": prepare_s,
            "migrate_wall_s": mig_wall, "verified": "verified ok" in stdout, "migrate_rc": m.returncode}
+    ck = re.search(r"copied out in ([\d.]+) s \(([\d.]+) GB/s\); the application was stopped ([\d.]+) s; "
+                   r"file written in ([\d.]+) s", r.stdout)
+    if ck:
+        row.update(ckpt_copy_s=float(ck.group(1)), ckpt_copy_gbps=float(ck.group(2)),
+                   ckpt_stopped_s=float(ck.group(3)), ckpt_file_s=float(ck.group(4)))
     if restored:
         mib, rs, ds = int(restored.group(1)), float(restored.group(2)), float(restored.group(3))
         row.update(restore_s=rs, dump_s=ds, restore_gbps=mib * 2**20 / rs / 1e9, dump_gbps=mib * 2**20 / ds / 1e9)

@@ -87,6 +87,7 @@ def _adopt(args: argparse.Namespace, backend, dispatch):
     its connections, and exits once this proxy has restored the image."""
     import socket
 
+    from .checkpoint.hostimage import HostImage
     from .checkpoint.image import ImageError
     from .checkpoint.restore import restore_image
     from .proxy import control
@@ -100,9 +101,11 @@ def _adopt(args: argparse.Namespace, backend, dispatch):
         print(f"nvproxy migrate: the running proxy refused: {info.get('error')}", file=sys.stderr)
         return None
     n_chan_fds = sum(1 + (1 if d["staging"] else 0) for d in info["channels"])
-    host_fds = dict(zip(info["host"], fds[2 + n_chan_fds :], strict=True))
+    host_fds = dict(zip(info["host"], fds[2 + n_chan_fds : -1], strict=True))
     try:
-        stats = restore_image(dispatch.state, args.image, host_fds)
+        # the image is in the old proxy's host image buffer, which becomes ours
+        himg = dispatch.state.host_image = HostImage(backend, 0, fd=fds[-1])
+        stats = restore_image(dispatch.state, himg, host_fds)
     except (ImageError, OSError) as e:
         print(f"nvproxy migrate: {e}", file=sys.stderr)
         control.send(ctl, {"cmd": "resume", "error": str(e)})
@@ -196,7 +199,9 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
         print(f"nvproxy checkpoint: {reply.get('error')}", file=sys.stderr)
         return 1
     s = reply["stats"]
-    print(f"{image}: {s['device_bytes'] >> 20} MiB of device memory in {s['seconds']:.2f} s ({s['gbps']:.1f} GB/s)")
+    print(f"{image}: {s['device_bytes'] >> 20} MiB of device memory copied out in {s['seconds']:.2f} s "
+          f"({s['gbps']:.1f} GB/s); the application was stopped {s['stopped_s']:.2f} s; "
+          f"file written in {s['file_s']:.2f} s")
     return 0
 
 
@@ -204,13 +209,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     """Move a running application's GPU state into a new proxy (optionally on another GPU)."""
     import time
 
-    from .launcher import find_proxy, image_dir, proxy_env, spawn_proxy
+    from .launcher import find_proxy, proxy_env, spawn_proxy
 
     old_pid, sock = find_proxy(args.pid)
-    if args.image is None:
-        usage = _control_call(sock, old_pid, {"cmd": "usage"})
-        folder = image_dir(usage.get("device_bytes", 0) if usage.get("ok") else 1 << 62)
-    image = os.path.abspath(args.image or str(folder / f"migrate-{args.pid}-{int(time.time())}.img"))
+    # the image travels in memory (the old proxy's host image buffer); --image also writes it out
+    image = os.path.abspath(args.image) if args.image else None
     env = proxy_env(None, [])
     env_file = Path(f"/proc/{old_pid}/environ")
     try:  # the new proxy runs like the old one (backend, sim kernels)
@@ -222,13 +225,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         pass
     if args.device is not None:
         env["CUDA_VISIBLE_DEVICES"] = args.device
-    _s, new_pid = spawn_proxy(args.pid, env, ["--adopt", f"{sock}.{old_pid}.ctl", "--image", image], sock=sock,
-                              wait=False)
+    extra = ["--adopt", f"{sock}.{old_pid}.ctl"] + (["--image", image] if image else [])
+    _s, new_pid = spawn_proxy(args.pid, env, extra, sock=sock, wait=False)
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
         if not _alive(old_pid):
-            if not args.keep_image:
-                Path(image).unlink(missing_ok=True)
             print(f"migrated process {args.pid}: proxy {old_pid} -> {new_pid}")
             return 0
         if not _alive(new_pid):
@@ -319,8 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     m = sub.add_parser("migrate", help="move a running application's GPU state into a new proxy")
     m.add_argument("pid", type=int)
     m.add_argument("--device", help="GPU(s) for the new proxy, as CUDA_VISIBLE_DEVICES")
-    m.add_argument("--image", help="where to put the image (default: the private nvproxy directory)")
-    m.add_argument("--keep-image", action="store_true")
+    m.add_argument("--image", help="also write the image to this file (it moves in memory either way)")
     m.add_argument("--timeout", type=float, default=600)
     m.set_defaults(fn=cmd_migrate)
     d = sub.add_parser("demo", help="build and run the bundled vector-add example")

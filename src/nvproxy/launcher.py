@@ -26,19 +26,6 @@ def private_dir() -> Path:
     return _private(Path(rt) / "nvproxy" if rt else Path(f"/tmp/nvproxy-{os.getuid()}"))
 
 
-def image_dir(nbytes: int) -> Path:
-    """Where a transient image (a migration's) of about nbytes goes: a private
-    folder in /dev/shm when the image fits there with room to spare (faster than
-    these VMs' disks, see docs/checkpoint.md), else the private directory."""
-    try:
-        st = os.statvfs("/dev/shm")
-        if st.f_bavail * st.f_frsize > nbytes + (nbytes >> 3) + (256 << 20):
-            return _private(Path(f"/dev/shm/nvproxy-{os.getuid()}"))
-    except OSError:
-        pass
-    return private_dir()
-
-
 def proxy_env(backend: str | None, sim_kernels: list[str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "NVPROXY_SOCKET")}
     if backend:

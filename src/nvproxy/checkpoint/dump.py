@@ -1,10 +1,9 @@
-"""Writing a checkpoint: the state the proxy holds for its application
+"""Taking a checkpoint: the state the proxy holds for its application
 (compacted: only live objects), every live device mapping, module variables
-and the modules themselves, into one image."""
+and the modules themselves, into one image in the host image buffer."""
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Any
@@ -12,8 +11,10 @@ from typing import Any
 from .. import fatbin
 from ..errors import CudaError
 from ..proxy.state import ProcessState
-from . import transfer
-from .image import ImageWriter, checksum
+from . import hostimage, transfer
+from .checksum import checksum
+from .hostimage import HostImage
+from .image import ALIGN, Layout, encode_header
 
 PROGRESS_OVER = 1 << 30
 
@@ -49,53 +50,84 @@ def describe(state: ProcessState) -> dict[str, Any]:
     }
 
 
-def write_image(state: ProcessState, path: str) -> dict[str, Any]:
-    """Dump everything to path (the device must be idle). Returns statistics."""
+def estimate(state: ProcessState) -> int:
+    """About how many bytes an image of the state takes (for growing the buffer ahead of need)."""
+    n = sum(len(img) + ALIGN for img in state.images.values())
+    for d in state.devices.values():
+        n += sum(size + ALIGN for _va, size in d.arena.mappings())
+    return n + (1 << 20)  # module variables and the header
+
+
+def prefault(state: ProcessState) -> None:
+    """Grow the host image buffer to the state's size ahead of a checkpoint (its
+    pages are found and pinned now, while the application runs, not then)."""
+    if hostimage.mode() != "prefault" or not state.devices:
+        return
+    with state.arena_lock:
+        need = estimate(state)
+    himg = hostimage.of(state)
+    if need > himg.capacity and himg.lock.acquire(blocking=False):
+        try:
+            himg.grow(need)
+        finally:
+            himg.lock.release()
+
+
+def dump(state: ProcessState, himg: HostImage) -> dict[str, Any]:
+    """Write an image of everything into the host image buffer (the device must be idle).
+    Returns statistics; the image is the buffer's first stats["image_bytes"] bytes."""
     t0 = time.monotonic()
     be = state.backend
     header = describe(state)
-    regions: list[dict[str, Any]] = []
-    w = ImageWriter(path)
-    try:
-        for mod_id, image in sorted(state.images.items()):
-            off = w.reserve(len(image))
-            os.pwrite(w.fd, image, off)
-            regions.append({"kind": "module", "id": mod_id, "size": len(image), "offset": off,
-                            "crcs": [checksum(image)]})
-        total = sum(n for d in state.devices.values() for _va, n in d.arena.mappings())
-        done = 0
-        for dev, d in sorted(state.devices.items()):
-            b = transfer.Bounce(be, dev)
-            try:
-                for va, n in d.arena.mappings():
-                    off = w.reserve(n)
-                    crcs = transfer.device_to_file(b, w.fd, va, n, off)
-                    regions.append({"kind": "mem", "dev": dev, "va": va, "size": n, "offset": off, "crcs": crcs})
-                    done += n
-                    if total > PROGRESS_OVER:
-                        _progress("checkpoint", done, total, t0)
-                for mod_id in sorted(d.modules):
-                    for name in module_variables(state.images[mod_id]):
-                        try:
-                            va, n = be.global_get(d.modules[mod_id], name)
-                        except CudaError:
-                            continue
-                        if n == 0:
-                            continue
-                        off = w.reserve(n)
-                        crcs = transfer.device_to_file(b, w.fd, va, n, off)
-                        regions.append({"kind": "var", "dev": dev, "module": mod_id, "name": name, "size": n,
-                                        "va": state.original(va), "offset": off, "crcs": crcs})
-            finally:
-                b.close()
-        header["regions"] = regions
-        w.finish(header)
-    except BaseException:
-        w.abort()
-        raise
+    layout = Layout()
+    modules = []
+    for mod_id, image in sorted(state.images.items()):
+        modules.append(({"kind": "module", "id": mod_id, "size": len(image), "offset": layout.reserve(len(image))},
+                        image))
+    device_regions: list[dict[str, Any]] = []
+    for dev, d in sorted(state.devices.items()):
+        for va, n in d.arena.mappings():
+            device_regions.append({"kind": "mem", "dev": dev, "va": va, "size": n, "offset": layout.reserve(n),
+                                   "from": va})
+        for mod_id in sorted(d.modules):
+            for name in module_variables(state.images[mod_id]):
+                try:
+                    va, n = be.global_get(d.modules[mod_id], name)
+                except CudaError:
+                    continue
+                if n:
+                    device_regions.append({"kind": "var", "dev": dev, "module": mod_id, "name": name, "size": n,
+                                           "va": state.original(va), "offset": layout.reserve(n), "from": va})
+    t_grow = time.monotonic()
+    himg.grow(layout.end + (1 << 20))
+    t_grow = time.monotonic() - t_grow
+    for r, image in modules:
+        himg.view(r["offset"], len(image))[:] = image
+        r["crcs"] = [checksum(image)]
+    total = sum(r["size"] for r in device_regions if r["kind"] == "mem")
+    done = 0
+    t_copy = time.monotonic()
+    for dev in sorted(state.devices):
+        m = transfer.Mover(be, dev)
+        try:
+            for r in device_regions:
+                if r["dev"] == dev:
+                    r["crcs"] = transfer.device_to_host(m, himg, r.pop("from"), r["size"], r["offset"])
+                    done += r["size"] if r["kind"] == "mem" else 0
+                    if total > PROGRESS_OVER and r["kind"] == "mem":
+                        _progress("checkpoint", done, total, t_copy)
+        finally:
+            m.close()
+    t_copy = time.monotonic() - t_copy
+    header["regions"] = [r for r, _i in modules] + device_regions
+    prefix, data = encode_header(header, layout.end)
+    himg.grow(layout.end + len(data))
+    himg.view(layout.end, len(data))[:] = data
+    himg.view(0, len(prefix))[:] = prefix
     seconds = time.monotonic() - t0
-    return {"path": str(path), "device_bytes": total, "seconds": seconds,
-            "gbps": total / seconds / 1e9 if seconds > 0 else 0.0}
+    return {"device_bytes": total, "image_bytes": layout.end + len(data), "seconds": seconds,
+            "gbps": total / seconds / 1e9 if seconds > 0 else 0.0, "grow_s": t_grow,
+            "copy_gbps": total / t_copy / 1e9 if t_copy > 0 else 0.0}
 
 
 def _progress(what: str, done: int, total: int, t0: float) -> None:

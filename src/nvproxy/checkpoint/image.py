@@ -7,8 +7,10 @@
     end     header    JSON: format version, checksum algorithm, backend, devices (model, memory,
                       arena base, size and layout), modules, kernels, streams, events, limits, host
                       ranges, and for every region its kind, place, size, file offset and one
-                      checksum per chunk (xxh3-64 where the xxhash package is installed: about ten
-                      times faster than zlib's CRC-32, which is the fallback)
+                      XXH64 checksum per chunk
+
+The same bytes are the image whether they lie in a file or in the proxy's host
+image buffer (hostimage.py), which a migration hands to the new proxy as is.
 
 The file is written under a temporary name in the same directory, fsynced and
 renamed, so an image is either complete or absent; it is created 0600.
@@ -19,77 +21,85 @@ from __future__ import annotations
 import json
 import os
 import struct
-import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .checksum import ALGORITHM
+
 MAGIC = b"NVPXIMG1"
-VERSION = 1
+VERSION = 2
 ALIGN = 4096
 CHUNK = 64 << 20
-
-
-try:
-    import xxhash
-
-    ALGORITHM = "xxh3_64"
-    checksum = xxhash.xxh3_64_intdigest
-except ImportError:
-    ALGORITHM = "crc32"
-    checksum = zlib.crc32
+PREFIX = struct.Struct("<8sQQ")  # magic, header offset, header length
 
 
 class ImageError(Exception):
     pass
 
 
-class ImageWriter:
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+class Layout:
+    """Where each region goes: 4 KiB-aligned offsets after the prefix; the header follows the last."""
+
+    def __init__(self) -> None:
         self.end = ALIGN
 
     def reserve(self, size: int) -> int:
-        """File offset for a region of size bytes."""
         off = self.end
         self.end = (off + size + ALIGN - 1) // ALIGN * ALIGN
         return off
 
-    def finish(self, header: dict[str, Any]) -> None:
-        header = dict(header, format=VERSION, checksum=ALGORITHM)
-        data = json.dumps(header, separators=(",", ":")).encode()
-        os.pwrite(self.fd, data, self.end)
-        os.pwrite(self.fd, MAGIC + struct.pack("<QQ", self.end, len(data)), 0)
-        os.fsync(self.fd)
-        os.close(self.fd)
-        os.rename(self.tmp, self.path)
-        dfd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
 
-    def abort(self) -> None:
-        os.close(self.fd)
-        self.tmp.unlink(missing_ok=True)
+def encode_header(header: dict[str, Any], at: int) -> tuple[bytes, bytes]:
+    """(prefix for offset 0, header bytes for offset at)."""
+    data = json.dumps(dict(header, format=VERSION, checksum=ALGORITHM), separators=(",", ":")).encode()
+    return PREFIX.pack(MAGIC, at, len(data)), data
+
+
+def atomic_file(path: str | Path, write: Callable[[int], None]) -> None:
+    """Create path, 0600, with write(fd) under a temporary name, fsynced and renamed:
+    the file is either complete or absent (an older one stays until then)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        write(fd)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    os.rename(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def parse_header(read: Callable[[int, int], bytes], what: str) -> dict[str, Any]:
+    """The header of an image, given read(offset, length) of its bytes."""
+    head = read(0, PREFIX.size)
+    if len(head) != PREFIX.size or head[:8] != MAGIC:
+        raise ImageError(f"{what} is not an nvproxy checkpoint image")
+    _m, off, n = PREFIX.unpack(head)
+    try:
+        header = json.loads(read(off, n))
+    except ValueError:
+        raise ImageError(f"{what}: the image header is damaged") from None
+    if header.get("format") != VERSION:
+        raise ImageError(f"{what}: image format {header.get('format')}, this nvproxy reads {VERSION}")
+    if header.get("checksum") != ALGORITHM:
+        raise ImageError(f"{what} was checksummed with {header.get('checksum')}; this nvproxy uses {ALGORITHM}")
+    return header
 
 
 def read_header(path: str | Path) -> tuple[int, dict[str, Any]]:
     """(open fd, header); the caller closes the fd."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        head = os.pread(fd, 24, 0)
-        if len(head) != 24 or head[:8] != MAGIC:
-            raise ImageError(f"{path} is not an nvproxy checkpoint image")
-        off, n = struct.unpack("<QQ", head[8:])
-        header = json.loads(os.pread(fd, n, off))
-        if header.get("format") != VERSION:
-            raise ImageError(f"{path}: image format {header.get('format')}, this nvproxy reads {VERSION}")
-        if header.get("checksum", ALGORITHM) != ALGORITHM:
-            raise ImageError(f"{path} was checksummed with {header['checksum']}; this nvproxy uses {ALGORITHM} "
-                             "(install or remove the xxhash package to match)")
-        return fd, header
+        return fd, parse_header(lambda off, n: os.pread(fd, n, off), str(path))
     except BaseException:
         os.close(fd)
         raise

@@ -14,28 +14,67 @@ from ..errors import CudaError
 from ..proxy import libc
 from ..proxy.state import HostRange, ProcessState
 from . import transfer
+from .checksum import checksum
 from .dump import PROGRESS_OVER, _progress
-from .image import ImageError, checksum, read_header
+from .hostimage import HostImage
+from .image import ImageError, parse_header, read_header
 
 
-def restore_image(state: ProcessState, path: str, host_fds: dict[int, int] | None) -> dict[str, Any]:
-    """host_fds: the pinned-memory memfds by address; None when the application
+class _FileImage:
+    def __init__(self, path: str) -> None:
+        self.what = path
+        self.fd, self.header = read_header(path)
+
+    def read(self, off: int, n: int) -> bytes:
+        return os.pread(self.fd, n, off)
+
+    def loader(self, m: transfer.Mover) -> tuple[Any, Any]:
+        b = transfer.Bounce(m)
+        return (lambda va, n, off, crcs, what: transfer.file_to_device(b, self.fd, va, n, off, crcs, what)), b.close
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class _MemoryImage:
+    def __init__(self, himg: HostImage) -> None:
+        self.what, self.himg = "the image handed over", himg
+        self.header = parse_header(self.read, self.what)
+
+    def read(self, off: int, n: int) -> bytes:
+        if off + n > self.himg.capacity:
+            return b""
+        return bytes(self.himg.view(off, n))
+
+    def loader(self, m: transfer.Mover) -> tuple[Any, Any]:
+        return (lambda va, n, off, crcs, what: transfer.host_to_device(m, self.himg, va, n, off, crcs, what)), (
+            lambda: None)
+
+    def close(self) -> None:
+        pass
+
+
+def restore_image(state: ProcessState, source: str | HostImage, host_fds: dict[int, int] | None) -> dict[str, Any]:
+    """source: an image file, or a host image buffer holding one (a migration's).
+    host_fds: the pinned-memory memfds by address; None when the application
     will share them again itself (recovery after the proxy died)."""
     t0 = time.monotonic()
-    fd, h = read_header(path)
+    img = _FileImage(source) if isinstance(source, str) else _MemoryImage(source)
     try:
         try:
-            _replay(state, fd, h, host_fds, t0)
+            _replay(state, img, host_fds, t0)
         except CudaError as e:
-            raise ImageError(f"restoring {path} failed: CUDA error {e.code} ({e})") from None
+            raise ImageError(f"restoring {img.what} failed: CUDA error {e.code} ({e})") from None
     finally:
-        os.close(fd)
-    total = sum(r["size"] for r in h["regions"] if r["kind"] == "mem")
+        img.close()
+    total = sum(r["size"] for r in img.header["regions"] if r["kind"] == "mem")
     seconds = time.monotonic() - t0
-    return {"path": path, "device_bytes": total, "seconds": seconds, "gbps": total / seconds / 1e9 if seconds else 0}
+    return {"path": img.what, "device_bytes": total, "seconds": seconds,
+            "gbps": total / seconds / 1e9 if seconds else 0}
 
 
-def _replay(state: ProcessState, fd: int, h: dict[str, Any], host_fds: dict[int, int], t0: float) -> None:
+def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: float) -> None:
+    h = img.header
     be = state.backend
     if h["backend"] != be.name:
         raise ImageError(f"the image was taken on the {h['backend']} backend; this proxy runs {be.name}")
@@ -61,7 +100,7 @@ def _replay(state: ProcessState, fd: int, h: dict[str, Any], host_fds: dict[int,
     # modules first: kernels and variables live in them
     for r in h["regions"]:
         if r["kind"] == "module":
-            data = os.pread(fd, r["size"], r["offset"])
+            data = img.read(r["offset"], r["size"])
             if len(data) != r["size"] or checksum(data) != r["crcs"][0]:
                 raise ImageError(f"module {r['id']}: checksum mismatch; the image is damaged")
             state.images[r["id"]] = data
@@ -96,13 +135,14 @@ def _replay(state: ProcessState, fd: int, h: dict[str, Any], host_fds: dict[int,
     done = 0
     for desc in h["devices"]:
         dev = desc["index"]
-        b = transfer.Bounce(be, dev)
+        m = transfer.Mover(be, dev)
+        load, cleanup = img.loader(m)
         try:
             for r in h["regions"]:
                 if r.get("dev") != dev:
                     continue
                 if r["kind"] == "mem":
-                    transfer.file_to_device(b, fd, r["va"], r["size"], r["offset"], r["crcs"], f"memory {r['va']:#x}")
+                    load(r["va"], r["size"], r["offset"], r["crcs"], f"memory {r['va']:#x}")
                     done += r["size"]
                     if total > PROGRESS_OVER:
                         _progress("restore", done, total, t0)
@@ -110,11 +150,12 @@ def _replay(state: ProcessState, fd: int, h: dict[str, Any], host_fds: dict[int,
                     va, n = be.global_get(state.module(dev, r["module"]), r["name"])
                     if n != r["size"]:
                         raise ImageError(f"variable {r['name']} has {n} bytes; the image holds {r['size']}")
-                    transfer.file_to_device(b, fd, va, n, r["offset"], r["crcs"], f"variable {r['name']}")
+                    load(va, n, r["offset"], r["crcs"], f"variable {r['name']}")
                     if va != r["va"]:  # the driver placed the module elsewhere this time
                         state.relocate(r["va"], n, va)
         finally:
-            b.close()
+            cleanup()
+            m.close()
         be.device_sync(dev)
         state.set_times_before(dev, before.get(dev, {}))
 

@@ -1,7 +1,11 @@
-"""Moving memory between the device and an image file, fast: pinned bounce
-buffers, chunks of image.CHUNK bytes, device copies overlapped with file I/O and
-CRC-32 on several threads (the GIL is released in cffi, os.pread/pwrite and
-zlib.crc32)."""
+"""Moving image chunks (image.CHUNK bytes) between the device and host memory.
+
+- device_to_host / host_to_device: straight between device memory and the
+  pinned host image buffer, on two streams, checksums on a pool of threads
+  (the C checksum releases the GIL) overlapping the copies.
+- file_to_device: from an image file, through pinned bounce slots, reading and
+  verifying on the pool while earlier chunks go to the device.
+Every chunk's checksum is verified before the chunk reaches the device."""
 
 from __future__ import annotations
 
@@ -11,88 +15,123 @@ from typing import Any
 
 from ..errors import CudaError
 from ..proxy import libc
-from .image import CHUNK, ImageError, checksum
+from .checksum import checksum, checksum_at
+from .image import CHUNK, ImageError
 
 SLOTS = 8
+STREAMS = 2
 _DISABLE_TIMING = 2
 _NON_BLOCKING = 1
-
-
-class Bounce:
-    """SLOTS pinned chunks and a stream of their own on one device."""
-
-    def __init__(self, backend: Any, dev: int) -> None:
-        self.backend, self.dev = backend, dev
-        backend.activate(dev)
-        self.size = SLOTS * CHUNK
-        self.fd = os.memfd_create("nvproxy-bounce", os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, self.size)
-        self.addr = libc.map_anywhere(self.fd, self.size)
-        backend.host_register(self.addr, self.size)
-        self.stream = backend.stream_create(dev, _NON_BLOCKING, 0)
-        self.events = [backend.event_create(dev, _DISABLE_TIMING) for _ in range(SLOTS)]
-        self.pool = ThreadPoolExecutor(SLOTS, thread_name_prefix="nvproxy-io")
-
-    def slot(self, i: int) -> int:
-        return self.addr + i * CHUNK
-
-    def view(self, i: int, n: int) -> memoryview:
-        return libc.buffer(self.slot(i), n)
-
-    def close(self) -> None:
-        self.pool.shutdown()
-        self.backend.stream_sync(self.stream)
-        for e in self.events:
-            self.backend.event_destroy(e)
-        self.backend.stream_destroy(self.stream)
-        self.backend.host_unregister(self.addr, self.size)
-        libc.unmap(self.addr, self.size)
-        os.close(self.fd)
 
 
 def _chunks(size: int) -> list[tuple[int, int]]:
     return [(off, min(CHUNK, size - off)) for off in range(0, size, CHUNK)]
 
 
-def device_to_file(b: Bounce, fd: int, va: int, size: int, file_off: int) -> list[int]:
-    """Write [va, va+size) of device memory at file_off; returns the chunks' CRCs."""
-    be = b.backend
-    busy: list[Future | None] = [None] * SLOTS
+class Mover:
+    """Streams, a ring of events and threads of its own, on one device."""
+
+    def __init__(self, backend: Any, dev: int) -> None:
+        self.backend, self.dev = backend, dev
+        backend.activate(dev)
+        self.streams = [backend.stream_create(dev, _NON_BLOCKING, 0) for _ in range(STREAMS)]
+        self.events = [backend.event_create(dev, _DISABLE_TIMING) for _ in range(2 * SLOTS)]
+        self.pool = ThreadPoolExecutor(min(16, os.cpu_count() or 4), thread_name_prefix="nvproxy-io")
+
+    def sync(self) -> None:
+        for s in self.streams:
+            self.backend.stream_sync(s)
+
+    def close(self) -> None:
+        self.pool.shutdown()
+        self.sync()
+        for e in self.events:
+            self.backend.event_destroy(e)
+        for s in self.streams:
+            self.backend.stream_destroy(s)
+
+
+def _copy(m: Mover, himg: Any, off: int, n: int, va: int, to_host: bool, stream: Any) -> None:
+    for addr, k in himg.pieces(off, n):
+        dev_at = va + (addr - himg.base - off)
+        if to_host:
+            m.backend.memcpy(addr, dev_at, k, stream)
+        else:
+            m.backend.memcpy(dev_at, addr, k, stream)
+
+
+def device_to_host(m: Mover, himg: Any, va: int, size: int, off: int) -> list[int]:
+    """Copy [va, va+size) of device memory to the host image at off; returns the chunks' checksums."""
+    be = m.backend
+    ring = len(m.events)
+    busy: list[Future | None] = [None] * ring
     futures: list[Future] = []
 
-    def write(i: int, n: int, at: int) -> int:
-        be.activate(b.dev)
-        be.event_sync(b.events[i])
-        v = b.view(i, n)
-        done = 0
-        while done < n:
-            done += os.pwrite(fd, v[done:], at + done)
-        return checksum(v)
+    def summed(i: int, at: int, n: int) -> int:
+        be.activate(m.dev)
+        be.event_sync(m.events[i])
+        return checksum_at(himg.base + at, n)
 
-    for k, (off, n) in enumerate(_chunks(size)):
-        i = k % SLOTS
+    for k, (c, n) in enumerate(_chunks(size)):
+        i = k % ring
         if busy[i] is not None:
             busy[i].result()
-        be.memcpy(b.slot(i), va + off, n, b.stream)
-        be.event_record(b.events[i], b.stream, 0)
-        busy[i] = b.pool.submit(write, i, n, file_off + off)
+        s = m.streams[k % len(m.streams)]
+        _copy(m, himg, off + c, n, va + c, True, s)
+        be.event_record(m.events[i], s, 0)
+        busy[i] = m.pool.submit(summed, i, off + c, n)
         futures.append(busy[i])
     return [f.result() for f in futures]
 
 
+def host_to_device(m: Mover, himg: Any, va: int, size: int, off: int, crcs: list[int], what: str) -> None:
+    """Load a region of the host image into device memory, each chunk verified first."""
+    chunks = _chunks(size)
+    if len(chunks) != len(crcs):
+        raise ImageError(f"{what}: the image lists {len(crcs)} chunks, the region has {len(chunks)}")
+    sums = [m.pool.submit(checksum_at, himg.base + off + c, n) for c, n in chunks]
+    for k, (c, n) in enumerate(chunks):
+        if sums[k].result() != crcs[k]:
+            for f in sums:
+                f.cancel()
+            raise ImageError(f"{what}: checksum mismatch in chunk {k}; the image is damaged")
+        _copy(m, himg, off + c, n, va + c, False, m.streams[k % len(m.streams)])
+
+
+class Bounce:
+    """SLOTS pinned chunks, for images that come from a file."""
+
+    def __init__(self, m: Mover) -> None:
+        self.m = m
+        self.size = SLOTS * CHUNK
+        self.fd = os.memfd_create("nvproxy-bounce", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, self.size)
+        self.addr = libc.map_anywhere(self.fd, self.size)
+        m.backend.host_register(self.addr, self.size)
+
+    def slot(self, i: int) -> int:
+        return self.addr + i * CHUNK
+
+    def close(self) -> None:
+        self.m.sync()
+        self.m.backend.host_unregister(self.addr, self.size)
+        libc.unmap(self.addr, self.size)
+        os.close(self.fd)
+
+
 def file_to_device(b: Bounce, fd: int, va: int, size: int, file_off: int, crcs: list[int], what: str) -> None:
-    """Load a region written by device_to_file, checking every chunk's CRC before it reaches the device."""
-    be = b.backend
+    """Load a region of an image file, checking every chunk's checksum before it reaches the device."""
+    m, be = b.m, b.m.backend
     chunks = _chunks(size)
     if len(chunks) != len(crcs):
         raise ImageError(f"{what}: the image lists {len(crcs)} chunks, the region has {len(chunks)}")
 
     def read(k: int) -> int:
         i = k % SLOTS
-        be.activate(b.dev)
-        be.event_sync(b.events[i])  # the slot's previous copy to the device is done
+        be.activate(m.dev)
+        be.event_sync(m.events[i])  # the slot's previous copy to the device is done
         off, n = chunks[k]
-        v = b.view(i, n)
+        v = libc.buffer(b.slot(i), n)
         got = os.preadv(fd, [v], file_off + off)
         if got != n:
             raise ImageError(f"{what}: the image is truncated")
@@ -102,15 +141,15 @@ def file_to_device(b: Bounce, fd: int, va: int, size: int, file_off: int, crcs: 
 
     ahead: dict[int, Future] = {}
     for k in range(min(SLOTS - 1, len(chunks))):
-        ahead[k] = b.pool.submit(read, k)
+        ahead[k] = m.pool.submit(read, k)
     for k, (off, n) in enumerate(chunks):
         i = ahead.pop(k).result()
-        be.memcpy(va + off, b.slot(i), n, b.stream)
-        be.event_record(b.events[i], b.stream, 0)
+        be.memcpy(va + off, b.slot(i), n, m.streams[0])
+        be.event_record(m.events[i], m.streams[0], 0)
         nxt = k + SLOTS - 1
         if nxt < len(chunks):
-            ahead[nxt] = b.pool.submit(read, nxt)
+            ahead[nxt] = m.pool.submit(read, nxt)
     try:
-        be.stream_sync(b.stream)
+        m.sync()
     except CudaError as e:
         raise ImageError(f"{what}: copying to the device failed (CUDA error {e.code})") from None

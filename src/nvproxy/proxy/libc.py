@@ -18,8 +18,9 @@ int fflush(void *stream);
 )
 _c = ffi.dlopen(None)
 
-PROT_READ, PROT_WRITE = 1, 2
-MAP_SHARED, MAP_FIXED, MAP_FIXED_NOREPLACE = 0x01, 0x10, 0x100000
+PROT_NONE, PROT_READ, PROT_WRITE = 0, 1, 2
+MAP_SHARED, MAP_PRIVATE, MAP_FIXED, MAP_ANONYMOUS = 0x01, 0x02, 0x10, 0x20
+MAP_NORESERVE, MAP_FIXED_NOREPLACE = 0x4000, 0x100000
 MAP_FAILED = ffi.cast("void *", -1)
 
 
@@ -32,6 +33,25 @@ def map_fixed(fd: int, addr: int, size: int) -> bool:
         _c.munmap(p, size)
         return False
     return True
+
+
+def reserve(addr: int, size: int) -> bool:
+    """Reserve [addr, addr+size) of address space (no memory); False if taken."""
+    flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE
+    p = _c.mmap(ffi.cast("void *", addr), size, PROT_NONE, flags, -1, 0)
+    if p == MAP_FAILED:
+        return False
+    if int(ffi.cast("uintptr_t", p)) != addr:
+        _c.munmap(p, size)
+        return False
+    return True
+
+
+def map_over(fd: int, addr: int, size: int, offset: int) -> None:
+    """Map fd's bytes [offset, offset+size) at addr, inside a range this process reserved."""
+    p = _c.mmap(ffi.cast("void *", addr), size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, offset)
+    if p == MAP_FAILED:
+        raise OSError(ffi.errno, os.strerror(ffi.errno))
 
 
 def map_anywhere(fd: int, size: int) -> int:

@@ -169,6 +169,7 @@ class Server:
         self.calling_threads = 0  # call channels open
         self.running = True
         self.handed_over = False
+        self.writer: threading.Thread | None = None  # writing a checkpoint file from the host image
         if listener is None:
             listener = self._bind(sock_path)
             listener.listen(64)
@@ -185,6 +186,22 @@ class Server:
         except (ProcessLookupError, OSError):
             print(f"nvproxy: application {owner_pid} is not running", file=sys.stderr)
             self.running = False
+        threading.Thread(target=self._prefault, name="nvproxy-prefault", daemon=True).start()
+
+    def _prefault(self) -> None:
+        """Keep the host image buffer as large as a checkpoint would need (see checkpoint/hostimage.py)."""
+        from ..checkpoint.dump import prefault
+
+        while self.running:
+            time.sleep(0.5)
+            try:
+                prefault(self.dispatch.state)
+            except RuntimeError:
+                pass  # the state changed while it was measured: next time
+            except Exception as e:  # (out of memory, say) checkpoints will grow it themselves
+                print(f"nvproxy: cannot prepare the checkpoint buffer ({e}); a checkpoint will take longer",
+                      file=sys.stderr)
+                return
 
     @staticmethod
     def _bind(path: str) -> socket.socket:
@@ -412,25 +429,74 @@ class Server:
             for fd in fds:
                 os.close(fd)
             if msg.get("cmd") == "checkpoint":
-                self.quiesce()
-                from ..checkpoint.dump import write_image
-
-                control.send(conn, {"ok": True, "stats": write_image(self.dispatch.state, msg["image"])})
+                self._checkpoint(conn, msg["image"])
+                conn = None  # a writer thread answers once the file is complete
             elif msg.get("cmd") == "usage":
-                used = sum(n for d in self.dispatch.state.devices.values() for _va, n in d.arena.mappings())
-                control.send(conn, {"ok": True, "device_bytes": used})
+                from ..checkpoint.dump import estimate
+
+                st = self.dispatch.state
+                used = sum(n for d in st.devices.values() for _va, n in d.arena.mappings())
+                control.send(conn, {"ok": True, "device_bytes": used, "image_estimate": estimate(st),
+                                    "buffer_bytes": st.host_image.capacity if st.host_image else 0})
             elif msg.get("cmd") == "handoff":
-                self._hand_over(conn, msg["image"])
+                self._hand_over(conn, msg.get("image"))
             else:
                 control.send(conn, {"ok": False, "error": f"unknown command {msg.get('cmd')!r}"})
         except Exception as e:  # the application goes on, whatever the controller did
             print(f"nvproxy: control command failed: {e}", file=sys.stderr)
             try:
-                control.send(conn, {"ok": False, "error": str(e)})
+                if conn is not None:
+                    control.send(conn, {"ok": False, "error": str(e)})
             except OSError:
                 pass
         finally:
+            if conn is not None:
+                conn.close()
+
+    def _dump(self) -> tuple[Any, dict[str, Any]]:
+        """Stop at a cut, let the device drain and copy everything into the host
+        image buffer.  Returns the buffer, still locked, and the statistics."""
+        from ..checkpoint import hostimage
+        from ..checkpoint.dump import dump
+
+        t0 = time.monotonic()
+        himg = hostimage.of(self.dispatch.state)
+        himg.lock.acquire()
+        try:
+            self.quiesce()
+            stats = dump(self.dispatch.state, himg)
+        except BaseException:
+            himg.lock.release()
+            raise
+        stats["stopped_s"] = time.monotonic() - t0
+        return himg, stats
+
+    def _checkpoint(self, conn: socket.socket, path: str) -> None:
+        """The application goes on as soon as the device memory is in the
+        buffer; a thread writes the file from it and then answers."""
+        from ..checkpoint import hostimage
+
+        himg, stats = self._dump()
+
+        def persist() -> None:
+            try:
+                t = time.monotonic()
+                himg.write_file(path, stats["image_bytes"])
+                stats["file_s"] = time.monotonic() - t
+                reply = {"ok": True, "stats": dict(stats, path=path)}
+            except Exception as e:
+                reply = {"ok": False, "error": f"writing {path}: {e}"}
+            finally:
+                himg.lock.release()
+            hostimage.after_checkpoint(self.dispatch.state)
+            try:
+                control.send(conn, reply)
+            except OSError:
+                pass
             conn.close()
+
+        self.writer = threading.Thread(target=persist, name="nvproxy-image-writer")
+        self.writer.start()
 
     def quiesce(self) -> None:
         """Everything submitted so far is finished and replied to; later requests wait in the heap."""
@@ -441,11 +507,15 @@ class Server:
         while any(ch._pending for ch in self.channels) and time.monotonic() < deadline:
             time.sleep(0.001)
 
-    def _hand_over(self, conn: socket.socket, image: str) -> None:
-        from ..checkpoint.dump import write_image
-
-        self.quiesce()
-        stats = write_image(self.dispatch.state, image)
+    def _hand_over(self, conn: socket.socket, image: str | None) -> None:
+        """Migration: the image stays in the host image buffer, whose memfd the new
+        proxy gets with the connections (image: also write it to this file)."""
+        himg, stats = self._dump()
+        try:
+            if image:
+                himg.write_file(image, stats["image_bytes"])
+        finally:
+            himg.lock.release()
         chans = sorted(self.channels, key=lambda c: c.tid)
         if self.callback_channel is not None and self.callback_channel not in chans:
             chans.append(self.callback_channel)
@@ -467,7 +537,7 @@ class Server:
             if st:
                 fds.append(st.fd)
         host = sorted((a, r) for a, r in self.dispatch.state.host.items() if r.channel is None)
-        fds += [r.fd for _a, r in host]
+        fds += [r.fd for _a, r in host] + [himg.fd]
         control.send(conn, {"ok": True, "stats": stats, "next_seq": self.next_seq, "channels": descs,
                             "host": [a for a, _r in host]}, bytes(blob), fds)
         verdict, _b, _f = control.recv(conn)
@@ -523,6 +593,8 @@ class Server:
                     self.next_seq = self.heap[0][0]
                 self._execute_ready()
         finally:
+            if self.writer is not None:  # a checkpoint file is being written: finish it
+                self.writer.join()
             self.listener.close()
             for path in (self.sock_path, self.ctl_path):
                 try:

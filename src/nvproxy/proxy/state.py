@@ -67,6 +67,7 @@ class ProcessState:
         self.reloc_starts: list[int] = []
         self.relocs: list[tuple[int, int, int]] = []  # (old, size, new), sorted by old
         self._frees: queue.SimpleQueue[tuple[int, Any]] | None = None
+        self.host_image: Any = None  # checkpoint.hostimage.HostImage, once a checkpoint needs one
 
     def free(self, ptr: int) -> None:
         """cudaFree: the memory returns to the arena once the device has

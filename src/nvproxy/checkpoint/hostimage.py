@@ -1,0 +1,142 @@
+"""The host image buffer: a checkpoint image in the proxy's memory (a memfd,
+mapped and registered as pinned memory), kept from one checkpoint to the next.
+
+Why: device-to-pinned copies run at the PCIe/NVLink-C2C rate (55 GB/s on the
+H200 machine), but memory the kernel has to find first runs at 2-3 GB/s there
+(fresh tmpfs or page-cache pages in the VM).  Pages that already exist cost
+nothing, so the buffer is grown ahead of need while the application runs
+(NVPROXY_CKPT_BUFFER=prefault, the default) or at the first checkpoint and
+kept (=lazy), or released after every checkpoint (=transient, saves host
+memory).  A checkpoint then copies device memory straight into it; writing a
+file from it happens after the application was let go on; a migration hands
+the memfd itself to the new proxy, which restores from it with no file at all.
+
+The buffer grows in segments (64 MiB doubling up to 1 GiB), each registered on
+its own, mapped back to back in a reserved range so that the image is one run
+of addresses; copies are split at segment boundaries (a copy must lie inside
+one registration).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from ..proxy import libc
+from .image import CHUNK, atomic_file
+
+BASE = 0x100000000000  # 16 TiB: below the device arenas (32 TiB up), far from where Linux puts mmaps
+RESERVE = 4 << 40
+FIRST, LARGEST = 64 << 20, 1 << 30
+WRITERS = 8
+
+
+def mode() -> str:
+    m = os.environ.get("NVPROXY_CKPT_BUFFER", "prefault")
+    return m if m in ("prefault", "lazy", "transient") else "prefault"
+
+
+def segment_starts(size: int) -> list[int]:
+    """Offsets where segments begin, for a buffer of size bytes (a segment boundary)."""
+    starts, at = [], 0
+    while at < size:
+        starts.append(at)
+        at += min(LARGEST, max(FIRST, at))
+    return starts
+
+
+def rounded(size: int) -> int:
+    """The smallest buffer size (on a segment boundary) of at least size bytes."""
+    at = 0
+    while at < size:
+        at += min(LARGEST, max(FIRST, at))
+    return at
+
+
+class HostImage:
+    def __init__(self, backend: Any, dev: int, fd: int | None = None) -> None:
+        """fd: a buffer handed over by another proxy (its whole size is mapped)."""
+        self.backend, self.dev = backend, dev
+        self.base = next((b for b in range(BASE, BASE + 4 * RESERVE, RESERVE) if libc.reserve(b, RESERVE)), 0)
+        if not self.base:
+            raise OSError("no address space for the host image buffer")
+        self.fd = fd if fd is not None else os.memfd_create("nvproxy-image", os.MFD_CLOEXEC)
+        self.starts: list[int] = []
+        self.capacity = 0
+        self.lock = threading.Lock()  # one checkpoint (dump, file write) or growth at a time
+        if fd is not None:
+            self.grow(os.fstat(fd).st_size)
+
+    def grow(self, need: int) -> None:
+        """Map and pin segments until need bytes fit (pinning touches every page: slow the first time)."""
+        target = rounded(need)
+        if target > RESERVE:
+            raise OSError(f"a checkpoint image of {need >> 30} GiB does not fit the host image buffer")
+        if os.fstat(self.fd).st_size < target:
+            os.ftruncate(self.fd, target)
+        self.backend.activate(self.dev)
+        for start in segment_starts(target)[len(self.starts) :]:
+            size = rounded(start + 1) - start
+            libc.map_over(self.fd, self.base + start, size, start)
+            self.backend.host_register(self.base + start, size)
+            self.starts.append(start)
+            self.capacity = start + size
+
+    def pieces(self, off: int, n: int) -> Iterator[tuple[int, int]]:
+        """(address, length) pieces of [off, off+n), none crossing a segment."""
+        while n > 0:
+            i = bisect.bisect_right(self.starts, off)
+            seg_end = self.starts[i] if i < len(self.starts) else self.capacity
+            k = min(n, seg_end - off)
+            yield self.base + off, k
+            off, n = off + k, n - k
+
+    def view(self, off: int, n: int) -> memoryview:
+        return libc.buffer(self.base + off, n)
+
+    def write_file(self, path: str | Path, size: int) -> None:
+        """The first size bytes (an image) into path, atomically, on several threads."""
+
+        def write(fd: int) -> None:
+            os.ftruncate(fd, size)
+
+            def part(off: int) -> None:
+                v, done = self.view(off, min(CHUNK, size - off)), 0
+                while done < len(v):
+                    done += os.pwrite(fd, v[done:], off + done)
+
+            with ThreadPoolExecutor(WRITERS, thread_name_prefix="nvproxy-write") as pool:
+                list(pool.map(part, range(0, size, CHUNK)))
+
+        atomic_file(path, write)
+
+    def close(self) -> None:
+        self.backend.activate(self.dev)
+        for start in self.starts:
+            self.backend.host_unregister(self.base + start, rounded(start + 1) - start)
+        libc.unmap(self.base, RESERVE)
+        os.close(self.fd)
+        self.starts, self.capacity = [], 0
+
+
+_making = threading.Lock()
+
+
+def of(state: Any) -> HostImage:
+    """The process's host image buffer, made on first need."""
+    with _making:
+        if state.host_image is None:
+            state.host_image = HostImage(state.backend, min(state.devices, default=0))
+        return state.host_image
+
+
+def after_checkpoint(state: Any) -> None:
+    """Let the buffer go where the user asked to keep no host memory between checkpoints."""
+    if mode() == "transient" and state.host_image is not None:
+        state.host_image.close()
+        state.host_image = None
