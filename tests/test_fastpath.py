@@ -4,8 +4,10 @@ replies it sends itself.  (The sim backend's test programs run through it too.)"
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
+import threading
 
 import pytest
 
@@ -209,3 +211,34 @@ def test_forgetting_sends_everything_back_to_python(setup) -> None:
     for msg in (launch_req(1), req(wire.NVP_OP_STREAM_SYNC, 1, 3, reply=True), req(wire.NVP_OP_EVENT_RECORD, 1, 4)):
         assert fast.run(chan, bytearray(msg), 1)[:2] == (fastpath.PYTHON, 0)
     assert drv.calls == []
+
+
+def test_serve_receives_executes_and_replies_until_python_is_needed(setup) -> None:
+    """nvpf_serve: C reads the socket itself; messages split across reads are put together."""
+    fast, drv, chan, peer = setup
+    a = socket.socket(fileno=chan.fd)
+    try:
+        msgs = launch_req(1) + req(wire.NVP_OP_STREAM_SYNC, 2, 3, reply=True) + launch_req(3, kernel=99)
+        peer.sendall(msgs[:70])
+        buf = bytearray(1 << 16)
+        # the rest comes while C polls: it waits for whole messages
+        threading.Timer(0.01, lambda: peer.sendall(msgs[70:])).start()
+        why, left, seq = fast.serve(chan, buf, 0, 1, 100_000, 1_000_000)
+        assert (why, seq) == (fastpath.PYTHON, 3)  # kernel 99 is Python's; it stays in the buffer
+        assert bytes(buf[:left]) == launch_req(3, kernel=99)
+        assert [c[0] for c in drv.calls] == ["launch", "stream_query", "stream_sync"]
+        assert [r[1] for r in replies(peer)] == [0]
+        # nothing more comes: back to Python after the idle time
+        assert fast.serve(chan, buf, 0, 3, 1000, 1_000_000)[0] == fastpath.IDLE
+        # a descriptor travels with a message: Python gets both
+        r, w = socket.socketpair()
+        socket.send_fds(peer, [launch_req(3)], [r.fileno()])
+        why, left, seq = fast.serve(chan, buf, 0, 3, 100_000, 1_000_000)
+        assert why == fastpath.FDS and chan.nfds == 1 and left == len(launch_req(3))
+        os.close(chan.fds[0])
+        r.close()
+        w.close()
+        peer.shutdown(socket.SHUT_WR)
+        assert fast.serve(chan, buf, 0, 3, 100_000, 1_000_000)[0] == fastpath.CLOSED
+    finally:
+        a.detach()

@@ -404,3 +404,53 @@ EXPORT int nvpf_run(struct nvpf_chan *ch, const uint8_t *buf, size_t len, uint64
     *consumed = off;
     return why;
 }
+
+EXPORT int nvpf_serve(struct nvpf_chan *ch, uint8_t *buf, size_t cap, size_t *len, uint64_t *next_seq,
+                      unsigned idle_us, unsigned budget_us)
+{
+    long start = now_ns(), last = start;
+    ch->nfds = 0;
+    for (;;) {
+        if (*len) {
+            size_t used = 0;
+            int why = nvpf_run(ch, buf, *len, next_seq, &used);
+            if (used) {
+                memmove(buf, buf + used, *len - used);
+                *len -= used;
+                last = now_ns();
+            }
+            if (why != NVPF_MORE)
+                return why;
+            if (*len == cap) /* a message larger than the buffer: Python's grows */
+                return NVPF_PYTHON;
+        }
+        long t = now_ns();
+        if (t - last > (long)idle_us * 1000 || t - start > (long)budget_us * 1000)
+            return NVPF_IDLE;
+        union {
+            struct cmsghdr h;
+            char space[CMSG_SPACE(sizeof(int) * NVPF_MAX_FDS)];
+        } ctl;
+        struct iovec iov = {buf + *len, cap - *len};
+        struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = &ctl, .msg_controllen = sizeof ctl};
+        ssize_t r = recvmsg(ch->fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        if (r == 0)
+            return NVPF_CLOSED;
+        if (r < 0) {
+            if (errno == EAGAIN || errno == EINTR)
+                continue;
+            return NVPF_CLOSED;
+        }
+        *len += (size_t)r;
+        last = now_ns();
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+                continue;
+            size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            for (size_t i = 0; i < k && ch->nfds < NVPF_MAX_FDS; i++)
+                memcpy(&ch->fds[ch->nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        }
+        if (ch->nfds)
+            return NVPF_FDS;
+    }
+}

@@ -24,6 +24,11 @@
 #define NVPF_MORE 0   /* every complete message is done */
 #define NVPF_PYTHON 1 /* the next message is Python's to execute */
 #define NVPF_REPLY 2  /* the last message done wants a reply that Python sends: wait_kind says after what */
+/* and why nvpf_serve returned, besides those */
+#define NVPF_IDLE 3   /* nothing came for idle_us, or budget_us is spent: Python tends its other sockets */
+#define NVPF_CLOSED 4 /* end of file or an error on the socket: Python's own read finds out which */
+#define NVPF_FDS 5    /* descriptors came (SCM_RIGHTS), in fds[]: Python takes them with the bytes */
+#define NVPF_MAX_FDS 16
 
 #define NVPF_WAIT_NONE 0   /* at once, with reply_err */
 #define NVPF_WAIT_STREAM 1 /* once wait_handle (a stream) is idle */
@@ -59,6 +64,9 @@ struct nvpf_chan {
     int wait_kind;
     int reply_err;
     void *wait_handle;
+    /* out, with NVPF_FDS */
+    int nfds;
+    int fds[NVPF_MAX_FDS];
 };
 
 int nvpf_init(const struct nvpf_driver *drv, unsigned spin_us, unsigned exclusive_spin_us);
@@ -70,6 +78,12 @@ void nvpf_forget_all(void);
 void nvpf_set_translating(int on);
 void nvpf_set_text_pending(int on);
 int nvpf_run(struct nvpf_chan *ch, const uint8_t *buf, size_t len, uint64_t *next_seq, size_t *consumed);
+/* The channel of a process's only calling thread, served from C: receive,
+ * execute and reply in a loop, with no trip through Python's event loop per
+ * call.  buf (cap bytes) holds *len bytes already received; what is left in it
+ * on return (a message for Python, a partial one) is Python's. */
+int nvpf_serve(struct nvpf_chan *ch, uint8_t *buf, size_t cap, size_t *len, uint64_t *next_seq, unsigned idle_us,
+               unsigned budget_us);
 /* CDEF-END */
 
 #endif

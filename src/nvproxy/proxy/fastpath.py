@@ -26,6 +26,7 @@ ffi = cffi.FFI()
 ffi.cdef(wire.cdef_block(TEXT))
 CONSTANTS = wire.defines(wire.cdef_block(TEXT), "NVPF_")
 MORE, PYTHON, REPLY = CONSTANTS["NVPF_MORE"], CONSTANTS["NVPF_PYTHON"], CONSTANTS["NVPF_REPLY"]
+IDLE, CLOSED, FDS = CONSTANTS["NVPF_IDLE"], CONSTANTS["NVPF_CLOSED"], CONSTANTS["NVPF_FDS"]
 WAIT_NONE, WAIT_STREAM, WAIT_EVENT = (CONSTANTS[f"NVPF_WAIT_{k}"] for k in ("NONE", "STREAM", "EVENT"))
 MAX_DEV = CONSTANTS["NVPF_MAX_DEV"]
 COPY_EVENTS = CONSTANTS["NVPF_COPY_EVENTS"]
@@ -105,6 +106,19 @@ class FastPath:
         view = ffi.from_buffer("uint8_t[]", buf)
         try:
             why = self.lib.nvpf_run(chan, view, len(buf), self._seq, self._consumed)
+        finally:
+            ffi.release(view)
+        return why, int(self._consumed[0]), int(self._seq[0])
+
+    def serve(self, chan: Any, buf: bytearray, held: int, next_seq: int, idle_us: int,
+              budget_us: int) -> tuple[int, int, int]:
+        """Serve chan from C (see nvpf_serve); buf[:held] was received already.
+        (why it stopped, bytes left at buf's start, next seq)."""
+        self._seq[0] = next_seq
+        self._consumed[0] = held
+        view = ffi.from_buffer("uint8_t[]", buf)
+        try:
+            why = self.lib.nvpf_serve(chan, view, len(buf), self._consumed, self._seq, idle_us, budget_us)
         finally:
             ffi.release(view)
         return why, int(self._consumed[0]), int(self._seq[0])

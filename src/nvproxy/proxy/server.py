@@ -40,6 +40,10 @@ ANC_SPACE = socket.CMSG_SPACE(8 * 4)
 
 
 SPIN_S = 50e-6  # how long the dispatcher keeps polling (a wait, its sockets) before sleeping
+# a single calling thread's channel is served by C (fastpath.nvpf_serve): it polls that socket for
+# SERVE_IDLE_US after the last message, and gives the event loop a turn at least every SERVE_BUDGET_US
+SERVE_IN_C = os.environ.get("NVPROXY_SERVE_IN_C", "1") != "0"
+SERVE_IDLE_US, SERVE_BUDGET_US = 200, 2000
 
 
 class Deferred:
@@ -287,12 +291,44 @@ class Server:
         if ch.fast is None:
             self._consume(ch)
             return
+        self._run_fast(ch)
+        while self._may_serve(ch):
+            if self._serve(ch) in (fastpath.IDLE, fastpath.CLOSED):
+                break  # back to the event loop (which reads the end of file, if that was it)
+            self._run_fast(ch)
+
+    def _run_fast(self, ch: Channel) -> None:
         while ch.rbuf and not ch.closed and ch.fast is not None:  # (a callback channel's HELLO clears fast)
             if not self.heap and self._fast_run(ch):
                 break  # C did everything there was
             if not self._consume(ch, one=True):
                 break  # the rest of a message is still on its way
             self._execute_ready()
+
+    def _may_serve(self, ch: Channel) -> bool:
+        """C may serve the channel itself while it is the only calling thread's and nothing waits in Python."""
+        return (SERVE_IN_C and ch.fast is not None and not ch.closed and not ch.rbuf and not self.heap
+                and ch._pending == 0 and self.calling_threads == 1 and ch.kind == wire.NVP_CHAN_CALL
+                and self.running)
+
+    def _serve(self, ch: Channel) -> int:
+        fast, fc = self.fast, ch.fast
+        fast.set_translating(bool(self.dispatch.state.relocs))
+        self.backend.activate(ch.dev)
+        fc.dev, fc.pending, fc.async_err, fc.exclusive = ch.dev, 0, ch.async_err, 1
+        why, left, self.next_seq = fast.serve(fc, RECV_BUF, 0, self.next_seq, SERVE_IDLE_US, SERVE_BUDGET_US)
+        ch.async_err = fc.async_err
+        if left:
+            ch.rbuf += RECV_VIEW[:left]
+        if why == fastpath.FDS:
+            ch.fds.extend(fc.fds[i] for i in range(fc.nfds))
+        elif why == fastpath.REPLY:
+            wait = fast.waiter(fc)
+            if wait is None:
+                ch.reply(None, fc.reply_err)
+            else:
+                ch.defer(Deferred(wait))
+        return why
 
     def _fast_run(self, ch: Channel) -> bool:
         """Let C execute what it can at the start of ch's buffer; True when it used all complete messages."""
