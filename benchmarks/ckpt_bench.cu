@@ -1,6 +1,7 @@
-// Checkpoint benchmark target: fills argv[1] GiB of device memory (in 1 GiB
-// allocations), prints "ready", waits for a line on stdin, then verifies the
-// memory and prints "verified ok" (so a migration in between is checked too).
+// Checkpoint benchmark target: fills argv[1] MiB of device memory (in
+// allocations of up to 1 GiB), prints "ready", waits for a line on stdin, then
+// verifies the memory and prints "verified ok" (so a migration in between is
+// checked too).
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -16,11 +17,13 @@ __global__ void check(const unsigned *p, size_t n, unsigned seed, unsigned long 
 }
 
 int main(int argc, char **argv) {
-    int gib = argc > 1 ? atoi(argv[1]) : 1;
-    size_t n = (1ull << 30) / sizeof(unsigned);
-    std::vector<unsigned *> bufs(gib);
-    for (int i = 0; i < gib; i++) {
-        if (cudaMalloc(&bufs[i], 1ull << 30) != cudaSuccess) { printf("alloc failed\n"); return 1; }
+    size_t total = (argc > 1 ? strtoull(argv[1], NULL, 10) : 1024) << 20, piece = 1ull << 30;
+    if (total < piece) piece = total;
+    int count = (int)(total / piece);
+    size_t n = piece / sizeof(unsigned);
+    std::vector<unsigned *> bufs(count);
+    for (int i = 0; i < count; i++) {
+        if (cudaMalloc(&bufs[i], piece) != cudaSuccess) { printf("alloc failed\n"); return 1; }
         fill<<<1024, 256>>>(bufs[i], n, i);
     }
     unsigned long long *bad;
@@ -31,7 +34,7 @@ int main(int argc, char **argv) {
     fflush(stdout);
     char line[8];
     if (!fgets(line, sizeof line, stdin)) return 2;
-    for (int i = 0; i < gib; i++) check<<<1024, 256>>>(bufs[i], n, i, bad);
+    for (int i = 0; i < count; i++) check<<<1024, 256>>>(bufs[i], n, i, bad);
     unsigned long long h = 1;
     cudaMemcpy(&h, bad, sizeof h, cudaMemcpyDeviceToHost);
     printf(h == 0 ? "verified ok\n" : "verified BAD\n");

@@ -6,6 +6,7 @@ buffer after the program allocated (NVPROXY_CKPT_BUFFER=prefault): how long
 that took is reported, and the checkpoint waits for it.
 
     python benchmarks/ckpt_run.py [--sizes 1,4,16,32] [--backend gpu|sim] [--out DIR]
+(sizes in GiB; "8M" means 8 MiB).  `nvproxy bench --checkpoint-sizes` runs it with the microbenchmarks.
 """
 
 from __future__ import annotations
@@ -23,23 +24,34 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def _cuda_checkpoint(exe: Path, gib: int) -> dict:
-    """NVIDIA's cuda-checkpoint on the same program run natively: --toggle moves
-    device memory to host memory (suspend) and back (resume)."""
-    app = subprocess.Popen([str(exe), str(gib)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+def _cuda_checkpoint(exe: Path, mib: int) -> dict:
+    """NVIDIA's driver checkpoint on the same program run natively: suspend moves
+    device memory to host memory, resume moves it back (cuda-checkpoint --toggle
+    where that tool is installed, else the same driver calls from driver_checkpoint.py)."""
+    app = subprocess.Popen([str(exe), str(mib)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert app.stdout and app.stdin
     app.stdout.readline()
-    t = time.monotonic()
-    a = subprocess.run(["cuda-checkpoint", "--toggle", "--pid", str(app.pid)], capture_output=True, text=True)
-    suspend = time.monotonic() - t
-    t = time.monotonic()
-    b = subprocess.run(["cuda-checkpoint", "--toggle", "--pid", str(app.pid)], capture_output=True, text=True)
-    resume = time.monotonic() - t
+    if shutil.which("cuda-checkpoint"):
+        toggle = ["cuda-checkpoint", "--toggle", "--pid", str(app.pid)]
+        t = time.monotonic()
+        a = subprocess.run(toggle, capture_output=True, text=True)
+        suspend = time.monotonic() - t
+        t = time.monotonic()
+        b = subprocess.run(toggle, capture_output=True, text=True)
+        resume = time.monotonic() - t
+        ok, err = a.returncode == 0 and b.returncode == 0, (a.stderr + b.stderr).strip()[-300:]
+    else:
+        r = subprocess.run([sys.executable, str(HERE / "driver_checkpoint.py"), str(app.pid)], capture_output=True,
+                           text=True)
+        got = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {"ok": False, "error": r.stderr}
+        ok, err = got["ok"], got.get("error", "")
+        suspend, resume = got.get("suspend_s", 0.0), got.get("resume_s", 0.0)
     out, _ = app.communicate("\n", timeout=600)
-    ok = a.returncode == 0 and b.returncode == 0 and "verified ok" in out
+    ok = ok and "verified ok" in out
     return {"cuda_checkpoint_ok": ok, "cuda_checkpoint_suspend_s": suspend, "cuda_checkpoint_resume_s": resume,
-            "cuda_checkpoint_suspend_gbps": gib * 2**30 / suspend / 1e9 if ok else None,
-            "cuda_checkpoint_error": (a.stderr + b.stderr).strip()[-300:]}
+            "cuda_checkpoint_suspend_gbps": mib * 2**20 / suspend / 1e9 if ok and suspend else None,
+            "cuda_checkpoint_resume_gbps": mib * 2**20 / resume / 1e9 if ok and resume else None,
+            "cuda_checkpoint_error": err}
 
 
 def _wait_prepared(app_pid: int, timeout: float = 300) -> float:
@@ -57,16 +69,33 @@ def _wait_prepared(app_pid: int, timeout: float = 300) -> float:
     return time.monotonic() - t
 
 
-def _measure(exe: Path, gib: int, td: Path, backend: str) -> dict:
-    """nvproxy checkpoint (the program waits, then goes on) and nvproxy migrate of a program holding gib GiB."""
-    app = subprocess.Popen([sys.executable, "-m", "nvproxy", "run", "--backend", backend, "--", str(exe), str(gib)],
+def parse_sizes(text: str) -> list[int]:
+    """"1,4,8M" -> MiB: plain numbers are GiB."""
+    out = []
+    for item in text.split(","):
+        item = item.strip().upper()
+        out.append(int(item[:-1]) if item.endswith("M") else int(item) * 1024)
+    return out
+
+
+def build(where: Path) -> Path:
+    exe = where / "ckpt_bench"
+    subprocess.run(["nvcc", "-cudart", "shared", "-O2", "-o", str(exe), str(HERE / "ckpt_bench.cu")], check=True)
+    return exe
+
+
+def measure(exe: Path, mib: int, td: Path, backend: str) -> dict:
+    """nvproxy checkpoint (the program waits, then goes on) and nvproxy migrate of a program holding mib MiB."""
+    gib = mib / 1024
+    app = subprocess.Popen([sys.executable, "-m", "nvproxy", "run", "--backend", backend, "--sim-kernels",
+                            str(HERE / "ckpt_bench_sim.py"), "--", str(exe), str(mib)],
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert app.stdout and app.stdin
     if app.stdout.readline().strip() != "ready":
         raise SystemExit(app.communicate()[1])
     t = time.monotonic()
     prepare_s = _wait_prepared(app.pid)
-    image = td / f"c{gib}.img"
+    image = td / f"c{mib}.img"
     t = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "nvproxy", "checkpoint", str(app.pid), "-o", str(image)],
                        capture_output=True, text=True)
@@ -77,16 +106,18 @@ def _measure(exe: Path, gib: int, td: Path, backend: str) -> dict:
     mig_wall = time.monotonic() - t
     stdout, stderr = app.communicate("\n", timeout=600)
     restored = re.search(r"restored (\d+) MiB in ([\d.]+) s .*checkpoint took ([\d.]+) s", stderr)
-    row = {"gib": gib, "checkpoint_out": r.stdout.strip(), "checkpoint_wall_s": ck_wall, "prepare_s": prepare_s,
-           "migrate_wall_s": mig_wall, "verified": "verified ok" in stdout, "migrate_rc": m.returncode}
+    row = {"mib": mib, "gib": gib, "checkpoint_out": r.stdout.strip(), "checkpoint_wall_s": ck_wall,
+           "prepare_s": prepare_s, "migrate_wall_s": mig_wall, "verified": "verified ok" in stdout,
+           "migrate_rc": m.returncode}
     ck = re.search(r"copied out in ([\d.]+) s \(([\d.]+) GB/s\); the application was stopped ([\d.]+) s; "
                    r"file written in ([\d.]+) s", r.stdout)
     if ck:
         row.update(ckpt_copy_s=float(ck.group(1)), ckpt_copy_gbps=float(ck.group(2)),
                    ckpt_stopped_s=float(ck.group(3)), ckpt_file_s=float(ck.group(4)))
     if restored:
-        mib, rs, ds = int(restored.group(1)), float(restored.group(2)), float(restored.group(3))
-        row.update(restore_s=rs, dump_s=ds, restore_gbps=mib * 2**20 / rs / 1e9, dump_gbps=mib * 2**20 / ds / 1e9)
+        got, rs, ds = int(restored.group(1)), float(restored.group(2)), float(restored.group(3))
+        row.update(restore_s=rs, dump_s=ds, restore_gbps=got * 2**20 / max(rs, 1e-3) / 1e9,
+                   dump_gbps=got * 2**20 / max(ds, 1e-3) / 1e9)
     return row
 
 
@@ -102,15 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     with tempfile.TemporaryDirectory() as build_dir:
-        exe = Path(build_dir) / "ckpt_bench"
-        subprocess.run(["nvcc", "-cudart", "shared", "-O2", "-o", str(exe), str(HERE / "ckpt_bench.cu")], check=True)
+        exe = build(Path(build_dir))
         for where in args.image_dir or [None]:
-            for gib in (int(x) for x in args.sizes.split(",")):
+            for mib in parse_sizes(args.sizes):
                 with tempfile.TemporaryDirectory(dir=where) as td:
-                    row = _measure(exe, gib, Path(td), args.backend)
+                    row = measure(exe, mib, Path(td), args.backend)
                 row["image_dir"] = where or tempfile.gettempdir()
-                if shutil.which("cuda-checkpoint") and where == (args.image_dir or [None])[0]:
-                    row.update(_cuda_checkpoint(exe, gib))
+                if args.backend == "gpu" and where == (args.image_dir or [None])[0]:
+                    row.update(_cuda_checkpoint(exe, mib))
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     (out / "checkpoint.json").write_text(json.dumps(rows, indent=1))

@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--native", action=argparse.BooleanOptionalAction, default=None,
                     help="also run natively (default: only with a GPU backend)")
     ap.add_argument("--out", default="bench-results")
+    ap.add_argument("--checkpoint-sizes",
+                    help="device memory to checkpoint and restore, e.g. 1,4,16,32 (GiB) or 8M (default: "
+                         "1,4,16,32 on a GPU, 8M with --quick; 'none' skips)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -65,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{rep + 1}/{args.reps}] {mode}", file=sys.stderr, flush=True)
                 for rec in run_once(cmd, env):
                     samples[(rec["bench"], rec["param"], rec["unit"])][mode].append(rec["value"])
+        ckpt_sizes = args.checkpoint_sizes or ("8M" if args.quick else "1,4,16,32" if backend == "gpu" else "none")
+        if ckpt_sizes != "none":
+            _checkpoint_rows(samples, Path(td), backend, ckpt_sizes)
     rows = []
     for (bench, param, unit), by_mode in samples.items():
         row = {"bench": bench, "param": param, "unit": unit}
@@ -76,13 +82,40 @@ def main(argv: list[str] | None = None) -> int:
     (out / "results.json").write_text(json.dumps({"backend": backend, "reps": args.reps, "rows": rows}, indent=1))
     lines = ["| benchmark | size | unit | native | nvproxy | nvproxy/native |", "|---|---:|---|---:|---:|---:|"]
     for r in rows:
-        size = _size(r["param"]) if r["unit"] == "GB/s" or r["bench"] == "malloc_free" else str(r["param"] or "")
+        by_bytes = r["unit"] in ("GB/s", "s") or r["bench"] == "malloc_free"
+        size = _size(r["param"]) if by_bytes else str(r["param"] or "")
         lines.append(f"| {r['bench']} | {size} | {r['unit']} | {_f(r.get('native'))} | {_f(r.get('nvproxy'))} | "
                      f"{_f(r.get('ratio'))} |")
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     _plots(rows, out)
     return 0
+
+
+def _checkpoint_rows(samples: dict, td: Path, backend: str, sizes: str) -> None:
+    """Checkpoint rows (benchmarks/ckpt_run.py): nvproxy's dump and restore of device memory beside the
+    driver's own checkpoint (cuda-checkpoint) of the same program run natively, where the driver has it."""
+    sys.path.insert(0, str(HERE))
+    import ckpt_run
+
+    exe = ckpt_run.build(td)
+    for mib in ckpt_run.parse_sizes(sizes):
+        print(f"checkpoint {mib} MiB", file=sys.stderr, flush=True)
+        with tempfile.TemporaryDirectory() as images:
+            row = ckpt_run.measure(exe, mib, Path(images), backend)
+        if backend == "gpu":
+            row.update(ckpt_run._cuda_checkpoint(exe, mib))
+        if not row["verified"]:
+            raise RuntimeError(f"checkpoint benchmark of {mib} MiB: the memory did not verify: {row}")
+        size = mib << 20
+        for bench, ours, theirs in (("ckpt_dump", "ckpt_copy_gbps", "cuda_checkpoint_suspend_gbps"),
+                                    ("ckpt_restore", "restore_gbps", "cuda_checkpoint_resume_gbps")):
+            if row.get(ours) is not None:
+                samples[(bench, size, "GB/s")]["nvproxy"].append(row[ours])
+            if row.get(theirs):
+                samples[(bench, size, "GB/s")]["native"].append(row[theirs])
+        samples[("ckpt_stopped", size, "s")]["nvproxy"].append(row.get("ckpt_stopped_s", 0.0))
+        samples[("ckpt_file", size, "s")]["nvproxy"].append(row.get("ckpt_file_s", 0.0))
 
 
 def _f(x: float | None) -> str:
@@ -132,6 +165,22 @@ def _plots(rows: list[dict], out: Path) -> None:
     ax.set_title("latency per call, native vs nvproxy")
     fig.tight_layout()
     fig.savefig(out / "latency.png", dpi=120)
+    ck = [r for r in rows if r["bench"] in ("ckpt_dump", "ckpt_restore")]
+    if ck:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        for bench, marker in (("ckpt_dump", "o"), ("ckpt_restore", "s")):
+            pts = sorted((r["param"], r) for r in ck if r["bench"] == bench)
+            for mode, style, who in (("nvproxy", "-", "nvproxy"), ("native", "--", "driver checkpoint")):
+                xs = [p / 2**30 for p, r in pts if mode in r]
+                if xs:
+                    ax.plot(xs, [r[mode] for p, r in pts if mode in r], style, marker=marker, label=f"{bench} {who}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("GiB of device memory")
+        ax.set_ylabel("GB/s")
+        ax.legend(fontsize=8)
+        ax.set_title("checkpoint: device memory out (dump) and back (restore)")
+        fig.tight_layout()
+        fig.savefig(out / "checkpoint.png", dpi=120)
 
 
 if __name__ == "__main__":

@@ -17,5 +17,5 @@ def test_bench_smoke(nvcc: str, tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert {row["bench"] for row in rows} >= {"launch_empty", "launch_sync", "malloc_free", "h2d_pageable",
-                                              "async_4streams", "launch_storm"}
+                                              "async_4streams", "launch_storm", "ckpt_dump", "ckpt_restore"}
     assert "| launch_empty |" in (tmp_path / "results.md").read_text()

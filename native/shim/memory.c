@@ -331,7 +331,7 @@ static cudaError_t staged_h2d(uint64_t dst, const char *src, size_t n, int64_t s
             if (e == cudaErrorDevicesUnavailable)
                 return e;
         }
-        memcpy(s->base + slot * s->slot_size, src + off, len);
+        nvp_par_memcpy(s->base + slot * s->slot_size, src + off, len);
         uint64_t a[NVP_MAX_ARGS] = {dst + off, slot * s->slot_size, len, (uint64_t)stream, 0};
         e = nvp_send_pending(NVP_OP_STAGED_COPY, a);
         if (e)
@@ -372,7 +372,7 @@ static cudaError_t staged_d2h(char *dst, uint64_t src, size_t n, int64_t stream)
         if (e && !first)
             first = e;
         if (!first)
-            memcpy(dst + off, s->base + slot * s->slot_size, len);
+            nvp_par_memcpy(dst + off, s->base + slot * s->slot_size, len);
         if (sent < chunks) { /* refill the slot just emptied */
             size_t o2 = sent * s->slot_size, l2 = n - o2 < s->slot_size ? n - o2 : s->slot_size;
             uint64_t a[NVP_MAX_ARGS] = {src + o2, slot * s->slot_size, l2, (uint64_t)stream, 1};

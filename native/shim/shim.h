@@ -57,6 +57,9 @@ struct nvp_staging {
     int nslots;
 };
 cudaError_t nvp_staging(struct nvp_staging **out);
+/* ---- parcopy.c ---- */
+void nvp_par_memcpy(void *dst, const void *src, size_t n); /* memcpy on several threads when large */
+void nvp_parcopy_after_fork(void);
 /* Print one line to stderr naming a call nvproxy does not support. */
 cudaError_t nvp_unsupported(const char *call);
 void nvp_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -110,6 +110,7 @@ static void after_fork_child(void)
     /* A forked child must never talk over its parent's channels: it gets a
      * proxy of its own on its first CUDA call. */
     pthread_mutex_init(&G.lock, NULL);
+    nvp_parcopy_after_fork();
     G.state = ST_INIT;
     threads = NULL;
     atomic_store(&G.seq, 0); /* the new proxy expects the sequence from 1 */

@@ -116,8 +116,8 @@ def _adopt(args: argparse.Namespace, backend, dispatch):
     server.adopt(info, blob, fds)
     control.send(ctl, {"cmd": "done"})
     ctl.close()
-    print(f"nvproxy: restored {stats['device_bytes'] >> 20} MiB in {stats['seconds']:.2f} s "
-          f"({stats['gbps']:.1f} GB/s); checkpoint took {info['stats']['seconds']:.2f} s "
+    print(f"nvproxy: restored {stats['device_bytes'] >> 20} MiB in {stats['seconds']:.3f} s "
+          f"({stats['gbps']:.1f} GB/s); checkpoint took {info['stats']['seconds']:.3f} s "
           f"({info['stats']['gbps']:.1f} GB/s)", file=sys.stderr)
     return server
 
@@ -199,9 +199,9 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
         print(f"nvproxy checkpoint: {reply.get('error')}", file=sys.stderr)
         return 1
     s = reply["stats"]
-    print(f"{image}: {s['device_bytes'] >> 20} MiB of device memory copied out in {s['seconds']:.2f} s "
-          f"({s['gbps']:.1f} GB/s); the application was stopped {s['stopped_s']:.2f} s; "
-          f"file written in {s['file_s']:.2f} s")
+    print(f"{image}: {s['device_bytes'] >> 20} MiB of device memory copied out in {s['seconds']:.3f} s "
+          f"({s['gbps']:.1f} GB/s); the application was stopped {s['stopped_s']:.3f} s; "
+          f"file written in {s['file_s']:.3f} s")
     return 0
 
 
