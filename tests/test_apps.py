@@ -25,6 +25,7 @@ PROGRAMS = [
     ("mempool", ()),
     ("pitched3d", ()),
     ("small_allocs", ()),
+    ("managed", ()),
 ]
 IDS = ["-".join((n, *a)) for n, a in PROGRAMS]
 

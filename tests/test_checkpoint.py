@@ -159,3 +159,22 @@ def test_recover_from_image_after_the_proxy_died(build, backend: str, tmp_path: 
     out, err = app.communicate(timeout=120)
     assert "starting a new one from" in err, err
     assert "".join(lines) + out == reference.stdout, err
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_managed_memory_survives_migration(build, backend: str) -> None:
+    """Managed memory lives in shared host memory: a migration mid-run keeps it (and its address)."""
+    exe = build("managed")
+    reference = run(nvproxy_cmd(exe, backend, "managed", "12"))
+    assert reference.returncode == 0 and "Test PASSED" in reference.stdout, reference.stderr
+    app = subprocess.Popen(nvproxy_cmd(exe, backend, "managed", "12"), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    assert app.stdout is not None
+    lines = []
+    while not lines or not lines[-1].startswith("step 4:"):
+        lines.append(app.stdout.readline())
+        assert lines[-1], app.communicate()[1]
+    r = nvproxy("migrate", str(app.pid))
+    assert r.returncode == 0, r.stdout + r.stderr
+    out, err = app.communicate(timeout=300)
+    assert "".join(lines) + out == reference.stdout, err

@@ -47,15 +47,6 @@ cudaError_t nvp_valid_device(int device)
     return device < 0 || device >= nvp_device_count() ? cudaErrorInvalidDevice : cudaSuccess;
 }
 
-/* Common entry check: channel up, no sticky error. */
-static cudaError_t enter(void)
-{
-    cudaError_t e = nvp_connect();
-    if (e)
-        return e;
-    return nvp_sticky_error();
-}
-
 NVP_EXPORT cudaError_t cudaGetDeviceCount(int *count)
 {
     if (!count)
@@ -96,7 +87,7 @@ NVP_EXPORT cudaError_t cudaInitDevice(int device, unsigned int deviceFlags, unsi
 
 NVP_EXPORT cudaError_t cudaSetDeviceFlags(unsigned int flags)
 {
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
     unsigned known = cudaDeviceScheduleMask | cudaDeviceMapHost | cudaDeviceLmemResizeToMax | cudaDeviceSyncMemops;
@@ -276,7 +267,7 @@ NVP_EXPORT cudaError_t cudaDeviceGetPCIBusId(char *pciBusId, int len, int device
 
 static cudaError_t simple_wait(uint16_t op, uint64_t a0)
 {
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
     uint64_t a[NVP_MAX_ARGS] = {a0};
@@ -317,7 +308,7 @@ NVP_EXPORT cudaError_t cudaThreadSynchronize(void) { return cudaDeviceSynchroniz
 
 NVP_EXPORT cudaError_t cudaDeviceSetLimit(enum cudaLimit limit, size_t value)
 {
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
     uint64_t a[NVP_MAX_ARGS] = {(uint64_t)limit, value};
@@ -329,7 +320,7 @@ NVP_EXPORT cudaError_t cudaDeviceGetLimit(size_t *value, enum cudaLimit limit)
 {
     if (!value)
         return nvp_ret(cudaErrorInvalidValue);
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
     uint64_t a[NVP_MAX_ARGS] = {(uint64_t)limit};
@@ -342,7 +333,7 @@ NVP_EXPORT cudaError_t cudaDeviceGetLimit(size_t *value, enum cudaLimit limit)
 
 NVP_EXPORT cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest)
 {
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
     uint64_t a[NVP_MAX_ARGS] = {0};
@@ -359,7 +350,7 @@ NVP_EXPORT cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greates
 
 NVP_EXPORT cudaError_t cudaDeviceSetCacheConfig(enum cudaFuncCache c)
 {
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
     uint64_t a[NVP_MAX_ARGS] = {0, (uint64_t)c};
@@ -371,7 +362,7 @@ NVP_EXPORT cudaError_t cudaDeviceGetCacheConfig(enum cudaFuncCache *c)
 {
     if (!c)
         return nvp_ret(cudaErrorInvalidValue);
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
     uint64_t a[NVP_MAX_ARGS] = {1};
@@ -384,7 +375,7 @@ NVP_EXPORT cudaError_t cudaDeviceGetCacheConfig(enum cudaFuncCache *c)
 
 static cudaError_t peer(int what, int device, int peer, unsigned flags, uint64_t *out)
 {
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
     if (peer < 0 || peer >= nvp_device_count() || device < 0 || device >= nvp_device_count())
@@ -437,7 +428,7 @@ NVP_EXPORT cudaError_t cudaDriverGetVersion(int *v)
 
 static cudaError_t profiler(int start)
 {
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
     uint64_t a[NVP_MAX_ARGS] = {(uint64_t)start};

@@ -18,12 +18,6 @@
 
 static uint64_t page_size(void) { return (uint64_t)sysconf(_SC_PAGESIZE); }
 
-static cudaError_t enter(void)
-{
-    cudaError_t e = nvp_connect();
-    return e ? e : nvp_sticky_error();
-}
-
 static cudaError_t check_device_range(const void *p, size_t n)
 {
     uint64_t a = (uint64_t)(uintptr_t)p;
@@ -38,7 +32,7 @@ static cudaError_t device_alloc(void **p, size_t size)
 {
     if (!p)
         return nvp_ret(cudaErrorInvalidValue);
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
     if (size == 0) {
@@ -76,12 +70,15 @@ NVP_EXPORT cudaError_t cudaMallocPitch(void **devPtr, size_t *pitch, size_t widt
 
 NVP_EXPORT cudaError_t cudaFree(void *devPtr)
 {
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
     if (!devPtr)
         return cudaSuccess;
     uint64_t p = (uint64_t)(uintptr_t)devPtr;
+    struct nvp_host_region h;
+    if (nvp_host_shared(p, 0, &h) && h.kind == NVP_HOST_MANAGED && h.user == p)
+        return nvp_ret(nvp_host_free(&h));
     int tag;
     if (nvp_alloc_remove(p, &tag) != 0)
         return nvp_ret(cudaErrorInvalidValue);
@@ -98,7 +95,7 @@ NVP_EXPORT cudaError_t cudaMemGetInfo(size_t *free_, size_t *total)
 {
     if (!free_ || !total)
         return nvp_ret(cudaErrorInvalidValue);
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
     uint64_t a[NVP_MAX_ARGS] = {0};
@@ -122,11 +119,11 @@ static cudaError_t share_with_proxy(int fd, uint64_t base, uint64_t size, unsign
     return nvp_call(NVP_OP_HOST_REGISTER, a, NULL, 0, &r, fd);
 }
 
-static cudaError_t host_alloc(void **pHost, size_t size, unsigned flags)
+cudaError_t nvp_host_alloc(void **pHost, size_t size, unsigned flags, int kind)
 {
     if (!pHost)
         return nvp_ret(cudaErrorInvalidValue);
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
     if (size == 0) {
@@ -156,7 +153,7 @@ static cudaError_t host_alloc(void **pHost, size_t size, unsigned flags)
         }
         e = share_with_proxy(fd, at, len, flags);
         if (e == cudaSuccess) {
-            struct nvp_host_region h = {at, len, at, size, NVP_HOST_ALLOC, flags, fd};
+            struct nvp_host_region h = {at, len, at, size, kind, flags, fd};
             nvp_host_add(&h);
             *pHost = p;
             return cudaSuccess;
@@ -169,13 +166,16 @@ static cudaError_t host_alloc(void **pHost, size_t size, unsigned flags)
     return nvp_ret(e);
 }
 
-NVP_EXPORT cudaError_t cudaMallocHost(void **ptr, size_t size) { return host_alloc(ptr, size, cudaHostAllocDefault); }
+NVP_EXPORT cudaError_t cudaMallocHost(void **ptr, size_t size)
+{
+    return nvp_host_alloc(ptr, size, cudaHostAllocDefault, NVP_HOST_ALLOC);
+}
 
 NVP_EXPORT cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
 {
     if (flags & ~(unsigned)(cudaHostAllocPortable | cudaHostAllocMapped | cudaHostAllocWriteCombined))
         return nvp_ret(cudaErrorInvalidValue);
-    return host_alloc(pHost, size, flags);
+    return nvp_host_alloc(pHost, size, flags, NVP_HOST_ALLOC);
 }
 
 static cudaError_t unregister_in_proxy(uint64_t base)
@@ -187,7 +187,7 @@ static cudaError_t unregister_in_proxy(uint64_t base)
 
 NVP_EXPORT cudaError_t cudaFreeHost(void *ptr)
 {
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
     if (!ptr)
@@ -195,16 +195,21 @@ NVP_EXPORT cudaError_t cudaFreeHost(void *ptr)
     struct nvp_host_region h;
     if (!nvp_host_shared((uint64_t)(uintptr_t)ptr, 0, &h) || h.kind != NVP_HOST_ALLOC || h.user != (uint64_t)(uintptr_t)ptr)
         return nvp_ret(cudaErrorInvalidValue);
-    nvp_host_remove(h.user, NULL);
-    e = unregister_in_proxy(h.base);
-    munmap((void *)(uintptr_t)h.base, h.size);
-    close(h.fd);
-    return nvp_ret(e);
+    return nvp_ret(nvp_host_free(&h));
+}
+
+cudaError_t nvp_host_free(const struct nvp_host_region *h)
+{
+    nvp_host_remove(h->user, NULL);
+    cudaError_t e = unregister_in_proxy(h->base); /* (the proxy waits for the devices first) */
+    munmap((void *)(uintptr_t)h->base, h->size);
+    close(h->fd);
+    return e;
 }
 
 NVP_EXPORT cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags)
 {
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
     if (!ptr || size == 0)
@@ -249,7 +254,7 @@ NVP_EXPORT cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int fla
 
 NVP_EXPORT cudaError_t cudaHostUnregister(void *ptr)
 {
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
     struct nvp_host_region h;
@@ -288,6 +293,7 @@ NVP_EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *at
     if (!attr)
         return nvp_ret(cudaErrorInvalidValue);
     uint64_t p = (uint64_t)(uintptr_t)ptr;
+    struct nvp_host_region h;
     memset(attr, 0, sizeof *attr);
     attr->device = nvp_current_device();
     if (nvp_is_device_ptr(p)) {
@@ -298,8 +304,8 @@ NVP_EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *at
             if (di && p >= di->arena_base && p - di->arena_base < di->arena_size)
                 attr->device = d;
         }
-    } else if (nvp_host_shared(p, 1, NULL)) {
-        attr->type = cudaMemoryTypeHost;
+    } else if (nvp_host_shared(p, 1, &h)) {
+        attr->type = h.kind == NVP_HOST_MANAGED ? cudaMemoryTypeManaged : cudaMemoryTypeHost;
         attr->devicePointer = (void *)ptr;
         attr->hostPointer = (void *)ptr;
     } else {
@@ -399,7 +405,7 @@ cudaError_t nvp_memcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind
 static cudaError_t memcpy_impl(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, int64_t stream,
                                int is_async)
 {
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return e;
     if ((unsigned)kind > cudaMemcpyDefault)
@@ -482,7 +488,7 @@ static cudaError_t memcpy2d(void *dst, size_t dpitch, const void *src, size_t sp
     uint64_t d = (uint64_t)(uintptr_t)dst, s = (uint64_t)(uintptr_t)src;
     size_t dspan = dpitch * (height - 1) + width, sspan = spitch * (height - 1) + width;
     if (!pageable(d, dspan) && !pageable(s, sspan)) {
-        cudaError_t e = enter();
+        cudaError_t e = nvp_enter();
         if (e)
             return e;
         if ((e = check_device_range(dst, dspan)) || (e = check_device_range(src, sspan)))
@@ -517,7 +523,7 @@ NVP_EXPORT cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *s
 
 static cudaError_t memset_(void *p, int value, size_t n, int64_t stream)
 {
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return e;
     if (stream < 0)
@@ -552,7 +558,7 @@ NVP_EXPORT cudaError_t cudaMemsetAsync_ptsz(void *p, int value, size_t count, cu
 
 static cudaError_t memset2d(void *p, size_t pitch, int value, size_t width, size_t height, int64_t stream)
 {
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return e;
     if (stream < 0)

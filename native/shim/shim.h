@@ -57,6 +57,8 @@ struct nvp_staging {
     int nslots;
 };
 cudaError_t nvp_staging(struct nvp_staging **out);
+/* The common entry check of a runtime call: a proxy to talk to, no sticky error. */
+cudaError_t nvp_enter(void);
 /* ---- parcopy.c ---- */
 void nvp_par_memcpy(void *dst, const void *src, size_t n); /* memcpy on several threads when large */
 void nvp_parcopy_after_fork(void);
@@ -95,7 +97,7 @@ void nvp_symbol_add(uint64_t base, uint64_t size);
 /* Arena or module-variable address: memory of a device, not of the host. */
 int nvp_is_device_ptr(uint64_t p);
 
-enum nvp_host_kind { NVP_HOST_ALLOC = 1, NVP_HOST_REGISTERED = 2 };
+enum nvp_host_kind { NVP_HOST_ALLOC = 1, NVP_HOST_REGISTERED = 2, NVP_HOST_MANAGED = 3 };
 struct nvp_host_region {
     uint64_t base, size;    /* the whole mapping (page aligned) */
     uint64_t user, user_size; /* what the application asked for */
@@ -109,6 +111,9 @@ void nvp_host_foreach(void (*fn)(struct nvp_host_region *r, void *arg), void *ar
 int nvp_host_remove(uint64_t user, struct nvp_host_region *out);
 /* Is [p, p+n) inside memory the proxy can address (pinned/registered)? */
 int nvp_host_shared(uint64_t p, uint64_t n, struct nvp_host_region *out);
+/* memory.c: shared host memory at the same address in both processes (kind: nvp_host_kind) */
+cudaError_t nvp_host_alloc(void **p, size_t size, unsigned flags, int kind);
+cudaError_t nvp_host_free(const struct nvp_host_region *h);
 
 /* Handle tables: streams and events are small IDs owned by nvproxy. */
 enum nvp_handle_type { NVP_H_STREAM = 1, NVP_H_EVENT = 2 };

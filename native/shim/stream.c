@@ -13,12 +13,6 @@
 
 int nvp_open_channel(int kind, struct nvp_rep *rep);
 
-static cudaError_t enter(void)
-{
-    cudaError_t e = nvp_connect();
-    return e ? e : nvp_sticky_error();
-}
-
 int64_t nvp_stream_wire(cudaStream_t s, int per_thread_default)
 {
     uint64_t h = (uint64_t)(uintptr_t)s;
@@ -47,7 +41,7 @@ static cudaError_t stream_create(cudaStream_t *ps, unsigned flags, int priority)
 {
     if (!ps || (flags & ~(unsigned)cudaStreamNonBlocking))
         return nvp_ret(cudaErrorInvalidValue);
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
     int least = 0, greatest = 0;
@@ -86,7 +80,7 @@ NVP_EXPORT cudaError_t cudaStreamCreateWithPriority(cudaStream_t *ps, unsigned i
 
 NVP_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t s)
 {
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
     int64_t w = nvp_stream_wire(s, 0);
@@ -100,7 +94,7 @@ NVP_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t s)
 
 static cudaError_t stream_wait_op(uint16_t op, cudaStream_t s, int per_thread)
 {
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return e;
     int64_t w = nvp_stream_wire(s, per_thread);
@@ -131,7 +125,7 @@ NVP_EXPORT cudaError_t cudaStreamQuery_ptsz(cudaStream_t s)
 
 static cudaError_t stream_wait_event(cudaStream_t s, cudaEvent_t ev, unsigned flags, int per_thread)
 {
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
     int64_t w = nvp_stream_wire(s, per_thread), we = event_wire(ev);
@@ -312,7 +306,7 @@ cudaError_t nvp_callbacks_start(void)
 
 static cudaError_t host_func(cudaStream_t s, int with_status, void *fn, void *data, int per_thread)
 {
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return e;
     if (!fn)
@@ -363,7 +357,7 @@ static cudaError_t event_create(cudaEvent_t *pe, unsigned flags)
         return nvp_ret(cudaErrorInvalidValue);
     if ((flags & cudaEventInterprocess) && !(flags & cudaEventDisableTiming))
         return nvp_ret(cudaErrorInvalidValue);
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
     struct nvp_event_rec rec = {nvp_current_device(), flags, 0};
@@ -384,7 +378,7 @@ NVP_EXPORT cudaError_t cudaEventCreateWithFlags(cudaEvent_t *pe, unsigned int fl
 
 NVP_EXPORT cudaError_t cudaEventDestroy(cudaEvent_t ev)
 {
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
     int64_t w = event_wire(ev);
@@ -398,7 +392,7 @@ NVP_EXPORT cudaError_t cudaEventDestroy(cudaEvent_t ev)
 
 static cudaError_t event_record(cudaEvent_t ev, cudaStream_t s, unsigned flags, int per_thread)
 {
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
     int64_t w = nvp_stream_wire(s, per_thread), we = event_wire(ev);
@@ -425,7 +419,7 @@ NVP_EXPORT cudaError_t cudaEventRecordWithFlags_ptsz(cudaEvent_t ev, cudaStream_
 
 static cudaError_t event_op(uint16_t op, cudaEvent_t ev)
 {
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return e;
     int64_t w = event_wire(ev);
@@ -448,7 +442,7 @@ NVP_EXPORT cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEv
 {
     if (!ms)
         return nvp_ret(cudaErrorInvalidValue);
-    cudaError_t e = enter();
+    cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
     int64_t a0 = event_wire(start), a1 = event_wire(end);

@@ -758,6 +758,12 @@ cudaError_t nvp_send_pending(uint16_t op, const uint64_t a[NVP_MAX_ARGS])
 
 cudaError_t nvp_wait_pending(struct nvp_reply *reply) { return recv_reply(reply); }
 
+cudaError_t nvp_enter(void)
+{
+    cudaError_t e = nvp_connect();
+    return e ? e : nvp_sticky_error();
+}
+
 int nvp_device_count(void) { return nvp_connect() ? 0 : G.ndev; }
 int nvp_generation(void) { return atomic_load(&G.generation); }
 int nvp_driver_version(void) { return nvp_connect() ? 0 : G.driver_version; }
