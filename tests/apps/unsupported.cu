@@ -3,9 +3,8 @@
 #include "check.h"
 
 int main() {
-    void *p = nullptr;
-    cudaError_t e = cudaMallocManaged(&p, 1024);
-    printf("cudaMallocManaged: %s\n", cudaGetErrorName(e));
+    cudaError_t e = cudaCtxResetPersistingL2Cache();
+    printf("cudaCtxResetPersistingL2Cache: %s\n", cudaGetErrorName(e));
     printf("last error: %s\n", cudaGetErrorName(cudaGetLastError()));
     cudaGraph_t g;
     printf("cudaGraphCreate: %s\n", cudaGetErrorName(cudaGraphCreate(&g, 0)));
