@@ -13,6 +13,12 @@
     fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorName(e_)); exit(1); } } while (0)
 
 __global__ void empty() {}
+__global__ void sum(const unsigned *p, size_t n, unsigned long long *out) {
+    unsigned long long acc = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        acc += p[i];
+    atomicAdd(out, acc);
+}
 __global__ void eight(float *a, float *b, float *c, float *d, float *e, float *f, float *g, float *h) {
     if (threadIdx.x == 1024) a[0] = b[0] + c[0] + d[0] + e[0] + f[0] + g[0] + h[0];
 }
@@ -117,6 +123,28 @@ int main(int argc, char **argv) {
             });
         for (auto &x : th) x.join();
         emit("launch_storm", T, (now() - t) / (per * T) * 1e6, "us/launch");
+    }
+    // managed memory: the CPU writes a buffer, a kernel reads it twice (bandwidth of the whole cycle);
+    // natively the pages move to the device, under nvproxy the kernel reads host memory over the bus
+    for (size_t sz : {1ul << 20, 64ul << 20}) {
+        if (quick && sz > (1 << 20)) break;
+        unsigned *m;
+        unsigned long long *acc;
+        CHECK(cudaMallocManaged(&m, sz));
+        CHECK(cudaMalloc(&acc, sizeof *acc));
+        int reps = quick ? 2 : 10;
+        cudaMemLocation dev0 = {cudaMemLocationTypeDevice, 0};
+        t = now();
+        for (int r = 0; r < reps; r++) {
+            memset(m, r, sz);
+            CHECK(cudaMemPrefetchAsync(m, sz, dev0, 0, s));
+            sum<<<264, 256, 0, s>>>(m, sz / 4, acc);
+            sum<<<264, 256, 0, s>>>(m, sz / 4, acc);
+            CHECK(cudaStreamSynchronize(s));
+        }
+        emit("managed_cpu_write_gpu_read2", (long long)sz, (double)sz * reps / (now() - t) / 1e9, "GB/s");
+        CHECK(cudaFree(m));
+        CHECK(cudaFree(acc));
     }
     CHECK(cudaFreeHost(pin));
     CHECK(cudaFree(dev));
