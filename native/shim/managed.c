@@ -16,7 +16,7 @@
 
 NVP_EXPORT cudaError_t cudaMallocManaged(void **devPtr, size_t size, unsigned int flags)
 {
-    if (!devPtr || size == 0 || (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost))
+    if (!devPtr || (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost))
         return nvp_ret(cudaErrorInvalidValue);
     return nvp_host_alloc(devPtr, size, cudaHostAllocPortable | cudaHostAllocMapped, NVP_HOST_MANAGED);
 }
