@@ -86,6 +86,7 @@ def _adopt(args: argparse.Namespace, backend, dispatch):
     """Take over from a running proxy: it checkpoints into an image, hands over
     its connections, and exits once this proxy has restored the image."""
     import socket
+    import time
 
     from .checkpoint.hostimage import HostImage
     from .checkpoint.image import ImageError
@@ -103,9 +104,13 @@ def _adopt(args: argparse.Namespace, backend, dispatch):
     n_chan_fds = sum(1 + (1 if d["staging"] else 0) for d in info["channels"])
     host_fds = dict(zip(info["host"], fds[2 + n_chan_fds : -1], strict=True))
     try:
-        # the image is in the old proxy's host image buffer, which becomes ours
+        # the image is in the old proxy's host image buffer, which becomes ours (registering it counts)
+        t = time.monotonic()
         himg = dispatch.state.host_image = HostImage(backend, 0, fd=fds[-1])
+        pin_s = time.monotonic() - t
         stats = restore_image(dispatch.state, himg, host_fds)
+        stats["seconds"] += pin_s
+        stats["gbps"] = stats["device_bytes"] / stats["seconds"] / 1e9 if stats["seconds"] else 0.0
     except (ImageError, OSError) as e:
         print(f"nvproxy migrate: {e}", file=sys.stderr)
         control.send(ctl, {"cmd": "resume", "error": str(e)})

@@ -60,7 +60,7 @@ def estimate(state: ProcessState) -> int:
 
 def prefault(state: ProcessState) -> None:
     """Grow the host image buffer to the state's size ahead of a checkpoint (its
-    pages are found and pinned now, while the application runs, not then)."""
+    pages are made now, while the application runs; see hostimage.py)."""
     if hostimage.mode() != "prefault" or not state.devices:
         return
     with state.arena_lock:
@@ -68,7 +68,7 @@ def prefault(state: ProcessState) -> None:
     himg = hostimage.of(state)
     if need > himg.capacity and himg.lock.acquire(blocking=False):
         try:
-            himg.grow(need)
+            himg.grow(need, pin=False)
         finally:
             himg.lock.release()
 
@@ -99,7 +99,7 @@ def dump(state: ProcessState, himg: HostImage) -> dict[str, Any]:
                     device_regions.append({"kind": "var", "dev": dev, "module": mod_id, "name": name, "size": n,
                                            "va": state.original(va), "offset": layout.reserve(n), "from": va})
     t_grow = time.monotonic()
-    himg.grow(layout.end + (1 << 20))
+    himg.grow(layout.end + (1 << 20))  # and register what was not yet
     t_grow = time.monotonic() - t_grow
     for r, image in modules:
         himg.view(r["offset"], len(image))[:] = image

@@ -4,10 +4,16 @@ mapped and registered as pinned memory), kept from one checkpoint to the next.
 Why: device-to-pinned copies run at the PCIe/NVLink-C2C rate (55 GB/s on the
 H200 machine), but memory the kernel has to find first runs at 2-3 GB/s there
 (fresh tmpfs or page-cache pages in the VM).  Pages that already exist cost
-nothing, so the buffer is grown ahead of need while the application runs
+little, so the buffer's pages are made while the application runs
 (NVPROXY_CKPT_BUFFER=prefault, the default) or at the first checkpoint and
 kept (=lazy), or released after every checkpoint (=transient, saves host
-memory).  A checkpoint then copies device memory straight into it; writing a
+memory).  Only making pages happens in the background: registering them
+(page-locking) is an implicit synchronisation point of CUDA (the programming
+guide's "implicit synchronization": work of other streams cannot overlap it), so
+a background registration could stall the application's streams, and a program
+whose kernels wait on other streams could hang.  Segments are registered when
+a checkpoint needs them, with the device drained, and stay registered.
+A checkpoint then copies device memory straight into it; writing a
 file from it happens after the application was let go on; a migration hands
 the memfd itself to the new proxy, which restores from it with no file at all.
 
@@ -67,25 +73,33 @@ class HostImage:
             raise OSError("no address space for the host image buffer")
         self.fd = fd if fd is not None else os.memfd_create("nvproxy-image", os.MFD_CLOEXEC)
         self.starts: list[int] = []
+        self.pinned = 0  # segments registered (the first ones)
         self.capacity = 0
         self.lock = threading.Lock()  # one checkpoint (dump, file write) or growth at a time
         if fd is not None:
             self.grow(os.fstat(fd).st_size)
 
-    def grow(self, need: int) -> None:
-        """Map and pin segments until need bytes fit (pinning touches every page: slow the first time)."""
+    def grow(self, need: int, pin: bool = True) -> None:
+        """Map segments until need bytes fit, making their pages; pin: also register every segment
+        (only where the device is drained: see above)."""
         target = rounded(need)
         if target > RESERVE:
             raise OSError(f"a checkpoint image of {need >> 30} GiB does not fit the host image buffer")
-        if os.fstat(self.fd).st_size < target:
+        fresh = os.fstat(self.fd).st_size < target
+        if fresh:
             os.ftruncate(self.fd, target)
-        self.backend.activate(self.dev)
         for start in segment_starts(target)[len(self.starts) :]:
             size = rounded(start + 1) - start
             libc.map_over(self.fd, self.base + start, size, start)
-            self.backend.host_register(self.base + start, size)
+            if fresh:
+                libc.populate(self.base + start, size)
             self.starts.append(start)
             self.capacity = start + size
+        if pin and self.pinned < len(self.starts):
+            self.backend.activate(self.dev)
+            for start in self.starts[self.pinned :]:
+                self.backend.host_register(self.base + start, rounded(start + 1) - start)
+                self.pinned += 1
 
     def pieces(self, off: int, n: int) -> Iterator[tuple[int, int]]:
         """(address, length) pieces of [off, off+n), none crossing a segment."""
@@ -117,11 +131,11 @@ class HostImage:
 
     def close(self) -> None:
         self.backend.activate(self.dev)
-        for start in self.starts:
+        for start in self.starts[: self.pinned]:
             self.backend.host_unregister(self.base + start, rounded(start + 1) - start)
         libc.unmap(self.base, RESERVE)
         os.close(self.fd)
-        self.starts, self.capacity = [], 0
+        self.starts, self.pinned, self.capacity = [], 0, 0
 
 
 _making = threading.Lock()

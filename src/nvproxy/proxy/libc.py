@@ -13,6 +13,8 @@ ffi.cdef(
     """
 void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset);
 int munmap(void *addr, size_t length);
+int madvise(void *addr, size_t length, int advice);
+void *memset(void *s, int c, size_t n);
 int fflush(void *stream);
 """
 )
@@ -52,6 +54,15 @@ def map_over(fd: int, addr: int, size: int, offset: int) -> None:
     p = _c.mmap(ffi.cast("void *", addr), size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, offset)
     if p == MAP_FAILED:
         raise OSError(ffi.errno, os.strerror(ffi.errno))
+
+
+MADV_POPULATE_WRITE = 23  # Linux 5.14
+
+
+def populate(addr: int, size: int) -> None:
+    """Make the pages of fresh (zero) memory exist now, without the GIL held."""
+    if _c.madvise(ffi.cast("void *", addr), size, MADV_POPULATE_WRITE) != 0:
+        _c.memset(ffi.cast("void *", addr), 0, size)  # older kernels: touch them
 
 
 def map_anywhere(fd: int, size: int) -> int:
