@@ -40,6 +40,7 @@ BASE = 0x100000000000  # 16 TiB: below the device arenas (32 TiB up), far from w
 RESERVE = 4 << 40
 FIRST, LARGEST = 64 << 20, 1 << 30
 WRITERS = 8
+POPULATE_PART = 256 << 20
 
 
 def mode() -> str:
@@ -85,16 +86,20 @@ class HostImage:
         target = rounded(need)
         if target > RESERVE:
             raise OSError(f"a checkpoint image of {need >> 30} GiB does not fit the host image buffer")
-        fresh = os.fstat(self.fd).st_size < target
-        if fresh:
+        if os.fstat(self.fd).st_size < target:
             os.ftruncate(self.fd, target)
-        for start in segment_starts(target)[len(self.starts) :]:
-            size = rounded(start + 1) - start
-            libc.map_over(self.fd, self.base + start, size, start)
-            if fresh:
-                libc.populate(self.base + start, size)
+        new = segment_starts(target)[len(self.starts) :]
+        for start in new:
+            libc.map_over(self.fd, self.base + start, rounded(start + 1) - start, start)
+        # page tables (and, for fresh memory, the pages) made on several threads: one
+        # thread's page faults are what limits this
+        parts = [(self.base + at, min(POPULATE_PART, rounded(start + 1) - at))
+                 for start in new for at in range(start, rounded(start + 1), POPULATE_PART)]
+        with ThreadPoolExecutor(WRITERS, thread_name_prefix="nvproxy-populate") as pool:
+            list(pool.map(lambda p: libc.populate(*p), parts))
+        for start in new:
             self.starts.append(start)
-            self.capacity = start + size
+            self.capacity = rounded(start + 1)
         if pin and self.pinned < len(self.starts):
             self.backend.activate(self.dev)
             for start in self.starts[self.pinned :]:

@@ -60,9 +60,11 @@ MADV_POPULATE_WRITE = 23  # Linux 5.14
 
 
 def populate(addr: int, size: int) -> None:
-    """Make the pages of fresh (zero) memory exist now, without the GIL held."""
+    """Make the pages of a shared mapping (and their page table entries) exist now, without the GIL held."""
     if _c.madvise(ffi.cast("void *", addr), size, MADV_POPULATE_WRITE) != 0:
-        _c.memset(ffi.cast("void *", addr), 0, size)  # older kernels: touch them
+        p = ffi.cast("volatile char *", addr)
+        for off in range(0, size, 4096):  # older kernels: touch every page (keeping its contents)
+            p[off] = p[off]
 
 
 def map_anywhere(fd: int, size: int) -> int:
