@@ -8,8 +8,8 @@
  * too; checkpoints keep it as they keep pinned memory.  The price: kernels read
  * it at bus speed, not device memory speed, and prefetches and advice (which
  * native CUDA uses to move pages) have nothing to move.  They are checked as
- * the runtime checks them and otherwise do nothing.  docs/coverage.md measures
- * this against native. */
+ * the runtime checks them and otherwise do nothing.  docs/usage.md gives the
+ * performance model and what was measured against native. */
 #include "shim.h"
 
 #include <stdint.h>
