@@ -138,17 +138,24 @@ def _plots(rows: list[dict], out: Path) -> None:
     except ImportError:
         print("matplotlib is not installed: no plots", file=sys.stderr)
         return
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for bench in ("h2d_pinned", "d2h_pinned", "h2d_pageable", "d2h_pageable"):
-        pts = sorted((r["param"], r) for r in rows if r["bench"] == bench)
-        for mode, style in (("native", "--"), ("nvproxy", "-")):
-            xs = [p for p, r in pts if mode in r]
-            if xs:
-                ax.plot(xs, [r[mode] for p, r in pts if mode in r], style, marker="o", label=f"{bench} {mode}")
-    ax.set_xscale("log", base=2)
+    def lines(rows_: list[dict], benches: tuple[str, ...], who: dict[str, str], scale: float = 1.0) -> tuple:
+        """One line per bench and mode (dashed: native), x = param / scale; returns (fig, ax)."""
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for bench in benches:
+            pts = sorted((r["param"], r) for r in rows_ if r["bench"] == bench)
+            for mode, style in (("native", "--"), ("nvproxy", "-")):
+                xs = [p / scale for p, r in pts if mode in r]
+                if xs:
+                    ax.plot(xs, [r[mode] for p, r in pts if mode in r], style, marker="o",
+                            label=f"{bench} {who[mode]}")
+        ax.set_xscale("log", base=2)
+        ax.set_ylabel("GB/s")
+        ax.legend(fontsize=7)
+        return fig, ax
+
+    fig, ax = lines(rows, ("h2d_pinned", "d2h_pinned", "h2d_pageable", "d2h_pageable"),
+                    {"native": "native", "nvproxy": "nvproxy"})
     ax.set_xlabel("bytes per cudaMemcpy")
-    ax.set_ylabel("GB/s")
-    ax.legend(fontsize=7)
     ax.set_title("cudaMemcpy bandwidth, native vs nvproxy")
     fig.tight_layout()
     fig.savefig(out / "bandwidth.png", dpi=120)
@@ -165,23 +172,13 @@ def _plots(rows: list[dict], out: Path) -> None:
     ax.set_title("latency per call, native vs nvproxy")
     fig.tight_layout()
     fig.savefig(out / "latency.png", dpi=120)
-    ck = [r for r in rows if r["bench"] in ("ckpt_dump", "ckpt_restore")]
-    if ck:
-        fig, ax = plt.subplots(figsize=(8, 4))
-        for bench, marker in (("ckpt_dump", "o"), ("ckpt_restore", "s")):
-            pts = sorted((r["param"], r) for r in ck if r["bench"] == bench)
-            for mode, style, who in (("nvproxy", "-", "nvproxy"), ("native", "--", "driver checkpoint")):
-                xs = [p / 2**30 for p, r in pts if mode in r]
-                if xs:
-                    ax.plot(xs, [r[mode] for p, r in pts if mode in r], style, marker=marker, label=f"{bench} {who}")
-        ax.set_xscale("log", base=2)
+    if any(r["bench"] == "ckpt_dump" for r in rows):
+        fig, ax = lines(rows, ("ckpt_dump", "ckpt_restore"), {"native": "driver checkpoint", "nvproxy": "nvproxy"},
+                        scale=2**30)
         ax.set_xlabel("GiB of device memory")
-        ax.set_ylabel("GB/s")
-        ax.legend(fontsize=8)
         ax.set_title("checkpoint: device memory out (dump) and back (restore)")
         fig.tight_layout()
         fig.savefig(out / "checkpoint.png", dpi=120)
-
 
 if __name__ == "__main__":
     raise SystemExit(main())
