@@ -178,3 +178,32 @@ def test_managed_memory_survives_migration(build, backend: str) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     out, err = app.communicate(timeout=300)
     assert "".join(lines) + out == reference.stdout, err
+
+
+@pytest.mark.parametrize("mode", ["lazy", "transient"])
+def test_buffer_modes_and_migrate_image(build, mode: str, tmp_path: Path) -> None:
+    """NVPROXY_CKPT_BUFFER=lazy|transient: checkpoints back to back (the second waits for the first's file)
+    and a migration that also writes its image; the program's output is unchanged."""
+    exe = build("ckpt_steps")
+    reference = run(nvproxy_cmd(exe, "sim", "ckpt_steps", "16", "0"))
+    env = dict(os.environ, NVPROXY_CKPT_BUFFER=mode)
+    env.pop("LD_PRELOAD", None)
+    app = subprocess.Popen(nvproxy_cmd(exe, "sim", "ckpt_steps", "16", "150"), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=env)
+    assert app.stdout is not None
+    lines = [app.stdout.readline() for _ in range(3)]
+    first, second = tmp_path / "a.img", tmp_path / "b.img"
+    procs = [subprocess.Popen([sys.executable, "-m", "nvproxy", "checkpoint", str(app.pid), "-o", str(p)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for p in (first, second)]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0 and "application was stopped" in out, out + err
+    migrated = tmp_path / "m.img"
+    r = nvproxy("migrate", str(app.pid), "--image", str(migrated))
+    assert r.returncode == 0, r.stdout + r.stderr
+    for image in (first, second, migrated):
+        fd, header = read_header(image)
+        os.close(fd)
+        assert stat.S_IMODE(image.stat().st_mode) == 0o600 and header["checksum"] == "xxh64"
+    out, err = app.communicate(timeout=300)
+    assert "".join(lines) + out == reference.stdout, err

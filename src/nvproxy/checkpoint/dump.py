@@ -68,7 +68,8 @@ def prefault(state: ProcessState) -> None:
     himg = hostimage.of(state)
     if need > himg.capacity and himg.lock.acquire(blocking=False):
         try:
-            himg.grow(need, pin=False)
+            if not himg.closed:
+                himg.grow(need, pin=False)
         finally:
             himg.lock.release()
 

@@ -74,6 +74,7 @@ class HostImage:
             raise OSError("no address space for the host image buffer")
         self.fd = fd if fd is not None else os.memfd_create("nvproxy-image", os.MFD_CLOEXEC)
         self.starts: list[int] = []
+        self.closed = False
         self.pinned = 0  # segments registered (the first ones)
         self.capacity = 0
         self.lock = threading.Lock()  # one checkpoint (dump, file write) or growth at a time
@@ -141,6 +142,7 @@ class HostImage:
         libc.unmap(self.base, RESERVE)
         os.close(self.fd)
         self.starts, self.pinned, self.capacity = [], 0, 0
+        self.closed = True
 
 
 _making = threading.Lock()
@@ -154,8 +156,24 @@ def of(state: Any) -> HostImage:
         return state.host_image
 
 
-def after_checkpoint(state: Any) -> None:
-    """Let the buffer go where the user asked to keep no host memory between checkpoints."""
-    if mode() == "transient" and state.host_image is not None:
-        state.host_image.close()
-        state.host_image = None
+def locked(state: Any) -> HostImage:
+    """The process's buffer, its lock held (a buffer let go meanwhile is replaced)."""
+    while True:
+        himg = of(state)
+        himg.lock.acquire()
+        if not himg.closed:
+            return himg
+        himg.lock.release()
+
+
+def after_checkpoint(state: Any, himg: HostImage) -> None:
+    """Done with the buffer (its lock held): let it go where the user asked to keep no host
+    memory between checkpoints; release the lock."""
+    try:
+        if mode() == "transient":
+            with _making:
+                if state.host_image is himg:
+                    state.host_image = None
+            himg.close()
+    finally:
+        himg.lock.release()

@@ -496,13 +496,12 @@ class Server:
         from ..checkpoint.dump import dump
 
         t0 = time.monotonic()
-        himg = hostimage.of(self.dispatch.state)
-        himg.lock.acquire()
+        himg = hostimage.locked(self.dispatch.state)
         try:
             self.quiesce()
             stats = dump(self.dispatch.state, himg)
         except BaseException:
-            himg.lock.release()
+            hostimage.after_checkpoint(self.dispatch.state, himg)
             raise
         stats["stopped_s"] = time.monotonic() - t0
         return himg, stats
@@ -523,8 +522,7 @@ class Server:
             except Exception as e:
                 reply = {"ok": False, "error": f"writing {path}: {e}"}
             finally:
-                himg.lock.release()
-            hostimage.after_checkpoint(self.dispatch.state)
+                hostimage.after_checkpoint(self.dispatch.state, himg)
             try:
                 control.send(conn, reply)
             except OSError:
@@ -546,12 +544,13 @@ class Server:
     def _hand_over(self, conn: socket.socket, image: str | None) -> None:
         """Migration: the image stays in the host image buffer, whose memfd the new
         proxy gets with the connections (image: also write it to this file)."""
+
         himg, stats = self._dump()
         try:
             if image:
                 himg.write_file(image, stats["image_bytes"])
         finally:
-            himg.lock.release()
+            himg.lock.release()  # (kept whatever the mode: the new proxy maps it, or this one goes on)
         chans = sorted(self.channels, key=lambda c: c.tid)
         if self.callback_channel is not None and self.callback_channel not in chans:
             chans.append(self.callback_channel)
