@@ -100,6 +100,10 @@ def _checkpoint_rows(samples: dict, td: Path, backend: str, sizes: str) -> None:
 
     exe = ckpt_run.build(td)
     for mib in ckpt_run.parse_sizes(sizes):
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        if (mib << 20) * 5 // 2 > avail:  # the host image buffer, its file, the driver's own copy
+            print(f"checkpoint {mib} MiB: skipped, {avail >> 30} GiB of host memory free", file=sys.stderr)
+            continue
         print(f"checkpoint {mib} MiB", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory() as images:
             row = ckpt_run.measure(exe, mib, Path(images), backend)
