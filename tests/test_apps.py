@@ -26,6 +26,7 @@ PROGRAMS = [
     ("pitched3d", ()),
     ("small_allocs", ()),
     ("managed", ()),
+    ("stream_attrs", ()),
 ]
 IDS = ["-".join((n, *a)) for n, a in PROGRAMS]
 

@@ -207,3 +207,23 @@ def test_buffer_modes_and_migrate_image(build, mode: str, tmp_path: Path) -> Non
         assert stat.S_IMODE(image.stat().st_mode) == 0o600 and header["checksum"] == "xxh64"
     out, err = app.communicate(timeout=300)
     assert "".join(lines) + out == reference.stdout, err
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stream_attributes_survive_migration(build, backend: str) -> None:
+    """Attributes set on a stream (access policy window, synchronisation policy) are set again after a restore."""
+    exe = build("stream_attrs")
+    reference = run(nvproxy_cmd(exe, backend, "stream_attrs", "0"))
+    assert reference.returncode == 0 and "later: window set" in reference.stdout, reference.stdout + reference.stderr
+    app = subprocess.Popen(nvproxy_cmd(exe, backend, "stream_attrs", "3000"), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    assert app.stdout is not None
+    lines = []
+    while not lines or not lines[-1].startswith("set: sync policy"):
+        lines.append(app.stdout.readline())
+        assert lines[-1], app.communicate()[1]
+    time.sleep(0.3)  # into the pause, after the L2 reset
+    r = nvproxy("migrate", str(app.pid))
+    assert r.returncode == 0, r.stdout + r.stderr
+    out, err = app.communicate(timeout=300)
+    assert "".join(lines) + out == reference.stdout, err

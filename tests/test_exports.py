@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LATER = ("cudaGraph", "cudaStreamBeginCapture", "cudaStreamEndCapture", "cudaStreamGetCaptureInfo",
          "cudaStreamUpdateCaptureDependencies", "cudaMallocArray", "cudaMalloc3DArray", "cudaFreeArray",
          "cudaMemcpyToArray", "cudaCreateTextureObject", "cudaDestroyTextureObject", "cudaCreateSurfaceObject",
-         "cudaDestroySurfaceObject", "cudaIpc", "cudaStreamSetAttribute", "cudaCtxResetPersistingL2Cache")
+         "cudaDestroySurfaceObject", "cudaIpc")
 
 
 def symbols() -> dict[str, str]:

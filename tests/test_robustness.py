@@ -41,12 +41,12 @@ def test_unsupported_call_fails_loudly(build, backend: str) -> None:
     r = run(nvproxy_cmd(build("unsupported"), backend, "unsupported"))
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [
-        "cudaCtxResetPersistingL2Cache: cudaErrorNotSupported",
+        "cudaIpcGetMemHandle: cudaErrorNotSupported",
         "last error: cudaErrorNotSupported",
         "cudaGraphCreate: cudaErrorNotSupported",
     ]
     lines = [line for line in r.stderr.splitlines() if "not supported by nvproxy" in line]
-    assert len(lines) == 2 and "cudaCtxResetPersistingL2Cache" in lines[0] and "cudaGraphCreate" in lines[1]
+    assert len(lines) == 2 and "cudaIpcGetMemHandle" in lines[0] and "cudaGraphCreate" in lines[1]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -75,7 +75,10 @@
 #define NVP_OP_STAGED_COPY 39     /* a0 device/registered address, a1 staging offset, a2 bytes, a3 stream, a4 dir (0 H2D, 1 D2H) */
 #define NVP_OP_STAGING 40         /* a0 size; memfd passed with SCM_RIGHTS -> r0 proxy-side address */
 #define NVP_OP_FLUSH 41           /* no-op with a reply: collects pending async errors and printf text */
-#define NVP_OP_COUNT 42
+#define NVP_OP_STREAM_ATTR 42     /* a0 stream, a1 cudaStreamAttrID, a2 0 set (payload: the 64-byte value) / 1 get (-> payload) */
+#define NVP_OP_RESET_PERSISTING_L2 43 /* cudaCtxResetPersistingL2Cache on the current device */
+#define NVP_OP_COUNT 44
+#define NVP_STREAM_ATTR_BYTES 64
 
 /* launch flags */
 #define NVP_LAUNCH_COOPERATIVE 1

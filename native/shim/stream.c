@@ -462,3 +462,59 @@ NVP_EXPORT cudaError_t cudaEventElapsedTime_v2(float *ms, cudaEvent_t start, cud
 {
     return cudaEventElapsedTime(ms, start, end);
 }
+
+/* ---- stream attributes (access policy window, synchronisation policy, ...) ----
+ * The value is a 64-byte union, the same bytes as the driver's; the proxy keeps
+ * what was set and sets it again after a restore. */
+
+_Static_assert(sizeof(cudaStreamAttrValue) == NVP_STREAM_ATTR_BYTES, "cudaStreamAttrValue is 64 bytes");
+
+static cudaError_t stream_attr(cudaStream_t s, cudaStreamAttrID attr, void *value, int get, int ptds)
+{
+    cudaError_t e = nvp_enter();
+    if (e)
+        return e;
+    if (!value)
+        return cudaErrorInvalidValue;
+    int64_t w = nvp_stream_wire(s, ptds);
+    if (w < 0)
+        return cudaErrorInvalidResourceHandle;
+    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w, (uint64_t)attr, (uint64_t)get};
+    struct nvp_reply r = {.out = value, .out_cap = get ? NVP_STREAM_ATTR_BYTES : 0};
+    e = nvp_call(NVP_OP_STREAM_ATTR, a, get ? NULL : value, get ? 0 : NVP_STREAM_ATTR_BYTES, &r, -1);
+    if (!e && get && r.out_len != NVP_STREAM_ATTR_BYTES)
+        return cudaErrorUnknown;
+    return e;
+}
+
+NVP_EXPORT cudaError_t cudaStreamSetAttribute(cudaStream_t s, cudaStreamAttrID attr, const cudaStreamAttrValue *value)
+{
+    return nvp_ret(stream_attr(s, attr, (void *)value, 0, 0));
+}
+
+NVP_EXPORT cudaError_t cudaStreamGetAttribute(cudaStream_t s, cudaStreamAttrID attr, cudaStreamAttrValue *value_out)
+{
+    return nvp_ret(stream_attr(s, attr, value_out, 1, 0));
+}
+
+NVP_EXPORT cudaError_t cudaStreamSetAttribute_ptsz(cudaStream_t s, cudaStreamAttrID attr,
+                                                   const cudaStreamAttrValue *value)
+{
+    return nvp_ret(stream_attr(s, attr, (void *)value, 0, 1));
+}
+
+NVP_EXPORT cudaError_t cudaStreamGetAttribute_ptsz(cudaStream_t s, cudaStreamAttrID attr,
+                                                   cudaStreamAttrValue *value_out)
+{
+    return nvp_ret(stream_attr(s, attr, value_out, 1, 1));
+}
+
+NVP_EXPORT cudaError_t cudaCtxResetPersistingL2Cache(void)
+{
+    cudaError_t e = nvp_enter();
+    if (e)
+        return nvp_ret(e);
+    uint64_t a[NVP_MAX_ARGS] = {0};
+    struct nvp_reply r = {0};
+    return nvp_ret(nvp_call(NVP_OP_RESET_PERSISTING_L2, a, NULL, 0, &r, -1));
+}

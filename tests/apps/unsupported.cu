@@ -3,8 +3,11 @@
 #include "check.h"
 
 int main() {
-    cudaError_t e = cudaCtxResetPersistingL2Cache();
-    printf("cudaCtxResetPersistingL2Cache: %s\n", cudaGetErrorName(e));
+    void *p;
+    CHECK(cudaMalloc(&p, 64));
+    cudaIpcMemHandle_t h;
+    cudaError_t e = cudaIpcGetMemHandle(&h, p);
+    printf("cudaIpcGetMemHandle: %s\n", cudaGetErrorName(e));
     printf("last error: %s\n", cudaGetErrorName(cudaGetLastError()));
     cudaGraph_t g;
     printf("cudaGraphCreate: %s\n", cudaGetErrorName(cudaGraphCreate(&g, 0)));

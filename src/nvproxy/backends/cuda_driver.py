@@ -86,6 +86,9 @@ CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int 
 CUresult cuStreamDestroy_v2(CUstream hStream);
 CUresult cuStreamSynchronize(CUstream hStream);
 CUresult cuStreamQuery(CUstream hStream);
+CUresult cuStreamSetAttribute(CUstream hStream, int attr, const void *value);
+CUresult cuStreamGetAttribute(CUstream hStream, int attr, void *value_out);
+CUresult cuCtxResetPersistingL2Cache(void);
 CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags);
 CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData);
 

@@ -217,6 +217,18 @@ class GpuBackend:
     def stream_sync(self, s: object) -> None:
         cd.check(self.L.cuStreamSynchronize(s), "cuStreamSynchronize")
 
+    def stream_set_attr(self, s: object, attr: int, value: bytes) -> None:
+        cd.check(self.L.cuStreamSetAttribute(s, attr, ffi.from_buffer(value)), "cuStreamSetAttribute")
+
+    def stream_get_attr(self, s: object, attr: int) -> bytes:
+        out = ffi.new("char[64]")
+        cd.check(self.L.cuStreamGetAttribute(s, attr, out), "cuStreamGetAttribute")
+        return bytes(ffi.buffer(out))
+
+    def reset_persisting_l2(self, dev: int) -> None:
+        self.activate(dev)
+        cd.check(self.L.cuCtxResetPersistingL2Cache(), "cuCtxResetPersistingL2Cache")
+
     def stream_query(self, s: object) -> bool:
         rc = self.L.cuStreamQuery(s)
         if rc == cd.CUDA_ERROR_NOT_READY:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import mmap
 import os
+import struct
 import sys
 import time
 from collections.abc import Callable
@@ -116,6 +117,7 @@ class SimStream:
     device: int
     flags: int = 0
     priority: int = 0
+    attrs: dict[int, bytes] = field(default_factory=dict)
 
 
 @dataclass
@@ -236,6 +238,25 @@ class SimBackend:
 
     def stream_create(self, dev: int, flags: int, priority: int) -> SimStream:
         return SimStream(dev, flags, priority)
+
+    STREAM_ATTRS = (1, 3, 8, 9, 10)  # access policy window, sync policy, priority, mem sync domain map/domain
+
+    def stream_set_attr(self, s: SimStream, attr: int, value: bytes) -> None:
+        if attr not in self.STREAM_ATTRS:
+            raise CudaError(INVALID_VALUE)
+        s.attrs[attr] = bytes(value)
+        if attr == 8:
+            s.priority = struct.unpack_from("<i", value)[0]
+
+    def stream_get_attr(self, s: SimStream, attr: int) -> bytes:
+        if attr not in self.STREAM_ATTRS:
+            raise CudaError(INVALID_VALUE)
+        if attr == 8:
+            return struct.pack("<i", s.priority).ljust(64, b"\0")
+        return s.attrs.get(attr, bytes(64))
+
+    def reset_persisting_l2(self, dev: int) -> None:
+        self.check()
 
     def stream_destroy(self, s: SimStream) -> None:
         pass

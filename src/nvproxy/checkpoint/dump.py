@@ -45,6 +45,8 @@ def describe(state: ProcessState) -> dict[str, Any]:
         "kernels": {str(k): [m, n] for k, (m, n) in state.kernel_names.items()},
         "kernel_attrs": {str(k): v for k, v in state.kernel_attrs.items()},
         "streams": [[w, dev, *state.stream_args[w]] for w, (dev, _s) in sorted(state.streams.items())],
+        "stream_attrs": {str(w): {str(k): v.hex() for k, v in attrs.items()}
+                         for w, attrs in state.stream_attrs.items()},
         "events": [[w, dev, state.event_flags[w], before.get(w)] for w, (dev, _e) in sorted(state.events.items())],
         "host": sorted([addr, r.size] for addr, r in state.host.items() if r.channel is None),
     }

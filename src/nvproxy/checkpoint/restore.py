@@ -117,6 +117,10 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
     for w, dev, flags, prio in h["streams"]:
         state.streams[w] = (dev, be.stream_create(dev, flags, prio))
         state.stream_args[w] = (flags, prio)
+    for w, attrs in h.get("stream_attrs", {}).items():
+        for attr, value in attrs.items():
+            be.stream_set_attr(state.streams[int(w)][1], int(attr), bytes.fromhex(value))
+            state.stream_attrs.setdefault(int(w), {})[int(attr)] = bytes.fromhex(value)
     before: dict[int, dict[int, float]] = {}
     for w, dev, flags, *ms in h["events"]:
         state.events[w] = (dev, be.event_create(dev, flags))

@@ -49,6 +49,7 @@ class ProcessState:
         self.kernel_names: dict[int, tuple[int, str]] = {}  # kernel id -> (module id, name)
         self.streams: dict[int, tuple[int, Any]] = {}  # wire id -> (device, backend stream)
         self.stream_args: dict[int, tuple[int, int]] = {}  # wire id -> (flags, priority)
+        self.stream_attrs: dict[int, dict[int, bytes]] = {}  # wire id -> cudaStreamAttrID -> value set
         self.events: dict[int, tuple[int, Any]] = {}
         self.event_flags: dict[int, int] = {}
         # events recorded before a restore: their time is t(ref) - ms, ref being an

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import NOT_READY, CudaError
+from ... import wire
+from ...errors import INVALID_VALUE, NOT_READY, CudaError
 from ..server import Deferred
 from .device import float_bits
 
@@ -23,7 +24,23 @@ def STREAM_DESTROY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     p.forget()
     del p.state.streams[a[0]]
     p.state.stream_args.pop(a[0], None)
+    p.state.stream_attrs.pop(a[0], None)
     p.backend.stream_destroy(s)
+
+
+def STREAM_ATTR(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes] | None:
+    s = p.stream(ch, a[0])
+    if a[2]:
+        return (), p.backend.stream_get_attr(s, a[1])
+    if len(payload) != wire.NVP_STREAM_ATTR_BYTES:
+        raise CudaError(INVALID_VALUE)
+    p.backend.stream_set_attr(s, a[1], payload)
+    if a[0] in p.state.streams:  # kept, and set again after a restore
+        p.state.stream_attrs.setdefault(a[0], {})[a[1]] = payload
+
+
+def RESET_PERSISTING_L2(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    p.backend.reset_persisting_l2(ch.dev)
 
 
 def STREAM_SYNC(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred:
