@@ -27,7 +27,7 @@ from typing import Any
 
 from .. import wire
 from ..errors import NOT_SUPPORTED, UNKNOWN, CudaError
-from . import control, fastpath
+from . import commands, control, fastpath
 
 REQ = wire.REQ
 HDR = REQ.size
@@ -190,22 +190,7 @@ class Server:
         except (ProcessLookupError, OSError):
             print(f"nvproxy: application {owner_pid} is not running", file=sys.stderr)
             self.running = False
-        threading.Thread(target=self._prefault, name="nvproxy-prefault", daemon=True).start()
-
-    def _prefault(self) -> None:
-        """Keep the host image buffer as large as a checkpoint would need (see checkpoint/hostimage.py)."""
-        from ..checkpoint.dump import prefault
-
-        while self.running:
-            time.sleep(0.5)
-            try:
-                prefault(self.dispatch.state)
-            except RuntimeError:
-                pass  # the state changed while it was measured: next time
-            except Exception as e:  # (out of memory, say) checkpoints will grow it themselves
-                print(f"nvproxy: cannot prepare the checkpoint buffer ({e}); a checkpoint will take longer",
-                      file=sys.stderr)
-                return
+        threading.Thread(target=commands.prefault_loop, args=(self,), name="nvproxy-prefault", daemon=True).start()
 
     @staticmethod
     def _bind(path: str) -> socket.socket:
@@ -450,7 +435,7 @@ class Server:
             else:
                 ch.defer(result)
 
-    # ---- control: checkpoint, hand-over ----
+    # ---- control socket: checkpoint, hand-over (commands.py) ----
     def _control(self, _key: Any) -> None:
         got = self._accept_from(self.ctl)
         if got is None:
@@ -464,20 +449,8 @@ class Server:
             msg, _blob, fds = control.recv(conn)
             for fd in fds:
                 os.close(fd)
-            if msg.get("cmd") == "checkpoint":
-                self._checkpoint(conn, msg["image"])
-                conn = None  # a writer thread answers once the file is complete
-            elif msg.get("cmd") == "usage":
-                from ..checkpoint.dump import estimate
-
-                st = self.dispatch.state
-                used = sum(n for d in st.devices.values() for _va, n in d.arena.mappings())
-                control.send(conn, {"ok": True, "device_bytes": used, "image_estimate": estimate(st),
-                                    "buffer_bytes": st.host_image.capacity if st.host_image else 0})
-            elif msg.get("cmd") == "handoff":
-                self._hand_over(conn, msg.get("image"))
-            else:
-                control.send(conn, {"ok": False, "error": f"unknown command {msg.get('cmd')!r}"})
+            if commands.handle(self, conn, msg):
+                conn = None  # answered later, by a thread of its own
         except Exception as e:  # the application goes on, whatever the controller did
             print(f"nvproxy: control command failed: {e}", file=sys.stderr)
             try:
@@ -489,49 +462,6 @@ class Server:
             if conn is not None:
                 conn.close()
 
-    def _dump(self) -> tuple[Any, dict[str, Any]]:
-        """Stop at a cut, let the device drain and copy everything into the host
-        image buffer.  Returns the buffer, still locked, and the statistics."""
-        from ..checkpoint import hostimage
-        from ..checkpoint.dump import dump
-
-        t0 = time.monotonic()
-        himg = hostimage.locked(self.dispatch.state)
-        try:
-            self.quiesce()
-            stats = dump(self.dispatch.state, himg)
-        except BaseException:
-            hostimage.after_checkpoint(self.dispatch.state, himg)
-            raise
-        stats["stopped_s"] = time.monotonic() - t0
-        return himg, stats
-
-    def _checkpoint(self, conn: socket.socket, path: str) -> None:
-        """The application goes on as soon as the device memory is in the
-        buffer; a thread writes the file from it and then answers."""
-        from ..checkpoint import hostimage
-
-        himg, stats = self._dump()
-
-        def persist() -> None:
-            try:
-                t = time.monotonic()
-                himg.write_file(path, stats["image_bytes"])
-                stats["file_s"] = time.monotonic() - t
-                reply = {"ok": True, "stats": dict(stats, path=path)}
-            except Exception as e:
-                reply = {"ok": False, "error": f"writing {path}: {e}"}
-            finally:
-                hostimage.after_checkpoint(self.dispatch.state, himg)
-            try:
-                control.send(conn, reply)
-            except OSError:
-                pass
-            conn.close()
-
-        self.writer = threading.Thread(target=persist, name="nvproxy-image-writer")
-        self.writer.start()
-
     def quiesce(self) -> None:
         """Everything submitted so far is finished and replied to; later requests wait in the heap."""
         for dev in list(self.dispatch.state.devices):
@@ -540,48 +470,6 @@ class Server:
         deadline = time.monotonic() + 60
         while any(ch._pending for ch in self.channels) and time.monotonic() < deadline:
             time.sleep(0.001)
-
-    def _hand_over(self, conn: socket.socket, image: str | None) -> None:
-        """Migration: the image stays in the host image buffer, whose memfd the new
-        proxy gets with the connections (image: also write it to this file)."""
-
-        himg, stats = self._dump()
-        try:
-            if image:
-                himg.write_file(image, stats["image_bytes"])
-        finally:
-            himg.lock.release()  # (kept whatever the mode: the new proxy maps it, or this one goes on)
-        chans = sorted(self.channels, key=lambda c: c.tid)
-        if self.callback_channel is not None and self.callback_channel not in chans:
-            chans.append(self.callback_channel)
-        # requests after the cut travel as raw frames, still stamped with their seq
-        pending: dict[Channel, list[bytes]] = {ch: [] for ch in chans}
-        for seq, _t, ch, op, flags, args, payload in sorted(self.heap, key=lambda e: (e[0], e[1])):
-            if ch in pending:
-                pending[ch].append(REQ.pack(HDR + len(payload), op, flags, seq, *args) + payload)
-        blob = bytearray()
-        descs = []
-        fds = [self.listener.fileno(), 2]
-        for ch in chans:
-            raw = b"".join(pending[ch]) + bytes(ch.rbuf)
-            st = self.dispatch.state.host.get(ch.staging[0]) if ch.staging else None
-            descs.append({"tid": ch.tid, "kind": ch.kind, "dev": ch.dev, "async_err": ch.async_err,
-                          "pending": [len(blob), len(raw)], "staging": ch.staging[1] if st else 0})
-            blob += raw
-            fds.append(ch.sock.fileno())
-            if st:
-                fds.append(st.fd)
-        host = sorted((a, r) for a, r in self.dispatch.state.host.items() if r.channel is None)
-        fds += [r.fd for _a, r in host] + [himg.fd]
-        control.send(conn, {"ok": True, "stats": stats, "next_seq": self.next_seq, "channels": descs,
-                            "host": [a for a, _r in host]}, bytes(blob), fds)
-        verdict, _b, _f = control.recv(conn)
-        if verdict.get("cmd") == "done":
-            print(f"nvproxy: handed over to the new proxy ({stats['device_bytes'] >> 20} MiB in "
-                  f"{stats['seconds']:.2f} s)", file=sys.stderr)
-            os.unlink(self.ctl_path)
-            os._exit(0)  # the socket path and every connection now belong to the new proxy
-        print(f"nvproxy: the new proxy could not restore ({verdict.get('error')}); going on here", file=sys.stderr)
 
     def adopt(self, info: dict[str, Any], blob: bytes, fds: list[int]) -> None:
         """Take over the connections of the proxy that handed over to us."""

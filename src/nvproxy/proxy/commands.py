@@ -1,0 +1,136 @@
+"""The commands of the proxy's control socket (server.py accepts the connection
+and checks the peer): a checkpoint into a file, the hand-over of everything to
+a new proxy (migration), and usage figures; plus the thread that prepares the
+host image buffer while the application runs."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from .. import wire
+from ..checkpoint import hostimage
+from ..checkpoint.dump import dump, estimate, prefault
+from . import control
+
+REQ = wire.REQ
+
+
+def handle(server: Any, conn: socket.socket, msg: dict[str, Any]) -> bool:
+    """Run one command; True when a thread answers later (conn is then its)."""
+    cmd = msg.get("cmd")
+    if cmd == "checkpoint":
+        checkpoint(server, conn, msg["image"])
+        return True
+    if cmd == "usage":
+        st = server.dispatch.state
+        used = sum(n for d in st.devices.values() for _va, n in d.arena.mappings())
+        control.send(conn, {"ok": True, "device_bytes": used, "image_estimate": estimate(st),
+                            "buffer_bytes": st.host_image.capacity if st.host_image else 0})
+    elif cmd == "handoff":
+        hand_over(server, conn, msg.get("image"))
+    else:
+        control.send(conn, {"ok": False, "error": f"unknown command {cmd!r}"})
+    return False
+
+
+def _dump(server: Any) -> tuple[hostimage.HostImage, dict[str, Any]]:
+    """Stop at a cut, let the device drain and copy everything into the host
+    image buffer.  Returns the buffer, still locked, and the statistics."""
+    state = server.dispatch.state
+    t0 = time.monotonic()
+    himg = hostimage.locked(state)
+    try:
+        server.quiesce()
+        stats = dump(state, himg)
+    except BaseException:
+        hostimage.after_checkpoint(state, himg)
+        raise
+    stats["stopped_s"] = time.monotonic() - t0
+    return himg, stats
+
+
+def checkpoint(server: Any, conn: socket.socket, path: str) -> None:
+    """The application goes on as soon as the device memory is in the buffer;
+    a thread writes the file from it and then answers."""
+    himg, stats = _dump(server)
+
+    def persist() -> None:
+        try:
+            t = time.monotonic()
+            himg.write_file(path, stats["image_bytes"])
+            stats["file_s"] = time.monotonic() - t
+            reply = {"ok": True, "stats": dict(stats, path=path)}
+        except Exception as e:
+            reply = {"ok": False, "error": f"writing {path}: {e}"}
+        finally:
+            hostimage.after_checkpoint(server.dispatch.state, himg)
+        try:
+            control.send(conn, reply)
+        except OSError:
+            pass
+        conn.close()
+
+    server.writer = threading.Thread(target=persist, name="nvproxy-image-writer")
+    server.writer.start()
+
+
+def hand_over(server: Any, conn: socket.socket, image: str | None) -> None:
+    """Migration: the image stays in the host image buffer, whose memfd the new
+    proxy gets with the connections (image: also write it to this file)."""
+    himg, stats = _dump(server)
+    try:
+        if image:
+            himg.write_file(image, stats["image_bytes"])
+    finally:
+        himg.lock.release()  # (kept whatever the mode: the new proxy maps it, or this one goes on)
+    chans = sorted(server.channels, key=lambda c: c.tid)
+    if server.callback_channel is not None and server.callback_channel not in chans:
+        chans.append(server.callback_channel)
+    # requests after the cut travel as raw frames, still stamped with their seq
+    pending: dict[Any, list[bytes]] = {ch: [] for ch in chans}
+    for seq, _t, ch, op, flags, args, payload in sorted(server.heap, key=lambda e: (e[0], e[1])):
+        if ch in pending:
+            pending[ch].append(REQ.pack(REQ.size + len(payload), op, flags, seq, *args) + payload)
+    blob = bytearray()
+    descs = []
+    fds = [server.listener.fileno(), 2]
+    state = server.dispatch.state
+    for ch in chans:
+        raw = b"".join(pending[ch]) + bytes(ch.rbuf)
+        st = state.host.get(ch.staging[0]) if ch.staging else None
+        descs.append({"tid": ch.tid, "kind": ch.kind, "dev": ch.dev, "async_err": ch.async_err,
+                      "pending": [len(blob), len(raw)], "staging": ch.staging[1] if st else 0})
+        blob += raw
+        fds.append(ch.sock.fileno())
+        if st:
+            fds.append(st.fd)
+    host = sorted((a, r) for a, r in state.host.items() if r.channel is None)
+    fds += [r.fd for _a, r in host] + [himg.fd]
+    control.send(conn, {"ok": True, "stats": stats, "next_seq": server.next_seq, "channels": descs,
+                        "host": [a for a, _r in host]}, bytes(blob), fds)
+    verdict, _b, _f = control.recv(conn)
+    if verdict.get("cmd") == "done":
+        print(f"nvproxy: handed over to the new proxy ({stats['device_bytes'] >> 20} MiB in "
+              f"{stats['seconds']:.2f} s)", file=sys.stderr)
+        os.unlink(server.ctl_path)
+        os._exit(0)  # the socket path and every connection now belong to the new proxy
+    print(f"nvproxy: the new proxy could not restore ({verdict.get('error')}); going on here", file=sys.stderr)
+
+
+def prefault_loop(server: Any) -> None:
+    """Keep the host image buffer as large as a checkpoint would need (see checkpoint/hostimage.py)."""
+    while server.running:
+        time.sleep(0.5)
+        try:
+            prefault(server.dispatch.state)
+        except RuntimeError:
+            pass  # the state changed while it was measured: next time
+        except Exception as e:  # (out of memory, say) checkpoints will grow it themselves
+            print(f"nvproxy: cannot prepare the checkpoint buffer ({e}); a checkpoint will take longer",
+                  file=sys.stderr)
+            return
