@@ -27,6 +27,7 @@ PROGRAMS = [
     ("small_allocs", ()),
     ("managed", ()),
     ("stream_attrs", ()),
+    ("graphs", ()),
 ]
 IDS = ["-".join((n, *a)) for n, a in PROGRAMS]
 

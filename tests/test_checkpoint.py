@@ -227,3 +227,23 @@ def test_stream_attributes_survive_migration(build, backend: str) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     out, err = app.communicate(timeout=300)
     assert "".join(lines) + out == reference.stdout, err
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_graphs_survive_migration(build, backend: str) -> None:
+    """A graph made by stream capture (kernels on two streams, a copy, a host function) is captured again
+    from the proxy's log in the new proxy, and launching it goes on giving the same results."""
+    exe = build("graphs")
+    reference = run(nvproxy_cmd(exe, backend, "graphs", "8"))
+    assert reference.returncode == 0 and "run 7:" in reference.stdout, reference.stdout + reference.stderr
+    app = subprocess.Popen(nvproxy_cmd(exe, backend, "graphs", "8"), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    assert app.stdout is not None
+    lines = []
+    while not lines or not lines[-1].startswith("run 2:"):
+        lines.append(app.stdout.readline())
+        assert lines[-1], app.communicate()[1]
+    r = nvproxy("migrate", str(app.pid))
+    assert r.returncode == 0, r.stdout + r.stderr
+    out, err = app.communicate(timeout=300)
+    assert "".join(lines) + out == reference.stdout, err

@@ -77,7 +77,13 @@
 #define NVP_OP_FLUSH 41           /* no-op with a reply: collects pending async errors and printf text */
 #define NVP_OP_STREAM_ATTR 42     /* a0 stream, a1 cudaStreamAttrID, a2 0 set (payload: the 64-byte value) / 1 get (-> payload) */
 #define NVP_OP_RESET_PERSISTING_L2 43 /* cudaCtxResetPersistingL2Cache on the current device */
-#define NVP_OP_COUNT 44
+#define NVP_OP_CAPTURE_BEGIN 44   /* a0 stream, a1 cudaStreamCaptureMode */
+#define NVP_OP_CAPTURE_END 45     /* a0 stream, a1 graph id (new) */
+#define NVP_OP_CAPTURE_STATUS 46  /* a0 stream -> r0 cudaStreamCaptureStatus, r1 capture id */
+#define NVP_OP_GRAPH_INSTANTIATE 47 /* a0 exec id (new), a1 graph id, a2 flags */
+#define NVP_OP_GRAPH_LAUNCH 48    /* a0 exec id, a1 stream, a2 0 launch / 1 upload */
+#define NVP_OP_GRAPH_DESTROY 49   /* a0 id, a1 0 graph / 1 exec */
+#define NVP_OP_COUNT 50
 #define NVP_STREAM_ATTR_BYTES 64
 
 /* launch flags */
@@ -90,8 +96,9 @@ struct nvp_cb {
     uint32_t len;
     int32_t status;
     uint64_t id;
-    uint64_t stream;
+    uint64_t flags; /* NVP_CB_KEEP: a graph's host node, called again at each launch */
 };
+#define NVP_CB_KEEP 1
 
 struct nvp_req {
     uint32_t len;

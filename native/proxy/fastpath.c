@@ -90,7 +90,7 @@ static void map_clear(struct map *m)
 
 /* ---- state ---- */
 static struct nvpf_driver D;
-static int ready, text_fd = -1, translating;
+static int ready, text_fd = -1, translating, capturing;
 static volatile int text_pending;
 static long spin_ns = 50000;
 /* A thread alone in its process holds up no other thread while the dispatcher
@@ -376,11 +376,13 @@ static int execute(struct nvpf_chan *ch, const struct nvp_req *q, const uint8_t 
     }
 }
 
+EXPORT void nvpf_set_capturing(int on) { capturing = on; }
+
 EXPORT int nvpf_run(struct nvpf_chan *ch, const uint8_t *buf, size_t len, uint64_t *next_seq, size_t *consumed)
 {
     size_t off = 0;
-    int why = NVPF_MORE;
-    while (ready && len - off >= sizeof(struct nvp_req)) {
+    int why = capturing && len >= sizeof(struct nvp_req) ? NVPF_PYTHON : NVPF_MORE;
+    while (ready && !capturing && len - off >= sizeof(struct nvp_req)) {
         struct nvp_req q;
         memcpy(&q, buf + off, sizeof q);
         if (q.len < sizeof q || q.len - sizeof q > NVP_MAX_PAYLOAD || q.seq != *next_seq) {

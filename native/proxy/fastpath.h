@@ -76,6 +76,7 @@ void nvpf_learn_stream(uint64_t id, void *handle);
 void nvpf_learn_event(uint64_t id, void *handle);
 void nvpf_forget_all(void);
 void nvpf_set_translating(int on);
+void nvpf_set_capturing(int on); /* a stream capture is on: every call goes to Python, which logs it */
 void nvpf_set_text_pending(int on);
 int nvpf_run(struct nvpf_chan *ch, const uint8_t *buf, size_t len, uint64_t *next_seq, size_t *consumed);
 /* The channel of a process's only calling thread, served from C: receive,

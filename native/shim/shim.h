@@ -116,7 +116,7 @@ cudaError_t nvp_host_alloc(void **p, size_t size, unsigned flags, int kind);
 cudaError_t nvp_host_free(const struct nvp_host_region *h);
 
 /* Handle tables: streams and events are small IDs owned by nvproxy. */
-enum nvp_handle_type { NVP_H_STREAM = 1, NVP_H_EVENT = 2 };
+enum nvp_handle_type { NVP_H_STREAM = 1, NVP_H_EVENT = 2, NVP_H_GRAPH = 3, NVP_H_GRAPH_EXEC = 4 };
 struct nvp_stream_rec {
     int device;
     unsigned flags;

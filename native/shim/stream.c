@@ -259,7 +259,8 @@ static void *callback_thread(void *arg)
         struct callback c = {0};
         if (m.id >= 1 && m.id <= CB.n && CB.v[m.id - 1].used) {
             c = CB.v[m.id - 1];
-            CB.v[m.id - 1].used = 0;
+            if (!(m.flags & NVP_CB_KEEP)) /* a graph's host node stays for its next launches */
+                CB.v[m.id - 1].used = 0;
         }
         pthread_mutex_unlock(&CB.lock);
         if (c.fn && c.with_status)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import signal
@@ -60,9 +61,10 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     elif args.restore:  # the application lost its proxy and wants this image back (NVPROXY_RECOVER)
         from .checkpoint.image import ImageError
         from .checkpoint.restore import restore_image
+        from .proxy.handlers import graphs
 
         try:
-            stats = restore_image(dispatch.state, args.restore, None)
+            stats = restore_image(dispatch.state, args.restore, None, functools.partial(graphs.restore, dispatch))
         except (ImageError, OSError) as e:
             print(f"nvproxy: cannot recover from {args.restore}: {e}", file=sys.stderr)
             return 1
@@ -92,6 +94,7 @@ def _adopt(args: argparse.Namespace, backend, dispatch):
     from .checkpoint.image import ImageError
     from .checkpoint.restore import restore_image
     from .proxy import control
+    from .proxy.handlers import graphs
     from .proxy.server import Server
 
     ctl = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -108,7 +111,7 @@ def _adopt(args: argparse.Namespace, backend, dispatch):
         t = time.monotonic()
         himg = dispatch.state.host_image = HostImage(backend, 0, fd=fds[-1])
         pin_s = time.monotonic() - t
-        stats = restore_image(dispatch.state, himg, host_fds)
+        stats = restore_image(dispatch.state, himg, host_fds, functools.partial(graphs.restore, dispatch))
         stats["seconds"] += pin_s
         stats["gbps"] = stats["device_bytes"] / stats["seconds"] / 1e9 if stats["seconds"] else 0.0
     except (ImageError, OSError) as e:

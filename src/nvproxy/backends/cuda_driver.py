@@ -25,6 +25,8 @@ typedef struct CUmod_st *CUmodule;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
 typedef unsigned long long CUmemGenericAllocationHandle;
 typedef void (*CUhostFn)(void *userData);
 
@@ -89,6 +91,16 @@ CUresult cuStreamQuery(CUstream hStream);
 CUresult cuStreamSetAttribute(CUstream hStream, int attr, const void *value);
 CUresult cuStreamGetAttribute(CUstream hStream, int attr, void *value_out);
 CUresult cuCtxResetPersistingL2Cache(void);
+CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode);
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph);
+CUresult cuStreamGetCaptureInfo_v3(CUstream hStream, int *captureStatus_out, unsigned long long *id_out,
+                                   CUgraph *graph_out, void *dependencies_out, void *edgeData_out,
+                                   size_t *numDependencies_out);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags);
+CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream);
+CUresult cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream);
+CUresult cuGraphDestroy(CUgraph hGraph);
+CUresult cuGraphExecDestroy(CUgraphExec hGraphExec);
 CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags);
 CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData);
 

@@ -242,18 +242,54 @@ class GpuBackend:
     def _run_host_fn(self, user: object) -> None:
         key = int(ffi.cast("uintptr_t", user))
         with self._lock:
-            fn = self._host_fns.pop(key)
+            fn, keep = self._host_fns[key]
+            if not keep:
+                del self._host_fns[key]
         try:
             fn(0)
         except Exception as e:  # a driver thread must never see an exception
             print(f"nvproxy: host function failed: {e}", file=sys.stderr)
 
-    def host_func(self, s: object, fn: Callable[[int], None]) -> None:
+    def host_func(self, s: object, fn: Callable[[int], None], keep: bool = False) -> None:
+        """keep: captured into a graph, called at each of its launches."""
         with self._lock:
             self._next_fn += 1
             key = self._next_fn
-            self._host_fns[key] = fn
+            self._host_fns[key] = (fn, keep)
         cd.check(self.L.cuLaunchHostFunc(s, self._trampoline, ffi.cast("void *", key)), "cuLaunchHostFunc")
+
+    # ---- graphs made by stream capture ----
+    def begin_capture(self, s: object, mode: int) -> None:
+        cd.check(self.L.cuStreamBeginCapture_v2(s, mode), "cuStreamBeginCapture")
+
+    def end_capture(self, s: object) -> object:
+        g = ffi.new("CUgraph *")
+        cd.check(self.L.cuStreamEndCapture(s, g), "cuStreamEndCapture")
+        return g[0]
+
+    def capture_status(self, s: object) -> tuple[int, int]:
+        """(cudaStreamCaptureStatus, capture id)."""
+        st, cid = ffi.new("int *"), ffi.new("unsigned long long *")
+        rc = self.L.cuStreamGetCaptureInfo_v3(s, st, cid, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL)
+        cd.check(rc, "cuStreamGetCaptureInfo")
+        return int(st[0]), int(cid[0])
+
+    def graph_instantiate(self, g: object, flags: int) -> object:
+        x = ffi.new("CUgraphExec *")
+        cd.check(self.L.cuGraphInstantiateWithFlags(x, g, flags), "cuGraphInstantiate")
+        return x[0]
+
+    def graph_launch(self, x: object, s: object, upload: bool = False) -> None:
+        if upload:
+            cd.check(self.L.cuGraphUpload(x, s), "cuGraphUpload")
+        else:
+            cd.check(self.L.cuGraphLaunch(x, s), "cuGraphLaunch")
+
+    def graph_destroy(self, g: object) -> None:
+        cd.check(self.L.cuGraphDestroy(g), "cuGraphDestroy")
+
+    def graph_exec_destroy(self, x: object) -> None:
+        cd.check(self.L.cuGraphExecDestroy(x), "cuGraphExecDestroy")
 
     def device_sync(self, dev: int) -> None:
         self.activate(dev)

@@ -11,6 +11,7 @@ fails with a clear error naming the kernel.
 from __future__ import annotations
 
 import bisect
+import functools
 import mmap
 import os
 import struct
@@ -23,12 +24,15 @@ from .. import fatbin, sim_kernels
 from ..errors import (
     ASSERT,
     ILLEGAL_ADDRESS,
+    ILLEGAL_STATE,
     INVALID_DEVICE_FUNCTION,
     INVALID_KERNEL_IMAGE,
     INVALID_RESOURCE_HANDLE,
     INVALID_VALUE,
     MEMORY_ALLOCATION,
     NOT_READY,
+    STREAM_CAPTURE_INVALIDATED,
+    STREAM_CAPTURE_UNSUPPORTED,
     SYMBOL_NOT_FOUND,
     UNKNOWN,
     CudaError,
@@ -113,11 +117,24 @@ class SimMemory:
 
 
 @dataclass
+class SimCapture:
+    """A stream capture in progress: the work submitted to it, kept instead of run."""
+
+    id: int
+    ops: list[Callable[[], None]] = field(default_factory=list)
+    streams: list[SimStream] = field(default_factory=list)  # the origin and the streams that joined
+    invalid: bool = False
+    ended: bool = False
+
+
+@dataclass
 class SimStream:
     device: int
     flags: int = 0
     priority: int = 0
     attrs: dict[int, bytes] = field(default_factory=dict)
+    legacy: bool = False
+    capture: SimCapture | None = None
 
 
 @dataclass
@@ -125,6 +142,12 @@ class SimEvent:
     device: int
     flags: int
     stamp: float | None = None
+    capture: SimCapture | None = None  # recorded in a capture: a stream waiting on it joins that capture
+
+
+@dataclass
+class SimGraph:
+    ops: list[Callable[[], None]]
 
 
 @dataclass
@@ -154,6 +177,7 @@ class SimBackend:
         # restored process finds them elsewhere (exercises the proxy's relocation)
         self.globals_space = FreeList(GLOBALS_BASE + (os.getpid() % 1024 << 30), 1 << 30)
         self.sticky = 0
+        self._captures = 0
         self.text: list[str] = []
         self._text_notify: Callable[[bool], None] = lambda pending: None
         self._handles: dict[int, object] = {}
@@ -213,17 +237,31 @@ class SimBackend:
         except CudaError:
             raise CudaError(INVALID_VALUE, f"sim: invalid address {addr:#x}+{n}") from None
 
-    def memcpy(self, dst: int, src: int, n: int, stream: SimStream) -> None:
+    @staticmethod
+    def _kept(stream: SimStream | None, op: Callable[[], None]) -> bool:
+        """Work submitted to a capturing stream goes into the capture instead of running."""
+        if stream is None or stream.capture is None:
+            return False
+        stream.capture.ops.append(op)
+        return True
+
+    def memcpy(self, dst: int, src: int, n: int, stream: SimStream | None) -> None:
+        if self._kept(stream, functools.partial(self.memcpy, dst, src, n, None)):
+            return
         self.check()
         self._copy_view(dst, n)[:] = self._copy_view(src, n)
 
     def memcpy2d(self, dst: int, dpitch: int, src: int, spitch: int, width: int, height: int,
-                 stream: SimStream) -> None:
+                 stream: SimStream | None) -> None:
+        if self._kept(stream, functools.partial(self.memcpy2d, dst, dpitch, src, spitch, width, height, None)):
+            return
         self.check()
         for row in range(height):
             self._copy_view(dst + row * dpitch, width)[:] = self._copy_view(src + row * spitch, width)
 
-    def memset(self, ptr: int, value: int, n: int, stream: SimStream) -> None:
+    def memset(self, ptr: int, value: int, n: int, stream: SimStream | None) -> None:
+        if self._kept(stream, functools.partial(self.memset, ptr, value, n, None)):
+            return
         self.check()
         v = self._copy_view(ptr, n)
         v[:] = bytes([value]) * n
@@ -234,7 +272,7 @@ class SimBackend:
 
     # ---- streams and events: work runs at submission ----
     def legacy_stream(self, dev: int) -> SimStream:
-        return SimStream(dev)
+        return SimStream(dev, legacy=True)
 
     def stream_create(self, dev: int, flags: int, priority: int) -> SimStream:
         return SimStream(dev, flags, priority)
@@ -261,18 +299,71 @@ class SimBackend:
     def stream_destroy(self, s: SimStream) -> None:
         pass
 
+    def _not_while_capturing(self, s: SimStream) -> None:
+        if s.capture is not None:  # as the driver does: the capture is invalidated
+            s.capture.invalid = True
+            raise CudaError(STREAM_CAPTURE_UNSUPPORTED)
+
     def stream_sync(self, s: SimStream) -> None:
+        self._not_while_capturing(s)
         self.check()
 
     def stream_query(self, s: SimStream) -> bool:
+        self._not_while_capturing(s)
         self.check()
         return True
 
     def stream_wait_event(self, s: SimStream, e: SimEvent, flags: int) -> None:
+        if e.capture is not None and not e.capture.ended and s.capture is None:
+            s.capture = e.capture  # the stream joins the capture (fork)
+            e.capture.streams.append(s)
+            return
         self.check()
 
-    def host_func(self, s: SimStream, fn: Callable[[int], None]) -> None:
+    def host_func(self, s: SimStream, fn: Callable[[int], None], keep: bool = False) -> None:
+        if self._kept(s, lambda: fn(self.sticky)):
+            return
         fn(self.sticky)
+
+    # ---- graphs made by stream capture ----
+    def begin_capture(self, s: SimStream, mode: int) -> None:
+        if s.legacy:
+            raise CudaError(STREAM_CAPTURE_UNSUPPORTED)
+        if s.capture is not None:
+            raise CudaError(ILLEGAL_STATE)
+        self._captures += 1
+        s.capture = SimCapture(self._captures, streams=[s])
+
+    def end_capture(self, s: SimStream) -> SimGraph:
+        c = s.capture
+        if c is None or c.streams[0] is not s:
+            raise CudaError(ILLEGAL_STATE)
+        for joined in c.streams:
+            joined.capture = None
+        c.ended = True
+        if c.invalid:
+            raise CudaError(STREAM_CAPTURE_INVALIDATED)
+        return SimGraph(list(c.ops))
+
+    def capture_status(self, s: SimStream) -> tuple[int, int]:
+        c = s.capture
+        return (0, 0) if c is None else (2 if c.invalid else 1, c.id)
+
+    def graph_instantiate(self, g: SimGraph, flags: int) -> SimGraph:
+        return SimGraph(list(g.ops))
+
+    def graph_launch(self, x: SimGraph, s: SimStream, upload: bool = False) -> None:
+        if upload:
+            return
+        for op in x.ops:
+            if not self._kept(s, op):
+                op()
+
+    def graph_destroy(self, g: SimGraph) -> None:
+        pass
+
+    def graph_exec_destroy(self, x: SimGraph) -> None:
+        pass
 
     def device_sync(self, dev: int) -> None:
         self.check()
@@ -283,7 +374,11 @@ class SimBackend:
     def event_destroy(self, e: SimEvent) -> None:
         pass
 
-    def event_record(self, e: SimEvent, s: SimStream, flags: int) -> None:
+    def event_record(self, e: SimEvent, s: SimStream | None, flags: int) -> None:
+        if s is not None and s.capture is not None:
+            e.capture = s.capture
+            s.capture.ops.append(functools.partial(self.event_record, e, None, flags))
+            return
         self.check()
         e.stamp = time.perf_counter()
 
@@ -345,7 +440,9 @@ class SimBackend:
         return mod.globals[name]
 
     def launch(self, k: SimKernel, grid: tuple[int, int, int], block: tuple[int, int, int], shmem: int,
-               stream: SimStream, params: bytes, cooperative: bool) -> None:
+               stream: SimStream | None, params: bytes, cooperative: bool) -> None:
+        if self._kept(stream, functools.partial(self.launch, k, grid, block, shmem, None, params, cooperative)):
+            return
         self.check()
         fn = sim_kernels.lookup(k.name)
         if fn is None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from .. import fatbin
 from ..errors import CudaError
+from ..proxy.handlers import graphs
 from ..proxy.state import ProcessState
 from . import hostimage, transfer
 from .checksum import checksum
@@ -49,6 +50,7 @@ def describe(state: ProcessState) -> dict[str, Any]:
                          for w, attrs in state.stream_attrs.items()},
         "events": [[w, dev, state.event_flags[w], before.get(w)] for w, (dev, _e) in sorted(state.events.items())],
         "host": sorted([addr, r.size] for addr, r in state.host.items() if r.channel is None),
+        **graphs.describe(state),
     }
 
 

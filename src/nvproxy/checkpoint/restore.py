@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import CudaError
@@ -54,15 +55,21 @@ class _MemoryImage:
         pass
 
 
-def restore_image(state: ProcessState, source: str | HostImage, host_fds: dict[int, int] | None) -> dict[str, Any]:
+def restore_image(state: ProcessState, source: str | HostImage, host_fds: dict[int, int] | None,
+                  calls: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """source: an image file, or a host image buffer holding one (a migration's).
     host_fds: the pinned-memory memfds by address; None when the application
-    will share them again itself (recovery after the proxy died)."""
+    will share them again itself (recovery after the proxy died).
+    calls: makes what the image keeps as logged calls again (graphs), given the header."""
     t0 = time.monotonic()
     img = _FileImage(source) if isinstance(source, str) else _MemoryImage(source)
     try:
         try:
             _replay(state, img, host_fds, t0)
+            if img.header.get("graphs") or img.header.get("graph_execs") or img.header.get("captures"):
+                if calls is None:
+                    raise ImageError("the image holds CUDA graphs, which this restore cannot make again")
+                calls(img.header)
         except CudaError as e:
             raise ImageError(f"restoring {img.what} failed: CUDA error {e.code} ({e})") from None
     finally:

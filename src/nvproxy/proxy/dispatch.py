@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import wire
 from . import fastpath
-from .handlers import device, memory, modules, streams
+from .handlers import device, graphs, memory, modules, streams
 from .server import SPIN_S
 from .state import ProcessState
 
@@ -27,11 +27,31 @@ class Dispatcher:
             # C replies itself only while no kernel printf text waits for a reply
             self.fast.set_text_fd(backend.watch_text(self.fast.set_text_pending))
         self.table: dict[int, Any] = {}
-        for mod in (device, memory, modules, streams):
+        for mod in (device, graphs, memory, modules, streams):
             for name, op in wire.CONSTANTS.items():
                 fn = getattr(mod, name[len("NVP_OP_") :], None) if name.startswith("NVP_OP_") else None
                 if fn is not None:
                     self.table[op] = functools.partial(fn, self)
+        for op, at in graphs.CAPTURABLE.items():  # stream work is logged while a capture takes it
+            self.table[op] = functools.partial(self._logged, op, at, self.table[op])
+
+    def _logged(self, op: int, at: int, fn: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Any:
+        result = fn(ch, a, payload)
+        if self.state.captures:
+            status, cid = self.backend.capture_status(self.stream(ch, a[at]))
+            log = self.state.captures.get(cid) if status == graphs.CAPTURE_ACTIVE else None
+            if log is not None:
+                log.calls.append((op, a, payload))
+        return result
+
+    def capturing(self, s: Any) -> bool:
+        """Is stream s being captured (its work goes into a graph)?"""
+        return self.backend.capture_status(s)[0] == graphs.CAPTURE_ACTIVE
+
+    def captures_changed(self) -> None:
+        """C executes nothing while a capture is on, so that Python sees (and logs) every call."""
+        if self.fast is not None:
+            self.fast.set_capturing(bool(self.state.captures))
 
     def per_thread_stream(self, ch: Any) -> Any:
         """The per-thread default stream of the channel's application thread:

@@ -93,6 +93,9 @@ class FastPath:
             self.lib.nvpf_set_translating(int(on))
             self._translating = on
 
+    def set_capturing(self, on: bool) -> None:
+        self.lib.nvpf_set_capturing(int(on))
+
     def set_text_fd(self, fd: int) -> None:
         self.lib.nvpf_set_text_fd(fd)
 

@@ -377,12 +377,13 @@ class Server:
             self.callback_channel = ch
 
     # ---- host callbacks: run in the application, in stream order ----
-    def run_callback(self, cb_id: int, status: int) -> None:
+    def run_callback(self, cb_id: int, status: int, keep: bool = False) -> None:
+        """keep: a graph's host node: the application keeps the callback for the next launch."""
         ch = self.callback_channel
         if ch is None:
             return
         with self.callback_lock:
-            msg = wire.CB.pack(wire.CB.size, status, cb_id, 0)
+            msg = wire.CB.pack(wire.CB.size, status, cb_id, wire.NVP_CB_KEEP if keep else 0)
             try:
                 ch.sock.sendall(msg)
                 got = b""

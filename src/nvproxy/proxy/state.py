@@ -34,6 +34,34 @@ class DeviceState:
 
 
 @dataclass
+class CaptureLog:
+    """The calls a stream capture took (request arguments and payload, as they came):
+    replayed into a capture on restore, they make the same graph again."""
+
+    dev: int
+    origin: int  # the wire stream that began the capture
+    mode: int
+    calls: list[tuple[int, tuple[int, ...], bytes]] = field(default_factory=list)  # (op, args, payload)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dev": self.dev, "origin": self.origin, "mode": self.mode,
+                "calls": [[op, list(a), p.hex()] for op, a, p in self.calls]}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> CaptureLog:
+        return CaptureLog(d["dev"], d["origin"], d["mode"],
+                          [(op, tuple(a), bytes.fromhex(p)) for op, a, p in d["calls"]])
+
+
+@dataclass
+class GraphRec:
+    log: CaptureLog
+    handle: Any  # the backend's graph, or executable graph
+    order: int  # creation order: a graph may launch an executable graph made before it
+    flags: int = 0  # executable graphs: instantiation flags
+
+
+@dataclass
 class HostRange:
     size: int
     fd: int  # kept open: a restore into a new proxy maps it again
@@ -69,6 +97,10 @@ class ProcessState:
         self.relocs: list[tuple[int, int, int]] = []  # (old, size, new), sorted by old
         self._frees: queue.SimpleQueue[tuple[int, Any]] | None = None
         self.host_image: Any = None  # checkpoint.hostimage.HostImage, once a checkpoint needs one
+        self.captures: dict[int, CaptureLog] = {}  # stream captures in progress, by the backend's capture id
+        self.graphs: dict[int, GraphRec] = {}  # wire id -> graph made by a capture
+        self.graph_execs: dict[int, GraphRec] = {}  # wire id -> executable graph
+        self.graph_order = 0
 
     def free(self, ptr: int) -> None:
         """cudaFree: the memory returns to the arena once the device has

@@ -5,7 +5,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ...errors import ALREADY_MAPPED, HOST_MEMORY_NOT_REGISTERED, INVALID_VALUE, MEMORY_ALLOCATION, CudaError
+from ...errors import (
+    ALREADY_MAPPED,
+    HOST_MEMORY_NOT_REGISTERED,
+    INVALID_VALUE,
+    MEMORY_ALLOCATION,
+    STREAM_CAPTURE_UNSUPPORTED,
+    CudaError,
+)
 from .. import fastpath, libc
 from ..fastpath import COPY_EVENTS  # more than the shim ever has in flight per channel
 from ..server import Deferred
@@ -134,6 +141,8 @@ def STAGED_COPY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred
         raise CudaError(INVALID_VALUE, "staged copy outside the staging buffer")
     host = ch.staging[0] + off
     s = p.stream(ch, wire_stream)
+    if p.capturing(s):  # a graph would copy the staging slot, not the application's memory
+        raise CudaError(STREAM_CAPTURE_UNSUPPORTED, "a pageable copy in a stream capture")
     if to_host:
         p.backend.memcpy(host, dev_addr, n, s)
     else:

@@ -58,8 +58,9 @@ def STREAM_WAIT_EVENT(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> No
 
 
 def HOST_FUNC(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
-    cb_id = a[1]
-    p.backend.host_func(p.stream(ch, a[0]), lambda status: p.server.run_callback(cb_id, status))
+    cb_id, s = a[1], p.stream(ch, a[0])
+    keep = p.capturing(s)  # a graph's host node runs at every launch of the graph
+    p.backend.host_func(s, lambda status: p.server.run_callback(cb_id, status, keep), keep)
 
 
 def EVENT_CREATE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:

@@ -1,0 +1,105 @@
+// CUDA graphs by stream capture: a fork/join capture over two streams with
+// kernels, an event, a pinned copy, a memset and a host function; instantiate,
+// launch repeatedly, relaunch after the inputs changed; capture status; what
+// may not happen during a capture.  argv[1] = launches in a long run (each
+// followed by a pause: checkpoint tests restore the graph mid-run).
+#include "check.h"
+#include <unistd.h>
+
+__global__ void scale(int *p, int n, int k) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) p[i] = p[i] * k + 1;
+}
+__global__ void add(int *dst, const int *src, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] += src[i];
+}
+
+static int host_calls = 0;
+static void CUDART_CB count_call(void *arg) { (*(int *)arg)++; }
+
+static unsigned long long sum(const int *p, int n) {
+    unsigned long long s = 0;
+    for (int i = 0; i < n; i++) s = s * 31 + (unsigned)p[i];
+    return s;
+}
+
+int main(int argc, char **argv) {
+    int long_run = argc > 1 ? atoi(argv[1]) : 0;
+    const int n = 1 << 16;
+    int *a, *b, *pin;
+    CHECK(cudaMalloc(&a, n * sizeof(int)));
+    CHECK(cudaMalloc(&b, n * sizeof(int)));
+    CHECK(cudaMallocHost(&pin, n * sizeof(int)));
+    CHECK(cudaMemset(a, 0, n * sizeof(int)));
+    CHECK(cudaMemset(b, 0, n * sizeof(int)));
+    cudaStream_t s1, s2;
+    CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    cudaEvent_t fork, join;
+    CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+
+    cudaStreamCaptureStatus st;
+    CHECK(cudaStreamIsCapturing(s1, &st));
+    printf("before: %d\n", (int)st);
+    CHECK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal));
+    CHECK(cudaStreamIsCapturing(s1, &st));
+    unsigned long long id = 0;
+    CHECK(cudaStreamGetCaptureInfo(s1, &st, &id));
+    printf("capturing: %d, id set: %d\n", (int)st, id != 0);
+    scale<<<n / 256, 256, 0, s1>>>(a, n, 3);
+    CHECK(cudaEventRecord(fork, s1));
+    CHECK(cudaStreamWaitEvent(s2, fork, 0));  // s2 joins the capture
+    CHECK(cudaStreamIsCapturing(s2, &st));
+    printf("s2 joined: %d\n", (int)st);
+    scale<<<n / 256, 256, 0, s2>>>(b, n, 2);
+    CHECK(cudaEventRecord(join, s2));
+    CHECK(cudaStreamWaitEvent(s1, join, 0));
+    add<<<n / 256, 256, 0, s1>>>(a, b, n);
+    CHECK(cudaMemcpyAsync(pin, a, n * sizeof(int), cudaMemcpyDeviceToHost, s1));
+    CHECK(cudaLaunchHostFunc(s1, count_call, &host_calls));
+    CHECK(cudaMemsetAsync(b, 0, 64 * sizeof(int), s1));
+    cudaGraph_t g;
+    CHECK(cudaStreamEndCapture(s1, &g));
+    CHECK(cudaStreamIsCapturing(s1, &st));
+    printf("after: %d, host calls so far %d\n", (int)st, host_calls);
+    cudaGraphExec_t x;
+    CHECK(cudaGraphInstantiate(&x, g, 0));
+    CHECK(cudaGraphUpload(x, s1));
+    for (int i = 0; i < 3; i++) {
+        CHECK(cudaGraphLaunch(x, s1));
+        CHECK(cudaStreamSynchronize(s1));
+        printf("launch %d: %016llx host calls %d\n", i, sum(pin, n), host_calls);
+    }
+    CHECK(cudaGraphDestroy(g));  // the executable graph lives on
+    CHECK(cudaGraphLaunch(x, s1));
+    CHECK(cudaStreamSynchronize(s1));
+    printf("after destroying the graph: %016llx host calls %d\n", sum(pin, n), host_calls);
+
+    // what a capture does not allow: a synchronisation invalidates it
+    cudaStream_t s3;
+    CHECK(cudaStreamCreateWithFlags(&s3, cudaStreamNonBlocking));
+    CHECK(cudaStreamBeginCapture(s3, cudaStreamCaptureModeGlobal));
+    scale<<<1, 32, 0, s3>>>(a, 32, 1);
+    printf("sync while capturing: %s\n", cudaGetErrorName(cudaStreamSynchronize(s3)));
+    cudaGraph_t bad;
+    printf("end of invalidated capture: %s\n", cudaGetErrorName(cudaStreamEndCapture(s3, &bad)));
+    printf("capture on the legacy stream: %s\n",
+           cudaGetErrorName(cudaStreamBeginCapture(0, cudaStreamCaptureModeGlobal)));
+    cudaGetLastError();
+
+    for (int i = 0; i < long_run; i++) {
+        CHECK(cudaGraphLaunch(x, s1));
+        CHECK(cudaStreamSynchronize(s1));
+        printf("run %d: %016llx host calls %d\n", i, sum(pin, n), host_calls);
+        fflush(stdout);
+        usleep(150000);
+    }
+    CHECK(cudaGraphExecDestroy(x));
+    CHECK(cudaStreamDestroy(s1));
+    CHECK(cudaStreamDestroy(s2));
+    CHECK(cudaStreamDestroy(s3));
+    printf("Test PASSED\n");
+    return 0;
+}
