@@ -15,10 +15,12 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define PART_MIN (512u << 10) /* below this a thread's wake-up costs more than it copies */
 #define MAX_THREADS 8
+#define SPIN_NS 200000 /* helpers poll this long for the next job before sleeping: copies come in runs */
 
 static struct {
     pthread_mutex_t use; /* one parallel copy at a time; others copy alone */
@@ -31,7 +33,8 @@ static struct {
     const char *src;
     size_t n, part;
     atomic_size_t next; /* next part to take */
-    int busy;           /* helpers still copying the current job */
+    atomic_int busy;    /* helpers still copying the current job */
+    atomic_ullong posted; /* gen, readable without the mutex (for polling) */
 } P = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER};
 
 static void take_parts(char *dst, const char *src, size_t n, size_t part)
@@ -44,12 +47,22 @@ static void take_parts(char *dst, const char *src, size_t n, size_t part)
     }
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
 static void *helper(void *arg)
 {
     (void)arg;
     uint64_t seen = 0;
-    pthread_mutex_lock(&P.mu);
     for (;;) {
+        /* a wake-up from the condition variable costs tens of microseconds here: poll first */
+        for (uint64_t until = now_ns() + SPIN_NS; atomic_load(&P.posted) == seen && now_ns() < until;)
+            ;
+        pthread_mutex_lock(&P.mu);
         while (P.gen == seen)
             pthread_cond_wait(&P.go, &P.mu);
         seen = P.gen;
@@ -58,9 +71,11 @@ static void *helper(void *arg)
         size_t n = P.n, part = P.part;
         pthread_mutex_unlock(&P.mu);
         take_parts(dst, src, n, part);
-        pthread_mutex_lock(&P.mu);
-        if (--P.busy == 0)
+        if (atomic_fetch_sub(&P.busy, 1) == 1) {
+            pthread_mutex_lock(&P.mu);
             pthread_cond_signal(&P.done);
+            pthread_mutex_unlock(&P.mu);
+        }
     }
     return NULL;
 }
@@ -107,13 +122,16 @@ void nvp_par_memcpy(void *dst, const void *src, size_t n)
     P.n = n;
     P.part = part;
     atomic_store(&P.next, 0);
-    P.busy = P.threads;
+    atomic_store(&P.busy, P.threads);
     P.gen++;
+    atomic_store(&P.posted, P.gen);
     pthread_cond_broadcast(&P.go);
     pthread_mutex_unlock(&P.mu);
     take_parts(dst, src, n, part);
+    for (uint64_t until = now_ns() + SPIN_NS; atomic_load(&P.busy) && now_ns() < until;)
+        ;
     pthread_mutex_lock(&P.mu);
-    while (P.busy)
+    while (atomic_load(&P.busy))
         pthread_cond_wait(&P.done, &P.mu);
     pthread_mutex_unlock(&P.mu);
     pthread_mutex_unlock(&P.use);
@@ -126,5 +144,5 @@ void nvp_parcopy_after_fork(void)
     pthread_cond_init(&P.go, NULL);
     pthread_cond_init(&P.done, NULL);
     P.threads = P.wanted = 0;
-    P.busy = 0;
+    atomic_store(&P.busy, 0);
 }
