@@ -39,6 +39,7 @@ class Driver:
             "stream_query": lambda s: NOT_READY if self.busy else self._rec("stream_query", self.h(s)),
             "stream_sync": lambda s: self._rec("stream_sync", self.h(s)),
             "stream_wait_event": lambda s, e, f: self._rec("wait_event", self.h(s), self.h(e), f),
+            "graph_launch": lambda x, s: self._rec("graph_launch", self.h(x), self.h(s)),
         }
         self.addresses = {}
         for name in fastpath.DRIVER_FIELDS:
@@ -242,3 +243,16 @@ def test_serve_receives_executes_and_replies_until_python_is_needed(setup) -> No
         assert fast.serve(chan, buf, 0, 3, 100_000, 1_000_000)[0] == fastpath.CLOSED
     finally:
         a.detach()
+
+
+def test_graph_launches_once_taught(setup) -> None:
+    fast, drv, chan, _peer = setup
+    launch = req(wire.NVP_OP_GRAPH_LAUNCH, 1, 9, 3, 0)
+    assert fast.run(chan, bytearray(launch), 1)[0] == fastpath.PYTHON  # unknown executable graph
+    fast.learn_graph_exec(9, 0x8000, int)
+    upload = req(wire.NVP_OP_GRAPH_LAUNCH, 2, 9, 3, 1)
+    assert fast.run(chan, bytearray(launch + upload), 1) == (fastpath.PYTHON, len(launch), 2)  # uploads: Python
+    assert drv.calls == [("graph_launch", 0x8000, STREAM)]
+    fast.set_capturing(True)  # while a capture is on, Python sees (and logs) everything
+    assert fast.run(chan, bytearray(req(wire.NVP_OP_GRAPH_LAUNCH, 2, 9, 3, 0)), 2)[:2] == (fastpath.PYTHON, 0)
+    fast.set_capturing(False)

@@ -97,7 +97,7 @@ static long spin_ns = 50000;
  * polls for it, so it may poll much longer: a hand-off to a Python waiter
  * thread costs tens of microseconds (a 4 MiB copy takes 80). */
 static long exclusive_spin_ns = 5000000;
-static struct map kernels, streams, events;
+static struct map kernels, streams, events, execs;
 static _Alignas(64) unsigned char params[MAX_PARAM_BYTES];
 
 EXPORT int nvpf_init(const struct nvpf_driver *drv, unsigned spin_us, unsigned exclusive_spin_us)
@@ -140,11 +140,19 @@ EXPORT void nvpf_learn_event(uint64_t id, void *handle)
         e->handle = handle;
 }
 
+EXPORT void nvpf_learn_graph_exec(uint64_t id, void *handle)
+{
+    struct entry *e = map_put(&execs, id);
+    if (e)
+        e->handle = handle;
+}
+
 EXPORT void nvpf_forget_all(void)
 {
     map_clear(&kernels);
     map_clear(&streams);
     map_clear(&events);
+    map_clear(&execs);
 }
 
 EXPORT void nvpf_set_text_fd(int fd) { text_fd = fd; }
@@ -315,6 +323,13 @@ static int execute(struct nvpf_chan *ch, const struct nvp_req *q, const uint8_t 
             return TO_PYTHON;
         async_failed(ch, D.event_record(e, s, (unsigned)q->a[2]));
         return DONE;
+    case NVP_OP_GRAPH_LAUNCH: {
+        struct entry *x = map_find(&execs, q->a[0]);
+        if (wants_reply || q->a[2] || !x || !stream_of(ch, q->a[1], &s)) /* (uploads: Python) */
+            return TO_PYTHON;
+        async_failed(ch, D.graph_launch(x->handle, s));
+        return DONE;
+    }
     case NVP_OP_STREAM_WAIT_EVENT:
         if (wants_reply || !stream_of(ch, q->a[0], &s) || !event_of(q->a[1], &e))
             return TO_PYTHON;

@@ -47,6 +47,7 @@ struct nvpf_driver {
     int (*stream_query)(void *stream);
     int (*stream_sync)(void *stream);
     int (*stream_wait_event)(void *stream, void *event, unsigned flags);
+    int (*graph_launch)(void *exec, void *stream);
 };
 
 /* One channel (one application thread), shared with Python's Channel. */
@@ -74,6 +75,7 @@ void nvpf_set_text_fd(int fd); /* where kernel printf text arrives (-1: nowhere)
 void nvpf_learn_kernel(int dev, uint64_t id, void *func, uint32_t nparams, const uint32_t *offsets);
 void nvpf_learn_stream(uint64_t id, void *handle);
 void nvpf_learn_event(uint64_t id, void *handle);
+void nvpf_learn_graph_exec(uint64_t id, void *handle);
 void nvpf_forget_all(void);
 void nvpf_set_translating(int on);
 void nvpf_set_capturing(int on); /* a stream capture is on: every call goes to Python, which logs it */

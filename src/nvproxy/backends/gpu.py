@@ -156,7 +156,8 @@ class GpuBackend:
                  "memcpy_async": "cuMemcpyAsync", "memset_async": "cuMemsetD8Async",
                  "event_record": "cuEventRecordWithFlags", "event_query": "cuEventQuery",
                  "event_sync": "cuEventSynchronize", "stream_query": "cuStreamQuery",
-                 "stream_sync": "cuStreamSynchronize", "stream_wait_event": "cuStreamWaitEvent"}
+                 "stream_sync": "cuStreamSynchronize", "stream_wait_event": "cuStreamWaitEvent",
+                 "graph_launch": "cuGraphLaunch"}
         return {k: int(ffi.cast("uintptr_t", getattr(self.L, v))) for k, v in names.items()}
 
     def watch_text(self, notify: Callable[[bool], None]) -> int:

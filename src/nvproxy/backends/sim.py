@@ -566,6 +566,7 @@ class SimBackend:
             "stream_query": lambda s: done(self.stream_query(stream(s))),
             "stream_sync": lambda s: self.stream_sync(stream(s)),
             "stream_wait_event": lambda s, e, flags: self.stream_wait_event(stream(s), obj(e), flags),
+            "graph_launch": lambda x, s: self.graph_launch(obj(x), stream(s)),
         }
         template = ffi.new("struct nvpf_driver *")
         out = {}

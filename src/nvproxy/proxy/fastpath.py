@@ -31,7 +31,7 @@ WAIT_NONE, WAIT_STREAM, WAIT_EVENT = (CONSTANTS[f"NVPF_WAIT_{k}"] for k in ("NON
 MAX_DEV = CONSTANTS["NVPF_MAX_DEV"]
 COPY_EVENTS = CONSTANTS["NVPF_COPY_EVENTS"]
 DRIVER_FIELDS = ("launch", "launch_cooperative", "memcpy_async", "memset_async", "event_record", "event_query",
-                 "event_sync", "stream_query", "stream_sync", "stream_wait_event")
+                 "event_sync", "stream_query", "stream_sync", "stream_wait_event", "graph_launch")
 
 
 def library_path() -> Path:
@@ -55,6 +55,7 @@ class FastPath:
         self._kernels: set[tuple[int, int]] = set()
         self._streams: set[int] = set()
         self._events: set[int] = set()
+        self._execs: set[int] = set()
         self._translating = False
 
     # ---- what C may use ----
@@ -82,11 +83,17 @@ class FastPath:
             self.lib.nvpf_learn_event(wire_id, ffi.cast("void *", value(e)))
             self._events.add(wire_id)
 
+    def learn_graph_exec(self, wire_id: int, x: Any, value: Callable[[Any], int]) -> None:
+        if wire_id not in self._execs:
+            self.lib.nvpf_learn_graph_exec(wire_id, ffi.cast("void *", value(x)))
+            self._execs.add(wire_id)
+
     def forget_all(self) -> None:
         self.lib.nvpf_forget_all()
         self._kernels.clear()
         self._streams.clear()
         self._events.clear()
+        self._execs.clear()
 
     def set_translating(self, on: bool) -> None:
         if on != self._translating:

@@ -60,6 +60,8 @@ def GRAPH_LAUNCH(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     if x is None:
         raise CudaError(INVALID_VALUE, f"executable graph {a[0]}")
     p.backend.graph_launch(x.handle, p.stream(ch, a[1]), bool(a[2]))
+    if p.fast is not None:  # later launches run in C
+        p.fast.learn_graph_exec(a[0], x.handle, p.backend.handle_value)
 
 
 def GRAPH_DESTROY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
@@ -67,6 +69,7 @@ def GRAPH_DESTROY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     rec = table.pop(a[0], None)
     if rec is None:
         raise CudaError(INVALID_VALUE, f"graph {a[0]}")
+    p.forget()  # (C may know the executable graph)
     (p.backend.graph_exec_destroy if a[1] else p.backend.graph_destroy)(rec.handle)
 
 
