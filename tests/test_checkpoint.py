@@ -28,6 +28,27 @@ def nvproxy(*args: str) -> subprocess.CompletedProcess:
     return run([sys.executable, "-m", "nvproxy", *args], timeout=300)
 
 
+def migrate_mid_run(build, backend: str, name: str, args: tuple[str, ...], after: str,
+                    reference_args: tuple[str, ...] | None = None, pause_s: float = 0.0) -> None:
+    """Run tests/apps/<name>, migrate it once a line starting with `after` came, and compare the whole
+    output with an uninterrupted run's (of reference_args, default args)."""
+    exe = build(name)
+    reference = run(nvproxy_cmd(exe, backend, name, *(reference_args or args)))
+    assert reference.returncode == 0 and "Test PASSED" in reference.stdout, reference.stdout + reference.stderr
+    app = subprocess.Popen(nvproxy_cmd(exe, backend, name, *args), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    assert app.stdout is not None
+    lines: list[str] = []
+    while not lines or not lines[-1].startswith(after):
+        lines.append(app.stdout.readline())
+        assert lines[-1], app.communicate()[1]
+    time.sleep(pause_s)
+    r = nvproxy("migrate", str(app.pid))
+    assert r.returncode == 0, r.stdout + r.stderr
+    out, err = app.communicate(timeout=300)
+    assert "".join(lines) + out == reference.stdout, err
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_migrations_mid_run_change_nothing(build, backend: str, tmp_path: Path) -> None:
     exe = build("ckpt_steps")
@@ -164,20 +185,7 @@ def test_recover_from_image_after_the_proxy_died(build, backend: str, tmp_path: 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_managed_memory_survives_migration(build, backend: str) -> None:
     """Managed memory lives in shared host memory: a migration mid-run keeps it (and its address)."""
-    exe = build("managed")
-    reference = run(nvproxy_cmd(exe, backend, "managed", "12"))
-    assert reference.returncode == 0 and "Test PASSED" in reference.stdout, reference.stderr
-    app = subprocess.Popen(nvproxy_cmd(exe, backend, "managed", "12"), stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-    assert app.stdout is not None
-    lines = []
-    while not lines or not lines[-1].startswith("step 4:"):
-        lines.append(app.stdout.readline())
-        assert lines[-1], app.communicate()[1]
-    r = nvproxy("migrate", str(app.pid))
-    assert r.returncode == 0, r.stdout + r.stderr
-    out, err = app.communicate(timeout=300)
-    assert "".join(lines) + out == reference.stdout, err
+    migrate_mid_run(build, backend, "managed", ("12",), "step 4:")
 
 
 @pytest.mark.parametrize("mode", ["lazy", "transient"])
@@ -212,38 +220,11 @@ def test_buffer_modes_and_migrate_image(build, mode: str, tmp_path: Path) -> Non
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_stream_attributes_survive_migration(build, backend: str) -> None:
     """Attributes set on a stream (access policy window, synchronisation policy) are set again after a restore."""
-    exe = build("stream_attrs")
-    reference = run(nvproxy_cmd(exe, backend, "stream_attrs", "0"))
-    assert reference.returncode == 0 and "later: window set" in reference.stdout, reference.stdout + reference.stderr
-    app = subprocess.Popen(nvproxy_cmd(exe, backend, "stream_attrs", "3000"), stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-    assert app.stdout is not None
-    lines = []
-    while not lines or not lines[-1].startswith("set: sync policy"):
-        lines.append(app.stdout.readline())
-        assert lines[-1], app.communicate()[1]
-    time.sleep(0.3)  # into the pause, after the L2 reset
-    r = nvproxy("migrate", str(app.pid))
-    assert r.returncode == 0, r.stdout + r.stderr
-    out, err = app.communicate(timeout=300)
-    assert "".join(lines) + out == reference.stdout, err
+    migrate_mid_run(build, backend, "stream_attrs", ("3000",), "set: sync policy", ("0",), pause_s=0.3)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_graphs_survive_migration(build, backend: str) -> None:
     """A graph made by stream capture (kernels on two streams, a copy, a host function) is captured again
     from the proxy's log in the new proxy, and launching it goes on giving the same results."""
-    exe = build("graphs")
-    reference = run(nvproxy_cmd(exe, backend, "graphs", "8"))
-    assert reference.returncode == 0 and "run 7:" in reference.stdout, reference.stdout + reference.stderr
-    app = subprocess.Popen(nvproxy_cmd(exe, backend, "graphs", "8"), stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-    assert app.stdout is not None
-    lines = []
-    while not lines or not lines[-1].startswith("run 2:"):
-        lines.append(app.stdout.readline())
-        assert lines[-1], app.communicate()[1]
-    r = nvproxy("migrate", str(app.pid))
-    assert r.returncode == 0, r.stdout + r.stderr
-    out, err = app.communicate(timeout=300)
-    assert "".join(lines) + out == reference.stdout, err
+    migrate_mid_run(build, backend, "graphs", ("8",), "run 2:")
