@@ -50,3 +50,21 @@ def test_gpu_matches_native(build, name: str, args: tuple[str, ...]) -> None:
     assert proxied.stdout == native.stdout, proxied.stderr
     assert proxied.returncode == native.returncode, proxied.stderr
     assert "PASSED" in native.stdout or args, native.stdout
+
+
+def test_relocatable_device_code_registers(build) -> None:
+    """-rdc=true programs register through nvcc's linked-binary stubs; the sim runs one."""
+    exe = build("vector_add", "-rdc=true")
+    r = run(nvproxy_cmd(exe, "sim", "vector_add"))
+    assert r.stdout == (EXPECTED / "sim" / "vector_add.txt").read_text(), r.stderr
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.gpu
+def test_gpu_dynamic_parallelism(build) -> None:
+    """Kernels launching kernels (-rdc=true, device runtime), natively and through nvproxy."""
+    exe = build("dynpar", "-rdc=true", "-lcudadevrt")
+    native = run([str(exe)])
+    proxied = run(nvproxy_cmd(exe, "gpu", "dynpar"))
+    assert "Test PASSED" in native.stdout, native.stdout + native.stderr
+    assert proxied.stdout == native.stdout and proxied.returncode == 0, proxied.stderr
