@@ -46,7 +46,7 @@ class Dispatcher:
 
     def capturing(self, s: Any) -> bool:
         """Is stream s being captured (its work goes into a graph)?"""
-        return self.backend.capture_status(s)[0] == graphs.CAPTURE_ACTIVE
+        return bool(self.state.captures) and self.backend.capture_status(s)[0] == graphs.CAPTURE_ACTIVE
 
     def captures_changed(self) -> None:
         """C executes nothing while a capture is on, so that Python sees (and logs) every call."""

@@ -99,8 +99,13 @@ def _replay(p: Any, log: CaptureLog) -> Any:
     p.backend.activate(log.dev)
     s = p.stream(ch, log.origin)
     p.backend.begin_capture(s, log.mode)
-    for op, a, payload in log.calls:
-        p.table[op](ch, a, payload)
+    _status, cid = p.backend.capture_status(s)
+    p.state.captures[cid] = CaptureLog(log.dev, log.origin, log.mode)  # (handlers see a capture is on)
+    try:
+        for op, a, payload in log.calls:
+            p.table[op](ch, a, payload)
+    finally:
+        p.state.captures.pop(cid, None)
     return s
 
 
