@@ -139,9 +139,22 @@ def _dmtcp_checkpoint(args: argparse.Namespace) -> int:
     cmd = [dmtcp_tool("dmtcp_command"), "--coord-port", str(args.coord_port)]
     if subprocess.run([*cmd, "-bc"]).returncode != 0:
         return 1
+    unreachable_since: list[float] = []
+
     def running() -> bool:
-        status = subprocess.run([*cmd, "-s"], capture_output=True, text=True).stdout
-        return "RUNNING=yes" in status or "NUM_PEERS=0" in status
+        try:
+            st = subprocess.run([*cmd, "-s"], capture_output=True, text=True, timeout=30)
+            ok = st.returncode == 0
+        except subprocess.TimeoutExpired:
+            ok, st = False, None
+        if ok:
+            unreachable_since.clear()
+            return "RUNNING=yes" in st.stdout or "NUM_PEERS=0" in st.stdout
+        # the coordinator does not answer while it checkpoints; for half a minute, it is gone
+        unreachable_since[:] = unreachable_since or [time.monotonic()]
+        if time.monotonic() - unreachable_since[0] > 30:
+            raise SystemExit("nvproxy checkpoint: the DMTCP coordinator stopped answering (the computation ended?)")
+        return False
 
     # first see the checkpoint start (it may also be over before the first look), then end
     started_by = time.monotonic() + 2
