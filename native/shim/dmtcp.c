@@ -79,10 +79,12 @@ void nvp_ckpt_disable(void)
     if (!dmtcp_plugin_disable_ckpt)
         return;
     for (;;) {
-        pthread_mutex_lock(&restore_mu);
-        while (must_wait())
-            pthread_cond_wait(&restore_cv, &restore_mu);
-        pthread_mutex_unlock(&restore_mu);
+        if (must_wait()) { /* (every call passes here: the mutex only while a restore is on) */
+            pthread_mutex_lock(&restore_mu);
+            while (must_wait())
+                pthread_cond_wait(&restore_cv, &restore_mu);
+            pthread_mutex_unlock(&restore_mu);
+        }
         dmtcp_plugin_disable_ckpt();
         if (!must_wait()) /* (a restart can come between the check and the lock) */
             return;

@@ -13,15 +13,13 @@ struct graph_rec {
 
 static cudaError_t capture_begin(cudaStream_t s, enum cudaStreamCaptureMode mode, int ptds)
 {
-    cudaError_t e = nvp_enter();
+    int64_t w;
+    cudaError_t e = nvp_enter_stream(s, ptds, &w);
     if (e)
         return e;
     if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
         mode != cudaStreamCaptureModeRelaxed)
         return cudaErrorInvalidValue;
-    int64_t w = nvp_stream_wire(s, ptds);
-    if (w < 0)
-        return cudaErrorInvalidResourceHandle;
     uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w, (uint64_t)mode};
     struct nvp_reply r = {0};
     return nvp_call(NVP_OP_CAPTURE_BEGIN, a, NULL, 0, &r, -1);
@@ -39,14 +37,12 @@ NVP_EXPORT cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t s, enum cudaStre
 
 static cudaError_t capture_end(cudaStream_t s, cudaGraph_t *graph, int ptds)
 {
-    cudaError_t e = nvp_enter();
+    int64_t w;
+    cudaError_t e = nvp_enter_stream(s, ptds, &w);
     if (e)
         return e;
     if (!graph)
         return cudaErrorInvalidValue;
-    int64_t w = nvp_stream_wire(s, ptds);
-    if (w < 0)
-        return cudaErrorInvalidResourceHandle;
     struct graph_rec rec = {nvp_current_device()};
     uint64_t h = nvp_handle_new(NVP_H_GRAPH, &rec, sizeof rec);
     if (!h)
@@ -76,14 +72,12 @@ NVP_EXPORT cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t s, cudaGraph_t *gr
 static cudaError_t capture_status(cudaStream_t s, enum cudaStreamCaptureStatus *status, unsigned long long *id,
                                   int ptds)
 {
-    cudaError_t e = nvp_enter();
+    int64_t w;
+    cudaError_t e = nvp_enter_stream(s, ptds, &w);
     if (e)
         return e;
     if (!status)
         return cudaErrorInvalidValue;
-    int64_t w = nvp_stream_wire(s, ptds);
-    if (w < 0)
-        return cudaErrorInvalidResourceHandle;
     uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w};
     struct nvp_reply r = {0};
     if ((e = nvp_call(NVP_OP_CAPTURE_STATUS, a, NULL, 0, &r, -1)))
@@ -174,14 +168,12 @@ NVP_EXPORT cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *exec, cuda
 
 static cudaError_t launch(cudaGraphExec_t exec, cudaStream_t s, int upload, int ptds)
 {
-    cudaError_t e = nvp_enter();
+    int64_t w;
+    cudaError_t e = nvp_enter_stream(s, ptds, &w);
     if (e)
         return e;
     if (nvp_handle_get(NVP_H_GRAPH_EXEC, (uint64_t)(uintptr_t)exec, NULL, 0) != 0)
         return cudaErrorInvalidValue;
-    int64_t w = nvp_stream_wire(s, ptds);
-    if (w < 0)
-        return cudaErrorInvalidResourceHandle;
     uint64_t a[NVP_MAX_ARGS] = {nvp_handle_id((uint64_t)(uintptr_t)exec), (uint64_t)w, (uint64_t)upload};
     return nvp_call(NVP_OP_GRAPH_LAUNCH, a, NULL, 0, NULL, -1); /* asynchronous, like a kernel launch */
 }

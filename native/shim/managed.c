@@ -45,16 +45,13 @@ static cudaError_t check_location(struct cudaMemLocation loc, int host_ok)
 NVP_EXPORT cudaError_t cudaMemPrefetchAsync(const void *devPtr, size_t count, struct cudaMemLocation location,
                                             unsigned int flags, cudaStream_t stream)
 {
-    cudaError_t e = nvp_enter();
+    int64_t w;
+    cudaError_t e = nvp_enter_stream(stream, 0, &w);
     if (e)
         return nvp_ret(e);
     if (count == 0 || flags != 0 || !managed_range(devPtr, count))
         return nvp_ret(cudaErrorInvalidValue);
-    if ((e = check_location(location, 1)))
-        return nvp_ret(e);
-    if (nvp_stream_wire(stream, 0) < 0)
-        return nvp_ret(cudaErrorInvalidResourceHandle);
-    return cudaSuccess;
+    return nvp_ret(check_location(location, 1));
 }
 
 NVP_EXPORT cudaError_t cudaMemAdvise(const void *devPtr, size_t count, enum cudaMemoryAdvise advice,
@@ -73,13 +70,12 @@ NVP_EXPORT cudaError_t cudaMemAdvise(const void *devPtr, size_t count, enum cuda
 
 NVP_EXPORT cudaError_t cudaStreamAttachMemAsync(cudaStream_t stream, void *devPtr, size_t length, unsigned int flags)
 {
-    cudaError_t e = nvp_enter();
+    int64_t w;
+    cudaError_t e = nvp_enter_stream(stream, 0, &w);
     if (e)
         return nvp_ret(e);
     if (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost && flags != cudaMemAttachSingle)
         return nvp_ret(cudaErrorInvalidValue);
-    if (nvp_stream_wire(stream, 0) < 0)
-        return nvp_ret(cudaErrorInvalidResourceHandle);
     struct nvp_host_region h;
     if (!devPtr || !nvp_host_shared((uint64_t)(uintptr_t)devPtr, length ? length : 1, &h) ||
         h.kind != NVP_HOST_MANAGED || (length && (uint64_t)(uintptr_t)devPtr != h.user))

@@ -136,6 +136,8 @@ uint32_t nvp_handle_id(uint64_t handle);
 /* ---- stream.c ---- */
 /* Translate an application stream to its wire value; -1 if invalid. */
 int64_t nvp_stream_wire(cudaStream_t s, int per_thread_default);
+/* nvp_enter() for a call on a stream, which must be valid; *wire: its wire value. */
+cudaError_t nvp_enter_stream(cudaStream_t s, int per_thread_default, int64_t *wire);
 /* The callback thread, started on first use. */
 cudaError_t nvp_callbacks_start(void);
 void nvp_callbacks_close(void);

@@ -13,6 +13,15 @@
 
 int nvp_open_channel(int kind, struct nvp_rep *rep);
 
+cudaError_t nvp_enter_stream(cudaStream_t s, int per_thread_default, int64_t *wire)
+{
+    cudaError_t e = nvp_enter();
+    if (e)
+        return e;
+    *wire = nvp_stream_wire(s, per_thread_default);
+    return *wire < 0 ? cudaErrorInvalidResourceHandle : cudaSuccess;
+}
+
 int64_t nvp_stream_wire(cudaStream_t s, int per_thread_default)
 {
     uint64_t h = (uint64_t)(uintptr_t)s;
@@ -307,14 +316,12 @@ cudaError_t nvp_callbacks_start(void)
 
 static cudaError_t host_func(cudaStream_t s, int with_status, void *fn, void *data, int per_thread)
 {
-    cudaError_t e = nvp_enter();
+    int64_t w;
+    cudaError_t e = nvp_enter_stream(s, per_thread, &w);
     if (e)
         return e;
     if (!fn)
         return cudaErrorInvalidValue;
-    int64_t w = nvp_stream_wire(s, per_thread);
-    if (w < 0)
-        return cudaErrorInvalidResourceHandle;
     if ((e = nvp_callbacks_start()))
         return e;
     uint64_t id = callback_add(with_status, fn, data, s);
@@ -472,14 +479,12 @@ _Static_assert(sizeof(cudaStreamAttrValue) == NVP_STREAM_ATTR_BYTES, "cudaStream
 
 static cudaError_t stream_attr(cudaStream_t s, cudaStreamAttrID attr, void *value, int get, int ptds)
 {
-    cudaError_t e = nvp_enter();
+    int64_t w;
+    cudaError_t e = nvp_enter_stream(s, ptds, &w);
     if (e)
         return e;
     if (!value)
         return cudaErrorInvalidValue;
-    int64_t w = nvp_stream_wire(s, ptds);
-    if (w < 0)
-        return cudaErrorInvalidResourceHandle;
     uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w, (uint64_t)attr, (uint64_t)get};
     struct nvp_reply r = {.out = value, .out_cap = get ? NVP_STREAM_ATTR_BYTES : 0};
     e = nvp_call(NVP_OP_STREAM_ATTR, a, get ? NULL : value, get ? 0 : NVP_STREAM_ATTR_BYTES, &r, -1);

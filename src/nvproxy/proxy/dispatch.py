@@ -32,8 +32,10 @@ class Dispatcher:
                 fn = getattr(mod, name[len("NVP_OP_") :], None) if name.startswith("NVP_OP_") else None
                 if fn is not None:
                     self.table[op] = functools.partial(fn, self)
-        for op, at in graphs.CAPTURABLE.items():  # stream work is logged while a capture takes it
-            self.table[op] = functools.partial(self._logged, op, at, self.table[op])
+        # while a capture is on, stream work goes through _logged (captures_changed swaps the entries in)
+        self._plain = {op: self.table[op] for op in graphs.CAPTURABLE}
+        self._logging = {op: functools.partial(self._logged, op, at, self.table[op])
+                         for op, at in graphs.CAPTURABLE.items()}
 
     def _logged(self, op: int, at: int, fn: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Any:
         result = fn(ch, a, payload)
@@ -49,9 +51,11 @@ class Dispatcher:
         return bool(self.state.captures) and self.backend.capture_status(s)[0] == graphs.CAPTURE_ACTIVE
 
     def captures_changed(self) -> None:
-        """C executes nothing while a capture is on, so that Python sees (and logs) every call."""
+        """While a capture is on, C executes nothing, so that Python sees every call, and logs it."""
+        on = bool(self.state.captures)
+        self.table.update(self._logging if on else self._plain)
         if self.fast is not None:
-            self.fast.set_capturing(bool(self.state.captures))
+            self.fast.set_capturing(on)
 
     def per_thread_stream(self, ch: Any) -> Any:
         """The per-thread default stream of the channel's application thread:
