@@ -92,7 +92,8 @@ int main(int argc, char **argv) {
     for (int i = 0; i < long_run; i++) {
         CHECK(cudaGraphLaunch(x, s1));
         CHECK(cudaStreamSynchronize(s1));
-        printf("run %d: %016llx host calls %d\n", i, sum(pin, n), host_calls);
+        CHECK(cudaStreamIsCapturing(s3, &st));  // (the invalidated capture stays ended)
+        printf("run %d: %016llx host calls %d, s3 capturing %d\n", i, sum(pin, n), host_calls, (int)st);
         fflush(stdout);
         usleep(150000);
     }

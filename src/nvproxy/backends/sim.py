@@ -347,7 +347,8 @@ class SimBackend:
 
     def capture_status(self, s: SimStream) -> tuple[int, int]:
         c = s.capture
-        return (0, 0) if c is None else (2 if c.invalid else 1, c.id)
+        # the driver gives a capture's id only while it is active
+        return (0, 0) if c is None else (2, 0) if c.invalid else (1, c.id)
 
     def graph_instantiate(self, g: SimGraph, flags: int) -> SimGraph:
         return SimGraph(list(g.ops))

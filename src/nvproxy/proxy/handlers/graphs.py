@@ -33,6 +33,8 @@ def CAPTURE_BEGIN(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
 def CAPTURE_END(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     s = p.stream(ch, a[0])
     status, cid = p.backend.capture_status(s)
+    if status != CAPTURE_ACTIVE:  # an invalidated capture has no id: find it by the stream that began it
+        cid = next((k for k, c in p.state.captures.items() if c.origin == a[0] and c.dev == ch.dev), None)
     log = p.state.captures.pop(cid, None) if status else None
     p.captures_changed()
     g = p.backend.end_capture(s)  # the driver's verdict: not capturing, invalidated, unjoined...
