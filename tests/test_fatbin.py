@@ -66,3 +66,16 @@ def test_ptx_params() -> None:
 def test_not_a_fatbin() -> None:
     with pytest.raises(fatbin.FatbinError):
         fatbin.entries(b"\0" * 64)
+
+
+def test_linked_bundle_parts_and_malformed_bundles() -> None:
+    """The shim's bundle of a device-linked module: parts come back as sent; a
+    damaged bundle is an error, never a read past its end."""
+    parts = [b"A" * 5, b"", b"BC"]
+    bundle = fatbin.LINKED_MAGIC + struct.pack("<I3Q", 3, 5, 0, 2) + b"".join(parts)
+    assert fatbin.linked_parts(bundle) == parts
+    assert fatbin.linked_parts(b"\x50\xed\x55\xba plain") is None
+    for bad in (bundle[:-1], fatbin.LINKED_MAGIC + struct.pack("<I", 0),
+                fatbin.LINKED_MAGIC + struct.pack("<IQ", 2, 1), fatbin.LINKED_MAGIC[:8] + b"\x01"):
+        with pytest.raises(fatbin.FatbinError):
+            fatbin.linked_parts(bad)

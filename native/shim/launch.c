@@ -16,6 +16,7 @@ struct module {
     int id;
     const void *image;
     size_t size;
+    const void *const *prelinked; /* -rdc=true: each object's fatbinary, for a JIT link */
     int loaded;
     cudaError_t load_err;
 };
@@ -98,6 +99,58 @@ static int pmap_put(struct pmap *m, const void *key, void *val)
 
 /* ---- registration (runs from static constructors, before main) ---- */
 
+static size_t fatbin_size(const unsigned char *f)
+{
+    uint32_t magic;
+    uint16_t hsize;
+    uint64_t fsize;
+    memcpy(&magic, f, 4);
+    memcpy(&hsize, f + 6, 2);
+    memcpy(&fsize, f + 8, 8);
+    return magic == FATBIN_MAGIC ? hsize + fsize : 0;
+}
+
+/* A device-linked (-rdc=true) module holds code for the architectures it was
+ * linked for only; the runtime JIT-links the objects' fatbinaries (PTX and
+ * relocatable code, the device runtime's among them) for other GPUs.  The proxy
+ * gets them all in one bundle (the layout fatbin.py reads):
+ * "NVPLINK1", u32 count, u64 size[count], then the fatbinaries, main one first. */
+static void *linked_bundle(const struct module *m, size_t *size)
+{
+    size_t n = 1, total = 12 + 8;
+    while (m->prelinked[n - 1] && n < 4096)
+        n++;
+    const unsigned char **part = malloc(n * sizeof *part);
+    uint64_t *sz = malloc(n * sizeof *sz);
+    if (!part || !sz)
+        goto fail;
+    for (size_t i = 0; i < n; i++) {
+        part[i] = i ? m->prelinked[i - 1] : m->image;
+        sz[i] = i ? fatbin_size(part[i]) : m->size;
+        total += (i ? 8 : 0) + sz[i];
+    }
+    unsigned char *b = malloc(total), *p = b;
+    if (!b)
+        goto fail;
+    uint32_t count = (uint32_t)n;
+    memcpy(p, "NVPLINK1", 8);
+    memcpy(p + 8, &count, 4);
+    memcpy(p + 12, sz, n * 8);
+    p += 12 + n * 8;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(p, part[i], sz[i]);
+        p += sz[i];
+    }
+    free(part);
+    free(sz);
+    *size = total;
+    return b;
+fail:
+    free(part);
+    free(sz);
+    return NULL;
+}
+
 NVP_EXPORT void **__cudaRegisterFatBinary(void *fatCubin)
 {
     struct module *m = calloc(1, sizeof *m);
@@ -106,19 +159,13 @@ NVP_EXPORT void **__cudaRegisterFatBinary(void *fatCubin)
     const struct {
         uint32_t magic, version;
         const unsigned char *data;
-        void *unused;
+        const void *const *prelinked; /* version 2 (nvcc -dlink): NULL-terminated */
     } *w = fatCubin;
     if (w && w->magic == FATBIN_WRAPPER_MAGIC && w->data) {
-        uint32_t magic;
-        uint16_t hsize;
-        uint64_t fsize;
-        memcpy(&magic, w->data, 4);
-        memcpy(&hsize, w->data + 6, 2);
-        memcpy(&fsize, w->data + 8, 8);
-        if (magic == FATBIN_MAGIC) {
-            m->image = w->data;
-            m->size = hsize + fsize;
-        }
+        m->size = fatbin_size(w->data);
+        m->image = m->size ? w->data : NULL;
+        if (w->version == 2)
+            m->prelinked = w->prelinked;
     }
     pthread_mutex_lock(&R.lock);
     if (R.nmods == R.capmods) {
@@ -232,7 +279,13 @@ static cudaError_t module_load(struct module *m)
         return cudaErrorInvalidKernelImage;
     uint64_t a[NVP_MAX_ARGS] = {(uint64_t)m->id};
     struct nvp_reply r = {0};
-    cudaError_t e = nvp_call(NVP_OP_MODULE_LOAD, a, m->image, m->size, &r, -1);
+    const void *image = m->image;
+    size_t size = m->size;
+    void *bundle = m->prelinked ? linked_bundle(m, &size) : NULL;
+    if (m->prelinked && !bundle)
+        return cudaErrorMemoryAllocation;
+    cudaError_t e = nvp_call(NVP_OP_MODULE_LOAD, a, bundle ? bundle : image, size, &r, -1);
+    free(bundle);
     if (e == cudaErrorDevicesUnavailable)
         return e; /* transport, not the module: leave it to retry */
     m->load_err = e;

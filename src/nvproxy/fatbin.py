@@ -230,8 +230,36 @@ def parse_ptx(text: str) -> Module:
     return mod
 
 
+LINKED_MAGIC = b"NVPLINK1"
+
+
+def linked_parts(image: bytes) -> list[bytes] | None:
+    """The fatbinaries of a device-linked (-rdc=true) module as the shim bundles them
+    (native/shim/launch.c): the linked one first, then every object's, for a JIT
+    link where the linked code does not fit the GPU; None for a plain fatbinary."""
+    if not image.startswith(LINKED_MAGIC):
+        return None
+    if len(image) < 12:
+        raise FatbinError("truncated linked module")
+    (count,) = struct.unpack_from("<I", image, 8)
+    if not 1 <= count <= 4096 or len(image) < 12 + 8 * count:
+        raise FatbinError("malformed linked module")
+    sizes = struct.unpack_from(f"<{count}Q", image, 12)
+    parts, at = [], 12 + 8 * count
+    for n in sizes:
+        if at + n > len(image):
+            raise FatbinError("truncated linked module")
+        parts.append(image[at : at + n])
+        at += n
+    return parts
+
+
 def parse(image: bytes) -> Module:
-    """Kernels and variables of the best entry in a fatbinary."""
+    """Kernels and variables of the best entry in a fatbinary (of the linked one
+    for a device-linked module)."""
+    parts = linked_parts(image)
+    if parts is not None:
+        image = parts[0]
     ents = entries(image)
     elfs = sorted((e for e in ents if e.kind == KIND_ELF), key=lambda e: e.arch)
     mod = Module()

@@ -29,6 +29,8 @@ typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphExec_st *CUgraphExec;
 typedef unsigned long long CUmemGenericAllocationHandle;
 typedef void (*CUhostFn)(void *userData);
+typedef struct CUlinkState_st *CUlinkState;
+typedef int CUjit_option;
 
 typedef struct { int type; int id; } CUmemLocation;
 typedef struct {
@@ -78,6 +80,11 @@ CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocatio
 
 CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags);
 CUresult cuMemHostUnregister(void *p);
+CUresult cuLinkCreate_v2(unsigned int numOptions, CUjit_option *options, void **optionValues, CUlinkState *stateOut);
+CUresult cuLinkAddData_v2(CUlinkState state, int type, void *data, size_t size, const char *name,
+                          unsigned int numOptions, CUjit_option *options, void **optionValues);
+CUresult cuLinkComplete(CUlinkState state, void **cubinOut, size_t *sizeOut);
+CUresult cuLinkDestroy(CUlinkState state);
 CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream);
 CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *pCopy, CUstream hStream);
 CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream);
@@ -135,6 +142,9 @@ CUresult cuProfilerStop(void);
 
 CUDA_ERROR_NOT_READY = 600
 CUDA_ERROR_INVALID_VALUE = 1
+CUDA_ERROR_NO_BINARY_FOR_GPU = 209
+CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 5, 6
+CU_JIT_INPUT_FATBINARY = 2
 CU_MEM_ALLOCATION_TYPE_PINNED = 1
 CU_MEM_LOCATION_TYPE_DEVICE = 1
 CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3

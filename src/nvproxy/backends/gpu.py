@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .. import fatbin
 from ..errors import INVALID_RESOURCE_HANDLE, CudaError
 from ..proxy.capture import StdoutCapture
 from . import cuda_driver as cd
@@ -331,8 +332,38 @@ class GpuBackend:
     def module_load(self, dev: int, image: bytes) -> GpuModule:
         self.activate(dev)
         m = ffi.new("CUmodule *")
-        cd.check(self.L.cuModuleLoadData(m, ffi.from_buffer(image)), "cuModuleLoadData")
+        parts = fatbin.linked_parts(image)
+        rc = self.L.cuModuleLoadData(m, ffi.from_buffer(parts[0] if parts else image))
+        if rc == cd.CUDA_ERROR_NO_BINARY_FOR_GPU and parts and len(parts) > 1:
+            # device-linked for other GPUs: link the objects again for this one, as the runtime does
+            cubin = self._jit_link(parts[1:])
+            rc = self.L.cuModuleLoadData(m, ffi.from_buffer(cubin))
+        cd.check(rc, "cuModuleLoadData")
         return GpuModule(dev, m[0], image)
+
+    def _jit_link(self, fatbins: list[bytes]) -> bytes:
+        log = ffi.new("char[]", 4096)
+        opts = ffi.new("CUjit_option[]", [cd.CU_JIT_ERROR_LOG_BUFFER, cd.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES])
+        vals = ffi.new("void *[]", [log, ffi.cast("void *", 4096)])
+        st = ffi.new("CUlinkState *")
+        cd.check(self.L.cuLinkCreate_v2(2, opts, vals, st), "cuLinkCreate")
+        try:
+            for i, f in enumerate(fatbins):
+                rc = self.L.cuLinkAddData_v2(st[0], cd.CU_JIT_INPUT_FATBINARY, ffi.from_buffer(f), len(f),
+                                             f"object{i}".encode(), 0, ffi.NULL, ffi.NULL)
+                if rc:
+                    print(f"nvproxy: JIT link of a -rdc module: {ffi.string(log).decode(errors='replace')}",
+                          file=sys.stderr)
+                    cd.check(rc, "cuLinkAddData")
+            out, size = ffi.new("void **"), ffi.new("size_t *")
+            rc = self.L.cuLinkComplete(st[0], out, size)
+            if rc:
+                print(f"nvproxy: JIT link of a -rdc module: {ffi.string(log).decode(errors='replace')}",
+                      file=sys.stderr)
+            cd.check(rc, "cuLinkComplete")
+            return bytes(ffi.buffer(out[0], size[0]))  # (the link state owns it)
+        finally:
+            self.L.cuLinkDestroy(st[0])
 
     def kernel_get(self, mod: GpuModule, name: str) -> GpuKernel:
         f = ffi.new("CUfunction *")
