@@ -118,6 +118,10 @@ def measure(exe: Path, mib: int, td: Path, backend: str) -> dict:
         got, rs, ds = int(restored.group(1)), float(restored.group(2)), float(restored.group(3))
         row.update(restore_s=rs, dump_s=ds, restore_gbps=got * 2**20 / max(rs, 1e-3) / 1e9,
                    dump_gbps=got * 2**20 / max(ds, 1e-3) / 1e9)
+        phases = re.search(r"s per phase: ([^;]*); buffer prepared before in ([\d.]+) s", stderr)
+        if phases:  # where a migration's restore spends its time, and what it did before the stop
+            row["restore_phases_s"] = {k: float(v) for k, v in (x.split() for x in phases.group(1).split(", "))}
+            row["migrate_buffer_prepared_s"] = float(phases.group(2))
     return row
 
 

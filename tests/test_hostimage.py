@@ -41,9 +41,9 @@ def test_pieces_stay_inside_one_registration(tmp_path: Path) -> None:
     reg = Registrar()
     himg = HostImage(reg, 0)
     try:
-        himg.grow(100 << 20, pin=False)  # pages made while the application runs: nothing registered
-        assert himg.capacity == 128 << 20 and not reg.ranges
-        himg.grow(200 << 20)  # 64 + 64 + 128 MiB segments, all registered now
+        himg.grow(100 << 20)  # pages made and registered while the application runs
+        assert himg.capacity == 128 << 20 and len(reg.ranges) == 2
+        himg.grow(200 << 20)  # 64 + 64 + 128 MiB segments, each registered on its own
         assert himg.capacity == 256 << 20 and len(reg.ranges) == 3
         for off, n in [(0, 64 << 20), ((64 << 20) - 4096, 8192), (1000, 250 << 20)]:
             covered = 0
@@ -63,12 +63,23 @@ def test_pieces_stay_inside_one_registration(tmp_path: Path) -> None:
             assert f.read() == b"abcdef"
         assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
         # handed over: another buffer over the same memfd sees the same bytes
-        other = HostImage(Registrar(), 0, fd=os.dup(himg.fd))
+        other_reg = Registrar()
+        other = HostImage(other_reg, 0, fd=os.dup(himg.fd))
         try:
             assert other.capacity == himg.capacity
             assert bytes(other.view((64 << 20) - 3, 6)) == b"abcdef"
+            # the buffer grew before the hand-over: the new proxy maps and registers what is new
+            himg.grow(300 << 20)
+            himg.view(300 << 20, 3)[:] = b"xyz"
+            assert other.follow(os.dup(himg.fd))
+            assert other.capacity == himg.capacity == 512 << 20 and len(other_reg.ranges) == 4
+            assert bytes(other.view(300 << 20, 3)) == b"xyz"
+            stranger = os.memfd_create("x")
+            assert not other.follow(stranger)  # another file: the caller makes a new buffer
+            os.close(stranger)
         finally:
             other.close()
+        assert not other_reg.ranges
     finally:
         himg.close()
     assert not reg.ranges

@@ -97,6 +97,10 @@ def _adopt(args: argparse.Namespace, backend, dispatch):
     from .proxy.handlers import graphs
     from .proxy.server import Server
 
+    # the old proxy's host image buffer becomes ours: mapped and registered while the application runs
+    t = time.monotonic()
+    himg = _early_buffer(args.adopt, backend)
+    prepare_s = time.monotonic() - t
     ctl = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     ctl.connect(args.adopt)
     control.send(ctl, {"cmd": "handoff", "image": args.image})
@@ -107,12 +111,16 @@ def _adopt(args: argparse.Namespace, backend, dispatch):
     n_chan_fds = sum(1 + (1 if d["staging"] else 0) for d in info["channels"])
     host_fds = dict(zip(info["host"], fds[2 + n_chan_fds : -1], strict=True))
     try:
-        # the image is in the old proxy's host image buffer, which becomes ours (registering it counts)
-        t = time.monotonic()
-        himg = dispatch.state.host_image = HostImage(backend, 0, fd=fds[-1])
+        t = time.monotonic()  # (what the buffer grew by since is registered now, and counts)
+        if himg is None or not himg.follow(fds[-1]):
+            if himg is not None:
+                himg.close()
+            himg = HostImage(backend, 0, fd=fds[-1])
+        dispatch.state.host_image = himg
         pin_s = time.monotonic() - t
         stats = restore_image(dispatch.state, himg, host_fds, functools.partial(graphs.restore, dispatch))
         stats["seconds"] += pin_s
+        stats["phases"] = dict(stats["phases"], buffer=pin_s)
         stats["gbps"] = stats["device_bytes"] / stats["seconds"] / 1e9 if stats["seconds"] else 0.0
     except (ImageError, OSError) as e:
         print(f"nvproxy migrate: {e}", file=sys.stderr)
@@ -124,10 +132,36 @@ def _adopt(args: argparse.Namespace, backend, dispatch):
     server.adopt(info, blob, fds)
     control.send(ctl, {"cmd": "done"})
     ctl.close()
+    phases = ", ".join(f"{k} {v:.3f}" for k, v in stats["phases"].items())
     print(f"nvproxy: restored {stats['device_bytes'] >> 20} MiB in {stats['seconds']:.3f} s "
-          f"({stats['gbps']:.1f} GB/s); checkpoint took {info['stats']['seconds']:.3f} s "
+          f"({stats['gbps']:.1f} GB/s; s per phase: {phases}; buffer prepared before in {prepare_s:.3f} s); "
+          f"checkpoint took {info['stats']['seconds']:.3f} s "
           f"({info['stats']['gbps']:.1f} GB/s)", file=sys.stderr)
     return server
+
+
+def _early_buffer(ctl_path: str, backend):
+    """The running proxy's host image buffer, mapped and registered here (None if it
+    has none to give: the hand-over then brings it)."""
+    import socket
+
+    from .checkpoint.hostimage import HostImage
+    from .proxy import control
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as ctl:
+        ctl.connect(ctl_path)
+        control.send(ctl, {"cmd": "buffer"})
+        info, _blob, fds = control.recv(ctl)
+    if not info.get("ok") or not fds:
+        for fd in fds:
+            os.close(fd)
+        return None
+    try:
+        return HostImage(backend, 0, fd=fds[0])
+    except OSError as e:
+        print(f"nvproxy migrate: cannot map the running proxy's image buffer early ({e})", file=sys.stderr)
+        os.close(fds[0])
+        return None
 
 
 def _dmtcp_checkpoint(args: argparse.Namespace) -> int:

@@ -64,7 +64,7 @@ def estimate(state: ProcessState) -> int:
 
 def prefault(state: ProcessState) -> None:
     """Grow the host image buffer to the state's size ahead of a checkpoint (its
-    pages are made now, while the application runs; see hostimage.py)."""
+    pages are made and registered now, while the application runs; see hostimage.py)."""
     if hostimage.mode() != "prefault" or not state.devices:
         return
     with state.arena_lock:
@@ -73,7 +73,7 @@ def prefault(state: ProcessState) -> None:
     if need > himg.capacity and himg.lock.acquire(blocking=False):
         try:
             if not himg.closed:
-                himg.grow(need, pin=False)
+                himg.grow(need)
         finally:
             himg.lock.release()
 

@@ -3,19 +3,26 @@ mapped and registered as pinned memory), kept from one checkpoint to the next.
 
 Why: device-to-pinned copies run at the PCIe/NVLink-C2C rate (55 GB/s on the
 H200 machine), but memory the kernel has to find first runs at 2-3 GB/s there
-(fresh tmpfs or page-cache pages in the VM).  Pages that already exist cost
-little, so the buffer's pages are made while the application runs
-(NVPROXY_CKPT_BUFFER=prefault, the default) or at the first checkpoint and
-kept (=lazy), or released after every checkpoint (=transient, saves host
-memory).  Only making pages happens in the background: registering them
-(page-locking) is an implicit synchronisation point of CUDA (the programming
-guide's "implicit synchronization": work of other streams cannot overlap it), so
-a background registration could stall the application's streams, and a program
-whose kernels wait on other streams could hang.  Segments are registered when
-a checkpoint needs them, with the device drained, and stay registered.
-A checkpoint then copies device memory straight into it; writing a
-file from it happens after the application was let go on; a migration hands
-the memfd itself to the new proxy, which restores from it with no file at all.
+(fresh tmpfs or page-cache pages in the VM), and registering (page-locking) a
+GiB takes 30-90 ms.  So the buffer's pages are made and registered while the
+application runs (NVPROXY_CKPT_BUFFER=prefault, the default), or at the first
+checkpoint and kept (=lazy), or released after every checkpoint (=transient,
+saves host memory).
+
+Registering in the background: CUDA's programming guide lists page-locking
+among the implicit synchronisation points, which would stall the application's
+streams or, with kernels that wait on other streams' later work, hang them.
+Measured on the H200 (driver 580, .diag-style experiment kept in
+docs/checkpoint.md): cuMemHostRegister of 64 MiB took 3.6 ms while a 254 ms
+kernel ran (3.2 ms idle), returned in 2.8 ms while a kernel spun on a flag, and
+the launch that set the flag was not held up (0.1 ms); a 1 GiB device-to-host
+copy ran on beside a registration.  This driver does not synchronise there, so
+the buffer is registered in segments, in the background.
+
+A checkpoint then copies device memory straight into it; writing a file from
+it happens after the application was let go on; a migration hands the memfd
+itself to the new proxy, which maps and registers it before the application
+stops (the "buffer" control command), so that its restore is a copy.
 
 The buffer grows in segments (64 MiB doubling up to 1 GiB), each registered on
 its own, mapped back to back in a reserved range so that the image is one run
@@ -75,15 +82,14 @@ class HostImage:
         self.fd = fd if fd is not None else os.memfd_create("nvproxy-image", os.MFD_CLOEXEC)
         self.starts: list[int] = []
         self.closed = False
-        self.pinned = 0  # segments registered (the first ones)
+        self.registered: set[int] = set()  # segment starts
         self.capacity = 0
         self.lock = threading.Lock()  # one checkpoint (dump, file write) or growth at a time
         if fd is not None:
             self.grow(os.fstat(fd).st_size)
 
-    def grow(self, need: int, pin: bool = True) -> None:
-        """Map segments until need bytes fit, making their pages; pin: also register every segment
-        (only where the device is drained: see above)."""
+    def grow(self, need: int) -> None:
+        """Map segments until need bytes fit, making their pages and registering them."""
         target = rounded(need)
         if target > RESERVE:
             raise OSError(f"a checkpoint image of {need >> 30} GiB does not fit the host image buffer")
@@ -101,11 +107,25 @@ class HostImage:
         for start in new:
             self.starts.append(start)
             self.capacity = rounded(start + 1)
-        if pin and self.pinned < len(self.starts):
-            self.backend.activate(self.dev)
-            for start in self.starts[self.pinned :]:
+        todo = [start for start in self.starts if start not in self.registered]
+        if todo:  # (2 threads registered 1.8x faster than one there; more did not help)
+            def register(start: int) -> None:
+                self.backend.activate(self.dev)
                 self.backend.host_register(self.base + start, rounded(start + 1) - start)
-                self.pinned += 1
+                self.registered.add(start)
+
+            with ThreadPoolExecutor(2, thread_name_prefix="nvproxy-register") as pool:
+                list(pool.map(register, todo))
+
+    def follow(self, fd: int) -> bool:
+        """The same memfd again (a migration's hand-over after the "buffer" command):
+        map what it grew by since, and close fd.  False if fd is another file."""
+        a, b = os.fstat(fd), os.fstat(self.fd)
+        if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
+            return False
+        os.close(fd)
+        self.grow(a.st_size)
+        return True
 
     def pieces(self, off: int, n: int) -> Iterator[tuple[int, int]]:
         """(address, length) pieces of [off, off+n), none crossing a segment."""
@@ -137,11 +157,11 @@ class HostImage:
 
     def close(self) -> None:
         self.backend.activate(self.dev)
-        for start in self.starts[: self.pinned]:
+        for start in sorted(self.registered):
             self.backend.host_unregister(self.base + start, rounded(start + 1) - start)
         libc.unmap(self.base, RESERVE)
         os.close(self.fd)
-        self.starts, self.pinned, self.capacity = [], 0, 0
+        self.starts, self.registered, self.capacity = [], set(), 0
         self.closed = True
 
 

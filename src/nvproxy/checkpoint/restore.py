@@ -63,13 +63,16 @@ def restore_image(state: ProcessState, source: str | HostImage, host_fds: dict[i
     calls: makes what the image keeps as logged calls again (graphs), given the header."""
     t0 = time.monotonic()
     img = _FileImage(source) if isinstance(source, str) else _MemoryImage(source)
+    phases: dict[str, float] = {}
     try:
         try:
-            _replay(state, img, host_fds, t0)
+            _replay(state, img, host_fds, t0, phases)
             if img.header.get("graphs") or img.header.get("graph_execs") or img.header.get("captures"):
                 if calls is None:
                     raise ImageError("the image holds CUDA graphs, which this restore cannot make again")
+                t = time.monotonic()
                 calls(img.header)
+                phases["graphs"] = time.monotonic() - t
         except CudaError as e:
             raise ImageError(f"restoring {img.what} failed: CUDA error {e.code} ({e})") from None
     finally:
@@ -77,11 +80,20 @@ def restore_image(state: ProcessState, source: str | HostImage, host_fds: dict[i
     total = sum(r["size"] for r in img.header["regions"] if r["kind"] == "mem")
     seconds = time.monotonic() - t0
     return {"path": img.what, "device_bytes": total, "seconds": seconds,
-            "gbps": total / seconds / 1e9 if seconds else 0}
+            "gbps": total / seconds / 1e9 if seconds else 0, "phases": phases}
 
 
-def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: float) -> None:
+def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: float,
+            phases: dict[str, float]) -> None:
+    """phases: seconds each part took (device memory made, modules, objects, contents)."""
     h = img.header
+    mark = [time.monotonic()]
+
+    def phase(name: str) -> None:
+        now = time.monotonic()
+        phases[name] = phases.get(name, 0.0) + now - mark[0]
+        mark[0] = now
+
     be = state.backend
     if h["backend"] != be.name:
         raise ImageError(f"the image was taken on the {h['backend']} backend; this proxy runs {be.name}")
@@ -104,6 +116,7 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
         for lim, v in desc["limits"].items():
             be.set_limit(int(lim), v)
             state.limits.setdefault(dev, {})[int(lim)] = v
+    phase("device_memory")
     # modules first: kernels and variables live in them
     for r in h["regions"]:
         if r["kind"] == "module":
@@ -121,6 +134,7 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
             for attr, v in h["kernel_attrs"].get(str(kid), {}).items():
                 be.func_set_attr(k, int(attr), v)
                 state.kernel_attrs.setdefault(kid, {})[int(attr)] = v
+    phase("modules")
     for w, dev, flags, prio in h["streams"]:
         state.streams[w] = (dev, be.stream_create(dev, flags, prio))
         state.stream_args[w] = (flags, prio)
@@ -142,6 +156,7 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
             raise ImageError(f"pinned host memory at {addr:#x} cannot be mapped at its address here")
         be.host_register(addr, size)
         state.host[addr] = HostRange(size, hfd)
+    phase("objects")
     total = sum(r["size"] for r in h["regions"] if r["kind"] == "mem")
     done = 0
     for desc in h["devices"]:
@@ -169,6 +184,7 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
             m.close()
         be.device_sync(dev)
         state.set_times_before(dev, before.get(dev, {}))
+    phase("contents")
 
 
 def _mappings(desc: dict[str, Any]) -> list[tuple[int, int]]:

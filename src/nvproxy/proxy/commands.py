@@ -31,6 +31,11 @@ def handle(server: Any, conn: socket.socket, msg: dict[str, Any]) -> bool:
         used = sum(n for d in st.devices.values() for _va, n in d.arena.mappings())
         control.send(conn, {"ok": True, "device_bytes": used, "image_estimate": estimate(st),
                             "buffer_bytes": st.host_image.capacity if st.host_image else 0})
+    elif cmd == "buffer":
+        # a migration's new proxy maps and registers the host image buffer while the
+        # application still runs, so that its restore is a copy (see hand_over)
+        himg = hostimage.of(server.dispatch.state)
+        control.send(conn, {"ok": True, "bytes": himg.capacity}, b"", [himg.fd])
     elif cmd == "handoff":
         hand_over(server, conn, msg.get("image"))
     else:
