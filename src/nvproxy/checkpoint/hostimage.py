@@ -104,10 +104,7 @@ class HostImage:
                  for start in new for at in range(start, rounded(start + 1), POPULATE_PART)]
         with ThreadPoolExecutor(WRITERS, thread_name_prefix="nvproxy-populate") as pool:
             list(pool.map(lambda p: libc.populate(*p), parts))
-        for start in new:
-            self.starts.append(start)
-            self.capacity = rounded(start + 1)
-        todo = [start for start in self.starts if start not in self.registered]
+        todo = [start for start in self.starts + new if start not in self.registered]
         if todo:  # (2 threads registered 1.8x faster than one there; more did not help)
             def register(start: int) -> None:
                 self.backend.activate(self.dev)
@@ -116,6 +113,9 @@ class HostImage:
 
             with ThreadPoolExecutor(2, thread_name_prefix="nvproxy-register") as pool:
                 list(pool.map(register, todo))
+        for start in new:  # (only now: the capacity "usage" reports is memory ready for a checkpoint)
+            self.starts.append(start)
+            self.capacity = rounded(start + 1)
 
     def follow(self, fd: int) -> bool:
         """The same memfd again (a migration's hand-over after the "buffer" command):
