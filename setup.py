@@ -54,7 +54,7 @@ shim = Extension(
     SHIM,
     sources=sorted(str(p.relative_to(ROOT)) for p in (ROOT / "native" / "shim").glob("*.c")),
     include_dirs=["native/include", "native/shim", cuda_include()],
-    define_macros=[("NVP_DEFAULT_PYTHON", '"%s"' % sys.executable)],
+    define_macros=[("NVP_DEFAULT_PYTHON", f'"{sys.executable}"')],
     extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra", "-fvisibility=hidden"],
     libraries=["pthread", "dl"],
 )

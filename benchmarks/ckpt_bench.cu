@@ -1,7 +1,8 @@
 // Checkpoint benchmark target: fills argv[1] MiB of device memory (in
 // allocations of up to 1 GiB), prints "ready", waits for a line on stdin, then
 // verifies the memory and prints "verified ok" (so a migration in between is
-// checked too).
+// checked too).  argv[2] = "host": the same in pinned host memory instead (what a
+// checkpointer such as DMTCP saves with the application; dmtcp_placement.py).
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -21,9 +22,11 @@ int main(int argc, char **argv) {
     if (total < piece) piece = total;
     int count = (int)(total / piece);
     size_t n = piece / sizeof(unsigned);
+    bool host = argc > 2 && argv[2][0] == 'h';
     std::vector<unsigned *> bufs(count);
     for (int i = 0; i < count; i++) {
-        if (cudaMalloc(&bufs[i], piece) != cudaSuccess) { printf("alloc failed\n"); return 1; }
+        cudaError_t e = host ? cudaMallocHost(&bufs[i], piece) : cudaMalloc(&bufs[i], piece);
+        if (e != cudaSuccess) { printf("alloc failed\n"); return 1; }
         fill<<<1024, 256>>>(bufs[i], n, i);
     }
     unsigned long long *bad;

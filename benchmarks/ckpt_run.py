@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -85,17 +87,19 @@ def build(where: Path) -> Path:
 
 
 def measure(exe: Path, mib: int, td: Path, backend: str) -> dict:
-    """nvproxy checkpoint (the program waits, then goes on) and nvproxy migrate of a program holding mib MiB."""
+    """nvproxy checkpoint (the program waits, then goes on), nvproxy migrate, and a restore from
+    an image file (NVPROXY_RECOVER after the proxy was killed) of a program holding mib MiB."""
     gib = mib / 1024
+    image = td / f"c{mib}.img"
+    env = dict(os.environ, NVPROXY_RECOVER=str(image))
     app = subprocess.Popen([sys.executable, "-m", "nvproxy", "run", "--backend", backend, "--sim-kernels",
                             str(HERE / "ckpt_bench_sim.py"), "--", str(exe), str(mib)],
-                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     assert app.stdout and app.stdin
     if app.stdout.readline().strip() != "ready":
         raise SystemExit(app.communicate()[1])
     t = time.monotonic()
     prepare_s = _wait_prepared(app.pid)
-    image = td / f"c{mib}.img"
     t = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "nvproxy", "checkpoint", str(app.pid), "-o", str(image)],
                        capture_output=True, text=True)
@@ -104,11 +108,23 @@ def measure(exe: Path, mib: int, td: Path, backend: str) -> dict:
     t = time.monotonic()
     m = subprocess.run([sys.executable, "-m", "nvproxy", "migrate", str(app.pid)], capture_output=True, text=True)
     mig_wall = time.monotonic() - t
+    # the file path: an image, the proxy killed, and the program's next call restores from the file
+    _wait_prepared(app.pid)
+    subprocess.run([sys.executable, "-m", "nvproxy", "checkpoint", str(app.pid), "-o", str(image)],
+                   capture_output=True, text=True)
+    from nvproxy.launcher import find_proxy
+
+    os.kill(find_proxy(app.pid)[0], signal.SIGKILL)
     stdout, stderr = app.communicate("\n", timeout=600)
+    image.unlink(missing_ok=True)
+    from_file = re.search(r"restored (\d+) MiB from \S+ in ([\d.]+) s", stderr)
     restored = re.search(r"restored (\d+) MiB in ([\d.]+) s .*checkpoint took ([\d.]+) s", stderr)
     row = {"mib": mib, "gib": gib, "checkpoint_out": r.stdout.strip(), "checkpoint_wall_s": ck_wall,
            "prepare_s": prepare_s, "migrate_wall_s": mig_wall, "verified": "verified ok" in stdout,
            "migrate_rc": m.returncode}
+    if from_file:
+        fs = float(from_file.group(2))
+        row.update(file_restore_s=fs, file_restore_gbps=int(from_file.group(1)) * 2**20 / max(fs, 1e-3) / 1e9)
     ck = re.search(r"copied out in ([\d.]+) s \(([\d.]+) GB/s\); the application was stopped ([\d.]+) s; "
                    r"file written in ([\d.]+) s", r.stdout)
     if ck:

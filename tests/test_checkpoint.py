@@ -158,19 +158,22 @@ def test_migrate_to_another_gpu(build) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_recover_from_image_after_the_proxy_died(build, backend: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("steps", [20, 6], ids=["mid-run", "before-first-launch"])
+def test_recover_from_image_after_the_proxy_died(build, backend: str, steps: int, tmp_path: Path) -> None:
     """NVPROXY_RECOVER: a new proxy starts from the last image; the program,
-    checkpointed while it waited between steps, finishes as if nothing happened."""
+    checkpointed while it waited between steps, finishes as if nothing happened.
+    With 6 steps the call that finds the proxy gone is the first launch of a
+    kernel (`finish`), whose lookup self-deadlocked in the shim once."""
     from conftest import run as plain_run
 
     from nvproxy.launcher import find_proxy
 
     exe = build("ckpt_steps")
-    reference = plain_run(nvproxy_cmd(exe, backend, "ckpt_steps", "20", "0"))
+    reference = plain_run(nvproxy_cmd(exe, backend, "ckpt_steps", str(steps), "0"))
     image = tmp_path / "last.img"
     env = dict(os.environ, NVPROXY_RECOVER=str(image))
     env.pop("LD_PRELOAD", None)
-    app = subprocess.Popen(nvproxy_cmd(exe, backend, "ckpt_steps", "20", "400"), stdout=subprocess.PIPE,
+    app = subprocess.Popen(nvproxy_cmd(exe, backend, "ckpt_steps", str(steps), "400"), stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, env=env)
     assert app.stdout is not None
     lines = [app.stdout.readline() for _ in range(6)]  # the program now sleeps 400 ms

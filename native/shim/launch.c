@@ -48,13 +48,17 @@ struct pmap {
     size_t cap, n;
 };
 
+/* lock: the maps and lists, held briefly, never across a call to the proxy.
+ * load: one module load / kernel or variable lookup at a time, across calls to
+ * the proxy.  A call may replace a dead proxy (NVPROXY_RECOVER), which resets the
+ * registry's flags under lock only: holding lock there self-deadlocked. */
 static struct {
-    pthread_mutex_t lock;
+    pthread_mutex_t lock, load;
     struct module **mods;
     size_t nmods, capmods;
     uint32_t nkernels;
     struct pmap kernels, vars;
-} R = {.lock = PTHREAD_MUTEX_INITIALIZER};
+} R = {.lock = PTHREAD_MUTEX_INITIALIZER, .load = PTHREAD_MUTEX_INITIALIZER};
 
 static size_t hash_ptr(uintptr_t k, size_t cap) { return (size_t)((k >> 3) * 0x9e3779b97f4a7c15ull) & (cap - 1); }
 
@@ -273,7 +277,7 @@ NVP_EXPORT cudaError_t __cudaGetProcAddress(void)
 
 static cudaError_t module_load(struct module *m)
 {
-    if (m->loaded)
+    if (__atomic_load_n(&m->loaded, __ATOMIC_ACQUIRE))
         return m->load_err;
     if (!m->image)
         return cudaErrorInvalidKernelImage;
@@ -289,7 +293,32 @@ static cudaError_t module_load(struct module *m)
     if (e == cudaErrorDevicesUnavailable)
         return e; /* transport, not the module: leave it to retry */
     m->load_err = e;
-    m->loaded = 1;
+    __atomic_store_n(&m->loaded, 1, __ATOMIC_RELEASE);
+    return e;
+}
+
+static cudaError_t kernel_info(struct kernel *k)
+{
+    struct {
+        struct nvp_kernel_info info;
+        struct nvp_param params[MAX_PARAM_BYTES / 4];
+    } *buf = calloc(1, sizeof *buf);
+    if (!buf)
+        return cudaErrorMemoryAllocation;
+    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)k->mod->id, k->id};
+    struct nvp_reply r = {.out = buf, .out_cap = sizeof *buf};
+    cudaError_t e = nvp_call(NVP_OP_KERNEL_INFO, a, k->name, strlen(k->name) + 1, &r, -1);
+    if (!e) {
+        k->info = buf->info;
+        size_t np = buf->info.nparams;
+        free(k->params);
+        k->params = malloc((np ? np : 1) * sizeof *k->params);
+        if (k->params && np <= MAX_PARAM_BYTES / 4)
+            memcpy(k->params, buf->params, np * sizeof *k->params);
+        else
+            e = cudaErrorMemoryAllocation;
+    }
+    free(buf);
     return e;
 }
 
@@ -300,47 +329,21 @@ static cudaError_t kernel_ready(struct kernel *k)
     cudaError_t e = nvp_connect();
     if (e)
         return e;
-    pthread_mutex_lock(&R.lock);
-    if (k->ready) {
-        pthread_mutex_unlock(&R.lock);
-        return k->err;
+    pthread_mutex_lock(&R.load);
+    for (int tries = 0; tries < 2 && !__atomic_load_n(&k->ready, __ATOMIC_ACQUIRE); tries++) {
+        e = module_load(k->mod);
+        if (!e)
+            e = kernel_info(k);
+        if (e == cudaErrorDevicesUnavailable)
+            break; /* transport: not the kernel's fault, try again on the next launch */
+        if (e && !__atomic_load_n(&k->mod->loaded, __ATOMIC_ACQUIRE))
+            continue; /* a new proxy came meanwhile (the registry was reset): once more there */
+        k->err = e;
+        __atomic_store_n(&k->ready, 1, __ATOMIC_RELEASE);
     }
-    e = module_load(k->mod);
-    if (e == cudaErrorDevicesUnavailable) {
-        pthread_mutex_unlock(&R.lock);
-        return e;
-    }
-    if (!e) {
-        struct {
-            struct nvp_kernel_info info;
-            struct nvp_param params[MAX_PARAM_BYTES / 4];
-        } *buf = calloc(1, sizeof *buf);
-        if (!buf) {
-            pthread_mutex_unlock(&R.lock);
-            return cudaErrorMemoryAllocation;
-        }
-        uint64_t a[NVP_MAX_ARGS] = {(uint64_t)k->mod->id, k->id};
-        struct nvp_reply r = {.out = buf, .out_cap = sizeof *buf};
-        e = nvp_call(NVP_OP_KERNEL_INFO, a, k->name, strlen(k->name) + 1, &r, -1);
-        if (e == cudaErrorDevicesUnavailable) {
-            free(buf);
-            pthread_mutex_unlock(&R.lock);
-            return e;
-        }
-        if (!e) {
-            k->info = buf->info;
-            size_t np = buf->info.nparams;
-            k->params = malloc((np ? np : 1) * sizeof *k->params);
-            if (k->params && np <= MAX_PARAM_BYTES / 4)
-                memcpy(k->params, buf->params, np * sizeof *k->params);
-            else
-                e = cudaErrorMemoryAllocation;
-        }
-        free(buf);
-    }
-    k->err = e;
-    __atomic_store_n(&k->ready, 1, __ATOMIC_RELEASE);
-    pthread_mutex_unlock(&R.lock);
+    if (__atomic_load_n(&k->ready, __ATOMIC_ACQUIRE))
+        e = k->err;
+    pthread_mutex_unlock(&R.load);
     return e;
 }
 
@@ -348,7 +351,7 @@ void nvp_registry_reset(void)
 {
     pthread_mutex_lock(&R.lock);
     for (size_t i = 0; i < R.nmods; i++)
-        R.mods[i]->loaded = 0;
+        __atomic_store_n(&R.mods[i]->loaded, 0, __ATOMIC_RELEASE);
     for (size_t i = 0; i < R.kernels.cap; i++) {
         struct kernel *k = R.kernels.keys[i] ? R.kernels.vals[i] : NULL;
         if (k)
@@ -357,7 +360,7 @@ void nvp_registry_reset(void)
     for (size_t i = 0; i < R.vars.cap; i++) {
         struct var *v = R.vars.keys[i] ? R.vars.vals[i] : NULL;
         if (v)
-            v->resolved = 0;
+            __atomic_store_n(&v->resolved, 0, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&R.lock);
 }
@@ -379,11 +382,11 @@ cudaError_t nvp_var_resolve(const void *symbol, uint64_t *addr, size_t *size)
         return e;
     pthread_mutex_lock(&R.lock);
     struct var *v = pmap_get(&R.vars, symbol);
-    if (!v) {
-        pthread_mutex_unlock(&R.lock);
+    pthread_mutex_unlock(&R.lock);
+    if (!v)
         return cudaErrorInvalidSymbol;
-    }
-    if (!v->resolved) {
+    pthread_mutex_lock(&R.load);
+    if (!__atomic_load_n(&v->resolved, __ATOMIC_ACQUIRE)) {
         e = module_load(v->mod);
         if (!e) {
             uint64_t a[NVP_MAX_ARGS] = {(uint64_t)v->mod->id};
@@ -391,14 +394,14 @@ cudaError_t nvp_var_resolve(const void *symbol, uint64_t *addr, size_t *size)
             e = nvp_call(NVP_OP_VAR_INFO, a, v->name, strlen(v->name) + 1, &r, -1);
             if (!e) {
                 v->addr = r.h.r[0];
-                v->resolved = 1;
+                __atomic_store_n(&v->resolved, 1, __ATOMIC_RELEASE);
                 nvp_symbol_add(v->addr, v->size);
             }
         }
     }
     *addr = v->addr;
     *size = v->size;
-    pthread_mutex_unlock(&R.lock);
+    pthread_mutex_unlock(&R.load);
     return e;
 }
 

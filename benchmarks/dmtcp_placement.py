@@ -1,0 +1,102 @@
+"""Where should the GPU image go under DMTCP?  Measures, for a program holding N
+GiB, the wall time of a whole DMTCP checkpoint (`nvproxy checkpoint --dmtcp`):
+
+- device: N GiB of device memory; the proxy copies it into its host image buffer
+  and writes nvproxy-PID.img beside DMTCP's images (the design in use);
+- host: N GiB of pinned host memory in the application, which DMTCP writes inside
+  its own image: what mapping the proxy's buffer into the application at
+  PRE-CHECKPOINT would cost, less the copy into the buffer (the copy-out rate
+  of `ckpt_run.py`, 30 GB/s on the H200, adds N/30 s).
+
+    python benchmarks/dmtcp_placement.py --sizes 1,4 [--backend gpu|sim] [--ckpt-dir /dev/shm]
+Needs DMTCP (dmtcp_launch on PATH or in $NVPROXY_DMTCP_DIR/bin)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def _dmtcp_bin() -> Path:
+    base = os.environ.get("NVPROXY_DMTCP_DIR")
+    if base and (Path(base) / "bin" / "dmtcp_launch").exists():
+        return Path(base) / "bin"
+    found = shutil.which("dmtcp_launch")
+    if not found:
+        raise SystemExit("DMTCP is not installed (no dmtcp_launch on PATH or in $NVPROXY_DMTCP_DIR/bin)")
+    return Path(found).parent
+
+
+def _one(exe: Path, mib: int, where: str, backend: str, ckpt_dir: Path, dmtcp: Path) -> dict:
+    d = Path(tempfile.mkdtemp(dir=ckpt_dir, prefix="nvp-place-"))
+    env = dict(os.environ, PATH=f"{dmtcp}:{os.environ['PATH']}")
+    env.pop("LD_PRELOAD", None)
+    try:
+        subprocess.run([str(dmtcp / "dmtcp_coordinator"), "--daemon", "--exit-on-last", "--ckptdir", str(d),
+                        "--coord-port", "0", "--port-file", str(d / "port")], check=True, env=env,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(100):
+            if (d / "port").exists() and (d / "port").read_text().strip():
+                break
+            time.sleep(0.05)
+        port = (d / "port").read_text().strip()
+        sim = ["--sim-kernels", str(HERE / "ckpt_bench_sim.py")] if backend == "sim" else []
+        app = subprocess.Popen([sys.executable, "-m", "nvproxy", "run", "--backend", backend, *sim, "--dmtcp-args",
+                                f"--coord-port {port} --no-gzip --ckptdir {d}", "--", str(exe), str(mib),
+                                where], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        assert app.stdout and app.stdin
+        if app.stdout.readline().strip() != "ready":
+            raise RuntimeError("the program did not start")
+        time.sleep(2 + mib / 2048)  # the proxy prepares its host image buffer meanwhile (about 1 s per 4 GiB)
+        t = time.monotonic()
+        ck = subprocess.run([sys.executable, "-m", "nvproxy", "checkpoint", "--dmtcp", "--coord-port", port],
+                            capture_output=True, text=True, env=env, timeout=900)
+        wall = time.monotonic() - t
+        app.stdin.write("\n")
+        app.stdin.flush()
+        out, _ = app.communicate(timeout=600)
+        sizes = {p.name: p.stat().st_size for p in d.iterdir() if p.suffix in (".dmtcp", ".img")}
+        subprocess.run([str(dmtcp / "dmtcp_command"), "--coord-port", port, "-q"], env=env, capture_output=True)
+        return {"mib": mib, "where": where, "checkpoint_s": wall, "ok": ck.returncode == 0 and "verified ok" in out,
+                "files_mib": {k: v >> 20 for k, v in sizes.items()}, "error": ck.stderr.strip()[-300:]}
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--sizes", default="1,4", help="GiB (\"64M\": MiB)")
+    ap.add_argument("--backend", default="gpu")
+    ap.add_argument("--ckpt-dir", default=tempfile.gettempdir())
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--out", default="bench-results")
+    args = ap.parse_args(argv)
+    from ckpt_run import parse_sizes
+
+    dmtcp = _dmtcp_bin()
+    rows = []
+    with tempfile.TemporaryDirectory() as build:
+        exe = Path(build) / "ckpt_bench"
+        subprocess.run(["nvcc", "-cudart", "shared", "-O2", "-o", str(exe), str(HERE / "ckpt_bench.cu")], check=True)
+        for mib in parse_sizes(args.sizes):
+            for _ in range(args.repeat):
+                for where in ("device", "host"):  # alternating, as the microbenchmarks do
+                    row = _one(exe, mib, where, args.backend, Path(args.ckpt_dir), dmtcp)
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "dmtcp_placement.json").write_text(json.dumps(rows, indent=1))
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
