@@ -163,7 +163,8 @@ def test_recover_from_image_after_the_proxy_died(build, backend: str, steps: int
     """NVPROXY_RECOVER: a new proxy starts from the last image; the program,
     checkpointed while it waited between steps, finishes as if nothing happened.
     With 6 steps the call that finds the proxy gone is the first launch of a
-    kernel (`finish`), whose lookup self-deadlocked in the shim once."""
+    kernel (`finish`), whose lookup self-deadlocked in the shim once; that variant
+    also reads the image through bounce buffers instead of registering its pages."""
     from conftest import run as plain_run
 
     from nvproxy.launcher import find_proxy
@@ -171,7 +172,7 @@ def test_recover_from_image_after_the_proxy_died(build, backend: str, steps: int
     exe = build("ckpt_steps")
     reference = plain_run(nvproxy_cmd(exe, backend, "ckpt_steps", str(steps), "0"))
     image = tmp_path / "last.img"
-    env = dict(os.environ, NVPROXY_RECOVER=str(image))
+    env = dict(os.environ, NVPROXY_RECOVER=str(image), NVPROXY_RESTORE_READ="map" if steps == 20 else "bounce")
     env.pop("LD_PRELOAD", None)
     app = subprocess.Popen(nvproxy_cmd(exe, backend, "ckpt_steps", str(steps), "400"), stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, env=env)

@@ -178,8 +178,10 @@ class GpuBackend:
         return self.capture.take()
 
     # ---- host memory ----
-    def host_register(self, addr: int, size: int) -> None:
+    def host_register(self, addr: int, size: int, read_only: bool = False) -> None:
         flags = cd.CU_MEMHOSTREGISTER_PORTABLE | cd.CU_MEMHOSTREGISTER_DEVICEMAP
+        if read_only:  # (a read-only mapping: an image file's pages)
+            flags |= cd.CU_MEMHOSTREGISTER_READ_ONLY
         cd.check(self.L.cuMemHostRegister_v2(ffi.cast("void *", addr), size, flags), "cuMemHostRegister")
 
     def host_unregister(self, addr: int, size: int) -> None:

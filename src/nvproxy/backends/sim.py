@@ -224,7 +224,7 @@ class SimBackend:
         return out
 
     # ---- host memory ----
-    def host_register(self, addr: int, size: int) -> None:
+    def host_register(self, addr: int, size: int, read_only: bool = False) -> None:
         self.mem.add(addr, size, libc.buffer(addr, size))
 
     def host_unregister(self, addr: int, size: int) -> None:

@@ -7,6 +7,7 @@ before the application is let go on."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,18 +23,34 @@ from .image import ImageError, parse_header, read_header
 
 
 class _FileImage:
+    """An image file: mapped and registered, so that its pages go to the device as they
+    are, or (NVPROXY_RESTORE_READ=bounce, or where registering it fails) read through
+    pinned bounce slots."""
+
     def __init__(self, path: str) -> None:
         self.what = path
         self.fd, self.header = read_header(path)
+        self.mapped: transfer.MappedFile | None = None
 
     def read(self, off: int, n: int) -> bytes:
         return os.pread(self.fd, n, off)
 
     def loader(self, m: transfer.Mover) -> tuple[Any, Any]:
+        if self.mapped is None and os.environ.get("NVPROXY_RESTORE_READ", "map") == "map":
+            try:
+                self.mapped = transfer.MappedFile(m.backend, m.dev, self.fd)
+            except (OSError, CudaError) as e:
+                print(f"nvproxy: reading {self.what} through bounce buffers (registering it: {e})", file=sys.stderr)
+        if self.mapped is not None:
+            mf = self.mapped
+            return (lambda va, n, off, crcs, what: transfer.host_to_device(m, mf, va, n, off, crcs, what)), (
+                lambda: None)
         b = transfer.Bounce(m)
         return (lambda va, n, off, crcs, what: transfer.file_to_device(b, self.fd, va, n, off, crcs, what)), b.close
 
     def close(self) -> None:
+        if self.mapped is not None:
+            self.mapped.close()
         os.close(self.fd)
 
 

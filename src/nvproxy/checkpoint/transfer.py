@@ -3,13 +3,19 @@
 - device_to_host / host_to_device: straight between device memory and the
   pinned host image buffer, on two streams, checksums on a pool of threads
   (the C checksum releases the GIL) overlapping the copies.
+- MappedFile + host_to_device: an image file mapped read-only and registered
+  as pinned memory piece by piece, ahead of the copies (no copy on the host:
+  the file's page-cache or tmpfs pages go to the device as they are).
 - file_to_device: from an image file, through pinned bounce slots, reading and
-  verifying on the pool while earlier chunks go to the device.
+  verifying on the pool while earlier chunks go to the device (where a file's
+  pages cannot be registered).
 Every chunk's checksum is verified before the chunk reaches the device."""
 
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -96,6 +102,76 @@ def host_to_device(m: Mover, himg: Any, va: int, size: int, off: int, crcs: list
                 f.cancel()
             raise ImageError(f"{what}: checksum mismatch in chunk {k}; the image is damaged")
         _copy(m, himg, off + c, n, va + c, False, m.streams[k % len(m.streams)])
+
+
+class MappedFile:
+    """An image file mapped read-only and registered as pinned memory in PIECE
+    pieces, on REGISTRARS threads, in file order, while earlier pieces are checked and
+    copied (registering existing pages ran at 12 GB/s per thread on the H200, ~22 on
+    two).  Raises OSError/CudaError at once if the first piece cannot be registered
+    (a file system or driver that does not allow it): the caller reads through bounce
+    slots instead."""
+
+    PIECE = 256 << 20
+    REGISTRARS = 3
+
+    def __init__(self, backend: Any, dev: int, fd: int) -> None:
+        self.backend, self.dev = backend, dev
+        self.size = os.fstat(fd).st_size
+        self.base = libc.map_anywhere(fd, self.size, writable=False)
+        self.ready = [threading.Event() for _ in range(0, self.size, self.PIECE)]
+        self.failed: BaseException | None = None
+        self.registered: list[int] = []
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        try:
+            self._register(0)
+        except BaseException:
+            libc.unmap(self.base, self.size)
+            raise
+        self._pool = ThreadPoolExecutor(self.REGISTRARS, thread_name_prefix="nvproxy-register")
+        for i in range(1, len(self.ready)):
+            self._pool.submit(self._register_noting, i)
+
+    def _span(self, i: int) -> tuple[int, int]:
+        return self.base + i * self.PIECE, min(self.PIECE, self.size - i * self.PIECE)
+
+    def _register(self, i: int) -> None:
+        addr, n = self._span(i)
+        self.backend.activate(self.dev)
+        libc.populate_read(addr, n)  # (page tables on this thread: registration alone faults them one by one)
+        self.backend.host_register(addr, n, read_only=True)
+        with self._lock:
+            self.registered.append(i)
+        self.ready[i].set()
+
+    def _register_noting(self, i: int) -> None:
+        try:
+            if self.failed is None:
+                self._register(i)
+        except BaseException as e:
+            self.failed = e
+        finally:
+            self.ready[i].set()
+
+    def pieces(self, off: int, n: int) -> Iterator[tuple[int, int]]:
+        """(address, length) pieces of [off, off+n), each inside one registration, once it is made."""
+        while n > 0:
+            i = off // self.PIECE
+            self.ready[i].wait()
+            if i not in self.registered:
+                raise ImageError(f"registering the image file as pinned memory failed: {self.failed}")
+            k = min(n, (i + 1) * self.PIECE - off)
+            yield self.base + off, k
+            off, n = off + k, n - k
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        self.backend.activate(self.dev)
+        for i in self.registered:
+            self.backend.host_unregister(*self._span(i))
+        libc.unmap(self.base, self.size)
 
 
 class Bounce:

@@ -56,7 +56,7 @@ def map_over(fd: int, addr: int, size: int, offset: int) -> None:
         raise OSError(ffi.errno, os.strerror(ffi.errno))
 
 
-MADV_POPULATE_WRITE = 23  # Linux 5.14
+MADV_POPULATE_READ, MADV_POPULATE_WRITE = 22, 23  # Linux 5.14
 
 
 def populate(addr: int, size: int) -> None:
@@ -67,8 +67,17 @@ def populate(addr: int, size: int) -> None:
             p[off] = p[off]
 
 
-def map_anywhere(fd: int, size: int) -> int:
-    p = _c.mmap(ffi.NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+def populate_read(addr: int, size: int) -> None:
+    """Page table entries for a read-only mapping of pages that exist (a file in the page cache)."""
+    if _c.madvise(ffi.cast("void *", addr), size, MADV_POPULATE_READ) != 0:
+        p = ffi.cast("volatile char *", addr)
+        for off in range(0, size, 4096):
+            p[off]
+
+
+def map_anywhere(fd: int, size: int, writable: bool = True) -> int:
+    prot = PROT_READ | (PROT_WRITE if writable else 0)
+    p = _c.mmap(ffi.NULL, size, prot, MAP_SHARED, fd, 0)
     if p == MAP_FAILED:
         raise OSError(ffi.errno, os.strerror(ffi.errno))
     return int(ffi.cast("uintptr_t", p))
