@@ -124,7 +124,11 @@ def measure(exe: Path, mib: int, td: Path, backend: str) -> dict:
            "migrate_rc": m.returncode}
     if from_file:
         fs = float(from_file.group(2))
-        row.update(file_restore_s=fs, file_restore_gbps=int(from_file.group(1)) * 2**20 / max(fs, 1e-3) / 1e9)
+        row.update(file_restore_s=fs, file_restore_gbps=int(from_file.group(1)) * 2**20 / max(fs, 1e-3) / 1e9,
+                   file_restore_read=os.environ.get("NVPROXY_RESTORE_READ", "map"))
+        phases = re.search(r"from \S+ in [\d.]+ s \([\d.]+ GB/s; s per phase: ([^)]*)\)", stderr)
+        if phases:
+            row["file_restore_phases_s"] = {k: float(v) for k, v in (x.split() for x in phases.group(1).split(", "))}
     ck = re.search(r"copied out in ([\d.]+) s \(([\d.]+) GB/s\); the application was stopped ([\d.]+) s; "
                    r"file written in ([\d.]+) s", r.stdout)
     if ck:

@@ -68,8 +68,9 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         except (ImageError, OSError) as e:
             print(f"nvproxy: cannot recover from {args.restore}: {e}", file=sys.stderr)
             return 1
-        print(f"nvproxy: restored {stats['device_bytes'] >> 20} MiB from {args.restore} in {stats['seconds']:.2f} s",
-              file=sys.stderr)
+        phases = ", ".join(f"{k} {v:.3f}" for k, v in stats["phases"].items())
+        print(f"nvproxy: restored {stats['device_bytes'] >> 20} MiB from {args.restore} in {stats['seconds']:.3f} s "
+              f"({stats['gbps']:.1f} GB/s; s per phase: {phases})", file=sys.stderr)
         server = Server(args.socket, args.owner_pid, backend, dispatch)
     else:
         server = Server(args.socket, args.owner_pid, backend, dispatch)
