@@ -127,6 +127,9 @@ def measure(exe: Path, mib: int, td: Path, backend: str) -> dict:
         row.update(file_restore_s=fs, file_restore_gbps=int(from_file.group(1)) * 2**20 / max(fs, 1e-3) / 1e9,
                    file_restore_read=os.environ.get("NVPROXY_RESTORE_READ", "map"))
         phases = re.search(r"from \S+ in [\d.]+ s \([\d.]+ GB/s; s per phase: ([^)]*)\)", stderr)
+        fallback = [line for line in stderr.splitlines() if "bounce buffers" in line]
+        if fallback:
+            row["file_restore_note"] = fallback[0]
         if phases:
             row["file_restore_phases_s"] = {k: float(v) for k, v in (x.split() for x in phases.group(1).split(", "))}
     ck = re.search(r"copied out in ([\d.]+) s \(([\d.]+) GB/s\); the application was stopped ([\d.]+) s; "

@@ -53,6 +53,10 @@ class _FileImage:
             self.mapped.close()
         os.close(self.fd)
 
+    def note(self, phases: dict[str, float]) -> None:
+        if self.mapped is not None and self.mapped.t_done:
+            phases["file_registered"] = self.mapped.t_done - self.mapped.t0
+
 
 class _MemoryImage:
     def __init__(self, himg: HostImage) -> None:
@@ -93,6 +97,8 @@ def restore_image(state: ProcessState, source: str | HostImage, host_fds: dict[i
         except CudaError as e:
             raise ImageError(f"restoring {img.what} failed: CUDA error {e.code} ({e})") from None
     finally:
+        if isinstance(img, _FileImage):
+            img.note(phases)
         img.close()
     total = sum(r["size"] for r in img.header["regions"] if r["kind"] == "mem")
     seconds = time.monotonic() - t0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -129,6 +130,7 @@ class MappedFile:
         self.registered: list[int] = []
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
+        self.t0, self.t_done = time.monotonic(), 0.0  # (reported: registration is what limits this path)
         try:
             self._register(0)
         except BaseException:
@@ -148,6 +150,7 @@ class MappedFile:
         self.backend.host_register(addr, n, read_only=True)
         with self._lock:
             self.registered.append(i)
+            self.t_done = max(self.t_done, time.monotonic())
         self.ready[i].set()
 
     def _register_noting(self, i: int) -> None:
