@@ -28,6 +28,7 @@ PROGRAMS = [
     ("managed", ()),
     ("stream_attrs", ()),
     ("graphs", ()),
+    ("graph_nodes", ()),
 ]
 IDS = ["-".join((n, *a)) for n, a in PROGRAMS]
 

@@ -232,3 +232,10 @@ def test_graphs_survive_migration(build, backend: str) -> None:
     """A graph made by stream capture (kernels on two streams, a copy, a host function) is captured again
     from the proxy's log in the new proxy, and launching it goes on giving the same results."""
     migrate_mid_run(build, backend, "graphs", ("8",), "run 2:")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_node_built_graphs_survive_migration(build, backend: str) -> None:
+    """Graphs built node by node (copies, memset, kernels, a host node, an updated kernel node, a clone) are
+    built again in the new proxy from their recorded node additions, and launches go on as before."""
+    migrate_mid_run(build, backend, "graph_nodes", ("8",), "run 2:")

@@ -43,10 +43,10 @@ def test_unsupported_call_fails_loudly(build, backend: str) -> None:
     assert r.stdout.splitlines() == [
         "cudaIpcGetMemHandle: cudaErrorNotSupported",
         "last error: cudaErrorNotSupported",
-        "cudaGraphCreate: cudaErrorNotSupported",
+        "pageable memcpy node: cudaErrorNotSupported",
     ]
     lines = [line for line in r.stderr.splitlines() if "not supported by nvproxy" in line]
-    assert len(lines) == 2 and "cudaIpcGetMemHandle" in lines[0] and "cudaGraphCreate" in lines[1]
+    assert len(lines) == 2 and "cudaIpcGetMemHandle" in lines[0] and "cudaGraphAddMemcpyNode1D" in lines[1]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

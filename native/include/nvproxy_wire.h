@@ -83,7 +83,19 @@
 #define NVP_OP_GRAPH_INSTANTIATE 47 /* a0 exec id (new), a1 graph id, a2 flags */
 #define NVP_OP_GRAPH_LAUNCH 48    /* a0 exec id, a1 stream, a2 0 launch / 1 upload */
 #define NVP_OP_GRAPH_DESTROY 49   /* a0 id, a1 0 graph / 1 exec */
-#define NVP_OP_COUNT 50
+#define NVP_OP_GRAPH_CREATE 50    /* a0 graph id (new), a1 flags */
+#define NVP_OP_GRAPH_ADD_NODE 51  /* a0 graph id, a1 node id (new), a2 NVP_NODE_*, a3 dependencies;
+                                     payload: u32 node ids (dependencies, padded to 8 bytes), then the kind's body */
+#define NVP_OP_GRAPH_EXEC_KERNEL 52 /* a0 exec id, a1 kernel node id; payload: an NVP_NODE_KERNEL body */
+#define NVP_OP_GRAPH_CLONE 53     /* a0 graph id (new), a1 graph id */
+#define NVP_OP_COUNT 54
+
+/* node bodies (little-endian, packed as listed) */
+#define NVP_NODE_KERNEL 1 /* u32 kernel id, u32 grid[3], u32 block[3], u32 shmem, u32 param bytes; params */
+#define NVP_NODE_MEMCPY 2 /* u64 dst, src, width bytes, height, depth, dst pitch, src pitch, dst rows, src rows */
+#define NVP_NODE_MEMSET 3 /* u64 dst, pitch, u32 value, u32 element size, u64 width (elements), height */
+#define NVP_NODE_HOST 4   /* u64 callback id (run in the application, kept) */
+#define NVP_NODE_EMPTY 5
 #define NVP_STREAM_ATTR_BYTES 64
 
 /* launch flags */

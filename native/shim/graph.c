@@ -1,14 +1,22 @@
-/* CUDA graphs made by stream capture: begin/end capture, capture status,
- * instantiate, launch, upload, destroy.  Graphs and executable graphs are
- * nvproxy handles; the proxy captures with the driver and keeps the captured
- * calls, so a restore captures them again (docs/usage.md).  Graphs built node
- * by node (cudaGraphCreate, cudaGraphAdd*Node) are not supported yet. */
+/* CUDA graphs: made by stream capture (begin/end capture, capture status) or
+ * node by node (create; kernel, memcpy, memset, host and empty nodes; clone),
+ * then instantiated, launched, uploaded, updated (kernel nodes of an executable
+ * graph) and destroyed.  Graphs, executable graphs and nodes are nvproxy
+ * handles; the proxy keeps the calls that made each graph, so a restore makes
+ * it again (docs/usage.md). */
 #include "shim.h"
 
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 struct graph_rec {
     int device;
+};
+
+struct node_rec {
+    uint32_t graph; /* the graph's wire id */
+    int kind;
 };
 
 static cudaError_t capture_begin(cudaStream_t s, enum cudaStreamCaptureMode mode, int ptds)
@@ -207,4 +215,242 @@ NVP_EXPORT cudaError_t cudaGraphDestroy(cudaGraph_t graph) { return nvp_ret(dest
 NVP_EXPORT cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
 {
     return nvp_ret(destroy(NVP_H_GRAPH_EXEC, (uint64_t)(uintptr_t)exec));
+}
+
+/* ---- graphs built node by node ---- */
+
+NVP_EXPORT cudaError_t cudaGraphCreate(cudaGraph_t *graph, unsigned int flags)
+{
+    cudaError_t e = nvp_enter();
+    if (e)
+        return nvp_ret(e);
+    if (!graph || flags)
+        return nvp_ret(cudaErrorInvalidValue);
+    struct graph_rec rec = {nvp_current_device()};
+    uint64_t h = nvp_handle_new(NVP_H_GRAPH, &rec, sizeof rec);
+    if (!h)
+        return nvp_ret(cudaErrorMemoryAllocation);
+    uint64_t a[NVP_MAX_ARGS] = {nvp_handle_id(h), flags};
+    if ((e = nvp_call(NVP_OP_GRAPH_CREATE, a, NULL, 0, NULL, -1))) {
+        nvp_handle_free(NVP_H_GRAPH, h);
+        return nvp_ret(e);
+    }
+    *graph = (cudaGraph_t)(uintptr_t)h;
+    return cudaSuccess;
+}
+
+NVP_EXPORT cudaError_t cudaGraphClone(cudaGraph_t *clone, cudaGraph_t graph)
+{
+    cudaError_t e = nvp_enter();
+    if (e)
+        return nvp_ret(e);
+    struct graph_rec rec;
+    if (!clone || nvp_handle_get(NVP_H_GRAPH, (uint64_t)(uintptr_t)graph, &rec, sizeof rec) != 0)
+        return nvp_ret(cudaErrorInvalidValue);
+    uint64_t h = nvp_handle_new(NVP_H_GRAPH, &rec, sizeof rec);
+    if (!h)
+        return nvp_ret(cudaErrorMemoryAllocation);
+    uint64_t a[NVP_MAX_ARGS] = {nvp_handle_id(h), nvp_handle_id((uint64_t)(uintptr_t)graph)};
+    if ((e = nvp_call(NVP_OP_GRAPH_CLONE, a, NULL, 0, NULL, -1))) {
+        nvp_handle_free(NVP_H_GRAPH, h);
+        return nvp_ret(e);
+    }
+    *clone = (cudaGraph_t)(uintptr_t)h;
+    return cudaSuccess;
+}
+
+/* body: the kind's bytes; the dependencies go first, as node ids */
+static cudaError_t add_node(cudaGraphNode_t *node, cudaGraph_t graph, const cudaGraphNode_t *deps, size_t ndeps,
+                            int kind, const void *body, size_t blen)
+{
+    cudaError_t e = nvp_enter();
+    if (e)
+        return e;
+    uint64_t g = (uint64_t)(uintptr_t)graph;
+    if (!node || nvp_handle_get(NVP_H_GRAPH, g, NULL, 0) != 0 || (ndeps && !deps) || ndeps > 4096)
+        return cudaErrorInvalidValue;
+    size_t dlen = (ndeps * 4 + 7) / 8 * 8;
+    unsigned char *payload = calloc(1, dlen + blen + 1);
+    if (!payload)
+        return cudaErrorMemoryAllocation;
+    for (size_t i = 0; i < ndeps; i++) {
+        struct node_rec d;
+        uint64_t dh = (uint64_t)(uintptr_t)deps[i];
+        if (nvp_handle_get(NVP_H_GRAPH_NODE, dh, &d, sizeof d) != 0 || d.graph != nvp_handle_id(g)) {
+            free(payload);
+            return cudaErrorInvalidValue; /* (native: a node of another graph is invalid too) */
+        }
+        uint32_t id = nvp_handle_id(dh);
+        memcpy(payload + 4 * i, &id, 4);
+    }
+    memcpy(payload + dlen, body, blen);
+    struct node_rec rec = {nvp_handle_id(g), kind};
+    uint64_t h = nvp_handle_new(NVP_H_GRAPH_NODE, &rec, sizeof rec);
+    if (!h) {
+        free(payload);
+        return cudaErrorMemoryAllocation;
+    }
+    uint64_t a[NVP_MAX_ARGS] = {nvp_handle_id(g), nvp_handle_id(h), (uint64_t)kind, ndeps};
+    e = nvp_call(NVP_OP_GRAPH_ADD_NODE, a, payload, dlen + blen, NULL, -1);
+    free(payload);
+    if (e) {
+        nvp_handle_free(NVP_H_GRAPH_NODE, h);
+        return e;
+    }
+    *node = (cudaGraphNode_t)(uintptr_t)h;
+    return cudaSuccess;
+}
+
+/* NVP_NODE_KERNEL body from cudaKernelNodeParams (into buf, which holds MAX_PARAM_BYTES + 32) */
+static cudaError_t kernel_body(const struct cudaKernelNodeParams *p, unsigned char *buf, size_t *len)
+{
+    if (!p)
+        return cudaErrorInvalidValue;
+    if (p->extra)
+        return nvp_unsupported("cudaKernelNodeParams.extra");
+    uint32_t kid;
+    size_t n;
+    cudaError_t e = nvp_pack_kernel(p->func, p->gridDim, p->blockDim, p->sharedMemBytes, p->kernelParams, &kid,
+                                    buf + 36, MAX_PARAM_BYTES, &n);
+    if (e)
+        return e;
+    uint32_t h[9] = {kid, p->gridDim.x, p->gridDim.y, p->gridDim.z, p->blockDim.x, p->blockDim.y, p->blockDim.z,
+                     p->sharedMemBytes, (uint32_t)n};
+    memcpy(buf, h, sizeof h);
+    *len = 36 + n;
+    return cudaSuccess;
+}
+
+NVP_EXPORT cudaError_t cudaGraphAddKernelNode(cudaGraphNode_t *node, cudaGraph_t graph,
+                                              const cudaGraphNode_t *deps, size_t ndeps,
+                                              const struct cudaKernelNodeParams *params)
+{
+    unsigned char *buf = malloc(MAX_PARAM_BYTES + 64);
+    if (!buf)
+        return nvp_ret(cudaErrorMemoryAllocation);
+    size_t len;
+    cudaError_t e = kernel_body(params, buf, &len);
+    if (!e)
+        e = add_node(node, graph, deps, ndeps, NVP_NODE_KERNEL, buf, len);
+    free(buf);
+    return nvp_ret(e);
+}
+
+NVP_EXPORT cudaError_t cudaGraphExecKernelNodeSetParams(cudaGraphExec_t exec, cudaGraphNode_t node,
+                                                        const struct cudaKernelNodeParams *params)
+{
+    cudaError_t e = nvp_enter();
+    if (e)
+        return nvp_ret(e);
+    struct node_rec n;
+    if (nvp_handle_get(NVP_H_GRAPH_EXEC, (uint64_t)(uintptr_t)exec, NULL, 0) != 0 ||
+        nvp_handle_get(NVP_H_GRAPH_NODE, (uint64_t)(uintptr_t)node, &n, sizeof n) != 0 || n.kind != NVP_NODE_KERNEL)
+        return nvp_ret(cudaErrorInvalidValue);
+    unsigned char *buf = malloc(MAX_PARAM_BYTES + 64);
+    if (!buf)
+        return nvp_ret(cudaErrorMemoryAllocation);
+    size_t len;
+    if (!(e = kernel_body(params, buf, &len))) {
+        uint64_t a[NVP_MAX_ARGS] = {nvp_handle_id((uint64_t)(uintptr_t)exec), nvp_handle_id((uint64_t)(uintptr_t)node)};
+        e = nvp_call(NVP_OP_GRAPH_EXEC_KERNEL, a, buf, len, NULL, -1);
+    }
+    free(buf);
+    return nvp_ret(e);
+}
+
+/* Memory a graph's copy or memset may touch: device memory, or host memory the
+ * proxy shares (pinned, registered, managed); the proxy cannot reach pageable
+ * memory when the graph runs later. */
+static cudaError_t reachable(const char *call, uint64_t p, uint64_t n)
+{
+    if (nvp_is_device_ptr(p) || nvp_host_shared(p, n ? n : 1, NULL))
+        return cudaSuccess;
+    nvp_log("nvproxy: %s: pageable host memory at %#llx in a graph node is not supported by nvproxy "
+            "(use pinned memory); returning cudaErrorNotSupported", call, (unsigned long long)p);
+    return cudaErrorNotSupported;
+}
+
+static cudaError_t memcpy_node(cudaGraphNode_t *node, cudaGraph_t graph, const cudaGraphNode_t *deps, size_t ndeps,
+                               const char *call, uint64_t dst, uint64_t src, uint64_t width, uint64_t height,
+                               uint64_t depth, uint64_t dpitch, uint64_t spitch, uint64_t drows, uint64_t srows)
+{
+    uint64_t span_d = depth ? ((depth - 1) * drows + (height - 1)) * dpitch + width : 0;
+    uint64_t span_s = depth ? ((depth - 1) * srows + (height - 1)) * spitch + width : 0;
+    if (width && height && depth) {
+        cudaError_t e;
+        if ((e = reachable(call, dst, span_d)) || (e = reachable(call, src, span_s)))
+            return e;
+    }
+    uint64_t body[9] = {dst, src, width, height, depth, dpitch, spitch, drows, srows};
+    return add_node(node, graph, deps, ndeps, NVP_NODE_MEMCPY, body, sizeof body);
+}
+
+NVP_EXPORT cudaError_t cudaGraphAddMemcpyNode1D(cudaGraphNode_t *node, cudaGraph_t graph,
+                                                const cudaGraphNode_t *deps, size_t ndeps, void *dst,
+                                                const void *src, size_t count, enum cudaMemcpyKind kind)
+{
+    if ((unsigned)kind > cudaMemcpyDefault)
+        return nvp_ret(cudaErrorInvalidMemcpyDirection);
+    return nvp_ret(memcpy_node(node, graph, deps, ndeps, "cudaGraphAddMemcpyNode1D", (uint64_t)(uintptr_t)dst,
+                               (uint64_t)(uintptr_t)src, count, 1, 1, count, count, 1, 1));
+}
+
+NVP_EXPORT cudaError_t cudaGraphAddMemcpyNode(cudaGraphNode_t *node, cudaGraph_t graph,
+                                              const cudaGraphNode_t *deps, size_t ndeps,
+                                              const struct cudaMemcpy3DParms *p)
+{
+    if (!p)
+        return nvp_ret(cudaErrorInvalidValue);
+    if (p->srcArray || p->dstArray)
+        return nvp_unsupported("cudaGraphAddMemcpyNode with CUDA arrays");
+    if ((unsigned)p->kind > cudaMemcpyDefault)
+        return nvp_ret(cudaErrorInvalidMemcpyDirection);
+    const struct cudaPitchedPtr *s = &p->srcPtr, *d = &p->dstPtr;
+    if (!p->extent.width || !p->extent.height || !p->extent.depth)
+        return nvp_ret(cudaErrorInvalidValue);
+    uint64_t srows = s->ysize ? s->ysize : p->extent.height, drows = d->ysize ? d->ysize : p->extent.height;
+    uint64_t src = (uint64_t)(uintptr_t)s->ptr + p->srcPos.x + (p->srcPos.y + p->srcPos.z * srows) * s->pitch;
+    uint64_t dst = (uint64_t)(uintptr_t)d->ptr + p->dstPos.x + (p->dstPos.y + p->dstPos.z * drows) * d->pitch;
+    if (p->extent.width > s->pitch || p->extent.width > d->pitch)
+        return nvp_ret(cudaErrorInvalidPitchValue);
+    return nvp_ret(memcpy_node(node, graph, deps, ndeps, "cudaGraphAddMemcpyNode", dst, src, p->extent.width,
+                               p->extent.height, p->extent.depth, d->pitch, s->pitch, drows, srows));
+}
+
+NVP_EXPORT cudaError_t cudaGraphAddMemsetNode(cudaGraphNode_t *node, cudaGraph_t graph,
+                                              const cudaGraphNode_t *deps, size_t ndeps,
+                                              const struct cudaMemsetParams *p)
+{
+    if (!p || (p->elementSize != 1 && p->elementSize != 2 && p->elementSize != 4) || !p->width || !p->height ||
+        (p->height > 1 && p->pitch < p->width * p->elementSize))
+        return nvp_ret(cudaErrorInvalidValue);
+    if (!nvp_is_device_ptr((uint64_t)(uintptr_t)p->dst))
+        return nvp_ret(cudaErrorInvalidValue); /* (native: memset nodes write device memory only) */
+    struct {
+        uint64_t dst, pitch;
+        uint32_t value, elsize;
+        uint64_t width, height;
+    } body = {(uint64_t)(uintptr_t)p->dst, p->height > 1 ? p->pitch : 0, p->value, p->elementSize, p->width,
+              p->height};
+    return nvp_ret(add_node(node, graph, deps, ndeps, NVP_NODE_MEMSET, &body, sizeof body));
+}
+
+NVP_EXPORT cudaError_t cudaGraphAddHostNode(cudaGraphNode_t *node, cudaGraph_t graph, const cudaGraphNode_t *deps,
+                                            size_t ndeps, const struct cudaHostNodeParams *p)
+{
+    if (!p || !p->fn)
+        return nvp_ret(cudaErrorInvalidValue);
+    cudaError_t e = nvp_enter();
+    if (e)
+        return nvp_ret(e);
+    uint64_t id = nvp_host_node_callback((void *)p->fn, p->userData);
+    if (!id)
+        return nvp_ret(cudaErrorMemoryAllocation);
+    return nvp_ret(add_node(node, graph, deps, ndeps, NVP_NODE_HOST, &id, sizeof id));
+}
+
+NVP_EXPORT cudaError_t cudaGraphAddEmptyNode(cudaGraphNode_t *node, cudaGraph_t graph, const cudaGraphNode_t *deps,
+                                             size_t ndeps)
+{
+    return nvp_ret(add_node(node, graph, deps, ndeps, NVP_NODE_EMPTY, NULL, 0));
 }

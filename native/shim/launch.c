@@ -9,7 +9,7 @@
 #define FATBIN_WRAPPER_MAGIC 0x466243b1u
 #define FATBIN_MAGIC 0xba55ed50u
 #define KERNEL_MAGIC 0x6b65726eu
-#define MAX_PARAM_BYTES 32764
+
 #define CONFIG_DEPTH 16
 
 struct module {
@@ -476,6 +476,34 @@ static cudaError_t check_config(const struct kernel *k, dim3 g, dim3 b, size_t s
 }
 
 static __thread unsigned char param_buf[MAX_PARAM_BYTES + 4];
+
+/* A launch's kernel id and parameter block, checked as a launch checks them
+ * (graph kernel nodes are launches made later). */
+cudaError_t nvp_pack_kernel(const void *func, dim3 grid, dim3 block, size_t shmem, void **args, uint32_t *kid,
+                            unsigned char *buf, size_t cap, size_t *size)
+{
+    cudaError_t e = nvp_connect();
+    if (e)
+        return e;
+    struct kernel *k = func ? kernel_of(func) : NULL;
+    if (!k)
+        return cudaErrorInvalidDeviceFunction;
+    if ((e = kernel_ready(k)) || (e = check_config(k, grid, block, shmem)))
+        return e;
+    size_t total = k->info.param_size;
+    if (total > cap || (k->info.nparams && !args))
+        return cudaErrorInvalidValue;
+    memset(buf, 0, total);
+    for (uint32_t i = 0; i < k->info.nparams; i++) {
+        const struct nvp_param *p = &k->params[i];
+        if ((size_t)p->offset + p->size > total)
+            return cudaErrorInvalidValue;
+        memcpy(buf + p->offset, args[i], p->size);
+    }
+    *kid = k->id;
+    *size = total;
+    return cudaSuccess;
+}
 
 cudaError_t nvp_launch(const void *func, dim3 grid, dim3 block, void **args, size_t shmem, cudaStream_t stream,
                        int per_thread, unsigned flags)

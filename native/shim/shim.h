@@ -64,6 +64,10 @@ void nvp_par_memcpy(void *dst, const void *src, size_t n); /* memcpy on several 
 void nvp_parcopy_after_fork(void);
 /* Print one line to stderr naming a call nvproxy does not support. */
 cudaError_t nvp_unsupported(const char *call);
+#define MAX_PARAM_BYTES 32764 /* the largest kernel parameter block (CUDA 12.1+) */
+cudaError_t nvp_pack_kernel(const void *func, dim3 grid, dim3 block, size_t shmem, void **args, uint32_t *kid,
+                            unsigned char *buf, size_t cap, size_t *size);
+uint64_t nvp_host_node_callback(void *fn, void *data); /* 0 on failure */
 void nvp_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int nvp_trace_enabled(void);
 
@@ -116,7 +120,7 @@ cudaError_t nvp_host_alloc(void **p, size_t size, unsigned flags, int kind);
 cudaError_t nvp_host_free(const struct nvp_host_region *h);
 
 /* Handle tables: streams and events are small IDs owned by nvproxy. */
-enum nvp_handle_type { NVP_H_STREAM = 1, NVP_H_EVENT = 2, NVP_H_GRAPH = 3, NVP_H_GRAPH_EXEC = 4 };
+enum nvp_handle_type { NVP_H_STREAM = 1, NVP_H_EVENT = 2, NVP_H_GRAPH = 3, NVP_H_GRAPH_EXEC = 4, NVP_H_GRAPH_NODE = 5 };
 struct nvp_stream_rec {
     int device;
     unsigned flags;

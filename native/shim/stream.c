@@ -314,6 +314,11 @@ cudaError_t nvp_callbacks_start(void)
     return cudaSuccess;
 }
 
+uint64_t nvp_host_node_callback(void *fn, void *data)
+{
+    return nvp_callbacks_start() ? 0 : callback_add(0, fn, data, NULL);
+}
+
 static cudaError_t host_func(cudaStream_t s, int with_status, void *fn, void *data, int per_thread)
 {
     int64_t w;

@@ -187,9 +187,9 @@ static struct {
     uint32_t free_head; /* reuse: a simple stack of freed indices */
     uint32_t *freed;
     uint32_t nfreed;
-} tables[5] = {{PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0, 0, 0}, {PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0, 0, 0},
+} tables[6] = {{PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0, 0, 0}, {PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0, 0, 0},
                {PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0, 0, 0}, {PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0, 0, 0},
-               {PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0, 0, 0}};
+               {PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0, 0, 0}, {PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0, 0, 0}};
 
 uint64_t nvp_handle_new(int type, const void *rec, size_t rec_size)
 {

@@ -10,6 +10,10 @@ int main() {
     printf("cudaIpcGetMemHandle: %s\n", cudaGetErrorName(e));
     printf("last error: %s\n", cudaGetErrorName(cudaGetLastError()));
     cudaGraph_t g;
-    printf("cudaGraphCreate: %s\n", cudaGetErrorName(cudaGraphCreate(&g, 0)));
+    CHECK(cudaGraphCreate(&g, 0));
+    static char pageable[64];  // a graph copy runs later, in the proxy: it cannot reach pageable memory
+    cudaGraphNode_t n;
+    printf("pageable memcpy node: %s\n",
+           cudaGetErrorName(cudaGraphAddMemcpyNode1D(&n, g, NULL, 0, p, pageable, 64, cudaMemcpyHostToDevice)));
     return 0;
 }

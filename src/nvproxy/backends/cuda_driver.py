@@ -49,6 +49,21 @@ typedef struct {
     size_t dstPitch;
     size_t WidthInBytes, Height;
 } CUDA_MEMCPY2D;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct {
+    size_t srcXInBytes, srcY, srcZ, srcLOD; int srcMemoryType; const void *srcHost; CUdeviceptr srcDevice;
+    void *srcArray; void *reserved0; size_t srcPitch, srcHeight;
+    size_t dstXInBytes, dstY, dstZ, dstLOD; int dstMemoryType; void *dstHost; CUdeviceptr dstDevice;
+    void *dstArray; void *reserved1; size_t dstPitch, dstHeight;
+    size_t WidthInBytes, Height, Depth;
+} CUDA_MEMCPY3D;
+typedef struct {
+    CUfunction func; unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    void **kernelParams; void **extra; void *kern; CUcontext ctx;
+} CUDA_KERNEL_NODE_PARAMS;
+typedef struct { CUdeviceptr dst; size_t pitch; unsigned int value, elementSize; size_t width, height; }
+    CUDA_MEMSET_NODE_PARAMS;
+typedef struct { CUhostFn fn; void *userData; } CUDA_HOST_NODE_PARAMS;
 
 CUresult cuGetErrorName(CUresult error, const char **pStr);
 CUresult cuCtxSetCurrent(CUcontext ctx);
@@ -107,6 +122,18 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, u
 CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream);
 CUresult cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream);
 CUresult cuGraphDestroy(CUgraph hGraph);
+CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags);
+CUresult cuGraphClone(CUgraph *phGraphClone, CUgraph originalGraph);
+CUresult cuGraphAddKernelNode_v2(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                 const CUDA_KERNEL_NODE_PARAMS *p);
+CUresult cuGraphAddMemcpyNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                              const CUDA_MEMCPY3D *p, CUcontext ctx);
+CUresult cuGraphAddMemsetNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                              const CUDA_MEMSET_NODE_PARAMS *p, CUcontext ctx);
+CUresult cuGraphAddHostNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                            const CUDA_HOST_NODE_PARAMS *p);
+CUresult cuGraphAddEmptyNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t ndeps);
+CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec x, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS *p);
 CUresult cuGraphExecDestroy(CUgraphExec hGraphExec);
 CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags);
 CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData);

@@ -295,6 +295,84 @@ class GpuBackend:
     def graph_exec_destroy(self, x: object) -> None:
         cd.check(self.L.cuGraphExecDestroy(x), "cuGraphExecDestroy")
 
+    # ---- graphs built node by node ----
+    def graph_create(self, dev: int) -> object:
+        self.activate(dev)
+        g = ffi.new("CUgraph *")
+        cd.check(self.L.cuGraphCreate(g, 0), "cuGraphCreate")
+        return g[0]
+
+    def graph_clone(self, g: object) -> object:
+        c = ffi.new("CUgraph *")
+        cd.check(self.L.cuGraphClone(c, g), "cuGraphClone")
+        return c[0]
+
+    @staticmethod
+    def _deps(deps: list[object]) -> object:
+        return ffi.new("CUgraphNode[]", deps) if deps else ffi.NULL
+
+    def _kernel_params(self, k: GpuKernel, grid: tuple[int, int, int], block: tuple[int, int, int], shmem: int,
+                       params: bytes) -> tuple[object, object]:
+        """The node's parameters, and what must stay alive until the driver has taken them."""
+        buf = ffi.new("char[]", params or b"\0")
+        ptrs = ffi.new("void *[]", [buf + o for o, _ in k.params] or [ffi.NULL])
+        kp = ffi.new("CUDA_KERNEL_NODE_PARAMS *")
+        kp.func = k.handle
+        kp.gridDimX, kp.gridDimY, kp.gridDimZ = grid
+        kp.blockDimX, kp.blockDimY, kp.blockDimZ = block
+        kp.sharedMemBytes = shmem
+        kp.kernelParams = ptrs
+        return kp, (buf, ptrs)
+
+    def graph_add_kernel(self, g: object, deps: list[object], k: GpuKernel, grid: tuple[int, int, int],
+                         block: tuple[int, int, int], shmem: int, params: bytes) -> object:
+        n = ffi.new("CUgraphNode *")
+        kp, _alive = self._kernel_params(k, grid, block, shmem, params)
+        cd.check(self.L.cuGraphAddKernelNode_v2(n, g, self._deps(deps), len(deps), kp), "cuGraphAddKernelNode")
+        return n[0]
+
+    def graph_exec_kernel(self, x: object, node: object, k: GpuKernel, grid: tuple[int, int, int],
+                          block: tuple[int, int, int], shmem: int, params: bytes) -> None:
+        kp, _alive = self._kernel_params(k, grid, block, shmem, params)
+        cd.check(self.L.cuGraphExecKernelNodeSetParams_v2(x, node, kp), "cuGraphExecKernelNodeSetParams")
+
+    def graph_add_memcpy(self, g: object, deps: list[object], dst: int, src: int, width: int, height: int,
+                         depth: int, dpitch: int, spitch: int, drows: int, srows: int) -> object:
+        c = ffi.new("CUDA_MEMCPY3D *")
+        c.srcMemoryType = c.dstMemoryType = cd.CU_MEMORYTYPE_UNIFIED
+        c.srcDevice, c.srcPitch, c.srcHeight = src, spitch, srows
+        c.dstDevice, c.dstPitch, c.dstHeight = dst, dpitch, drows
+        c.WidthInBytes, c.Height, c.Depth = width, height, depth
+        n = ffi.new("CUgraphNode *")
+        cd.check(self.L.cuGraphAddMemcpyNode(n, g, self._deps(deps), len(deps), c, self._context(self._tls.dev)),
+                 "cuGraphAddMemcpyNode")
+        return n[0]
+
+    def graph_add_memset(self, g: object, deps: list[object], dst: int, pitch: int, value: int, elsize: int,
+                         width: int, height: int) -> object:
+        m = ffi.new("CUDA_MEMSET_NODE_PARAMS *")
+        m.dst, m.pitch, m.value, m.elementSize, m.width, m.height = dst, pitch, value, elsize, width, height
+        n = ffi.new("CUgraphNode *")
+        cd.check(self.L.cuGraphAddMemsetNode(n, g, self._deps(deps), len(deps), m, self._context(self._tls.dev)),
+                 "cuGraphAddMemsetNode")
+        return n[0]
+
+    def graph_add_host(self, g: object, deps: list[object], fn: Callable[[int], None]) -> object:
+        with self._lock:
+            self._next_fn += 1
+            key = self._next_fn
+            self._host_fns[key] = (fn, True)
+        h = ffi.new("CUDA_HOST_NODE_PARAMS *")
+        h.fn, h.userData = self._trampoline, ffi.cast("void *", key)
+        n = ffi.new("CUgraphNode *")
+        cd.check(self.L.cuGraphAddHostNode(n, g, self._deps(deps), len(deps), h), "cuGraphAddHostNode")
+        return n[0]
+
+    def graph_add_empty(self, g: object, deps: list[object]) -> object:
+        n = ffi.new("CUgraphNode *")
+        cd.check(self.L.cuGraphAddEmptyNode(n, g, self._deps(deps), len(deps)), "cuGraphAddEmptyNode")
+        return n[0]
+
     def device_sync(self, dev: int) -> None:
         self.activate(dev)
         cd.check(self.L.cuCtxSynchronize(), "cuCtxSynchronize")

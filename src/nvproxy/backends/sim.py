@@ -363,6 +363,56 @@ class SimBackend:
     def graph_destroy(self, g: SimGraph) -> None:
         pass
 
+    # ---- graphs built node by node: a node is its index among the graph's ops, which
+    # run in the order they were added (an order that respects every dependency) ----
+    def graph_create(self, dev: int) -> SimGraph:
+        return SimGraph([])
+
+    def graph_clone(self, g: SimGraph) -> SimGraph:
+        return SimGraph(list(g.ops))
+
+    def _node(self, g: SimGraph, op: Callable[[], None]) -> int:
+        g.ops.append(op)
+        return len(g.ops) - 1
+
+    def graph_add_kernel(self, g: SimGraph, deps: list[int], k: SimKernel, grid: tuple[int, int, int],
+                         block: tuple[int, int, int], shmem: int, params: bytes) -> int:
+        return self._node(g, functools.partial(self.launch, k, grid, block, shmem, None, params, False))
+
+    def graph_exec_kernel(self, x: SimGraph, node: int, k: SimKernel, grid: tuple[int, int, int],
+                          block: tuple[int, int, int], shmem: int, params: bytes) -> None:
+        x.ops[node] = functools.partial(self.launch, k, grid, block, shmem, None, params, False)
+
+    def graph_add_memcpy(self, g: SimGraph, deps: list[int], dst: int, src: int, width: int, height: int,
+                         depth: int, dpitch: int, spitch: int, drows: int, srows: int) -> int:
+        for at in (dst, dst + ((depth - 1) * drows + height - 1) * dpitch + width - 1,
+                   src, src + ((depth - 1) * srows + height - 1) * spitch + width - 1):
+            self._copy_view(at, 1)  # (the driver checks the addresses when the node is added)
+
+        def copy() -> None:
+            for z in range(depth):
+                self.memcpy2d(dst + z * drows * dpitch, dpitch, src + z * srows * spitch, spitch, width, height, None)
+
+        return self._node(g, copy)
+
+    def graph_add_memset(self, g: SimGraph, deps: list[int], dst: int, pitch: int, value: int, elsize: int,
+                         width: int, height: int) -> int:
+        pattern = (value & ((1 << (8 * elsize)) - 1)).to_bytes(elsize, "little") * width
+        self._copy_view(dst, len(pattern))
+
+        def fill() -> None:
+            self.check()
+            for row in range(height):
+                self._copy_view(dst + row * pitch, len(pattern))[:] = pattern
+
+        return self._node(g, fill)
+
+    def graph_add_host(self, g: SimGraph, deps: list[int], fn: Callable[[int], None]) -> int:
+        return self._node(g, lambda: fn(self.sticky))
+
+    def graph_add_empty(self, g: SimGraph, deps: list[int]) -> int:
+        return self._node(g, lambda: None)
+
     def graph_exec_destroy(self, x: SimGraph) -> None:
         pass
 

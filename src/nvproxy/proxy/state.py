@@ -55,10 +55,15 @@ class CaptureLog:
 
 @dataclass
 class GraphRec:
-    log: CaptureLog
+    log: CaptureLog  # the capture that made it (no calls: made by cudaGraphCreate)
     handle: Any  # the backend's graph, or executable graph
     order: int  # creation order: a graph may launch an executable graph made before it
     flags: int = 0  # executable graphs: instantiation flags
+    created: bool = False  # made by cudaGraphCreate (or a clone of such a graph), not by a capture
+    built: list[tuple[int, tuple[int, ...], bytes]] = field(default_factory=list)  # node additions since
+    nodes: dict[int, Any] = field(default_factory=dict)  # node wire id -> the backend's node
+    updates: list[tuple[int, tuple[int, ...], bytes]] = field(default_factory=list)  # executable: kernel updates
+    source: Any = None  # executable graph made again by a restore: the graph it came from (its nodes)
 
 
 @dataclass

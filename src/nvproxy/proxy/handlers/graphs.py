@@ -1,13 +1,17 @@
-"""Graphs made by stream capture.
+"""CUDA graphs, made by stream capture or node by node.
 
 The driver captures as usual (the proxy's streams are real streams); the proxy
 also keeps the calls each capture took (state.CaptureLog), which is what a
 restore replays into a new capture to make the same graph again: same kernels,
 same device addresses, same host callbacks.  While any capture is on, the C
-fast path hands every call to Python so that none escapes the log."""
+fast path hands every call to Python so that none escapes the log.  A graph
+built node by node keeps its node additions (GraphRec.built), an executable
+graph those of its graph when it was instantiated and its kernel-node updates;
+a restore makes them again in that order."""
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,13 +52,88 @@ def CAPTURE_STATUS(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple
 
 
 def GRAPH_INSTANTIATE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
-    g = p.state.graphs.get(a[1])
-    if g is None:
-        raise CudaError(INVALID_VALUE, f"graph {a[1]}")
+    g = _graph(p, a[1])
     p.backend.activate(g.log.dev)
     x = p.backend.graph_instantiate(g.handle, a[2])
     p.state.graph_order += 1
-    p.state.graph_execs[a[0]] = GraphRec(g.log, x, p.state.graph_order, a[2])
+    p.state.graph_execs[a[0]] = GraphRec(g.log, x, p.state.graph_order, a[2], g.created, list(g.built), dict(g.nodes))
+
+
+def _graph(p: Any, wire_id: int) -> Any:
+    g = p.state.graphs.get(wire_id)
+    if g is None:
+        raise CudaError(INVALID_VALUE, f"graph {wire_id}")
+    return g
+
+
+# ---- graphs built node by node ----
+def GRAPH_CREATE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    p.state.graph_order += 1
+    p.state.graphs[a[0]] = GraphRec(CaptureLog(ch.dev, 0, 0), p.backend.graph_create(ch.dev), p.state.graph_order,
+                                    created=True)
+
+
+def GRAPH_CLONE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    g = _graph(p, a[1])
+    p.state.graph_order += 1
+    # (the clone's nodes are the driver's: the application cannot name them through nvproxy)
+    p.state.graphs[a[0]] = GraphRec(g.log, p.backend.graph_clone(g.handle), p.state.graph_order, 0, g.created,
+                                    list(g.built))
+
+
+def GRAPH_ADD_NODE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    g = _graph(p, a[0])
+    g.nodes[a[1]] = _add_node(p, g.log.dev, g.handle, g.nodes, a, payload)
+    g.built.append((wire.NVP_OP_GRAPH_ADD_NODE, a, payload))
+
+
+def GRAPH_EXEC_KERNEL(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    x = p.state.graph_execs.get(a[0])
+    node = x.nodes.get(a[1]) if x is not None else None
+    if node is None:
+        raise CudaError(INVALID_VALUE, f"kernel node {a[1]} of executable graph {a[0]}")
+    p.backend.activate(x.log.dev)
+    p.backend.graph_exec_kernel(x.handle, node, *_kernel(p, x.log.dev, payload))
+    x.updates.append((wire.NVP_OP_GRAPH_EXEC_KERNEL, a, payload))
+
+
+def _kernel(p: Any, dev: int, body: bytes) -> tuple[Any, tuple[int, ...], tuple[int, ...], int, bytes]:
+    if len(body) < 36:
+        raise CudaError(INVALID_VALUE, "kernel node body")
+    kid, gx, gy, gz, bx, by, bz, shmem, n = struct.unpack_from("<9I", body)
+    if len(body) < 36 + n:
+        raise CudaError(INVALID_VALUE, "kernel node parameters")
+    return p.state.kernel(dev, kid), (gx, gy, gz), (bx, by, bz), shmem, body[36 : 36 + n]
+
+
+def _add_node(p: Any, dev: int, g: Any, nodes: dict[int, Any], a: tuple[int, ...], payload: bytes) -> Any:
+    """The backend's new node of graph g for a GRAPH_ADD_NODE request (nodes: the graph's, by wire id)."""
+    kind, ndeps = a[2], a[3]
+    dlen = (4 * ndeps + 7) // 8 * 8
+    if len(payload) < dlen:
+        raise CudaError(INVALID_VALUE, "graph node dependencies")
+    try:
+        deps = [nodes[i] for i in struct.unpack_from(f"<{ndeps}I", payload)]
+    except KeyError:
+        raise CudaError(INVALID_VALUE, "a dependency is not a node of this graph") from None
+    body = payload[dlen:]
+    be = p.backend
+    be.activate(dev)
+    if kind == wire.NVP_NODE_KERNEL:
+        return be.graph_add_kernel(g, deps, *_kernel(p, dev, body))
+    if kind == wire.NVP_NODE_MEMCPY and len(body) >= 72:
+        dst, src, width, height, depth, dpitch, spitch, drows, srows = struct.unpack_from("<9Q", body)
+        t = p.state.translate
+        return be.graph_add_memcpy(g, deps, t(dst), t(src), width, height, depth, dpitch, spitch, drows, srows)
+    if kind == wire.NVP_NODE_MEMSET and len(body) >= 40:
+        dst, pitch, value, elsize, width, height = struct.unpack_from("<QQIIQQ", body)
+        return be.graph_add_memset(g, deps, p.state.translate(dst), pitch, value, elsize, width, height)
+    if kind == wire.NVP_NODE_HOST and len(body) >= 8:
+        (cb_id,) = struct.unpack_from("<Q", body)
+        return be.graph_add_host(g, deps, lambda status: p.server.run_callback(cb_id, status, True))
+    if kind == wire.NVP_NODE_EMPTY:
+        return be.graph_add_empty(g, deps)
+    raise CudaError(INVALID_VALUE, f"graph node kind {kind}")
 
 
 def GRAPH_LAUNCH(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
@@ -73,12 +152,25 @@ def GRAPH_DESTROY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
         raise CudaError(INVALID_VALUE, f"graph {a[0]}")
     p.forget()  # (C may know the executable graph)
     (p.backend.graph_exec_destroy if a[1] else p.backend.graph_destroy)(rec.handle)
+    if rec.source is not None:  # (an executable graph a restore made: its graph goes with it)
+        p.backend.graph_destroy(rec.source)
 
 
 # ---- checkpoint and restore ----
+def _calls_json(calls: list[tuple[int, tuple[int, ...], bytes]]) -> list[Any]:
+    return [[op, list(a), pl.hex()] for op, a, pl in calls]
+
+
+def _calls(d: list[Any]) -> list[tuple[int, tuple[int, ...], bytes]]:
+    return [(op, tuple(a), bytes.fromhex(pl)) for op, a, pl in d]
+
+
 def describe(state: Any) -> dict[str, Any]:
-    return {"graphs": {str(k): dict(g.log.to_json(), order=g.order) for k, g in state.graphs.items()},
-            "graph_execs": {str(k): dict(x.log.to_json(), order=x.order, flags=x.flags)
+    def rec(g: Any, **more: Any) -> dict[str, Any]:
+        return dict(g.log.to_json(), order=g.order, created=g.created, built=_calls_json(g.built), **more)
+
+    return {"graphs": {str(k): rec(g) for k, g in state.graphs.items()},
+            "graph_execs": {str(k): rec(x, flags=x.flags, updates=_calls_json(x.updates))
                             for k, x in state.graph_execs.items()},
             "captures": [c.to_json() for c in state.captures.values()]}
 
@@ -111,18 +203,37 @@ def _replay(p: Any, log: CaptureLog) -> Any:
     return s
 
 
+def _remake(p: Any, log: CaptureLog, d: dict[str, Any]) -> tuple[Any, dict[int, Any], list[Any]]:
+    """A graph as it was: its capture replayed (or an empty one made), then its nodes added."""
+    created = d.get("created", False)
+    g = p.backend.graph_create(log.dev) if created else p.backend.end_capture(_replay(p, log))
+    built = _calls(d.get("built", []))
+    nodes: dict[int, Any] = {}
+    for _op, a, payload in built:
+        nodes[a[1]] = _add_node(p, log.dev, g, nodes, a, payload)
+    return g, nodes, built
+
+
 def restore(p: Any, desc: dict[str, Any]) -> None:
     """Make every graph, executable graph and capture in progress of an image again."""
     items = [(g["order"], "graph", int(k), g) for k, g in desc.get("graphs", {}).items()]
     items += [(x["order"], "exec", int(k), x) for k, x in desc.get("graph_execs", {}).items()]
     for order, kind, key, d in sorted(items):
         log = CaptureLog.from_json(d)
-        g = p.backend.end_capture(_replay(p, log))
+        g, nodes, built = _remake(p, log, d)
+        created = d.get("created", False)
         if kind == "graph":
-            p.state.graphs[key] = GraphRec(log, g, order)
+            p.state.graphs[key] = GraphRec(log, g, order, 0, created, built, nodes)
         else:
-            p.state.graph_execs[key] = GraphRec(log, p.backend.graph_instantiate(g, d["flags"]), order, d["flags"])
-            p.backend.graph_destroy(g)
+            x = GraphRec(log, p.backend.graph_instantiate(g, d["flags"]), order, d["flags"], created, built, nodes)
+            for _op, a, payload in _calls(d.get("updates", [])):
+                p.backend.graph_exec_kernel(x.handle, nodes[a[1]], *_kernel(p, log.dev, payload))
+                x.updates.append((wire.NVP_OP_GRAPH_EXEC_KERNEL, a, payload))
+            if nodes:
+                x.source = g  # (its nodes name the executable graph's kernels in later updates)
+            else:
+                p.backend.graph_destroy(g)
+            p.state.graph_execs[key] = x
         p.state.graph_order = max(p.state.graph_order, order)
     for d in desc.get("captures", []):  # a capture that was going on at the checkpoint goes on
         log = CaptureLog.from_json(d)
