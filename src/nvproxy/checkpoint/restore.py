@@ -46,7 +46,15 @@ class _FileImage:
             return (lambda va, n, off, crcs, what: transfer.host_to_device(m, mf, va, n, off, crcs, what)), (
                 lambda: None)
         b = transfer.Bounce(m)
-        return (lambda va, n, off, crcs, what: transfer.file_to_device(b, self.fd, va, n, off, crcs, what)), b.close
+        fl = transfer.FileLoader(b, self.fd)
+
+        def done() -> None:
+            try:
+                fl.finish()
+            finally:
+                b.close()
+
+        return fl.load, done
 
     def close(self) -> None:
         if self.mapped is not None:
