@@ -31,6 +31,7 @@ class _FileImage:
         self.what = path
         self.fd, self.header = read_header(path)
         self.mapped: transfer.MappedFile | None = None
+        self.reader: transfer.FileLoader | None = None
 
     def read(self, off: int, n: int) -> bytes:
         return os.pread(self.fd, n, off)
@@ -46,7 +47,7 @@ class _FileImage:
             return (lambda va, n, off, crcs, what: transfer.host_to_device(m, mf, va, n, off, crcs, what)), (
                 lambda: None)
         b = transfer.Bounce(m)
-        fl = transfer.FileLoader(b, self.fd)
+        fl = self.reader = transfer.FileLoader(b, self.fd)
 
         def done() -> None:
             try:
@@ -64,6 +65,8 @@ class _FileImage:
     def note(self, phases: dict[str, float]) -> None:
         if self.mapped is not None and self.mapped.t_done:
             phases["file_registered"] = self.mapped.t_done - self.mapped.t0
+        if self.reader is not None:
+            phases.update({f"threads_{k}": v for k, v in self.reader.spent.items()})
 
 
 class _MemoryImage:

@@ -245,22 +245,32 @@ class FileLoader:
         self.b, self.fd = b, fd
         self.queue: deque[tuple[Future, int, int, int]] = deque()  # (read, slot, device address, bytes)
         self.submitted = 0
+        self.spent = {"slot_wait": 0.0, "copy_wait": 0.0, "read": 0.0, "checksum": 0.0, "in_order_wait": 0.0}
 
     def _read(self, i: int, at: int, n: int, crc: int, what: str, k: int) -> None:
         m, be = self.b.m, self.b.m.backend
+        t0 = time.monotonic()
         self.b.wait(i)
+        t1 = time.monotonic()
         be.activate(m.dev)
         be.event_sync(m.events[i])  # the slot's previous copy to the device is done
+        t2 = time.monotonic()
         v = libc.buffer(self.b.slot(i), n)
         if os.preadv(self.fd, [v], at) != n:
             raise ImageError(f"{what}: the image is truncated")
+        t3 = time.monotonic()
         if checksum(v) != crc:
             raise ImageError(f"{what}: checksum mismatch in chunk {k}; the image is damaged")
+        t4 = time.monotonic()
+        for key, dt in (("slot_wait", t1 - t0), ("copy_wait", t2 - t1), ("read", t3 - t2), ("checksum", t4 - t3)):
+            self.spent[key] += dt  # (summed over the reading threads: where a restore's time goes)
 
     def _issue_oldest(self) -> None:
         m = self.b.m
         read, i, va, n = self.queue.popleft()
+        t = time.monotonic()
         read.result()
+        self.spent["in_order_wait"] += time.monotonic() - t
         m.backend.memcpy(va, self.b.slot(i), n, m.streams[0])
         m.backend.event_record(m.events[i], m.streams[0], 0)
 
