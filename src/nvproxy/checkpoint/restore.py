@@ -46,7 +46,7 @@ class _FileImage:
             mf = self.mapped
             return (lambda va, n, off, crcs, what: transfer.host_to_device(m, mf, va, n, off, crcs, what)), (
                 lambda: None)
-        b = transfer.Bounce(m)
+        b = transfer.Bounce(m, sum(r["size"] for r in self.header["regions"] if r["kind"] in ("mem", "var")))
         fl = self.reader = transfer.FileLoader(b, self.fd)
 
         def done() -> None:

@@ -187,13 +187,15 @@ class Bounce:
     (2-3 GB/s to make in the H200's VM), so slots are made and registered one by one
     on a thread of their own, and the first reads start as soon as the first slot is."""
 
-    def __init__(self, m: Mover) -> None:
+    def __init__(self, m: Mover, image_bytes: int) -> None:
+        """image_bytes: no more slots than the image has chunks (new pinned memory costs 0.35 s per GiB there)."""
         self.m = m
-        self.size = SLOTS * CHUNK
+        self.slots = max(2, min(SLOTS, -(-image_bytes // CHUNK)))
+        self.size = self.slots * CHUNK
         self.fd = os.memfd_create("nvproxy-bounce", os.MFD_CLOEXEC)
         os.ftruncate(self.fd, self.size)
         self.addr = libc.map_anywhere(self.fd, self.size)
-        self.ready = [threading.Event() for _ in range(SLOTS)]
+        self.ready = [threading.Event() for _ in range(self.slots)]
         self.registered: list[int] = []
         self.failed: BaseException | None = None
         self._maker = threading.Thread(target=self._make, name="nvproxy-bounce", daemon=True)
@@ -202,7 +204,7 @@ class Bounce:
     def _make(self) -> None:
         try:
             self.m.backend.activate(self.m.dev)
-            for i in range(SLOTS):
+            for i in range(self.slots):
                 if self.failed is not None:
                     break
                 libc.populate(self.slot(i), CHUNK)
@@ -235,7 +237,7 @@ class Bounce:
 
 
 class FileLoader:
-    """Regions of an image file to the device through the bounce slots: up to SLOTS-1
+    """Regions of an image file to the device through the bounce slots: up to slots-1
     chunks are read and verified at once on the pool, across region boundaries (pread
     of a tmpfs file into pinned memory ran at 3.5 GB/s on one thread, 15 / 26 / 38 GB/s
     on 4 / 8 / 16 there), and each chunk goes to the device once verified.  load()
@@ -279,9 +281,9 @@ class FileLoader:
         if len(chunks) != len(crcs):
             raise ImageError(f"{what}: the image lists {len(crcs)} chunks, the region has {len(chunks)}")
         for k, (off, n) in enumerate(chunks):
-            if len(self.queue) >= SLOTS - 1:  # (so the slot taken now was freed by a copy already issued)
+            if len(self.queue) >= self.b.slots - 1:  # (so the slot taken now was freed by a copy already issued)
                 self._issue_oldest()
-            i = self.submitted % SLOTS
+            i = self.submitted % self.b.slots
             self.submitted += 1
             read = self.b.m.pool.submit(self._read, i, file_off + off, n, crcs[k], what, k)
             self.queue.append((read, i, va + off, n))
