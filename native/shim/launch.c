@@ -511,30 +511,15 @@ cudaError_t nvp_launch(const void *func, dim3 grid, dim3 block, void **args, siz
     cudaError_t e = nvp_connect();
     if (e || (e = nvp_sticky_error()))
         return e;
-    struct kernel *k = func ? kernel_of(func) : NULL;
-    if (!k)
-        return cudaErrorInvalidDeviceFunction;
-    if ((e = kernel_ready(k)))
-        return e;
-    if ((e = check_config(k, grid, block, shmem)))
+    uint32_t kid;
+    size_t total;
+    if ((e = nvp_pack_kernel(func, grid, block, shmem, args, &kid, param_buf, MAX_PARAM_BYTES, &total)))
         return e;
     int64_t w = nvp_stream_wire(stream, per_thread);
     if (w < 0)
         return cudaErrorInvalidResourceHandle;
-    size_t total = k->info.param_size;
-    if (total > MAX_PARAM_BYTES)
-        return cudaErrorInvalidValue;
-    if (k->info.nparams && !args)
-        return cudaErrorInvalidValue;
-    memset(param_buf, 0, total);
-    for (uint32_t i = 0; i < k->info.nparams; i++) {
-        const struct nvp_param *p = &k->params[i];
-        if ((size_t)p->offset + p->size > total)
-            return cudaErrorInvalidValue;
-        memcpy(param_buf + p->offset, args[i], p->size);
-    }
     uint64_t a[NVP_MAX_ARGS] = {
-        k->id,
+        kid,
         grid.x | (uint64_t)grid.y << 32,
         grid.z | (uint64_t)block.x << 32,
         block.y | (uint64_t)block.z << 32,

@@ -3,27 +3,9 @@
 // a kernel node of the executable graph, clone the graph; what may not be added.
 // argv[1] = launches in a long run (each followed by a pause: checkpoint tests
 // restore the graphs mid-run).
-#include "check.h"
+#include "graph_kernels.h"
 #include <cstring>
 #include <unistd.h>
-
-__global__ void scale(int *p, int n, int k) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) p[i] = p[i] * k + 1;
-}
-__global__ void add(int *dst, const int *src, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[i] += src[i];
-}
-
-static int host_calls = 0;
-static void CUDART_CB count_call(void *arg) { (*(int *)arg)++; }
-
-static unsigned long long fold(const int *p, int n) {
-    unsigned long long s = 0;
-    for (int i = 0; i < n; i++) s = s * 31 + (unsigned)p[i];
-    return s;
-}
 
 static cudaKernelNodeParams scale_params(void **args, int n) {
     cudaKernelNodeParams k = {};

@@ -3,26 +3,9 @@
 // launch repeatedly, relaunch after the inputs changed; capture status; what
 // may not happen during a capture.  argv[1] = launches in a long run (each
 // followed by a pause: checkpoint tests restore the graph mid-run).
-#include "check.h"
+#include "graph_kernels.h"
+#include <cstring>
 #include <unistd.h>
-
-__global__ void scale(int *p, int n, int k) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) p[i] = p[i] * k + 1;
-}
-__global__ void add(int *dst, const int *src, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[i] += src[i];
-}
-
-static int host_calls = 0;
-static void CUDART_CB count_call(void *arg) { (*(int *)arg)++; }
-
-static unsigned long long sum(const int *p, int n) {
-    unsigned long long s = 0;
-    for (int i = 0; i < n; i++) s = s * 31 + (unsigned)p[i];
-    return s;
-}
 
 int main(int argc, char **argv) {
     int long_run = argc > 1 ? atoi(argv[1]) : 0;
@@ -70,12 +53,12 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 3; i++) {
         CHECK(cudaGraphLaunch(x, s1));
         CHECK(cudaStreamSynchronize(s1));
-        printf("launch %d: %016llx host calls %d\n", i, sum(pin, n), host_calls);
+        printf("launch %d: %016llx host calls %d\n", i, fold(pin, n), host_calls);
     }
     CHECK(cudaGraphDestroy(g));  // the executable graph lives on
     CHECK(cudaGraphLaunch(x, s1));
     CHECK(cudaStreamSynchronize(s1));
-    printf("after destroying the graph: %016llx host calls %d\n", sum(pin, n), host_calls);
+    printf("after destroying the graph: %016llx host calls %d\n", fold(pin, n), host_calls);
 
     // what a capture does not allow: a synchronisation invalidates it
     cudaStream_t s3;
@@ -93,7 +76,7 @@ int main(int argc, char **argv) {
         CHECK(cudaGraphLaunch(x, s1));
         CHECK(cudaStreamSynchronize(s1));
         CHECK(cudaStreamIsCapturing(s3, &st));  // (the invalidated capture stays ended)
-        printf("run %d: %016llx host calls %d, s3 capturing %d\n", i, sum(pin, n), host_calls, (int)st);
+        printf("run %d: %016llx host calls %d, s3 capturing %d\n", i, fold(pin, n), host_calls, (int)st);
         fflush(stdout);
         usleep(150000);
     }
