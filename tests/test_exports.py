@@ -15,7 +15,7 @@ from nvproxy import shim_path
 ROOT = Path(__file__).resolve().parents[1]
 # census groups that come later (issue: full coverage): exported, failing loudly for now
 LATER = ("cudaGraphAddMemAllocNode", "cudaGraphAddMemFreeNode", "cudaGraphAddNode",
-         "cudaGraphConditionalHandleCreate", "cudaGraphExecUpdate", "cudaGraphGetNodes",
+         "cudaGraphConditionalHandleCreate", "cudaGraphGetNodes",
          "cudaStreamBeginCaptureToGraph", "cudaStreamUpdateCaptureDependencies", "cudaMallocArray",
          "cudaMalloc3DArray", "cudaFreeArray", "cudaMemcpyToArray", "cudaCreateTextureObject",
          "cudaDestroyTextureObject", "cudaCreateSurfaceObject", "cudaDestroySurfaceObject", "cudaIpc")

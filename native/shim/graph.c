@@ -454,3 +454,25 @@ NVP_EXPORT cudaError_t cudaGraphAddEmptyNode(cudaGraphNode_t *node, cudaGraph_t 
 {
     return nvp_ret(add_node(node, graph, deps, ndeps, NVP_NODE_EMPTY, NULL, 0));
 }
+
+/* The result says why an update failed; the nodes it names are the driver's, inside
+ * the proxy: the application is told none (errorNode and errorFromNode are NULL). */
+NVP_EXPORT cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t graph, cudaGraphExecUpdateResultInfo *info)
+{
+    cudaError_t e = nvp_enter();
+    if (e)
+        return nvp_ret(e);
+    if (nvp_handle_get(NVP_H_GRAPH_EXEC, (uint64_t)(uintptr_t)exec, NULL, 0) != 0 ||
+        nvp_handle_get(NVP_H_GRAPH, (uint64_t)(uintptr_t)graph, NULL, 0) != 0)
+        return nvp_ret(cudaErrorInvalidValue);
+    uint64_t a[NVP_MAX_ARGS] = {nvp_handle_id((uint64_t)(uintptr_t)exec), nvp_handle_id((uint64_t)(uintptr_t)graph)};
+    struct nvp_reply r = {0};
+    if ((e = nvp_call(NVP_OP_GRAPH_EXEC_UPDATE, a, NULL, 0, &r, -1)))
+        return nvp_ret(e);
+    if (info) {
+        info->result = (enum cudaGraphExecUpdateResult)r.h.r[0];
+        info->errorNode = NULL;
+        info->errorFromNode = NULL;
+    }
+    return nvp_ret(r.h.r[0] ? cudaErrorGraphExecUpdateFailure : cudaSuccess);
+}

@@ -64,6 +64,7 @@ typedef struct {
 typedef struct { CUdeviceptr dst; size_t pitch; unsigned int value, elementSize; size_t width, height; }
     CUDA_MEMSET_NODE_PARAMS;
 typedef struct { CUhostFn fn; void *userData; } CUDA_HOST_NODE_PARAMS;
+typedef struct { int result; CUgraphNode errorNode; CUgraphNode errorFromNode; } CUgraphExecUpdateResultInfo;
 
 CUresult cuGetErrorName(CUresult error, const char **pStr);
 CUresult cuCtxSetCurrent(CUcontext ctx);
@@ -133,6 +134,7 @@ CUresult cuGraphAddMemsetNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps
 CUresult cuGraphAddHostNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t ndeps,
                             const CUDA_HOST_NODE_PARAMS *p);
 CUresult cuGraphAddEmptyNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t ndeps);
+CUresult cuGraphExecUpdate_v2(CUgraphExec x, CUgraph g, CUgraphExecUpdateResultInfo *info);
 CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec x, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS *p);
 CUresult cuGraphExecDestroy(CUgraphExec hGraphExec);
 CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags);
@@ -170,6 +172,7 @@ CUresult cuProfilerStop(void);
 CUDA_ERROR_NOT_READY = 600
 CUDA_ERROR_INVALID_VALUE = 1
 CUDA_ERROR_NO_BINARY_FOR_GPU = 209
+CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910
 CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 5, 6
 CU_JIT_INPUT_FATBINARY = 2
 CU_MEM_ALLOCATION_TYPE_PINNED = 1

@@ -368,6 +368,15 @@ class GpuBackend:
         cd.check(self.L.cuGraphAddHostNode(n, g, self._deps(deps), len(deps), h), "cuGraphAddHostNode")
         return n[0]
 
+    def graph_exec_update(self, x: object, g: object) -> int:
+        """0, or the CUgraphExecUpdateResult of a failed update."""
+        info = ffi.new("CUgraphExecUpdateResultInfo *")
+        rc = self.L.cuGraphExecUpdate_v2(x, g, info)
+        if rc == cd.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE:
+            return int(info.result) or 1
+        cd.check(rc, "cuGraphExecUpdate")
+        return 0
+
     def graph_add_empty(self, g: object, deps: list[object]) -> object:
         n = ffi.new("CUgraphNode *")
         cd.check(self.L.cuGraphAddEmptyNode(n, g, self._deps(deps), len(deps)), "cuGraphAddEmptyNode")

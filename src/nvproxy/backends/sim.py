@@ -413,6 +413,13 @@ class SimBackend:
     def graph_add_empty(self, g: SimGraph, deps: list[int]) -> int:
         return self._node(g, lambda: None)
 
+    def graph_exec_update(self, x: SimGraph, g: SimGraph) -> int:
+        """0, or the cudaGraphExecUpdateResult of a failed update (the sim compares node counts only)."""
+        if len(x.ops) != len(g.ops):
+            return 2  # cudaGraphExecUpdateErrorTopologyChanged
+        x.ops[:] = g.ops
+        return 0
+
     def graph_exec_destroy(self, x: SimGraph) -> None:
         pass
 

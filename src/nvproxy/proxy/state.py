@@ -63,7 +63,7 @@ class GraphRec:
     built: list[tuple[int, tuple[int, ...], bytes]] = field(default_factory=list)  # node additions since
     nodes: dict[int, Any] = field(default_factory=dict)  # node wire id -> the backend's node
     updates: list[tuple[int, tuple[int, ...], bytes]] = field(default_factory=list)  # executable: kernel updates
-    source: Any = None  # executable graph made again by a restore: the graph it came from (its nodes)
+    sources: list[Any] = field(default_factory=list)  # graphs made by a restore whose nodes it names
 
 
 @dataclass

@@ -11,6 +11,7 @@ a restore makes them again in that order."""
 
 from __future__ import annotations
 
+import json
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,6 +98,19 @@ def GRAPH_EXEC_KERNEL(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> No
     x.updates.append((wire.NVP_OP_GRAPH_EXEC_KERNEL, a, payload))
 
 
+def GRAPH_EXEC_UPDATE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
+    x, g = p.state.graph_execs.get(a[0]), _graph(p, a[1])
+    if x is None:
+        raise CudaError(INVALID_VALUE, f"executable graph {a[0]}")
+    p.backend.activate(x.log.dev)
+    result = p.backend.graph_exec_update(x.handle, g.handle)
+    if result == 0:  # a restore updates it again from the graph as it is now
+        snapshot = dict(g.log.to_json(), created=g.created, built=_calls_json(g.built))
+        x.updates.append((wire.NVP_OP_GRAPH_EXEC_UPDATE, a, json.dumps(snapshot).encode()))
+        x.nodes.update(g.nodes)
+    return (result,), b""
+
+
 def _kernel(p: Any, dev: int, body: bytes) -> tuple[Any, tuple[int, ...], tuple[int, ...], int, bytes]:
     if len(body) < 36:
         raise CudaError(INVALID_VALUE, "kernel node body")
@@ -152,8 +166,8 @@ def GRAPH_DESTROY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
         raise CudaError(INVALID_VALUE, f"graph {a[0]}")
     p.forget()  # (C may know the executable graph)
     (p.backend.graph_exec_destroy if a[1] else p.backend.graph_destroy)(rec.handle)
-    if rec.source is not None:  # (an executable graph a restore made: its graph goes with it)
-        p.backend.graph_destroy(rec.source)
+    for g in rec.sources:  # (graphs a restore made for this executable graph go with it)
+        p.backend.graph_destroy(g)
 
 
 # ---- checkpoint and restore ----
@@ -226,13 +240,18 @@ def restore(p: Any, desc: dict[str, Any]) -> None:
             p.state.graphs[key] = GraphRec(log, g, order, 0, created, built, nodes)
         else:
             x = GraphRec(log, p.backend.graph_instantiate(g, d["flags"]), order, d["flags"], created, built, nodes)
-            for _op, a, payload in _calls(d.get("updates", [])):
-                p.backend.graph_exec_kernel(x.handle, nodes[a[1]], *_kernel(p, log.dev, payload))
-                x.updates.append((wire.NVP_OP_GRAPH_EXEC_KERNEL, a, payload))
-            if nodes:
-                x.source = g  # (its nodes name the executable graph's kernels in later updates)
-            else:
-                p.backend.graph_destroy(g)
+            x.sources.append(g)  # (its nodes name the executable graph's kernels in later updates)
+            for op, a, payload in _calls(d.get("updates", [])):
+                if op == wire.NVP_OP_GRAPH_EXEC_UPDATE:
+                    snap = json.loads(payload)
+                    g2, nodes2, _b = _remake(p, CaptureLog.from_json(snap), snap)
+                    x.sources.append(g2)
+                    if p.backend.graph_exec_update(x.handle, g2) != 0:
+                        raise CudaError(INVALID_VALUE, f"updating executable graph {key} again failed")
+                    nodes.update(nodes2)
+                else:
+                    p.backend.graph_exec_kernel(x.handle, nodes[a[1]], *_kernel(p, log.dev, payload))
+                x.updates.append((op, a, payload))
             p.state.graph_execs[key] = x
         p.state.graph_order = max(p.state.graph_order, order)
     for d in desc.get("captures", []):  # a capture that was going on at the checkpoint goes on
