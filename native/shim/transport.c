@@ -28,7 +28,11 @@
 #define NVP_STAGE_SLOT (8u << 20)
 #define NVP_STAGE_SLOTS 4
 #define NVP_LIVENESS_MS 250
-#define NVP_SPIN_NS 50000
+/* How long a thread waiting for a reply polls before it sleeps: as the CUDA
+ * runtime spins while it waits (its default scheduling, with fewer contexts than
+ * cores), long enough to cover a synchronous 16 MiB pinned copy (~310 us at
+ * 55 GB/s), whose reply would otherwise pay a wake-up.  NVPROXY_SPIN_US overrides. */
+#define NVP_SPIN_NS 400000
 
 enum { ST_INIT = 0, ST_READY = 1, ST_DEAD = 2, ST_PAUSED = 3 /* checkpoint under way */ };
 
@@ -309,12 +313,34 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+static int read_all_waiting(int fd, void *buf, size_t n, uint64_t spin);
+
+/* Threads waiting for replies at once: with more than two, spinning threads would
+ * take the cores the proxy needs (launch storms of 16 threads ran 1.5x slower with
+ * long spins), so the third and later spin no longer than 50 us, much as the CUDA
+ * runtime yields instead of spinning when contexts outnumber cores. */
+static int waiting_threads;
+
 static int read_all(int fd, void *buf, size_t n)
+{
+    static int64_t spin_ns = -1;
+    if (spin_ns < 0) {
+        const char *v = getenv("NVPROXY_SPIN_US");
+        spin_ns = v && *v ? (int64_t)strtoul(v, NULL, 10) * 1000 : NVP_SPIN_NS;
+    }
+    int others = __atomic_fetch_add(&waiting_threads, 1, __ATOMIC_RELAXED);
+    uint64_t spin = (uint64_t)(others >= 2 && spin_ns > 50000 ? 50000 : spin_ns);
+    int r = read_all_waiting(fd, buf, n, spin);
+    __atomic_fetch_sub(&waiting_threads, 1, __ATOMIC_RELAXED);
+    return r;
+}
+
+static int read_all_waiting(int fd, void *buf, size_t n, uint64_t spin)
 {
     char *p = buf;
     /* Most replies come within tens of microseconds: poll the socket for a
      * short while before sleeping in poll(2), which costs a wake-up. */
-    uint64_t spin_until = now_ns() + NVP_SPIN_NS;
+    uint64_t spin_until = now_ns() + spin;
     while (n > 0 && now_ns() < spin_until) {
         ssize_t r = recv(fd, p, n, MSG_DONTWAIT);
         if (r > 0) {
