@@ -109,6 +109,24 @@ def test_dmtcp_checkpoint_kill_restart(build, backend: str, pause_ms: str, tmp_p
     assert "restoring the GPU state" in r.stderr
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["graphs"])
+def test_dmtcp_restart_keeps_graphs(build, backend: str, name: str, tmp_path: Path) -> None:
+    """Graphs made by capture come back from DMTCP's restart path (the image read from a file, made once the
+    program shared its pinned memory again), host nodes call back, and launches go on printing what an
+    uninterrupted run prints.  (graph_nodes does not pass here yet: see issue 5's notes.)"""
+    session = Session(tmp_path)
+    exe = build(name)
+    reference = run(nvproxy_cmd(exe, backend, name, "8")).stdout.splitlines(keepends=True)
+    app = session.launch(nvproxy_cmd(exe, backend, name, "8"))
+    session.wait_for(app, "run 2:")
+    session.checkpoint_and_kill(app)
+    r = session.restart()
+    after = r.stdout.splitlines(keepends=True)  # (what the program printed from the checkpoint on)
+    assert after and after[0] in reference, r.stderr
+    assert after == reference[reference.index(after[0]) :] and r.returncode == 0, r.stderr
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("other_gpu", [False, True], ids=["same-gpu", "other-gpu"])
 def test_dmtcp_public_sample(nvcc: str, tmp_path: Path, other_gpu: bool) -> None:

@@ -89,7 +89,8 @@
 #define NVP_OP_GRAPH_EXEC_KERNEL 52 /* a0 exec id, a1 kernel node id; payload: an NVP_NODE_KERNEL body */
 #define NVP_OP_GRAPH_CLONE 53     /* a0 graph id (new), a1 graph id */
 #define NVP_OP_GRAPH_EXEC_UPDATE 54 /* a0 exec id, a1 graph id; reply r0 cudaGraphExecUpdateResult */
-#define NVP_OP_COUNT 55
+#define NVP_OP_RESTORE_DONE 55    /* after a restore from an image: the shim has shared its pinned memory again */
+#define NVP_OP_COUNT 56
 
 /* node bodies (little-endian, packed as listed) */
 #define NVP_NODE_KERNEL 1 /* u32 kernel id, u32 grid[3], u32 block[3], u32 shmem, u32 param bytes; params */

@@ -182,6 +182,8 @@ static cudaError_t launch(cudaGraphExec_t exec, cudaStream_t s, int upload, int 
         return e;
     if (nvp_handle_get(NVP_H_GRAPH_EXEC, (uint64_t)(uintptr_t)exec, NULL, 0) != 0)
         return cudaErrorInvalidValue;
+    if ((e = nvp_callbacks_resume()))
+        return e;
     uint64_t a[NVP_MAX_ARGS] = {nvp_handle_id((uint64_t)(uintptr_t)exec), (uint64_t)w, (uint64_t)upload};
     return nvp_call(NVP_OP_GRAPH_LAUNCH, a, NULL, 0, NULL, -1); /* asynchronous, like a kernel launch */
 }

@@ -68,6 +68,7 @@ cudaError_t nvp_unsupported(const char *call);
 cudaError_t nvp_pack_kernel(const void *func, dim3 grid, dim3 block, size_t shmem, void **args, uint32_t *kid,
                             unsigned char *buf, size_t cap, size_t *size);
 uint64_t nvp_host_node_callback(void *fn, void *data); /* 0 on failure */
+cudaError_t nvp_callbacks_resume(void); /* before a graph launch: host nodes may call back */
 void nvp_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int nvp_trace_enabled(void);
 
@@ -166,6 +167,7 @@ const char *nvp_control_path(void); /* the proxy's control socket, NULL before t
 void nvp_disconnect_all(void);      /* close every channel (before a checkpoint) */
 void nvp_reconnect_same_proxy(void);
 int nvp_restore_from(const char *image); /* a new proxy from an image (after a restart) */
+void nvp_remake_pinned(void);            /* after a restart: pinned memory into fresh memfds */
 
 /* ---- launch.c: after a recovery the new proxy must be told modules again ---- */
 void nvp_registry_reset(void);

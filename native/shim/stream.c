@@ -314,6 +314,21 @@ cudaError_t nvp_callbacks_start(void)
     return cudaSuccess;
 }
 
+cudaError_t nvp_callbacks_resume(void)
+{
+    /* After a new proxy came from an image (NVPROXY_RECOVER, a DMTCP restart), the
+     * host nodes of the graphs it made again call back here at their next launch:
+     * the launch opens the callback channel first if there are any.  (Not in
+     * DMTCP's restart hook: opened there, the restarted program ended after its
+     * next graph launch, with dmtcp_restart's status 99.) */
+    pthread_mutex_lock(&CB.lock);
+    int current = CB.started && CB.gen == nvp_generation(), any = 0;
+    for (size_t i = 0; i < CB.n && !current && !any; i++)
+        any = CB.v[i].used;
+    pthread_mutex_unlock(&CB.lock);
+    return any ? nvp_callbacks_start() : cudaSuccess;
+}
+
 uint64_t nvp_host_node_callback(void *fn, void *data)
 {
     return nvp_callbacks_start() ? 0 : callback_add(0, fn, data, NULL);

@@ -634,7 +634,7 @@ fail:
 
 /* Start a new proxy from image and make this thread's channel go to it.
  * Called with G.lock held. */
-static int replace_proxy(const char *image, int fresh_memfds)
+static int replace_proxy(const char *image)
 {
     int ok = spawn_proxy(image) == 0;
     int fd = -1;
@@ -665,8 +665,6 @@ static int replace_proxy(const char *image, int fresh_memfds)
     T.fd = fd;
     T.gen = atomic_load(&G.generation);
     int failed = 0;
-    if (fresh_memfds)
-        nvp_host_foreach(remake_memfd, NULL);
     nvp_host_foreach(reshare, &failed); /* pinned memory, at its addresses */
     nvp_registry_reset();               /* modules loaded after the image are sent again */
     if (T.dev != 0) {
@@ -675,6 +673,22 @@ static int replace_proxy(const char *image, int fresh_memfds)
     }
     if (failed)
         nvp_log("nvproxy: some pinned host memory could not be shared with the new proxy");
+    /* now the proxy makes what needs that memory (graphs whose nodes copy to or from it) */
+    struct nvp_req q = {.len = sizeof q, .op = NVP_OP_RESTORE_DONE, .flags = NVP_F_REPLY};
+    q.seq = atomic_fetch_add(&G.seq, 1) + 1;
+    struct iovec iov = {&q, sizeof q};
+    struct nvp_rep done = {0};
+    char text[256];
+    if (write_all(T.fd, &iov, 1, -1) != 0 || read_all(T.fd, &done, sizeof done) != 0 || done.len < sizeof done ||
+        (done.len > sizeof done &&
+         (done.len - sizeof done > sizeof text || read_all(T.fd, text, done.len - sizeof done))) ||
+        done.err) {
+        G.state = ST_DEAD;
+        nvp_log("nvproxy: the new proxy could not finish the restore from %s (error %d); every CUDA call now fails "
+                "with cudaErrorDevicesUnavailable",
+                image, done.err);
+        return 0;
+    }
     return 1;
 }
 
@@ -691,8 +705,10 @@ static int recover(int seen_gen)
     nvp_log("nvproxy: the proxy is gone; starting a new one from %s. GPU work and CUDA objects created after "
             "that image are lost unless the application redoes them",
             image);
-    int ok = replace_proxy(image, 0);
+    int ok = replace_proxy(image);
     pthread_mutex_unlock(&G.lock);
+    if (ok) /* (an application thread: it may open the callback channel for graphs' host nodes now) */
+        nvp_callbacks_resume();
     return ok;
 }
 
@@ -740,9 +756,17 @@ int nvp_restore_from(const char *image)
 {
     pthread_mutex_lock(&G.lock);
     nvp_log("nvproxy: restarted; restoring the GPU state from %s", image);
-    int ok = replace_proxy(image, 1);
+    int ok = replace_proxy(image);
     pthread_mutex_unlock(&G.lock);
     return ok ? 0 : -1;
+}
+
+void nvp_remake_pinned(void)
+{
+    /* At DMTCP's RESTART event, while the application's threads are still frozen:
+     * done later (RUNNING), it raced with threads writing pinned memory, whose
+     * writes made during the copy were lost (seen with tests/apps/graph_nodes). */
+    nvp_host_foreach(remake_memfd, NULL);
 }
 
 cudaError_t nvp_callv(uint16_t op, const uint64_t a[NVP_MAX_ARGS], const void *p1, size_t l1, const void *p2,

@@ -64,7 +64,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         from .proxy.handlers import graphs
 
         try:
-            stats = restore_image(dispatch.state, args.restore, None, functools.partial(graphs.restore, dispatch))
+            stats = restore_image(dispatch.state, args.restore, None, functools.partial(graphs.defer_restore, dispatch))
         except (ImageError, OSError) as e:
             print(f"nvproxy: cannot recover from {args.restore}: {e}", file=sys.stderr)
             return 1

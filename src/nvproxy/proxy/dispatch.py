@@ -20,6 +20,7 @@ class Dispatcher:
         self.backend = backend
         self.state = ProcessState(backend)
         self.server: Any = None
+        self.pending_graphs: dict[str, Any] | None = None  # (graphs.defer_restore)
         self.fast: fastpath.FastPath | None = None
         driver = getattr(backend, "fast_driver", None)
         if driver is not None and fastpath.enabled():

@@ -171,6 +171,17 @@ def GRAPH_DESTROY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
 
 
 # ---- checkpoint and restore ----
+def defer_restore(p: Any, header: dict[str, Any]) -> None:
+    """A restore from an image file, whose application will share its pinned memory again only once this
+    proxy runs: graphs (their nodes may copy to or from that memory) are made at RESTORE_DONE."""
+    p.pending_graphs = header
+
+
+def RESTORE_DONE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    header, p.pending_graphs = p.pending_graphs, None
+    if header is not None:
+        restore(p, header)
+
 def _calls_json(calls: list[tuple[int, tuple[int, ...], bytes]]) -> list[Any]:
     return [[op, list(a), pl.hex()] for op, a, pl in calls]
 
