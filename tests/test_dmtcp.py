@@ -110,11 +110,12 @@ def test_dmtcp_checkpoint_kill_restart(build, backend: str, pause_ms: str, tmp_p
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", ["graphs"])
+@pytest.mark.parametrize("name", ["graphs", "graph_nodes"])
 def test_dmtcp_restart_keeps_graphs(build, backend: str, name: str, tmp_path: Path) -> None:
-    """Graphs made by capture come back from DMTCP's restart path (the image read from a file, made once the
-    program shared its pinned memory again), host nodes call back, and launches go on printing what an
-    uninterrupted run prints.  (graph_nodes does not pass here yet: see issue 5's notes.)"""
+    """Graphs (captured; built node by node, updated, cloned) come back from DMTCP's restart path (the image
+    read from a file, the graphs made once the program shared its pinned memory again), host nodes call back,
+    and launches go on printing what an uninterrupted run prints.  graph_nodes holds two pinned buffers: DMTCP
+    once restored both from one file (their memfds had the same name)."""
     session = Session(tmp_path)
     exe = build(name)
     reference = run(nvproxy_cmd(exe, backend, name, "8")).stdout.splitlines(keepends=True)

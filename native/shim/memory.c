@@ -131,7 +131,7 @@ cudaError_t nvp_host_alloc(void **pHost, size_t size, unsigned flags, int kind)
         return cudaSuccess;
     }
     uint64_t len = (size + page_size() - 1) / page_size() * page_size();
-    int fd = memfd_create("nvproxy-pinned", MFD_CLOEXEC);
+    int fd = nvp_memfd("nvproxy-pinned");
     if (fd < 0 || ftruncate(fd, (off_t)len) != 0) {
         if (fd >= 0)
             close(fd);
@@ -224,7 +224,7 @@ NVP_EXPORT cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int fla
     uint64_t len = (user + size - base + page_size() - 1) / page_size() * page_size();
     /* Move the pages into a memfd, in place: same address, same contents,
      * now shareable with the proxy. */
-    int fd = memfd_create("nvproxy-registered", MFD_CLOEXEC);
+    int fd = nvp_memfd("nvproxy-registered");
     if (fd < 0 || ftruncate(fd, (off_t)len) != 0) {
         if (fd >= 0)
             close(fd);

@@ -3,6 +3,8 @@
  * application, on a callback thread the proxy drives in stream order. */
 #include "shim.h"
 
+#include <fcntl.h>
+
 #include <errno.h>
 #include <sys/socket.h>
 #include <stdlib.h>
@@ -285,10 +287,19 @@ static void *callback_thread(void *arg)
 
 void nvp_callbacks_close(void)
 {
-    /* before a checkpoint: the thread, frozen in read(), finds the socket gone
-     * when it resumes and ends; the next host function starts a new one */
-    if (CB.fd >= 0)
+    /* Before a checkpoint: the thread, frozen in read(), finds the socket gone when
+     * it resumes and ends; the next host function starts a new one.  Its descriptor
+     * number stays taken (by /dev/null) until that thread closes it, so that nothing
+     * opened meanwhile (after a restart: new memfds, new channels) can get that number
+     * and be read, written or closed by the old thread. */
+    if (CB.fd >= 0) {
         shutdown(CB.fd, SHUT_RDWR);
+        int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (nul >= 0) {
+            dup2(nul, CB.fd);
+            close(nul);
+        }
+    }
     CB.fd = -1;
     CB.started = 0;
 }

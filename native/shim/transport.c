@@ -609,7 +609,7 @@ static void reshare(struct nvp_host_region *h, void *arg)
 static void remake_memfd(struct nvp_host_region *h, void *arg)
 {
     (void)arg;
-    int fd = memfd_create("nvproxy-pinned", MFD_CLOEXEC);
+    int fd = nvp_memfd("nvproxy-pinned");
     if (fd < 0 || ftruncate(fd, (off_t)h->size) != 0)
         goto fail;
     void *tmp = mmap(NULL, h->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -634,6 +634,18 @@ fail:
 
 /* Start a new proxy from image and make this thread's channel go to it.
  * Called with G.lock held. */
+int nvp_memfd(const char *what)
+{
+    /* A name of its own for every memfd: DMTCP tells shared mappings apart by their
+     * file's name, and restored every "/memfd:nvproxy-pinned (deleted)" mapping of a
+     * program from one file, so two pinned allocations came back with the same
+     * contents (seen with tests/apps/graph_nodes). */
+    static unsigned long long serial;
+    char name[64];
+    snprintf(name, sizeof name, "%s-%d-%llu", what, (int)getpid(), __atomic_add_fetch(&serial, 1, __ATOMIC_RELAXED));
+    return memfd_create(name, MFD_CLOEXEC);
+}
+
 static int replace_proxy(const char *image)
 {
     int ok = spawn_proxy(image) == 0;
@@ -831,7 +843,7 @@ cudaError_t nvp_staging(struct nvp_staging **out)
     if (e)
         return e;
     size_t size = (size_t)NVP_STAGE_SLOT * NVP_STAGE_SLOTS;
-    int fd = memfd_create("nvproxy-staging", MFD_CLOEXEC);
+    int fd = nvp_memfd("nvproxy-staging");
     if (fd < 0)
         return cudaErrorMemoryAllocation;
     if (ftruncate(fd, (off_t)size) != 0) {
