@@ -12,9 +12,8 @@ saves host memory).
 Registering in the background: CUDA's programming guide lists page-locking
 among the implicit synchronisation points, which would stall the application's
 streams or, with kernels that wait on other streams' later work, hang them.
-Measured on the H200 (driver 580, .diag-style experiment kept in
-docs/checkpoint.md): cuMemHostRegister of 64 MiB took 3.6 ms while a 254 ms
-kernel ran (3.2 ms idle), returned in 2.8 ms while a kernel spun on a flag, and
+Measured on the H200 (driver 580; docs/checkpoint.md): cuMemHostRegister of
+64 MiB took 3.6 ms while a 254 ms kernel ran (3.2 ms idle), returned in 2.8 ms while a kernel spun on a flag, and
 the launch that set the flag was not held up (0.1 ms); a 1 GiB device-to-host
 copy ran on beside a registration.  This driver does not synchronise there, so
 the buffer is registered in segments, in the background.
