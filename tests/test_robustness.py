@@ -113,6 +113,27 @@ def test_malformed_messages_close_only_that_channel(tmp_path: Path) -> None:
         # an unknown operation is an error reply, not a crash
         good.sendall(wire.REQ.pack(wire.REQ.size, 999, wire.NVP_F_REPLY, 1, *([0] * 8)))
         assert wire.REP.unpack(good.recv(wire.REP.size))[1] == 801
+        # damaged graph-building requests are errors too, and the graph stays usable
+        seq = 1
+
+        def call(op: int, args: list[int], payload: bytes = b"") -> int:
+            nonlocal seq
+            seq += 1
+            good.sendall(wire.REQ.pack(wire.REQ.size + len(payload), op, wire.NVP_F_REPLY, seq,
+                                       *(args + [0] * (8 - len(args)))) + payload)
+            rep = wire.REP.unpack(good.recv(wire.REP.size))
+            if rep[0] > wire.REP.size:
+                good.recv(rep[0] - wire.REP.size)
+            return rep[1]
+
+        assert call(wire.NVP_OP_GRAPH_CREATE, [1, 0]) == 0
+        empty, kernel = wire.NVP_NODE_EMPTY, wire.NVP_NODE_KERNEL
+        assert call(wire.NVP_OP_GRAPH_ADD_NODE, [1, 1, kernel, 0], b"\1\0") == 1  # a truncated kernel body
+        assert call(wire.NVP_OP_GRAPH_ADD_NODE, [1, 2, empty, 1], struct.pack("<II", 77, 0)) == 1  # no node 77
+        assert call(wire.NVP_OP_GRAPH_ADD_NODE, [1, 3, 99, 0]) == 1  # no such kind of node
+        assert call(wire.NVP_OP_GRAPH_ADD_NODE, [9, 4, empty, 0]) == 1  # no such graph
+        assert call(wire.NVP_OP_GRAPH_ADD_NODE, [1, 5, empty, 0]) == 0
+        assert call(wire.NVP_OP_GRAPH_ADD_NODE, [1, 6, empty, 1], struct.pack("<II", 5, 0)) == 0
         good.close()
     finally:
         proxy.kill()
