@@ -110,22 +110,25 @@ def test_dmtcp_checkpoint_kill_restart(build, backend: str, pause_ms: str, tmp_p
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", ["graphs", "graph_nodes"])
-def test_dmtcp_restart_keeps_graphs(build, backend: str, name: str, tmp_path: Path) -> None:
-    """Graphs (captured; built node by node, updated, cloned) come back from DMTCP's restart path (the image
-    read from a file, the graphs made once the program shared its pinned memory again), host nodes call back,
-    and launches go on printing what an uninterrupted run prints.  graph_nodes holds two pinned buffers: DMTCP
-    once restored both from one file (their memfds had the same name)."""
+@pytest.mark.parametrize(("name", "args", "after"), [("graphs", ("8",), "run 2:"), ("graph_nodes", ("8",), "run 2:"),
+                                                     ("managed", ("12",), "step 4:")],
+                         ids=["graphs", "graph_nodes", "managed"])
+def test_dmtcp_restart_keeps_features(build, backend: str, name: str, args: tuple[str, ...], after: str,
+                                      tmp_path: Path) -> None:
+    """Graphs (captured; built node by node, updated, cloned) and managed memory come back from DMTCP's restart
+    path (the image read from a file, graphs made once the program shared its pinned memory again), host nodes
+    call back, and the program goes on printing what an uninterrupted run prints.  graph_nodes holds two pinned
+    buffers: DMTCP once restored both from one file (their memfds had the same name)."""
     session = Session(tmp_path)
     exe = build(name)
-    reference = run(nvproxy_cmd(exe, backend, name, "8")).stdout.splitlines(keepends=True)
-    app = session.launch(nvproxy_cmd(exe, backend, name, "8"))
-    session.wait_for(app, "run 2:")
+    reference = run(nvproxy_cmd(exe, backend, name, *args)).stdout.splitlines(keepends=True)
+    app = session.launch(nvproxy_cmd(exe, backend, name, *args))
+    session.wait_for(app, after)
     session.checkpoint_and_kill(app)
     r = session.restart()
-    after = r.stdout.splitlines(keepends=True)  # (what the program printed from the checkpoint on)
-    assert after and after[0] in reference, r.stderr
-    assert after == reference[reference.index(after[0]) :] and r.returncode == 0, r.stderr
+    after_lines = r.stdout.splitlines(keepends=True)  # (what the program printed from the checkpoint on)
+    assert after_lines and after_lines[0] in reference, r.stderr
+    assert after_lines == reference[reference.index(after_lines[0]) :] and r.returncode == 0, r.stderr
 
 
 @pytest.mark.gpu
