@@ -27,13 +27,9 @@ HERE = Path(__file__).resolve().parent
 
 
 def _dmtcp_bin() -> Path:
-    base = os.environ.get("NVPROXY_DMTCP_DIR")
-    if base and (Path(base) / "bin" / "dmtcp_launch").exists():
-        return Path(base) / "bin"
-    found = shutil.which("dmtcp_launch")
-    if not found:
-        raise SystemExit("DMTCP is not installed (no dmtcp_launch on PATH or in $NVPROXY_DMTCP_DIR/bin)")
-    return Path(found).parent
+    from nvproxy.launcher import dmtcp_tool
+
+    return Path(dmtcp_tool("dmtcp_launch")).parent
 
 
 def _one(exe: Path, mib: int, where: str, backend: str, ckpt_dir: Path, dmtcp: Path) -> dict:

@@ -275,6 +275,8 @@ static cudaError_t simple_wait(uint16_t op, uint64_t a0)
     return nvp_ret(nvp_call(op, a, NULL, 0, &r, -1));
 }
 
+NVP_EXPORT cudaError_t cudaCtxResetPersistingL2Cache(void) { return simple_wait(NVP_OP_RESET_PERSISTING_L2, 0); }
+
 NVP_EXPORT cudaError_t cudaDeviceSynchronize(void)
 {
     uint64_t sent = nvp_async_sent();

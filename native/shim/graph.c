@@ -19,6 +19,24 @@ struct node_rec {
     int kind;
 };
 
+/* A new graph handle for the proxy's op, whose argument at names it; freed again if the op fails. */
+static cudaError_t graph_new(cudaGraph_t *out, int device, uint16_t op, uint64_t a[NVP_MAX_ARGS], int at)
+{
+    struct graph_rec rec = {device};
+    uint64_t h = nvp_handle_new(NVP_H_GRAPH, &rec, sizeof rec);
+    if (!h)
+        return cudaErrorMemoryAllocation;
+    a[at] = nvp_handle_id(h);
+    struct nvp_reply r = {0};
+    cudaError_t e = nvp_call(op, a, NULL, 0, &r, -1);
+    if (e) {
+        nvp_handle_free(NVP_H_GRAPH, h);
+        return e;
+    }
+    *out = (cudaGraph_t)(uintptr_t)h;
+    return cudaSuccess;
+}
+
 static cudaError_t capture_begin(cudaStream_t s, enum cudaStreamCaptureMode mode, int ptds)
 {
     int64_t w;
@@ -51,20 +69,10 @@ static cudaError_t capture_end(cudaStream_t s, cudaGraph_t *graph, int ptds)
         return e;
     if (!graph)
         return cudaErrorInvalidValue;
-    struct graph_rec rec = {nvp_current_device()};
-    uint64_t h = nvp_handle_new(NVP_H_GRAPH, &rec, sizeof rec);
-    if (!h)
-        return cudaErrorMemoryAllocation;
-    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w, nvp_handle_id(h)};
-    struct nvp_reply r = {0};
-    e = nvp_call(NVP_OP_CAPTURE_END, a, NULL, 0, &r, -1);
-    if (e) {
-        nvp_handle_free(NVP_H_GRAPH, h);
+    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w};
+    if ((e = graph_new(graph, nvp_current_device(), NVP_OP_CAPTURE_END, a, 1)))
         *graph = NULL;
-        return e;
-    }
-    *graph = (cudaGraph_t)(uintptr_t)h;
-    return cudaSuccess;
+    return e;
 }
 
 NVP_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
@@ -228,17 +236,8 @@ NVP_EXPORT cudaError_t cudaGraphCreate(cudaGraph_t *graph, unsigned int flags)
         return nvp_ret(e);
     if (!graph || flags)
         return nvp_ret(cudaErrorInvalidValue);
-    struct graph_rec rec = {nvp_current_device()};
-    uint64_t h = nvp_handle_new(NVP_H_GRAPH, &rec, sizeof rec);
-    if (!h)
-        return nvp_ret(cudaErrorMemoryAllocation);
-    uint64_t a[NVP_MAX_ARGS] = {nvp_handle_id(h), flags};
-    if ((e = nvp_call(NVP_OP_GRAPH_CREATE, a, NULL, 0, NULL, -1))) {
-        nvp_handle_free(NVP_H_GRAPH, h);
-        return nvp_ret(e);
-    }
-    *graph = (cudaGraph_t)(uintptr_t)h;
-    return cudaSuccess;
+    uint64_t a[NVP_MAX_ARGS] = {0, flags};
+    return nvp_ret(graph_new(graph, nvp_current_device(), NVP_OP_GRAPH_CREATE, a, 0));
 }
 
 NVP_EXPORT cudaError_t cudaGraphClone(cudaGraph_t *clone, cudaGraph_t graph)
@@ -249,16 +248,8 @@ NVP_EXPORT cudaError_t cudaGraphClone(cudaGraph_t *clone, cudaGraph_t graph)
     struct graph_rec rec;
     if (!clone || nvp_handle_get(NVP_H_GRAPH, (uint64_t)(uintptr_t)graph, &rec, sizeof rec) != 0)
         return nvp_ret(cudaErrorInvalidValue);
-    uint64_t h = nvp_handle_new(NVP_H_GRAPH, &rec, sizeof rec);
-    if (!h)
-        return nvp_ret(cudaErrorMemoryAllocation);
-    uint64_t a[NVP_MAX_ARGS] = {nvp_handle_id(h), nvp_handle_id((uint64_t)(uintptr_t)graph)};
-    if ((e = nvp_call(NVP_OP_GRAPH_CLONE, a, NULL, 0, NULL, -1))) {
-        nvp_handle_free(NVP_H_GRAPH, h);
-        return nvp_ret(e);
-    }
-    *clone = (cudaGraph_t)(uintptr_t)h;
-    return cudaSuccess;
+    uint64_t a[NVP_MAX_ARGS] = {0, nvp_handle_id((uint64_t)(uintptr_t)graph)};
+    return nvp_ret(graph_new(clone, rec.device, NVP_OP_GRAPH_CLONE, a, 0));
 }
 
 /* body: the kind's bytes; the dependencies go first, as node ids */
@@ -293,7 +284,8 @@ static cudaError_t add_node(cudaGraphNode_t *node, cudaGraph_t graph, const cuda
         return cudaErrorMemoryAllocation;
     }
     uint64_t a[NVP_MAX_ARGS] = {nvp_handle_id(g), nvp_handle_id(h), (uint64_t)kind, ndeps};
-    e = nvp_call(NVP_OP_GRAPH_ADD_NODE, a, payload, dlen + blen, NULL, -1);
+    struct nvp_reply r = {0}; /* (waited for: the driver's verdict on the node is this call's result) */
+    e = nvp_call(NVP_OP_GRAPH_ADD_NODE, a, payload, dlen + blen, &r, -1);
     free(payload);
     if (e) {
         nvp_handle_free(NVP_H_GRAPH_NODE, h);
@@ -303,17 +295,20 @@ static cudaError_t add_node(cudaGraphNode_t *node, cudaGraph_t graph, const cuda
     return cudaSuccess;
 }
 
-/* NVP_NODE_KERNEL body from cudaKernelNodeParams (into buf, which holds MAX_PARAM_BYTES + 32) */
+/* NVP_NODE_KERNEL body from cudaKernelNodeParams (into buf, which holds MAX_PARAM_BYTES + 36) */
 static cudaError_t kernel_body(const struct cudaKernelNodeParams *p, unsigned char *buf, size_t *len)
 {
+    cudaError_t e = nvp_enter();
+    if (e)
+        return e;
     if (!p)
         return cudaErrorInvalidValue;
     if (p->extra)
         return nvp_unsupported("cudaKernelNodeParams.extra");
     uint32_t kid;
     size_t n;
-    cudaError_t e = nvp_pack_kernel(p->func, p->gridDim, p->blockDim, p->sharedMemBytes, p->kernelParams, &kid,
-                                    buf + 36, MAX_PARAM_BYTES, &n);
+    e = nvp_pack_kernel(p->func, p->gridDim, p->blockDim, p->sharedMemBytes, p->kernelParams, &kid, buf + 36,
+                        MAX_PARAM_BYTES, &n);
     if (e)
         return e;
     uint32_t h[9] = {kid, p->gridDim.x, p->gridDim.y, p->gridDim.z, p->blockDim.x, p->blockDim.y, p->blockDim.z,
@@ -354,7 +349,8 @@ NVP_EXPORT cudaError_t cudaGraphExecKernelNodeSetParams(cudaGraphExec_t exec, cu
     size_t len;
     if (!(e = kernel_body(params, buf, &len))) {
         uint64_t a[NVP_MAX_ARGS] = {nvp_handle_id((uint64_t)(uintptr_t)exec), nvp_handle_id((uint64_t)(uintptr_t)node)};
-        e = nvp_call(NVP_OP_GRAPH_EXEC_KERNEL, a, buf, len, NULL, -1);
+        struct nvp_reply r = {0};
+        e = nvp_call(NVP_OP_GRAPH_EXEC_KERNEL, a, buf, len, &r, -1);
     }
     free(buf);
     return nvp_ret(e);

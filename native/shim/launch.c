@@ -478,13 +478,11 @@ static cudaError_t check_config(const struct kernel *k, dim3 g, dim3 b, size_t s
 static __thread unsigned char param_buf[MAX_PARAM_BYTES + 4];
 
 /* A launch's kernel id and parameter block, checked as a launch checks them
- * (graph kernel nodes are launches made later). */
+ * (graph kernel nodes are launches made later).  After nvp_enter. */
 cudaError_t nvp_pack_kernel(const void *func, dim3 grid, dim3 block, size_t shmem, void **args, uint32_t *kid,
                             unsigned char *buf, size_t cap, size_t *size)
 {
-    cudaError_t e = nvp_connect();
-    if (e)
-        return e;
+    cudaError_t e;
     struct kernel *k = func ? kernel_of(func) : NULL;
     if (!k)
         return cudaErrorInvalidDeviceFunction;
@@ -508,8 +506,8 @@ cudaError_t nvp_pack_kernel(const void *func, dim3 grid, dim3 block, size_t shme
 cudaError_t nvp_launch(const void *func, dim3 grid, dim3 block, void **args, size_t shmem, cudaStream_t stream,
                        int per_thread, unsigned flags)
 {
-    cudaError_t e = nvp_connect();
-    if (e || (e = nvp_sticky_error()))
+    cudaError_t e = nvp_enter();
+    if (e)
         return e;
     uint32_t kid;
     size_t total;

@@ -3,9 +3,8 @@
  * application, on a callback thread the proxy drives in stream order. */
 #include "shim.h"
 
-#include <fcntl.h>
-
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
@@ -301,7 +300,7 @@ void nvp_callbacks_close(void)
         }
     }
     CB.fd = -1;
-    CB.started = 0;
+    __atomic_store_n(&CB.started, 0, __ATOMIC_RELEASE);
 }
 
 cudaError_t nvp_callbacks_start(void)
@@ -319,8 +318,8 @@ cudaError_t nvp_callbacks_start(void)
         return cudaErrorDevicesUnavailable;
     }
     pthread_detach(t);
-    CB.started = 1;
-    CB.gen = nvp_generation();
+    __atomic_store_n(&CB.gen, nvp_generation(), __ATOMIC_RELEASE);
+    __atomic_store_n(&CB.started, 1, __ATOMIC_RELEASE); /* (read without the lock: nvp_callbacks_resume) */
     pthread_mutex_unlock(&CB.lock);
     return cudaSuccess;
 }
@@ -331,7 +330,11 @@ cudaError_t nvp_callbacks_resume(void)
      * host nodes of the graphs it made again call back here at their next launch:
      * the launch opens the callback channel first if there are any.  (Not in
      * DMTCP's restart hook: opened there, the restarted program ended after its
-     * next graph launch, with dmtcp_restart's status 99.) */
+     * next graph launch, with dmtcp_restart's status 99.)  Every graph launch comes
+     * here: the channel of this proxy is the common case, checked without the lock. */
+    if (__atomic_load_n(&CB.started, __ATOMIC_ACQUIRE) &&
+        __atomic_load_n(&CB.gen, __ATOMIC_ACQUIRE) == nvp_generation())
+        return cudaSuccess;
     pthread_mutex_lock(&CB.lock);
     int current = CB.started && CB.gen == nvp_generation(), any = 0;
     for (size_t i = 0; i < CB.n && !current && !any; i++)
@@ -544,14 +547,4 @@ NVP_EXPORT cudaError_t cudaStreamGetAttribute_ptsz(cudaStream_t s, cudaStreamAtt
                                                    cudaStreamAttrValue *value_out)
 {
     return nvp_ret(stream_attr(s, attr, value_out, 1, 1));
-}
-
-NVP_EXPORT cudaError_t cudaCtxResetPersistingL2Cache(void)
-{
-    cudaError_t e = nvp_enter();
-    if (e)
-        return nvp_ret(e);
-    uint64_t a[NVP_MAX_ARGS] = {0};
-    struct nvp_reply r = {0};
-    return nvp_ret(nvp_call(NVP_OP_RESET_PERSISTING_L2, a, NULL, 0, &r, -1));
 }

@@ -632,8 +632,6 @@ fail:
     nvp_log("nvproxy: pinned memory at %#llx could not be made shareable again", (unsigned long long)h->base);
 }
 
-/* Start a new proxy from image and make this thread's channel go to it.
- * Called with G.lock held. */
 int nvp_memfd(const char *what)
 {
     /* A name of its own for every memfd: DMTCP tells shared mappings apart by their
@@ -646,6 +644,8 @@ int nvp_memfd(const char *what)
     return memfd_create(name, MFD_CLOEXEC);
 }
 
+/* Start a new proxy from image and make this thread's channel go to it.
+ * Called with G.lock held. */
 static int replace_proxy(const char *image)
 {
     int ok = spawn_proxy(image) == 0;

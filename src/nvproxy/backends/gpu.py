@@ -254,13 +254,16 @@ class GpuBackend:
         except Exception as e:  # a driver thread must never see an exception
             print(f"nvproxy: host function failed: {e}", file=sys.stderr)
 
-    def host_func(self, s: object, fn: Callable[[int], None], keep: bool = False) -> None:
-        """keep: captured into a graph, called at each of its launches."""
+    def _host_fn_data(self, fn: Callable[[int], None], keep: bool) -> object:
+        """The trampoline's user data for fn (keep: a graph's, called at each launch)."""
         with self._lock:
             self._next_fn += 1
-            key = self._next_fn
-            self._host_fns[key] = (fn, keep)
-        cd.check(self.L.cuLaunchHostFunc(s, self._trampoline, ffi.cast("void *", key)), "cuLaunchHostFunc")
+            self._host_fns[self._next_fn] = (fn, keep)
+            return ffi.cast("void *", self._next_fn)
+
+    def host_func(self, s: object, fn: Callable[[int], None], keep: bool = False) -> None:
+        """keep: captured into a graph, called at each of its launches."""
+        cd.check(self.L.cuLaunchHostFunc(s, self._trampoline, self._host_fn_data(fn, keep)), "cuLaunchHostFunc")
 
     # ---- graphs made by stream capture ----
     def begin_capture(self, s: object, mode: int) -> None:
@@ -358,12 +361,8 @@ class GpuBackend:
         return n[0]
 
     def graph_add_host(self, g: object, deps: list[object], fn: Callable[[int], None]) -> object:
-        with self._lock:
-            self._next_fn += 1
-            key = self._next_fn
-            self._host_fns[key] = (fn, True)
         h = ffi.new("CUDA_HOST_NODE_PARAMS *")
-        h.fn, h.userData = self._trampoline, ffi.cast("void *", key)
+        h.fn, h.userData = self._trampoline, self._host_fn_data(fn, True)
         n = ffi.new("CUgraphNode *")
         cd.check(self.L.cuGraphAddHostNode(n, g, self._deps(deps), len(deps), h), "cuGraphAddHostNode")
         return n[0]

@@ -248,6 +248,7 @@ class FileLoader:
         self.queue: deque[tuple[Future, int, int, int]] = deque()  # (read, slot, device address, bytes)
         self.submitted = 0
         self.spent = {"slot_wait": 0.0, "copy_wait": 0.0, "read": 0.0, "checksum": 0.0, "in_order_wait": 0.0}
+        self._spent_lock = threading.Lock()  # (the reading threads add to it)
 
     def _read(self, i: int, at: int, n: int, crc: int, what: str, k: int) -> None:
         m, be = self.b.m, self.b.m.backend
@@ -264,8 +265,9 @@ class FileLoader:
         if checksum(v) != crc:
             raise ImageError(f"{what}: checksum mismatch in chunk {k}; the image is damaged")
         t4 = time.monotonic()
-        for key, dt in (("slot_wait", t1 - t0), ("copy_wait", t2 - t1), ("read", t3 - t2), ("checksum", t4 - t3)):
-            self.spent[key] += dt  # (summed over the reading threads: where a restore's time goes)
+        with self._spent_lock:  # (summed over the reading threads: where a restore's time goes)
+            for key, dt in (("slot_wait", t1 - t0), ("copy_wait", t2 - t1), ("read", t3 - t2), ("checksum", t4 - t3)):
+                self.spent[key] += dt
 
     def _issue_oldest(self) -> None:
         m = self.b.m

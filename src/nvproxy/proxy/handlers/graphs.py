@@ -95,7 +95,7 @@ def GRAPH_EXEC_KERNEL(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> No
         raise CudaError(INVALID_VALUE, f"kernel node {a[1]} of executable graph {a[0]}")
     p.backend.activate(x.log.dev)
     p.backend.graph_exec_kernel(x.handle, node, *_kernel(p, x.log.dev, payload))
-    x.updates.append((wire.NVP_OP_GRAPH_EXEC_KERNEL, a, payload))
+    _log_update(x, (wire.NVP_OP_GRAPH_EXEC_KERNEL, a, payload))
 
 
 def GRAPH_EXEC_UPDATE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
@@ -106,9 +106,19 @@ def GRAPH_EXEC_UPDATE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tu
     result = p.backend.graph_exec_update(x.handle, g.handle)
     if result == 0:  # a restore updates it again from the graph as it is now
         snapshot = dict(g.log.to_json(), created=g.created, built=_calls_json(g.built))
-        x.updates.append((wire.NVP_OP_GRAPH_EXEC_UPDATE, a, json.dumps(snapshot).encode()))
+        _log_update(x, (wire.NVP_OP_GRAPH_EXEC_UPDATE, a, json.dumps(snapshot).encode()))
         x.nodes.update(g.nodes)
     return (result,), b""
+
+
+def _log_update(x: GraphRec, call: tuple[int, tuple[int, ...], bytes]) -> None:
+    """Keep an executable graph's updates compact (a program may update a node before every launch): a whole-graph
+    update supersedes every earlier one, a kernel-node update the earlier ones of that node since then."""
+    op, a, _payload = call
+    if op == wire.NVP_OP_GRAPH_EXEC_UPDATE:
+        x.updates[:] = [call]
+    else:
+        x.updates[:] = [u for u in x.updates if u[0] != op or u[1][1] != a[1]] + [call]
 
 
 def _kernel(p: Any, dev: int, body: bytes) -> tuple[Any, tuple[int, ...], tuple[int, ...], int, bytes]:
@@ -182,6 +192,7 @@ def RESTORE_DONE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     if header is not None:
         restore(p, header)
 
+
 def _calls_json(calls: list[tuple[int, tuple[int, ...], bytes]]) -> list[Any]:
     return [[op, list(a), pl.hex()] for op, a, pl in calls]
 
@@ -251,7 +262,10 @@ def restore(p: Any, desc: dict[str, Any]) -> None:
             p.state.graphs[key] = GraphRec(log, g, order, 0, created, built, nodes)
         else:
             x = GraphRec(log, p.backend.graph_instantiate(g, d["flags"]), order, d["flags"], created, built, nodes)
-            x.sources.append(g)  # (its nodes name the executable graph's kernels in later updates)
+            if nodes:
+                x.sources.append(g)  # (its nodes name the executable graph's kernels in later updates)
+            else:
+                p.backend.graph_destroy(g)
             for op, a, payload in _calls(d.get("updates", [])):
                 if op == wire.NVP_OP_GRAPH_EXEC_UPDATE:
                     snap = json.loads(payload)
