@@ -29,6 +29,7 @@ PROGRAMS = [
     ("stream_attrs", ()),
     ("graphs", ()),
     ("graph_nodes", ()),
+    ("textures", ()),
 ]
 IDS = ["-".join((n, *a)) for n, a in PROGRAMS]
 

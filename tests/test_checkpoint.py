@@ -239,3 +239,10 @@ def test_node_built_graphs_survive_migration(build, backend: str) -> None:
     """Graphs built node by node (copies, memset, kernels, a host node, an updated kernel node, a clone) are
     built again in the new proxy from their recorded node additions, and launches go on as before."""
     migrate_mid_run(build, backend, "graph_nodes", ("8",), "run 2:")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_arrays_and_texture_objects_survive_migration(build, backend: str) -> None:
+    """CUDA arrays come back with their contents, and texture and surface objects with the values the
+    program's kernels hold (one destroyed between others left a gap the restore must keep)."""
+    migrate_mid_run(build, backend, "textures", ("8",), "step 2:")

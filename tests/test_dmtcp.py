@@ -111,13 +111,14 @@ def test_dmtcp_checkpoint_kill_restart(build, backend: str, pause_ms: str, tmp_p
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("name", "args", "after"), [("graphs", ("8",), "run 2:"), ("graph_nodes", ("8",), "run 2:"),
-                                                     ("managed", ("12",), "step 4:")],
-                         ids=["graphs", "graph_nodes", "managed"])
+                                                     ("managed", ("12",), "step 4:"), ("textures", ("8",), "step 2:")],
+                         ids=["graphs", "graph_nodes", "managed", "textures"])
 def test_dmtcp_restart_keeps_features(build, backend: str, name: str, args: tuple[str, ...], after: str,
                                       tmp_path: Path) -> None:
-    """Graphs (captured; built node by node, updated, cloned) and managed memory come back from DMTCP's restart
-    path (the image read from a file, graphs made once the program shared its pinned memory again), host nodes
-    call back, and the program goes on printing what an uninterrupted run prints.  graph_nodes holds two pinned
+    """Graphs (captured; built node by node, updated, cloned), managed memory, CUDA arrays and texture/surface
+    objects come back from DMTCP's restart path (the image read from a file, graphs made once the program shared
+    its pinned memory again), host nodes call back, and the program goes on printing what an uninterrupted run
+    prints.  graph_nodes holds two pinned
     buffers: DMTCP once restored both from one file (their memfds had the same name)."""
     session = Session(tmp_path)
     exe = build(name)

@@ -90,7 +90,12 @@
 #define NVP_OP_GRAPH_CLONE 53     /* a0 graph id (new), a1 graph id */
 #define NVP_OP_GRAPH_EXEC_UPDATE 54 /* a0 exec id, a1 graph id; reply r0 cudaGraphExecUpdateResult */
 #define NVP_OP_RESTORE_DONE 55    /* after a restore from an image: the shim has shared its pinned memory again */
-#define NVP_OP_COUNT 56
+#define NVP_OP_ARRAY_CREATE 56   /* a0 array id (new); payload struct nvp_array_desc */
+#define NVP_OP_ARRAY_DESTROY 57  /* a0 array id */
+#define NVP_OP_COPY_3D 58        /* a0 stream; payload struct nvp_copy3d (CUDA arrays on one side or both) */
+#define NVP_OP_TEX_CREATE 59     /* a0 0 texture / 1 surface; payload struct nvp_tex_create -> r0 object */
+#define NVP_OP_TEX_DESTROY 60    /* a0 0 texture / 1 surface, a1 object */
+#define NVP_OP_COUNT 61
 
 /* node bodies (little-endian, packed as listed) */
 #define NVP_NODE_KERNEL 1 /* u32 kernel id, u32 grid[3], u32 block[3], u32 shmem, u32 param bytes; params */
@@ -104,6 +109,44 @@
 #define NVP_LAUNCH_COOPERATIVE 1
 
 /* memcpy a4 (MEMCPY) flags: none yet */
+
+/* CUDA arrays and texture/surface objects (runtime enum values throughout) */
+struct nvp_chan_fmt {
+    int32_t x, y, z, w; /* bits per channel */
+    int32_t f;          /* cudaChannelFormatKind */
+};
+struct nvp_array_desc {
+    uint64_t width, height, depth; /* elements; 0 height/depth: 1D/2D as cudaMalloc3DArray takes them */
+    struct nvp_chan_fmt fmt;
+    uint32_t flags;                /* cudaArray* flags (the driver's CUDA_ARRAY3D_* values) */
+};
+#define NVP_SIDE_LINEAR 0  /* addr: device or pinned host address valid in the proxy */
+#define NVP_SIDE_ARRAY 1   /* addr: array id */
+#define NVP_SIDE_STAGING 2 /* addr: offset in the calling channel's staging buffer */
+struct nvp_copy_side {
+    uint64_t kind, addr;
+    uint64_t pitch, rows; /* linear: bytes per row, rows per slice */
+    uint64_t x, y, z;     /* x in bytes */
+};
+struct nvp_copy3d {
+    struct nvp_copy_side src, dst;
+    uint64_t width, height, depth; /* width in bytes */
+};
+struct nvp_tex_create {
+    int32_t res_type; /* cudaResourceType: array, linear, pitch2D */
+    int32_t pad;
+    uint64_t res;     /* array id or device address */
+    struct nvp_chan_fmt fmt;
+    int32_t pad2;
+    uint64_t size, width, height, pitch; /* linear: size; pitch2D: width, height (elements), pitch */
+    int32_t address[3], filter, read_mode, srgb;
+    float border[4];
+    int32_t normalized;
+    uint32_t max_aniso;
+    int32_t mip_filter;
+    float mip_bias, mip_min, mip_max;
+    int32_t no_trilinear, seamless;
+};
 
 /* callback channel message, both directions */
 struct nvp_cb {

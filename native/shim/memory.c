@@ -662,7 +662,7 @@ NVP_EXPORT struct cudaChannelFormatDesc cudaCreateChannelDesc(int x, int y, int 
     return d;
 }
 
-/* ---- 3D on pitched linear memory (slices of 2D copies); CUDA arrays come later ---- */
+/* ---- 3D on pitched linear memory (slices of 2D copies); CUDA arrays: array.c ---- */
 
 NVP_EXPORT cudaError_t cudaMalloc3D(struct cudaPitchedPtr *pitchedDevPtr, struct cudaExtent extent)
 {
@@ -688,7 +688,7 @@ static cudaError_t memcpy3d(const struct cudaMemcpy3DParms *p, int64_t stream, i
     if (!p)
         return cudaErrorInvalidValue;
     if (p->srcArray || p->dstArray)
-        return nvp_unsupported("cudaMemcpy3D with CUDA arrays");
+        return nvp_copy3d_arrays(p, stream, is_async);
     for (size_t z = 0; z < p->extent.depth; z++) {
         cudaError_t e = memcpy2d(slice(&p->dstPtr, &p->dstPos, z), p->dstPtr.pitch, slice(&p->srcPtr, &p->srcPos, z),
                                  p->srcPtr.pitch, p->extent.width, p->extent.height, p->kind, stream, is_async);

@@ -121,7 +121,15 @@ cudaError_t nvp_host_alloc(void **p, size_t size, unsigned flags, int kind);
 cudaError_t nvp_host_free(const struct nvp_host_region *h);
 
 /* Handle tables: streams and events are small IDs owned by nvproxy. */
-enum nvp_handle_type { NVP_H_STREAM = 1, NVP_H_EVENT = 2, NVP_H_GRAPH = 3, NVP_H_GRAPH_EXEC = 4, NVP_H_GRAPH_NODE = 5 };
+enum nvp_handle_type {
+    NVP_H_STREAM = 1,
+    NVP_H_EVENT = 2,
+    NVP_H_GRAPH = 3,
+    NVP_H_GRAPH_EXEC = 4,
+    NVP_H_GRAPH_NODE = 5,
+    NVP_H_ARRAY = 6,
+    NVP_H_TYPES
+};
 struct nvp_stream_rec {
     int device;
     unsigned flags;
@@ -175,6 +183,10 @@ void nvp_registry_reset(void);
 
 /* ---- mempool.c ---- */
 void nvp_pool_forget(uint64_t ptr);
+
+/* ---- array.c ---- */
+int nvp_array_id(cudaArray_const_t a, uint32_t *id); /* the array's wire id; -1 if not an array */
+cudaError_t nvp_copy3d_arrays(const struct cudaMemcpy3DParms *p, int64_t stream, int is_async);
 
 /* ---- memory.c ---- */
 cudaError_t nvp_memcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,

@@ -273,6 +273,10 @@ static void *callback_thread(void *arg)
                 CB.v[m.id - 1].used = 0;
         }
         pthread_mutex_unlock(&CB.lock);
+        if (!c.fn)
+            nvp_log("nvproxy: the proxy called back an unknown host function (%llu); not run", (unsigned long long)m.id);
+        else if (nvp_trace_enabled())
+            nvp_log("nvproxy: <- host function %llu on fd %d", (unsigned long long)m.id, fd);
         if (c.fn && c.with_status)
             ((cudaStreamCallback_t)c.fn)(c.stream, (cudaError_t)m.status, c.data);
         else if (c.fn)
@@ -318,6 +322,8 @@ cudaError_t nvp_callbacks_start(void)
         return cudaErrorDevicesUnavailable;
     }
     pthread_detach(t);
+    if (nvp_trace_enabled())
+        nvp_log("nvproxy: callback channel on fd %d", CB.fd);
     __atomic_store_n(&CB.gen, nvp_generation(), __ATOMIC_RELEASE);
     __atomic_store_n(&CB.started, 1, __ATOMIC_RELEASE); /* (read without the lock: nvp_callbacks_resume) */
     pthread_mutex_unlock(&CB.lock);

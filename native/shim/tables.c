@@ -175,7 +175,7 @@ int nvp_host_shared(uint64_t p, uint64_t n, struct nvp_host_region *out)
 /* ---- handles: value = tag | type << 40 | index; index 0 is never used ---- */
 #define H_TAG 0x5e00000000000000ull
 #define H_MAX 1048576u
-#define REC_MAX 32
+#define REC_MAX 48
 struct slot {
     int live;
     char rec[REC_MAX];
@@ -187,9 +187,7 @@ static struct {
     uint32_t free_head; /* reuse: a simple stack of freed indices */
     uint32_t *freed;
     uint32_t nfreed;
-} tables[6] = {{PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0, 0, 0}, {PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0, 0, 0},
-               {PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0, 0, 0}, {PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0, 0, 0},
-               {PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0, 0, 0}, {PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0, 0, 0}};
+} tables[NVP_H_TYPES]; /* (zeroed: glibc's PTHREAD_MUTEX_INITIALIZER) */
 
 uint64_t nvp_handle_new(int type, const void *rec, size_t rec_size)
 {

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from .errors import ILLEGAL_ADDRESS, CudaError
+
 KernelFn = Callable[..., None]
 _registry: dict[str, KernelFn] = {}
 _MANGLED = re.compile(r"_Z(\d+)(\w+)")
@@ -72,8 +74,10 @@ class KernelContext:
     """What a sim kernel sees: launch geometry and device memory."""
 
     def __init__(self, mem: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shmem: int,
-                 printf: Callable[[str], None], symbols: dict[str, tuple[int, int]]) -> None:
+                 printf: Callable[[str], None], symbols: dict[str, tuple[int, int]],
+                 objects: dict[int, Any] | None = None) -> None:
         self._mem = mem
+        self._objects = objects or {}
         self._symbols = symbols
         self.grid = grid
         self.block = block
@@ -92,6 +96,21 @@ class KernelContext:
     def symbol(self, name: str) -> int:
         """Device address of a module variable (__device__/__constant__) of the kernel's module."""
         return self._symbols[name][0]
+
+    def texture(self, obj: int) -> Any:
+        """A texture object: .sample(x[, y[, z]]) with arrays of coordinates (tex1D/2D/3D, point
+        filtering), .fetch(i) (tex1Dfetch), .texels() (the elements it reads)."""
+        o = self._objects.get(obj)
+        if o is None or o.surface:
+            raise CudaError(ILLEGAL_ADDRESS, f"sim: {obj:#x} is no texture object")
+        return o
+
+    def surface(self, obj: int) -> np.ndarray:
+        """A surface object's array, writable: [depth, height,] width[, channels] (surf*Dwrite)."""
+        o = self._objects.get(obj)
+        if o is None or not o.surface:
+            raise CudaError(ILLEGAL_ADDRESS, f"sim: {obj:#x} is no surface object")
+        return o.res[1].elements()
 
     def read(self, ptr: int, n: int) -> bytes:
         return bytes(self._mem.view(ptr, n))

@@ -58,6 +58,16 @@ REP = _check("struct nvp_rep", "<IiiI4Q")
 CB = _check("struct nvp_cb", "<IiQQ")
 PARAM = _check("struct nvp_param", "<II")
 KERNEL_INFO = _check("struct nvp_kernel_info", "<II10i")
+ARRAY_DESC = _check("struct nvp_array_desc", "<3Q5iI")  # width, height, depth, format x y z w f, flags
+COPY_SIDE = "7Q"  # kind, addr, pitch, rows, x, y, z
+COPY_3D = _check("struct nvp_copy3d", f"<{COPY_SIDE}{COPY_SIDE}3Q")
+# res type, pad, res, format x y z w f, pad, size, width, height, pitch, address[3], filter, read mode, sRGB,
+# border[4], normalized, max anisotropy, mipmap filter, bias, min, max, no trilinear, seamless
+TEX_CREATE = _check("struct nvp_tex_create", "<iiQ5ii4Q6i4fiIi3f2i")
+TEX_FIELDS = ("res_type", "_pad", "res", "x", "y", "z", "w", "f", "_pad2", "size", "width", "height", "pitch",
+              "address0", "address1", "address2", "filter", "read_mode", "srgb", "border0", "border1", "border2",
+              "border3", "normalized", "max_aniso", "mip_filter", "mip_bias", "mip_min", "mip_max", "no_trilinear",
+              "seamless")
 DEVICE_INFO_SIZE: int = ffi.sizeof("struct nvp_device_info")
 MAX_ATTR: int = CONSTANTS["NVP_MAX_ATTR"]
 

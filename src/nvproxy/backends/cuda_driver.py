@@ -57,6 +57,27 @@ typedef struct {
     void *dstArray; void *reserved1; size_t dstPitch, dstHeight;
     size_t WidthInBytes, Height, Depth;
 } CUDA_MEMCPY3D;
+typedef struct CUarray_st *CUarray;
+typedef unsigned long long CUtexObject;
+typedef unsigned long long CUsurfObject;
+typedef struct { size_t Width, Height, Depth; int Format; unsigned int NumChannels; unsigned int Flags; }
+    CUDA_ARRAY3D_DESCRIPTOR;
+typedef struct {
+    int resType;
+    union {
+        struct { CUarray hArray; } array;
+        struct { void *hMipmappedArray; } mipmap;
+        struct { CUdeviceptr devPtr; int format; unsigned int numChannels; size_t sizeInBytes; } linear;
+        struct { CUdeviceptr devPtr; int format; unsigned int numChannels; size_t width; size_t height;
+                 size_t pitchInBytes; } pitch2D;
+        struct { int reserved[32]; } reserved;
+    } res;
+    unsigned int flags;
+} CUDA_RESOURCE_DESC;
+typedef struct {
+    int addressMode[3]; int filterMode; unsigned int flags; unsigned int maxAnisotropy; int mipmapFilterMode;
+    float mipmapLevelBias, minMipmapLevelClamp, maxMipmapLevelClamp; float borderColor[4]; int reserved[12];
+} CUDA_TEXTURE_DESC;
 typedef struct {
     CUfunction func; unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
     void **kernelParams; void **extra; void *kern; CUcontext ctx;
@@ -106,6 +127,16 @@ CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *pCopy, CUstream hStream);
 CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream);
 CUresult cuMemsetD2D8Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height,
                            CUstream hStream);
+
+CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray);
+CUresult cuArrayDestroy(CUarray hArray);
+CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D *pCopy, CUstream hStream);
+CUresult cuMemcpy3D_v2(const CUDA_MEMCPY3D *pCopy);
+CUresult cuTexObjectCreate(CUtexObject *pTexObject, const CUDA_RESOURCE_DESC *pResDesc,
+                           const CUDA_TEXTURE_DESC *pTexDesc, const void *pResViewDesc);
+CUresult cuTexObjectDestroy(CUtexObject texObject);
+CUresult cuSurfObjectCreate(CUsurfObject *pSurfObject, const CUDA_RESOURCE_DESC *pResDesc);
+CUresult cuSurfObjectDestroy(CUsurfObject surfObject);
 
 CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority);
 CUresult cuStreamDestroy_v2(CUstream hStream);
@@ -181,7 +212,12 @@ CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
 CU_MEMHOSTREGISTER_PORTABLE = 1
 CU_MEMHOSTREGISTER_DEVICEMAP = 2
 CU_MEMHOSTREGISTER_READ_ONLY = 8
+CU_MEMORYTYPE_HOST = 1
+CU_MEMORYTYPE_ARRAY = 3
 CU_MEMORYTYPE_UNIFIED = 4
+CU_TRSF_READ_AS_INTEGER, CU_TRSF_NORMALIZED_COORDINATES, CU_TRSF_SRGB = 0x01, 0x02, 0x10
+CU_TRSF_DISABLE_TRILINEAR_OPTIMIZATION, CU_TRSF_SEAMLESS_CUBEMAP = 0x20, 0x40
+CU_RESOURCE_TYPE_ARRAY, CU_RESOURCE_TYPE_LINEAR, CU_RESOURCE_TYPE_PITCH2D = 0, 2, 3
 CU_LAUNCH_PARAM_BUFFER_POINTER = 1
 CU_LAUNCH_PARAM_BUFFER_SIZE = 2
 CU_LAUNCH_PARAM_END = 0

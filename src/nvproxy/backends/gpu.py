@@ -13,6 +13,7 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .. import fatbin
 from ..errors import INVALID_RESOURCE_HANDLE, CudaError
@@ -204,6 +205,111 @@ class GpuBackend:
 
     def memset2d(self, ptr: int, pitch: int, value: int, width: int, height: int, stream: object) -> None:
         cd.check(self.L.cuMemsetD2D8Async(ptr, pitch, value, width, height, stream), "cuMemsetD2D8Async")
+
+    # ---- CUDA arrays, texture and surface objects ----
+    def array_create(self, dev: int, width: int, height: int, depth: int, fmt: Any, flags: int) -> object:
+        self.activate(dev)
+        d = ffi.new("CUDA_ARRAY3D_DESCRIPTOR *")
+        d.Width, d.Height, d.Depth, d.Format, d.NumChannels, d.Flags = (width, height, depth, fmt.cu_format,
+                                                                        fmt.channels, flags)
+        a = ffi.new("CUarray *")
+        cd.check(self.L.cuArray3DCreate_v2(a, d), "cuArray3DCreate")
+        return a[0]
+
+    def array_destroy(self, a: object) -> None:
+        cd.check(self.L.cuArrayDestroy(a), "cuArrayDestroy")
+
+    @staticmethod
+    def _copy_side(c: Any, at: str, side: tuple[Any, ...]) -> None:
+        """One side of a CUDA_MEMCPY3D: ("array", handle, x, y, z) or ("linear", address, pitch, rows, x, y, z)."""
+        if side[0] == "array":
+            _k, handle, x, y, z = side
+            setattr(c, at + "MemoryType", cd.CU_MEMORYTYPE_ARRAY)
+            setattr(c, at + "Array", handle)
+        else:
+            _k, addr, pitch, rows, x, y, z = side
+            setattr(c, at + "MemoryType", cd.CU_MEMORYTYPE_UNIFIED)
+            setattr(c, at + "Device", addr)
+            setattr(c, at + "Pitch", pitch)
+            setattr(c, at + "Height", rows)
+        setattr(c, at + "XInBytes", x)
+        setattr(c, at + "Y", y)
+        setattr(c, at + "Z", z)
+
+    def copy3d(self, src: tuple[Any, ...], dst: tuple[Any, ...], width: int, height: int, depth: int,
+               stream: object) -> None:
+        c = ffi.new("CUDA_MEMCPY3D *")
+        self._copy_side(c, "src", src)
+        self._copy_side(c, "dst", dst)
+        c.WidthInBytes, c.Height, c.Depth = width, height, depth
+        cd.check(self.L.cuMemcpy3DAsync_v2(c, stream), "cuMemcpy3DAsync")
+
+    def _array_host_copy(self, a: object, shape: tuple[int, int, int], buf: Any, to_array: bool) -> None:
+        row, rows, slices = shape
+        c = ffi.new("CUDA_MEMCPY3D *")
+        host, arr = ("src", "dst") if to_array else ("dst", "src")
+        setattr(c, arr + "MemoryType", cd.CU_MEMORYTYPE_ARRAY)
+        setattr(c, arr + "Array", a)
+        setattr(c, host + "MemoryType", cd.CU_MEMORYTYPE_HOST)
+        setattr(c, host + "Host", ffi.from_buffer(buf))
+        setattr(c, host + "Pitch", row)
+        setattr(c, host + "Height", rows)
+        c.WidthInBytes, c.Height, c.Depth = row, rows, slices
+        cd.check(self.L.cuMemcpy3D_v2(c), "cuMemcpy3D")
+
+    def array_read(self, a: object, shape: tuple[int, int, int]) -> bytes:
+        buf = bytearray(shape[0] * shape[1] * shape[2])
+        self._array_host_copy(a, shape, buf, False)
+        return bytes(buf)
+
+    def array_write(self, a: object, shape: tuple[int, int, int], data: bytes) -> None:
+        self._array_host_copy(a, shape, data, True)
+
+    def object_create(self, dev: int, surface: bool, res: tuple[Any, ...], tex: dict[str, Any] | None
+                      ) -> tuple[int, int]:
+        """(value, handle) of a new texture or surface object; res: ("array", handle, format),
+        ("linear", address, format, bytes) or ("pitch2d", address, format, width, height, pitch)."""
+        self.activate(dev)
+        r = ffi.new("CUDA_RESOURCE_DESC *")
+        fmt = res[2]
+        if res[0] == "array":
+            r.resType, r.res.array.hArray = cd.CU_RESOURCE_TYPE_ARRAY, res[1]
+        elif res[0] == "linear":
+            r.resType = cd.CU_RESOURCE_TYPE_LINEAR
+            lin = r.res.linear
+            lin.devPtr, lin.format, lin.numChannels, lin.sizeInBytes = res[1], fmt.cu_format, fmt.channels, res[3]
+        else:
+            r.resType = cd.CU_RESOURCE_TYPE_PITCH2D
+            p2 = r.res.pitch2D
+            p2.devPtr, p2.format, p2.numChannels = res[1], fmt.cu_format, fmt.channels
+            p2.width, p2.height, p2.pitchInBytes = res[3], res[4], res[5]
+        if surface or tex is None:
+            o = ffi.new("CUsurfObject *")
+            cd.check(self.L.cuSurfObjectCreate(o, r), "cuSurfObjectCreate")
+            return int(o[0]), int(o[0])
+        t = ffi.new("CUDA_TEXTURE_DESC *")
+        for i in range(3):
+            t.addressMode[i] = tex[f"address{i}"]
+            t.borderColor[i] = tex[f"border{i}"]
+        t.borderColor[3] = tex["border3"]
+        t.filterMode = tex["filter"]
+        flags = cd.CU_TRSF_READ_AS_INTEGER if tex["read_mode"] == 0 and fmt.integer else 0
+        for key, bit in (("normalized", cd.CU_TRSF_NORMALIZED_COORDINATES), ("srgb", cd.CU_TRSF_SRGB),
+                         ("no_trilinear", cd.CU_TRSF_DISABLE_TRILINEAR_OPTIMIZATION),
+                         ("seamless", cd.CU_TRSF_SEAMLESS_CUBEMAP)):
+            flags |= bit if tex[key] else 0
+        t.flags, t.maxAnisotropy, t.mipmapFilterMode = flags, tex["max_aniso"], tex["mip_filter"]
+        t.mipmapLevelBias, t.minMipmapLevelClamp = tex["mip_bias"], tex["mip_min"]
+        t.maxMipmapLevelClamp = tex["mip_max"]
+        o = ffi.new("CUtexObject *")
+        cd.check(self.L.cuTexObjectCreate(o, r, t, ffi.NULL), "cuTexObjectCreate")
+        return int(o[0]), int(o[0])
+
+    def object_destroy(self, surface: bool, handle: int) -> None:
+        if surface:
+            cd.check(self.L.cuSurfObjectDestroy(handle), "cuSurfObjectDestroy")
+        else:
+            cd.check(self.L.cuTexObjectDestroy(handle), "cuTexObjectDestroy")
 
     # ---- streams ----
     def legacy_stream(self, dev: int) -> object:

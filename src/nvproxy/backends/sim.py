@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import fatbin, sim_kernels
 from ..errors import (
@@ -39,6 +40,7 @@ from ..errors import (
 )
 from ..proxy import libc
 from ..proxy.arena import FreeList
+from .sim_arrays import SimArray, SimObject
 
 GRANULE = 2 << 20
 SIM_MEMORY = 16 << 30
@@ -184,6 +186,8 @@ class SimBackend:
         self._fast_callbacks: list[object] = []
         self.limits = dict(_LIMITS)
         self.cache_config = 0
+        self.objects: dict[int, SimObject] = {}  # texture and surface objects by value
+        self._next_object = 0
 
     # ---- devices ----
     def device_count(self) -> int:
@@ -269,6 +273,48 @@ class SimBackend:
     def memset2d(self, ptr: int, pitch: int, value: int, width: int, height: int, stream: SimStream) -> None:
         for row in range(height):
             self.memset(ptr + row * pitch, value, width, stream)
+
+    # ---- CUDA arrays, texture and surface objects (sim_arrays.py) ----
+    def array_create(self, dev: int, width: int, height: int, depth: int, fmt: Any, flags: int) -> SimArray:
+        return SimArray(width, height, depth, fmt)
+
+    def array_destroy(self, a: SimArray) -> None:
+        pass
+
+    def _side_row(self, side: tuple[Any, ...], y: int, z: int, width: int) -> memoryview:
+        if side[0] == "array":
+            _k, a, x, y0, z0 = side
+            return a.rows(x, y0 + y, z0 + z, width)
+        _k, addr, pitch, rows, x, y0, z0 = side
+        return self._copy_view(addr + ((z0 + z) * rows + y0 + y) * pitch + x, width)
+
+    def copy3d(self, src: tuple[Any, ...], dst: tuple[Any, ...], width: int, height: int, depth: int,
+               stream: SimStream | None) -> None:
+        if self._kept(stream, functools.partial(self.copy3d, src, dst, width, height, depth, None)):
+            return
+        self.check()
+        for z in range(depth):
+            for y in range(height):
+                self._side_row(dst, y, z, width)[:] = self._side_row(src, y, z, width)
+
+    def array_read(self, a: SimArray, shape: tuple[int, int, int]) -> bytes:
+        return bytes(a.data)
+
+    def array_write(self, a: SimArray, shape: tuple[int, int, int], data: bytes) -> None:
+        a.data[:] = data
+
+    def object_create(self, dev: int, surface: bool, res: tuple[Any, ...], tex: dict[str, Any] | None
+                      ) -> tuple[int, SimObject]:
+        """Values from a counter that never goes back (a restore must fill the gaps)."""
+        o = SimObject(surface, res, tex, self.mem)
+        self._next_object += 1
+        self.objects[self._next_object] = o
+        return self._next_object, o
+
+    def object_destroy(self, surface: bool, handle: SimObject) -> None:
+        for v, o in list(self.objects.items()):
+            if o is handle:
+                del self.objects[v]
 
     # ---- streams and events: work runs at submission ----
     def legacy_stream(self, dev: int) -> SimStream:
@@ -511,7 +557,7 @@ class SimBackend:
         for off, size in k.info.params:
             raw = params[off : off + size]
             args.append(int.from_bytes(raw, "little") if size in (1, 2, 4, 8) else raw)
-        ctx = sim_kernels.KernelContext(self.mem, grid, block, shmem, self._print, k.symbols)
+        ctx = sim_kernels.KernelContext(self.mem, grid, block, shmem, self._print, k.symbols, self.objects)
         try:
             fn(ctx, *args)
         except sim_kernels.DeviceAssert as e:

@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import fatbin
 from ..errors import CudaError
-from ..proxy.handlers import graphs
+from ..proxy.handlers import arrays, graphs
 from ..proxy.state import ProcessState
 from . import hostimage, transfer
 from .checksum import checksum
@@ -51,6 +51,7 @@ def describe(state: ProcessState) -> dict[str, Any]:
         "events": [[w, dev, state.event_flags[w], before.get(w)] for w, (dev, _e) in sorted(state.events.items())],
         "host": sorted([addr, r.size] for addr, r in state.host.items() if r.channel is None),
         **graphs.describe(state),
+        **arrays.describe(state),
     }
 
 
@@ -59,7 +60,13 @@ def estimate(state: ProcessState) -> int:
     n = sum(len(img) + ALIGN for img in state.images.values())
     for d in state.devices.values():
         n += sum(size + ALIGN for _va, size in d.arena.mappings())
+    n += sum(_array_bytes(r) + ALIGN for r in state.arrays.values())
     return n + (1 << 20)  # module variables and the header
+
+
+def _array_bytes(rec: Any) -> int:
+    row, rows, slices = rec.shape()
+    return row * rows * slices
 
 
 def prefault(state: ProcessState) -> None:
@@ -103,6 +110,8 @@ def dump(state: ProcessState, himg: HostImage) -> dict[str, Any]:
                 if n:
                     device_regions.append({"kind": "var", "dev": dev, "module": mod_id, "name": name, "size": n,
                                            "va": state.original(va), "offset": layout.reserve(n), "from": va})
+    array_regions = [{"kind": "array", "id": i, "dev": r.dev, "size": _array_bytes(r),
+                      "offset": layout.reserve(_array_bytes(r))} for i, r in sorted(state.arrays.items())]
     t_grow = time.monotonic()
     himg.grow(layout.end + (1 << 20))  # and register what was not yet
     t_grow = time.monotonic() - t_grow
@@ -124,7 +133,13 @@ def dump(state: ProcessState, himg: HostImage) -> dict[str, Any]:
         finally:
             m.close()
     t_copy = time.monotonic() - t_copy
-    header["regions"] = [r for r, _i in modules] + device_regions
+    for r in array_regions:  # (through pageable memory: arrays are small beside the arena)
+        rec = state.arrays[r["id"]]
+        be.activate(rec.dev)
+        data = be.array_read(rec.handle, rec.shape())
+        himg.view(r["offset"], r["size"])[:] = data
+        r["crcs"] = [checksum(data)]
+    header["regions"] = [r for r, _i in modules] + device_regions + array_regions
     prefix, data = encode_header(header, layout.end)
     himg.grow(layout.end + len(data))
     himg.view(layout.end, len(data))[:] = data

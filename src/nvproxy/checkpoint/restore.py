@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import CudaError
 from ..proxy import libc
+from ..proxy.handlers import arrays
 from ..proxy.state import HostRange, ProcessState
 from . import transfer
 from .checksum import checksum
@@ -190,6 +191,8 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
             raise ImageError(f"pinned host memory at {addr:#x} cannot be mapped at its address here")
         be.host_register(addr, size)
         state.host[addr] = HostRange(size, hfd)
+    arrays.make_arrays(state, h)
+    arrays.make_objects(state, h)  # (after the streams and events: their values come from the same tables)
     phase("objects")
     total = sum(r["size"] for r in h["regions"] if r["kind"] == "mem")
     done = 0
@@ -213,6 +216,12 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
                     load(va, n, r["offset"], r["crcs"], f"variable {r['name']}")
                     if va != r["va"]:  # the driver placed the module elsewhere this time
                         state.relocate(r["va"], n, va)
+                elif r["kind"] == "array":
+                    data = img.read(r["offset"], r["size"])
+                    if len(data) != r["size"] or checksum(data) != r["crcs"][0]:
+                        raise ImageError(f"CUDA array {r['id']}: checksum mismatch; the image is damaged")
+                    rec = state.arrays[r["id"]]
+                    be.array_write(rec.handle, rec.shape(), data)
         finally:
             cleanup()
             m.close()

@@ -368,19 +368,23 @@ class Server:
         ch.tid, ch.kind = a[1], a[3]
         if ch.kind == wire.NVP_CHAN_CALL:
             self.calling_threads += 1
-        ch.reply(((self.backend.device_count(), 1 if self.backend.name == "sim" else 0, os.getpid(),
-                   self.backend.driver_version()), b""), 0)
         if ch.kind == wire.NVP_CHAN_CALLBACK:
+            # Installed before the reply: once the application has it, its next call may
+            # launch work whose host function calls back (on the GPU from a driver thread,
+            # possibly while this loop is still here).
             self.sel.unregister(ch.sock)
             ch.sock.setblocking(True)
             ch.fast = None
             self.callback_channel = ch
+        ch.reply(((self.backend.device_count(), 1 if self.backend.name == "sim" else 0, os.getpid(),
+                   self.backend.driver_version()), b""), 0)
 
     # ---- host callbacks: run in the application, in stream order ----
     def run_callback(self, cb_id: int, status: int, keep: bool = False) -> None:
         """keep: a graph's host node: the application keeps the callback for the next launch."""
         ch = self.callback_channel
-        if ch is None:
+        if ch is None:  # (the application registers a callback only after opening its channel)
+            print(f"nvproxy: host callback {cb_id} has no callback channel to run on; dropped", file=sys.stderr)
             return
         with self.callback_lock:
             msg = wire.CB.pack(wire.CB.size, status, cb_id, wire.NVP_CB_KEEP if keep else 0)
@@ -390,9 +394,12 @@ class Server:
                 while len(got) < wire.CB.size:
                     chunk = ch.sock.recv(wire.CB.size - len(got))
                     if not chunk:
+                        print(f"nvproxy: the application closed its callback channel during host callback {cb_id}",
+                              file=sys.stderr)
                         return
                     got += chunk
-            except OSError:
+            except OSError as e:
+                print(f"nvproxy: host callback {cb_id} not run: {e}", file=sys.stderr)
                 return
 
     # ---- execution in call order ----

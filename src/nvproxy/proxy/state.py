@@ -67,6 +67,30 @@ class GraphRec:
 
 
 @dataclass
+class ArrayRec:
+    dev: int
+    desc: dict[str, Any]  # width, height, depth, fmt [x, y, z, w, f], flags: as cudaMalloc3DArray took them
+    handle: Any  # the backend's array
+
+    def shape(self) -> tuple[int, int, int]:
+        """(bytes per row, rows, slices) of its contents."""
+        from .texformat import channel_format
+
+        d = self.desc
+        return d["width"] * channel_format(*d["fmt"]).elem, max(d["height"], 1), max(d["depth"], 1)
+
+
+@dataclass
+class ObjectRec:
+    """A texture or surface object: made again at a restore with the same value."""
+
+    dev: int
+    surface: bool
+    desc: dict[str, Any]  # struct nvp_tex_create's fields (res: the array id or device address)
+    handle: Any
+
+
+@dataclass
 class HostRange:
     size: int
     fd: int  # kept open: a restore into a new proxy maps it again
@@ -106,6 +130,8 @@ class ProcessState:
         self.graphs: dict[int, GraphRec] = {}  # wire id -> graph made by a capture
         self.graph_execs: dict[int, GraphRec] = {}  # wire id -> executable graph
         self.graph_order = 0
+        self.arrays: dict[int, ArrayRec] = {}  # wire id -> CUDA array
+        self.objects: dict[tuple[bool, int], ObjectRec] = {}  # (surface, value) -> texture or surface object
 
     def free(self, ptr: int) -> None:
         """cudaFree: the memory returns to the arena once the device has
