@@ -159,6 +159,11 @@ class Arena:
         self.allocs[va] = (n, handle)
         return va
 
+    def reusable(self, size: int) -> bool:
+        """Can alloc(size) do without new physical memory?  (Slab allocations: nearly always.)"""
+        n = (size + ALIGN - 1) // ALIGN * ALIGN
+        return n <= SMALL_LIMIT or bool(self.cache.get(self._round(n)))
+
     def free(self, ptr: int) -> None:
         try:
             n, owner = self.allocs.pop(ptr)

@@ -9,6 +9,7 @@ import bisect
 import queue
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,7 @@ from .arena import Arena
 ARENA_BASE = 0x200000000000
 ARENA_STRIDE = 1 << 40  # one TiB of address space per device
 GiB = 1 << 30
+REUSE_WAIT_S = 0.002  # how long a cudaMalloc waits for a pending free it could reuse
 
 
 def arena_base(dev: int) -> int:
@@ -119,6 +121,7 @@ class ProcessState:
         self.host: dict[int, HostRange] = {}  # address -> registered range
         self.arena_lock = threading.Lock()  # the dispatcher allocates, the reaper frees
         self.freeing: set[int] = set()
+        self._reaped = threading.Condition()  # notified when a free reached the arena
         # module variables the driver placed elsewhere after a restore: the
         # application may still hold the old addresses (cudaMemcpyToSymbol's cache,
         # cudaGetSymbolAddress), so copies and memsets are translated
@@ -163,6 +166,8 @@ class ProcessState:
         with self.arena_lock:
             self.devices[dev].arena.free(ptr)
             self.freeing.discard(ptr)
+        with self._reaped:
+            self._reaped.notify_all()
 
     def _reaper(self) -> None:
         assert self._frees is not None
@@ -198,6 +203,19 @@ class ProcessState:
 
     def alloc(self, dev: int, size: int) -> int:
         d = self.device(dev)
+        with self.arena_lock:
+            if not self.freeing or d.arena.reusable(size):
+                return d.arena.alloc(size)
+        # A free of this size may be on its way into the cache, waiting only for the
+        # device to be idle (usually it already is): wait for it briefly rather than
+        # map new memory, which costs more than the driver's own cudaMalloc.
+        deadline = time.monotonic() + REUSE_WAIT_S
+        with self._reaped:
+            while self.freeing and time.monotonic() < deadline:
+                with self.arena_lock:
+                    if d.arena.reusable(size):
+                        break
+                self._reaped.wait(max(deadline - time.monotonic(), 0.0))
         with self.arena_lock:
             return d.arena.alloc(size)
 
