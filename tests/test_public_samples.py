@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,8 @@ SAMPLES = Path(os.environ.get("NVPROXY_SAMPLES_DIR", ROOT / ".samples"))
 NAMES = ["vectorAdd", "asyncAPI", "clock", "matrixMul", "simpleAssert", "simpleAtomicIntrinsics", "simpleCallback",
          "simpleMultiCopy", "simpleOccupancy", "simplePrintf", "simpleStreams", "simpleTemplates",
          "simpleVoteIntrinsics", "simpleZeroCopy", "template", "simpleCooperativeGroups", "simpleAWBarrier",
-         "simpleMultiGPU"]
+         "simpleMultiGPU", "simpleTexture", "simpleSurfaceWrite", "simplePitchLinearTexture", "simpleCubemapTexture",
+         "simpleLayeredTexture"]
 # lines that vary natively from run to run: measurements, and how long the CPU waited
 TIMING = re.compile(r"\d+\.\d+|time|msec|GFlop|GB/s|Throughput|while waiting", re.I)
 # samples whose device printf lines come from many blocks: their order is unspecified
@@ -46,6 +48,8 @@ def test_sample_matches_native(nvcc: str, tmp_path: Path, name: str) -> None:
     files = [str(p) for p in sorted(src.glob("*.cu")) + sorted(src.glob("*.cpp"))]
     subprocess.run([nvcc, "-cudart", "shared", "-std=c++17", f"-I{SAMPLES / 'Common'}", f"-I{src}", "-o", str(exe),
                     *files], check=True)
+    if (src / "data").is_dir():  # (input images and reference results, found relative to the working directory)
+        shutil.copytree(src / "data", tmp_path / "data")
     native = run([str(exe)], cwd=tmp_path)
     proxied = run([sys.executable, "-m", "nvproxy", "run", "--backend", "gpu", "--", str(exe)], cwd=tmp_path)
     assert proxied.returncode == native.returncode, proxied.stdout + proxied.stderr
