@@ -134,6 +134,19 @@ def test_malformed_messages_close_only_that_channel(tmp_path: Path) -> None:
         assert call(wire.NVP_OP_GRAPH_ADD_NODE, [9, 4, empty, 0]) == 1  # no such graph
         assert call(wire.NVP_OP_GRAPH_ADD_NODE, [1, 5, empty, 0]) == 0
         assert call(wire.NVP_OP_GRAPH_ADD_NODE, [1, 6, empty, 1], struct.pack("<II", 5, 0)) == 0
+        assert call(wire.NVP_OP_GRAPH_GET_NODES, [1, 4], b"\0" * 8) == 1  # fewer node ids than nodes wanted
+        assert call(wire.NVP_OP_GRAPH_GET_NODES, [1, 2], b"\0" * 8) == 0
+        # arrays and texture objects: damaged descriptions, unknown arrays and objects
+        assert call(wire.NVP_OP_ARRAY_CREATE, [1], b"\0" * 7) == 1
+        desc = wire.ARRAY_DESC.pack(16, 16, 0, 32, 0, 0, 0, 2, 0)
+        assert call(wire.NVP_OP_ARRAY_CREATE, [1], wire.ARRAY_DESC.pack(16, 16, 0, 8, 16, 0, 0, 1, 0)) == 20
+        assert call(wire.NVP_OP_ARRAY_CREATE, [1], desc) == 0
+        assert call(wire.NVP_OP_ARRAY_CREATE, [1], desc) == 1  # (its id is taken)
+        side = [wire.NVP_SIDE_ARRAY, 7, 0, 0, 0, 0, 0]
+        assert call(wire.NVP_OP_COPY_3D, [0], wire.COPY_3D.pack(*side, *side, 4, 1, 1)) == 1  # no array 7
+        assert call(wire.NVP_OP_TEX_DESTROY, [0, 12345]) == 1
+        assert call(wire.NVP_OP_ARRAY_DESTROY, [1]) == 0
+        assert call(wire.NVP_OP_ARRAY_DESTROY, [1]) == 1
         good.close()
     finally:
         proxy.kill()

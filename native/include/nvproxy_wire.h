@@ -95,7 +95,10 @@
 #define NVP_OP_COPY_3D 58        /* a0 stream; payload struct nvp_copy3d (CUDA arrays on one side or both) */
 #define NVP_OP_TEX_CREATE 59     /* a0 0 texture / 1 surface; payload struct nvp_tex_create -> r0 object */
 #define NVP_OP_TEX_DESTROY 60    /* a0 0 texture / 1 surface, a1 object */
-#define NVP_OP_COUNT 61
+#define NVP_OP_GRAPH_GET_NODES 61 /* a0 graph id, a1 nodes wanted (0: count only); payload: that many u32 node ids
+                                      (new, for nodes nvproxy has not named yet) -> r0 nodes in the graph; payload:
+                                      u32 node id, u32 NVP_NODE_* (0: another kind) per node returned */
+#define NVP_OP_COUNT 62
 
 /* node bodies (little-endian, packed as listed) */
 #define NVP_NODE_KERNEL 1 /* u32 kernel id, u32 grid[3], u32 block[3], u32 shmem, u32 param bytes; params */

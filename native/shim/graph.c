@@ -474,3 +474,92 @@ NVP_EXPORT cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t gra
     }
     return nvp_ret(r.h.r[0] ? cudaErrorGraphExecUpdateFailure : cudaSuccess);
 }
+
+/* The generic form of the node additions above (CUDA 12.2+); memory-allocation, conditional,
+ * event, child-graph and other nodes fail loudly. */
+NVP_EXPORT cudaError_t cudaGraphAddNode(cudaGraphNode_t *node, cudaGraph_t graph, const cudaGraphNode_t *deps,
+                                        const cudaGraphEdgeData *edges, size_t ndeps, struct cudaGraphNodeParams *p)
+{
+    if (!p)
+        return nvp_ret(cudaErrorInvalidValue);
+    static const cudaGraphEdgeData plain;
+    for (size_t i = 0; edges && i < ndeps; i++)
+        if (memcmp(&edges[i], &plain, sizeof plain))
+            return nvp_ret(nvp_unsupported("cudaGraphAddNode with edge data (ports, programmatic edges)"));
+    switch (p->type) {
+    case cudaGraphNodeTypeKernel: {
+        struct cudaKernelNodeParams k = {p->kernel.func,           p->kernel.gridDim,      p->kernel.blockDim,
+                                         p->kernel.sharedMemBytes, p->kernel.kernelParams, p->kernel.extra};
+        return cudaGraphAddKernelNode(node, graph, deps, ndeps, &k);
+    }
+    case cudaGraphNodeTypeMemcpy:
+        return cudaGraphAddMemcpyNode(node, graph, deps, ndeps, &p->memcpy.copyParams);
+    case cudaGraphNodeTypeMemset: {
+        struct cudaMemsetParams m = {p->memset.dst,         p->memset.pitch, p->memset.value,
+                                     p->memset.elementSize, p->memset.width, p->memset.height};
+        return cudaGraphAddMemsetNode(node, graph, deps, ndeps, &m);
+    }
+    case cudaGraphNodeTypeHost: {
+        struct cudaHostNodeParams h = {p->host.fn, p->host.userData};
+        return cudaGraphAddHostNode(node, graph, deps, ndeps, &h);
+    }
+    case cudaGraphNodeTypeEmpty:
+        return cudaGraphAddEmptyNode(node, graph, deps, ndeps);
+    default:
+        return nvp_ret(nvp_unsupported("cudaGraphAddNode of this node type (memory allocation, conditional, event, "
+                                       "child graph ...)"));
+    }
+}
+
+/* Nodes the program did not add itself (a captured or cloned graph's) get nvproxy
+ * handles here; the proxy names the driver's nodes with them, again after a restore. */
+NVP_EXPORT cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nodes, size_t *numNodes)
+{
+    cudaError_t e = nvp_enter();
+    if (e)
+        return nvp_ret(e);
+    uint64_t g = (uint64_t)(uintptr_t)graph;
+    if (!numNodes || nvp_handle_get(NVP_H_GRAPH, g, NULL, 0) != 0)
+        return nvp_ret(cudaErrorInvalidValue);
+    size_t want = nodes ? *numNodes : 0;
+    if (want > 65536)
+        want = 65536;
+    uint32_t *ids = calloc(want ? want : 1, 2 * sizeof *ids);
+    uint64_t *fresh = calloc(want ? want : 1, sizeof *fresh);
+    if (!ids || !fresh) {
+        free(ids);
+        free(fresh);
+        return nvp_ret(cudaErrorMemoryAllocation);
+    }
+    struct node_rec rec = {nvp_handle_id(g), 0};
+    for (size_t i = 0; i < want && !e; i++) {
+        if (!(fresh[i] = nvp_handle_new(NVP_H_GRAPH_NODE, &rec, sizeof rec)))
+            e = cudaErrorMemoryAllocation;
+        ids[i] = nvp_handle_id(fresh[i]);
+    }
+    uint64_t a[NVP_MAX_ARGS] = {nvp_handle_id(g), want};
+    struct nvp_reply r = {.out = ids, .out_cap = want * 2 * sizeof *ids};
+    if (!e)
+        e = nvp_call(NVP_OP_GRAPH_GET_NODES, a, ids, want * sizeof *ids, &r, -1);
+    size_t got = e ? 0 : r.out_len / (2 * sizeof *ids);
+    for (size_t i = 0; i < got; i++) {
+        uint64_t h = nvp_handle_of(NVP_H_GRAPH_NODE, ids[2 * i]);
+        struct node_rec n = {nvp_handle_id(g), (int)ids[2 * i + 1]};
+        nvp_handle_set(NVP_H_GRAPH_NODE, h, &n, sizeof n);
+        nodes[i] = (cudaGraphNode_t)(uintptr_t)h;
+    }
+    for (size_t i = 0; i < want; i++) { /* fresh handles the proxy did not use */
+        int used = 0;
+        for (size_t j = 0; j < got && !used; j++)
+            used = ids[2 * j] == nvp_handle_id(fresh[i]);
+        if (fresh[i] && !used)
+            nvp_handle_free(NVP_H_GRAPH_NODE, fresh[i]);
+        if (i >= got)
+            nodes[i] = NULL;
+    }
+    if (!e)
+        *numNodes = nodes ? got : r.h.r[0];
+    free(ids);
+    free(fresh);
+    return nvp_ret(e);
+}

@@ -145,6 +145,7 @@ int nvp_handle_get(int type, uint64_t handle, void *rec, size_t rec_size); /* 0 
 int nvp_handle_set(int type, uint64_t handle, const void *rec, size_t rec_size);
 int nvp_handle_free(int type, uint64_t handle);
 uint32_t nvp_handle_id(uint64_t handle);
+uint64_t nvp_handle_of(int type, uint32_t id); /* the live handle of a wire id, or 0 */
 
 /* ---- stream.c ---- */
 /* Translate an application stream to its wire value; -1 if invalid. */

@@ -264,3 +264,9 @@ int nvp_handle_free(int type, uint64_t h)
 }
 
 uint32_t nvp_handle_id(uint64_t h) { return (uint32_t)(h & 0xffffffffu); }
+
+uint64_t nvp_handle_of(int type, uint32_t id)
+{
+    uint64_t h = H_TAG | ((uint64_t)type << 40) | id;
+    return nvp_handle_get(type, h, NULL, 0) ? 0 : h;
+}

@@ -164,6 +164,8 @@ CUresult cuGraphAddMemsetNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps
                               const CUDA_MEMSET_NODE_PARAMS *p, CUcontext ctx);
 CUresult cuGraphAddHostNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t ndeps,
                             const CUDA_HOST_NODE_PARAMS *p);
+CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes);
+CUresult cuGraphNodeGetType(CUgraphNode hNode, int *type);
 CUresult cuGraphAddEmptyNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t ndeps);
 CUresult cuGraphExecUpdate_v2(CUgraphExec x, CUgraph g, CUgraphExecUpdateResultInfo *info);
 CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec x, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS *p);

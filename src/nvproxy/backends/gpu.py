@@ -482,6 +482,21 @@ class GpuBackend:
         cd.check(rc, "cuGraphExecUpdate")
         return 0
 
+    def graph_nodes(self, g: object) -> list[object]:
+        n = ffi.new("size_t *")
+        cd.check(self.L.cuGraphGetNodes(g, ffi.NULL, n), "cuGraphGetNodes")
+        nodes = ffi.new("CUgraphNode[]", max(int(n[0]), 1))
+        cd.check(self.L.cuGraphGetNodes(g, nodes, n), "cuGraphGetNodes")
+        return [nodes[i] for i in range(int(n[0]))]
+
+    node_key = handle_value
+
+    def graph_node_kind(self, g: object, node: object) -> int:
+        """The node's NVP_NODE_* kind (0: one nvproxy does not make itself)."""
+        t = ffi.new("int *")
+        cd.check(self.L.cuGraphNodeGetType(node, t), "cuGraphNodeGetType")
+        return {0: 1, 1: 2, 2: 3, 3: 4, 5: 5}.get(int(t[0]), 0)  # CU_GRAPH_NODE_TYPE_* -> NVP_NODE_*
+
     def graph_add_empty(self, g: object, deps: list[object]) -> object:
         n = ffi.new("CUgraphNode *")
         cd.check(self.L.cuGraphAddEmptyNode(n, g, self._deps(deps), len(deps)), "cuGraphAddEmptyNode")

@@ -367,7 +367,9 @@ class SimBackend:
         self.check()
 
     def host_func(self, s: SimStream, fn: Callable[[int], None], keep: bool = False) -> None:
-        if self._kept(s, lambda: fn(self.sticky)):
+        op = lambda: fn(self.sticky)  # noqa: E731
+        op.nvp_kind = 4  # type: ignore[attr-defined]  (a host node, if captured)
+        if self._kept(s, op):
             return
         fn(self.sticky)
 
@@ -417,7 +419,9 @@ class SimBackend:
     def graph_clone(self, g: SimGraph) -> SimGraph:
         return SimGraph(list(g.ops))
 
-    def _node(self, g: SimGraph, op: Callable[[], None]) -> int:
+    def _node(self, g: SimGraph, op: Callable[[], None], kind: int = 0) -> int:
+        if kind:
+            op.nvp_kind = kind  # type: ignore[attr-defined]
         g.ops.append(op)
         return len(g.ops) - 1
 
@@ -439,7 +443,7 @@ class SimBackend:
             for z in range(depth):
                 self.memcpy2d(dst + z * drows * dpitch, dpitch, src + z * srows * spitch, spitch, width, height, None)
 
-        return self._node(g, copy)
+        return self._node(g, copy, 2)
 
     def graph_add_memset(self, g: SimGraph, deps: list[int], dst: int, pitch: int, value: int, elsize: int,
                          width: int, height: int) -> int:
@@ -451,13 +455,31 @@ class SimBackend:
             for row in range(height):
                 self._copy_view(dst + row * pitch, len(pattern))[:] = pattern
 
-        return self._node(g, fill)
+        return self._node(g, fill, 3)
 
     def graph_add_host(self, g: SimGraph, deps: list[int], fn: Callable[[int], None]) -> int:
-        return self._node(g, lambda: fn(self.sticky))
+        return self._node(g, lambda: fn(self.sticky), 4)
 
     def graph_add_empty(self, g: SimGraph, deps: list[int]) -> int:
-        return self._node(g, lambda: None)
+        return self._node(g, lambda: None, 5)
+
+    def graph_nodes(self, g: SimGraph) -> list[int]:
+        """Captured event records are edges to the driver, not nodes."""
+        return [i for i, op in enumerate(g.ops) if getattr(op, "func", None) != self.event_record]
+
+    @staticmethod
+    def node_key(node: int) -> int:
+        return node
+
+    # what a captured op is, by the call it repeats
+    _CAPTURED_KINDS = {"launch": 1, "memcpy": 2, "memcpy2d": 2, "copy3d": 2, "memset": 3, "memset2d": 3}
+
+    def graph_node_kind(self, g: SimGraph, node: int) -> int:
+        op = g.ops[node]
+        kind = getattr(op, "nvp_kind", None)
+        if kind is None:
+            kind = self._CAPTURED_KINDS.get(getattr(getattr(op, "func", op), "__name__", ""), 0)
+        return kind
 
     def graph_exec_update(self, x: SimGraph, g: SimGraph) -> int:
         """0, or the cudaGraphExecUpdateResult of a failed update (the sim compares node counts only)."""

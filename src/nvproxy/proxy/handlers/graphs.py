@@ -88,6 +88,43 @@ def GRAPH_ADD_NODE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     g.built.append((wire.NVP_OP_GRAPH_ADD_NODE, a, payload))
 
 
+def GRAPH_GET_NODES(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
+    """cudaGraphGetNodes: every node of the graph, the ones it has no wire id for yet (captured or cloned
+    graphs) named with the ids that came along; that naming is kept, so a restore names them again."""
+    g, want = _graph(p, a[0]), a[1]
+    if len(payload) < 4 * want:
+        raise CudaError(INVALID_VALUE, "graph node ids")
+    fresh = list(struct.unpack_from(f"<{want}I", payload))
+    be = p.backend
+    be.activate(g.log.dev)
+    listed = be.graph_nodes(g.handle)
+    known = {be.node_key(n): i for i, n in g.nodes.items()}
+    out, named = [], []
+    for index, n in enumerate(listed[:want]):
+        nid = known.get(be.node_key(n))
+        if nid is None:
+            nid = fresh.pop(0)
+            g.nodes[nid] = n
+            named.append((index, nid))
+        out += [nid, be.graph_node_kind(g.handle, n)]
+    if named:
+        g.built.append((wire.NVP_OP_GRAPH_GET_NODES, (a[0], len(listed)), _pairs(named)))
+    return (len(listed),), struct.pack(f"<{len(out)}I", *out)
+
+
+def _pairs(named: list[tuple[int, int]]) -> bytes:
+    return b"".join(struct.pack("<II", index, nid) for index, nid in named)
+
+
+def _name_nodes(p: Any, g: Any, nodes: dict[int, Any], a: tuple[int, ...], payload: bytes) -> None:
+    """A restore names a graph's nodes as GRAPH_GET_NODES did (the graph made the same way lists them the same)."""
+    listed = p.backend.graph_nodes(g)
+    if len(listed) != a[1]:
+        raise CudaError(INVALID_VALUE, f"the graph made again has {len(listed)} nodes, not {a[1]}")
+    for index, nid in struct.iter_unpack("<II", payload):
+        nodes[nid] = listed[index]
+
+
 def GRAPH_EXEC_KERNEL(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     x = p.state.graph_execs.get(a[0])
     node = x.nodes.get(a[1]) if x is not None else None
@@ -245,8 +282,11 @@ def _remake(p: Any, log: CaptureLog, d: dict[str, Any]) -> tuple[Any, dict[int, 
     g = p.backend.graph_create(log.dev) if created else p.backend.end_capture(_replay(p, log))
     built = _calls(d.get("built", []))
     nodes: dict[int, Any] = {}
-    for _op, a, payload in built:
-        nodes[a[1]] = _add_node(p, log.dev, g, nodes, a, payload)
+    for op, a, payload in built:
+        if op == wire.NVP_OP_GRAPH_GET_NODES:
+            _name_nodes(p, g, nodes, a, payload)
+        else:
+            nodes[a[1]] = _add_node(p, log.dev, g, nodes, a, payload)
     return g, nodes, built
 
 
