@@ -2,7 +2,9 @@
  * (https://github.com/Cyan4973/xxHash/blob/dev/doc/xxhash_spec.md). */
 #include "checksum.h"
 
+#include <errno.h>
 #include <string.h>
+#include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -38,26 +40,29 @@ static inline uint64_t merge(uint64_t acc, uint64_t v)
     return acc * P1 + P4;
 }
 
-EXPORT uint64_t nvp_xxh64(const void *data, size_t len, uint64_t seed)
+/* the four lanes over whole 32-byte stripes of [p, p + n): they run at several bytes per cycle */
+static const unsigned char *stripes(uint64_t v[4], const unsigned char *p, size_t n)
 {
-    const unsigned char *p = data, *end = p + len;
+    for (const unsigned char *end = p + n / 32 * 32; p < end; p += 32) {
+        v[0] = round64(v[0], read64(p));
+        v[1] = round64(v[1], read64(p + 8));
+        v[2] = round64(v[2], read64(p + 16));
+        v[3] = round64(v[3], read64(p + 24));
+    }
+    return p;
+}
+
+/* the hash of len bytes whose stripes went into v, p..end being the rest (< 32 bytes) */
+static uint64_t finish(const uint64_t v[4], uint64_t seed, size_t len, const unsigned char *p,
+                       const unsigned char *end)
+{
     uint64_t h;
     if (len >= 32) {
-        /* four independent lanes: the loop runs at several bytes per cycle */
-        uint64_t v1 = seed + P1 + P2, v2 = seed + P2, v3 = seed, v4 = seed - P1;
-        const unsigned char *limit = end - 32;
-        do {
-            v1 = round64(v1, read64(p));
-            v2 = round64(v2, read64(p + 8));
-            v3 = round64(v3, read64(p + 16));
-            v4 = round64(v4, read64(p + 24));
-            p += 32;
-        } while (p <= limit);
-        h = rotl(v1, 1) + rotl(v2, 7) + rotl(v3, 12) + rotl(v4, 18);
-        h = merge(h, v1);
-        h = merge(h, v2);
-        h = merge(h, v3);
-        h = merge(h, v4);
+        h = rotl(v[0], 1) + rotl(v[1], 7) + rotl(v[2], 12) + rotl(v[3], 18);
+        h = merge(h, v[0]);
+        h = merge(h, v[1]);
+        h = merge(h, v[2]);
+        h = merge(h, v[3]);
     } else {
         h = seed + P5;
     }
@@ -81,4 +86,38 @@ EXPORT uint64_t nvp_xxh64(const void *data, size_t len, uint64_t seed)
     h *= P3;
     h ^= h >> 32;
     return h;
+}
+
+EXPORT uint64_t nvp_xxh64(const void *data, size_t len, uint64_t seed)
+{
+    uint64_t v[4] = {seed + P1 + P2, seed + P2, seed, seed - P1};
+    const unsigned char *p = stripes(v, data, len);
+    return finish(v, seed, len, p, (const unsigned char *)data + len);
+}
+
+EXPORT uint64_t nvp_pread_xxh64(int fd, void *dst, size_t len, int64_t off, size_t piece, size_t *got)
+{
+    /* Each piece is summed right after it was read, while it is still in the cache: a
+     * separate pass over a whole chunk would read it from memory once more. */
+    uint64_t v[4] = {P1 + P2, P2, 0, -P1};
+    unsigned char *p = dst;
+    piece = piece < 32 ? 32 : piece / 32 * 32;
+    size_t done = 0;
+    while (done < len) {
+        size_t want = len - done < piece ? len - done : piece, have = 0;
+        while (have < want) {
+            ssize_t r = pread(fd, p + done + have, want - have, (off_t)(off + (int64_t)(done + have)));
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0) {
+                *got = done + have;
+                return 0;
+            }
+            have += (size_t)r;
+        }
+        stripes(v, p + done, want);
+        done += want;
+    }
+    *got = len;
+    return finish(v, 0, len, p + len / 32 * 32, p + len);
 }
