@@ -13,9 +13,9 @@ Every chunk's checksum is verified before the chunk reaches the device."""
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
@@ -183,9 +183,11 @@ class MappedFile:
 
 
 class Bounce:
-    """SLOTS pinned chunks, for images that come from a file.  Their pages are new
-    (2-3 GB/s to make in the H200's VM), so slots are made and registered one by one
-    on a thread of their own, and the first reads start as soon as the first slot is."""
+    """Up to SLOTS pinned chunks, for images that come from a file.  Their pages are new
+    (2-3 GB/s to make in the H200's VM), so slots are made and registered on MAKERS
+    threads of their own, and each is handed out as soon as it is made."""
+
+    MAKERS = 2  # (populating and registering new memory ran at 8 GB/s on one thread there, 22 on two)
 
     def __init__(self, m: Mover, image_bytes: int) -> None:
         """image_bytes: no more slots than the image has chunks (new pinned memory costs 0.35 s per GiB there)."""
@@ -195,15 +197,13 @@ class Bounce:
         self.fd = os.memfd_create("nvproxy-bounce", os.MFD_CLOEXEC)
         os.ftruncate(self.fd, self.size)
         self.addr = libc.map_anywhere(self.fd, self.size)
-        self.ready = [threading.Event() for _ in range(self.slots)]
+        self.free: queue.SimpleQueue[int] = queue.SimpleQueue()  # slots made and not in use; -1: none will come
         self.registered: list[int] = []
         self.failed: BaseException | None = None
         self._makers = [threading.Thread(target=self._make, args=(k,), name="nvproxy-bounce", daemon=True)
                         for k in range(self.MAKERS)]
         for t in self._makers:
             t.start()
-
-    MAKERS = 2  # (populating and registering new memory ran at 8 GB/s on one thread there, 22 on two)
 
     def _make(self, first: int) -> None:
         try:
@@ -214,20 +214,24 @@ class Bounce:
                 libc.populate(self.slot(i), CHUNK)
                 self.m.backend.host_register(self.slot(i), CHUNK)
                 self.registered.append(i)
-                self.ready[i].set()
+                self.free.put(i)
         except BaseException as e:  # (reported by the reads that wait for a slot)
             self.failed = e
-        finally:
-            for i in range(first, self.slots, self.MAKERS):
-                self.ready[i].set()
+            self.free.put(-1)
 
     def slot(self, i: int) -> int:
         return self.addr + i * CHUNK
 
-    def wait(self, i: int) -> None:
-        self.ready[i].wait()
-        if i not in self.registered:
+    def take(self) -> int:
+        """A free slot, waiting for one to be made or given back."""
+        i = self.free.get()
+        if i < 0:
+            self.free.put(-1)  # (for the next taker)
             raise ImageError(f"pinned bounce memory for the restore could not be made: {self.failed}")
+        return i
+
+    def give(self, i: int) -> None:
+        self.free.put(i)
 
     def close(self) -> None:
         self.failed = self.failed or ImageError("closed")
@@ -242,66 +246,65 @@ class Bounce:
 
 
 class FileLoader:
-    """Regions of an image file to the device through the bounce slots: up to slots-1
-    chunks are read and verified at once on the pool, across region boundaries (pread
-    of a tmpfs file into pinned memory ran at 3.5 GB/s on one thread, 15 / 26 / 38 GB/s
-    on 4 / 8 / 16 there), and each chunk goes to the device once verified.  load()
-    returns with reads still in flight; finish() waits for all of them and the copies."""
+    """Regions of an image file to the device through the bounce slots.  Each chunk is
+    one task on the pool: take a slot, read the chunk into it and sum it (pread of a tmpfs
+    file into pinned memory ran at 4 GB/s on one thread, 34 on sixteen there), check the
+    sum, copy it to the device and give the slot back once the copy is done.  Chunks go
+    in any order, so one slow read holds up nothing but itself.  load() returns with
+    chunks in flight; finish() waits for all of them."""
 
     def __init__(self, b: Bounce, fd: int) -> None:
         self.b, self.fd = b, fd
-        self.queue: deque[tuple[Future, int, int, int]] = deque()  # (read, slot, device address, bytes)
-        self.submitted = 0
-        self.spent = {"slot_wait": 0.0, "copy_wait": 0.0, "read_and_sum": 0.0, "in_order_wait": 0.0}
-        self._spent_lock = threading.Lock()  # (the reading threads add to it)
+        self.moves: list[Future] = []
+        self.failed = False
+        self.spent = {"slot_wait": 0.0, "read_and_sum": 0.0, "copy": 0.0}
+        self._spent_lock = threading.Lock()  # (the moving threads add to it)
 
-    def _read(self, i: int, at: int, n: int, crc: int, what: str, k: int) -> None:
+    def _move(self, i: int, at: int, n: int, va: int, crc: int, what: str, k: int) -> None:
         m, be = self.b.m, self.b.m.backend
-        t0 = time.monotonic()
-        self.b.wait(i)
-        t1 = time.monotonic()
-        be.activate(m.dev)
-        be.event_sync(m.events[i])  # the slot's previous copy to the device is done
-        t2 = time.monotonic()
-        got_crc, got = pread_checksum(self.fd, self.b.slot(i), n, at)
-        if got != n:
-            raise ImageError(f"{what}: the image is truncated")
-        if got_crc != crc:
-            raise ImageError(f"{what}: checksum mismatch in chunk {k}; the image is damaged")
-        t3 = time.monotonic()
-        with self._spent_lock:  # (summed over the reading threads: where a restore's time goes)
-            for key, dt in (("slot_wait", t1 - t0), ("copy_wait", t2 - t1), ("read_and_sum", t3 - t2)):
-                self.spent[key] += dt
-
-    def _issue_oldest(self) -> None:
-        m = self.b.m
-        read, i, va, n = self.queue.popleft()
-        t = time.monotonic()
-        read.result()
-        self.spent["in_order_wait"] += time.monotonic() - t
-        m.backend.memcpy(va, self.b.slot(i), n, m.streams[0])
-        m.backend.event_record(m.events[i], m.streams[0], 0)
+        try:
+            t0 = time.monotonic()
+            got_crc, got = pread_checksum(self.fd, self.b.slot(i), n, at)
+            if got != n:
+                raise ImageError(f"{what}: the image is truncated")
+            if got_crc != crc:
+                raise ImageError(f"{what}: checksum mismatch in chunk {k}; the image is damaged")
+            t1 = time.monotonic()
+            be.activate(m.dev)
+            s = m.streams[i % len(m.streams)]
+            be.memcpy(va, self.b.slot(i), n, s)
+            be.event_record(m.events[i], s, 0)
+            be.event_sync(m.events[i])
+            t2 = time.monotonic()
+        except BaseException:
+            self.failed = True
+            raise
+        finally:
+            self.b.give(i)
+        with self._spent_lock:  # (summed over the threads: where a restore's time goes)
+            self.spent["read_and_sum"] += t1 - t0
+            self.spent["copy"] += t2 - t1
 
     def load(self, va: int, size: int, file_off: int, crcs: list[int], what: str) -> None:
         chunks = _chunks(size)
         if len(chunks) != len(crcs):
             raise ImageError(f"{what}: the image lists {len(crcs)} chunks, the region has {len(chunks)}")
         for k, (off, n) in enumerate(chunks):
-            if len(self.queue) >= self.b.slots - 1:  # (so the slot taken now was freed by a copy already issued)
-                self._issue_oldest()
-            i = self.submitted % self.b.slots
-            self.submitted += 1
-            read = self.b.m.pool.submit(self._read, i, file_off + off, n, crcs[k], what, k)
-            self.queue.append((read, i, va + off, n))
+            if self.failed:
+                break  # (finish() reports why)
+            t = time.monotonic()
+            i = self.b.take()
+            self.spent["slot_wait"] += time.monotonic() - t
+            self.moves.append(self.b.m.pool.submit(self._move, i, file_off + off, n, va + off, crcs[k], what, k))
 
     def finish(self) -> None:
         try:
-            while self.queue:
-                self._issue_oldest()
+            for f in self.moves:
+                f.result()
             self.b.m.sync()
         except CudaError as e:
             raise ImageError(f"copying the image to the device failed (CUDA error {e.code})") from None
-        finally:  # (after a failure: no read may still be writing a slot when the slots go)
-            for read, *_ in self.queue:
-                read.cancel()
-            wait([read for read, *_ in self.queue])
+        finally:  # (after a failure: no task may still be writing a slot when the slots go)
+            for f in self.moves:
+                f.cancel()
+            wait(self.moves)
