@@ -13,9 +13,9 @@ Every chunk's checksum is verified before the chunk reaches the device."""
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
@@ -185,7 +185,10 @@ class MappedFile:
 class Bounce:
     """Up to SLOTS pinned chunks, for images that come from a file.  Their pages are new
     (2-3 GB/s to make in the H200's VM), so slots are made and registered on MAKERS
-    threads of their own, and each is handed out as soon as it is made."""
+    threads of their own, and each is handed out as soon as it is made.  A slot whose
+    chunk is being copied to the device comes back once its event says the copy is
+    done: only the thread that takes slots ever waits for a copy (an event wait spins,
+    and spinning threads took the CPUs the reads needed)."""
 
     MAKERS = 2  # (populating and registering new memory ran at 8 GB/s on one thread there, 22 on two)
 
@@ -197,7 +200,10 @@ class Bounce:
         self.fd = os.memfd_create("nvproxy-bounce", os.MFD_CLOEXEC)
         os.ftruncate(self.fd, self.size)
         self.addr = libc.map_anywhere(self.fd, self.size)
-        self.free: queue.SimpleQueue[int] = queue.SimpleQueue()  # slots made and not in use; -1: none will come
+        self._cond = threading.Condition()
+        self._free: list[int] = []  # made and unused
+        self._copying: deque[int] = deque()  # in a copy to the device, whose event is m.events[slot]
+        self._made = 0
         self.registered: list[int] = []
         self.failed: BaseException | None = None
         self._makers = [threading.Thread(target=self._make, args=(k,), name="nvproxy-bounce", daemon=True)
@@ -213,25 +219,44 @@ class Bounce:
                     break
                 libc.populate(self.slot(i), CHUNK)
                 self.m.backend.host_register(self.slot(i), CHUNK)
-                self.registered.append(i)
-                self.free.put(i)
-        except BaseException as e:  # (reported by the reads that wait for a slot)
+                with self._cond:
+                    self.registered.append(i)
+                    self._free.append(i)
+                    self._cond.notify()
+        except BaseException as e:  # (reported to whoever waits for a slot)
             self.failed = e
-            self.free.put(-1)
+        finally:
+            with self._cond:
+                self._made += 1
+                self._cond.notify_all()
 
     def slot(self, i: int) -> int:
         return self.addr + i * CHUNK
 
     def take(self) -> int:
-        """A free slot, waiting for one to be made or given back."""
-        i = self.free.get()
-        if i < 0:
-            self.free.put(-1)  # (for the next taker)
-            raise ImageError(f"pinned bounce memory for the restore could not be made: {self.failed}")
+        """A slot to fill: a free one, else the one whose copy began first, once that copy is done."""
+        with self._cond:
+            while not self._free and not self._copying:
+                if self._made == self.MAKERS and not self.registered:
+                    raise ImageError(f"pinned bounce memory for the restore could not be made: {self.failed}")
+                self._cond.wait()
+            if self._free:
+                return self._free.pop()
+            i = self._copying.popleft()
+        self.m.backend.event_sync(self.m.events[i])
         return i
 
+    def copying(self, i: int) -> None:
+        """Slot i's copy to the device was issued (and its event recorded after it)."""
+        with self._cond:
+            self._copying.append(i)
+            self._cond.notify()
+
     def give(self, i: int) -> None:
-        self.free.put(i)
+        """Slot i was not used after all."""
+        with self._cond:
+            self._free.append(i)
+            self._cond.notify()
 
     def close(self) -> None:
         self.failed = self.failed or ImageError("closed")
@@ -247,43 +272,38 @@ class Bounce:
 
 class FileLoader:
     """Regions of an image file to the device through the bounce slots.  Each chunk is
-    one task on the pool: take a slot, read the chunk into it and sum it (pread of a tmpfs
-    file into pinned memory ran at 4 GB/s on one thread, 34 on sixteen there), check the
-    sum, copy it to the device and give the slot back once the copy is done.  Chunks go
-    in any order, so one slow read holds up nothing but itself.  load() returns with
-    chunks in flight; finish() waits for all of them."""
+    one task on the pool: read the chunk into its slot and sum it (pread of a tmpfs file
+    into pinned memory ran at 4 GB/s on one thread, 34 on sixteen there), check the sum
+    and issue its copy to the device.  Chunks go in any order, so one slow read holds up
+    nothing but itself.  load() returns with chunks in flight; finish() waits for all."""
 
     def __init__(self, b: Bounce, fd: int) -> None:
         self.b, self.fd = b, fd
         self.moves: list[Future] = []
         self.failed = False
-        self.spent = {"slot_wait": 0.0, "read_and_sum": 0.0, "copy": 0.0}
+        self.spent = {"slot_wait": 0.0, "read_and_sum": 0.0}
         self._spent_lock = threading.Lock()  # (the moving threads add to it)
 
     def _move(self, i: int, at: int, n: int, va: int, crc: int, what: str, k: int) -> None:
         m, be = self.b.m, self.b.m.backend
+        t0 = time.monotonic()
         try:
-            t0 = time.monotonic()
             got_crc, got = pread_checksum(self.fd, self.b.slot(i), n, at)
             if got != n:
                 raise ImageError(f"{what}: the image is truncated")
             if got_crc != crc:
                 raise ImageError(f"{what}: checksum mismatch in chunk {k}; the image is damaged")
-            t1 = time.monotonic()
             be.activate(m.dev)
             s = m.streams[i % len(m.streams)]
             be.memcpy(va, self.b.slot(i), n, s)
             be.event_record(m.events[i], s, 0)
-            be.event_sync(m.events[i])
-            t2 = time.monotonic()
         except BaseException:
             self.failed = True
-            raise
-        finally:
             self.b.give(i)
+            raise
+        self.b.copying(i)
         with self._spent_lock:  # (summed over the threads: where a restore's time goes)
-            self.spent["read_and_sum"] += t1 - t0
-            self.spent["copy"] += t2 - t1
+            self.spent["read_and_sum"] += time.monotonic() - t0
 
     def load(self, va: int, size: int, file_off: int, crcs: list[int], what: str) -> None:
         chunks = _chunks(size)
