@@ -86,6 +86,15 @@ def build(where: Path) -> Path:
     return exe
 
 
+def _alive(pid: int) -> bool:
+    """Not yet a zombie (whose memory is released)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def measure(exe: Path, mib: int, td: Path, backend: str) -> dict:
     """nvproxy checkpoint (the program waits, then goes on), nvproxy migrate, and a restore from
     an image file (NVPROXY_RECOVER after the proxy was killed) of a program holding mib MiB."""
@@ -114,14 +123,20 @@ def measure(exe: Path, mib: int, td: Path, backend: str) -> dict:
                    capture_output=True, text=True)
     from nvproxy.launcher import find_proxy
 
-    os.kill(find_proxy(app.pid)[0], signal.SIGKILL)
+    old = find_proxy(app.pid)[0]
+    os.kill(old, signal.SIGKILL)
+    t = time.monotonic()
+    while _alive(old) and time.monotonic() - t < 60:
+        time.sleep(0.01)  # (as before a DMTCP restart: the dead proxy's memory is released before the new one starts)
+    gone_s = time.monotonic() - t
+    time.sleep(0.5)
     stdout, stderr = app.communicate("\n", timeout=600)
     image.unlink(missing_ok=True)
     from_file = re.search(r"restored (\d+) MiB from \S+ in ([\d.]+) s", stderr)
     restored = re.search(r"restored (\d+) MiB in ([\d.]+) s .*checkpoint took ([\d.]+) s", stderr)
     row = {"mib": mib, "gib": gib, "checkpoint_out": r.stdout.strip(), "checkpoint_wall_s": ck_wall,
            "prepare_s": prepare_s, "migrate_wall_s": mig_wall, "verified": "verified ok" in stdout,
-           "migrate_rc": m.returncode}
+           "migrate_rc": m.returncode, "killed_proxy_gone_s": gone_s}
     if from_file:
         fs = float(from_file.group(2))
         row.update(file_restore_s=fs, file_restore_gbps=int(from_file.group(1)) * 2**20 / max(fs, 1e-3) / 1e9,
