@@ -33,26 +33,12 @@ class _FileImage:
         self.fd, self.header = read_header(path)
         self.mapped: transfer.MappedFile | None = None
         self.reader: transfer.FileLoader | None = None
-        self.bounce: transfer.Bounce | None = None  # made ahead (prepare)
 
     def read(self, off: int, n: int) -> bytes:
         return os.pread(self.fd, n, off)
 
-    def prepare(self, m: transfer.Mover) -> None:
-        """Reading through bounce slots: begin making them now (new pinned memory is slow to make), while
-        the device memory is made."""
-        if self.mode() == "bounce" and self.bounce is None:
-            self.bounce = transfer.Bounce(m, self.device_bytes())
-
-    @staticmethod
-    def mode() -> str:
-        return os.environ.get("NVPROXY_RESTORE_READ", "map")
-
-    def device_bytes(self) -> int:
-        return sum(r["size"] for r in self.header["regions"] if r["kind"] in ("mem", "var"))
-
     def loader(self, m: transfer.Mover) -> tuple[Any, Any]:
-        if self.mapped is None and self.mode() == "map":
+        if self.mapped is None and os.environ.get("NVPROXY_RESTORE_READ", "map") == "map":
             try:
                 self.mapped = transfer.MappedFile(m.backend, m.dev, self.fd)
             except (OSError, CudaError) as e:
@@ -61,8 +47,7 @@ class _FileImage:
             mf = self.mapped
             return (lambda va, n, off, crcs, what: transfer.host_to_device(m, mf, va, n, off, crcs, what)), (
                 lambda: None)
-        b = self.bounce if self.bounce is not None and self.bounce.m is m else transfer.Bounce(m, self.device_bytes())
-        self.bounce = None
+        b = transfer.Bounce(m, sum(r["size"] for r in self.header["regions"] if r["kind"] in ("mem", "var")))
         fl = self.reader = transfer.FileLoader(b, self.fd)
 
         def done() -> None:
@@ -98,9 +83,6 @@ class _MemoryImage:
     def loader(self, m: transfer.Mover) -> tuple[Any, Any]:
         return (lambda va, n, off, crcs, what: transfer.host_to_device(m, self.himg, va, n, off, crcs, what)), (
             lambda: None)
-
-    def prepare(self, m: transfer.Mover) -> None:
-        pass
 
     def close(self) -> None:
         pass
@@ -139,6 +121,7 @@ def restore_image(state: ProcessState, source: str | HostImage, host_fds: dict[i
 def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: float,
             phases: dict[str, float]) -> None:
     """phases: seconds each part took (device memory made, modules, objects, contents)."""
+    h = img.header
     mark = [time.monotonic()]
 
     def phase(name: str) -> None:
@@ -147,20 +130,6 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
         mark[0] = now
 
     be = state.backend
-    movers: dict[int, transfer.Mover] = {}
-    try:
-        _replay_with(state, img, host_fds, t0, phases, phase, be, movers)
-    finally:
-        if getattr(img, "bounce", None) is not None:  # (made ahead, never used: the restore failed before)
-            img.bounce.close()
-            img.bounce = None
-        for m in movers.values():
-            m.close()
-
-
-def _replay_with(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: float,
-                 phases: dict[str, float], phase: Any, be: Any, movers: dict[int, transfer.Mover]) -> None:
-    h = img.header
     if h["backend"] != be.name:
         raise ImageError(f"the image was taken on the {h['backend']} backend; this proxy runs {be.name}")
     for desc in h["devices"]:
@@ -177,9 +146,6 @@ def _replay_with(state: ProcessState, img: Any, host_fds: dict[int, int] | None,
         d = state.device(dev)
         if d.arena.base != desc["arena_base"]:
             raise ImageError(f"device {dev}'s arena landed at {d.arena.base:#x}, not {desc['arena_base']:#x}")
-        if not movers:  # (the first device's: a file image begins making its bounce slots now)
-            movers[dev] = transfer.Mover(be, dev)
-            img.prepare(movers[dev])
         d.arena.restore(desc["arena"])
         be.activate(dev)
         for lim, v in desc["limits"].items():
@@ -232,7 +198,7 @@ def _replay_with(state: ProcessState, img: Any, host_fds: dict[int, int] | None,
     done = 0
     for desc in h["devices"]:
         dev = desc["index"]
-        m = movers.pop(dev, None) or transfer.Mover(be, dev)
+        m = transfer.Mover(be, dev)
         load, cleanup = img.loader(m)
         try:
             for r in h["regions"]:
