@@ -30,6 +30,7 @@ PROGRAMS = [
     ("graphs", ()),
     ("graph_nodes", ()),
     ("textures", ()),
+    ("ipc", ()),
 ]
 IDS = ["-".join((n, *a)) for n, a in PROGRAMS]
 

@@ -242,6 +242,25 @@ def test_node_built_graphs_survive_migration(build, backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_checkpoint_refused_while_memory_is_shared(build, backend: str, tmp_path: Path) -> None:
+    """A process that exported device memory through CUDA IPC cannot be checkpointed exactly (its peers would
+    keep the old memory): the checkpoint fails with the reason, and the program goes on unharmed."""
+    exe = build("ipc")
+    app = subprocess.Popen(nvproxy_cmd(exe, backend, "ipc", "wait"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    assert app.stdout is not None
+    lines: list[str] = []
+    while not lines or lines[-1] != "exported\n":
+        lines.append(app.stdout.readline())
+        assert lines[-1], app.communicate()[1]
+    r = nvproxy("checkpoint", str(app.pid), "-o", str(tmp_path / "refused.img"))
+    assert r.returncode != 0 and "device memory was exported" in r.stdout + r.stderr, r.stdout + r.stderr
+    out, err = app.communicate(timeout=120)
+    assert app.returncode == 0 and out.endswith("Test PASSED\n"), out + err
+    assert not (tmp_path / "refused.img").exists()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_arrays_and_texture_objects_survive_migration(build, backend: str) -> None:
     """CUDA arrays come back with their contents, and texture and surface objects with the values the
     program's kernels hold (one destroyed between others left a gap the restore must keep)."""

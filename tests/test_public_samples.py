@@ -26,9 +26,11 @@ NAMES = ["vectorAdd", "asyncAPI", "clock", "matrixMul", "simpleAssert", "simpleA
          "simpleMultiCopy", "simpleOccupancy", "simplePrintf", "simpleStreams", "simpleTemplates",
          "simpleVoteIntrinsics", "simpleZeroCopy", "template", "simpleCooperativeGroups", "simpleAWBarrier",
          "simpleMultiGPU", "simpleTexture", "simpleSurfaceWrite", "simplePitchLinearTexture", "simpleCubemapTexture",
-         "simpleLayeredTexture"]
+         "simpleLayeredTexture", "simpleIPC"]
+# sources a sample needs from Common/
+EXTRA_SOURCES = {"simpleIPC": ["helper_multiprocess.cpp"]}
 # lines that vary natively from run to run: measurements, and how long the CPU waited
-TIMING = re.compile(r"\d+\.\d+|time|msec|GFlop|GB/s|Throughput|while waiting", re.I)
+TIMING = re.compile(r"\d+\.\d+|time|msec|GFlop|GB/s|Throughput|while waiting|lshmName", re.I)  # (+ a pid)
 # samples whose device printf lines come from many blocks: their order is unspecified
 UNORDERED = {"simplePrintf"}
 
@@ -46,6 +48,7 @@ def test_sample_matches_native(nvcc: str, tmp_path: Path, name: str) -> None:
         pytest.skip(f"cuda-samples not found at {SAMPLES} (set NVPROXY_SAMPLES_DIR)")
     exe = tmp_path / name
     files = [str(p) for p in sorted(src.glob("*.cu")) + sorted(src.glob("*.cpp"))]
+    files += [str(SAMPLES / "Common" / f) for f in EXTRA_SOURCES.get(name, [])]
     subprocess.run([nvcc, "-cudart", "shared", "-std=c++17", f"-I{SAMPLES / 'Common'}", f"-I{src}", "-o", str(exe),
                     *files], check=True)
     if (src / "data").is_dir():  # (input images and reference results, found relative to the working directory)

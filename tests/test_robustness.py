@@ -41,12 +41,12 @@ def test_unsupported_call_fails_loudly(build, backend: str) -> None:
     r = run(nvproxy_cmd(build("unsupported"), backend, "unsupported"))
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [
-        "cudaIpcGetMemHandle: cudaErrorNotSupported",
+        "cudaGraphAddMemAllocNode: cudaErrorNotSupported",
         "last error: cudaErrorNotSupported",
         "pageable memcpy node: cudaErrorNotSupported",
     ]
     lines = [line for line in r.stderr.splitlines() if "not supported by nvproxy" in line]
-    assert len(lines) == 2 and "cudaIpcGetMemHandle" in lines[0] and "cudaGraphAddMemcpyNode1D" in lines[1]
+    assert len(lines) == 2 and "cudaGraphAddMemAllocNode" in lines[0] and "cudaGraphAddMemcpyNode1D" in lines[1]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -147,6 +147,11 @@ def test_malformed_messages_close_only_that_channel(tmp_path: Path) -> None:
         assert call(wire.NVP_OP_TEX_DESTROY, [0, 12345]) == 1
         assert call(wire.NVP_OP_ARRAY_DESTROY, [1]) == 0
         assert call(wire.NVP_OP_ARRAY_DESTROY, [1]) == 1
+        # IPC: handles that are not nvproxy's, memory that was never opened
+        assert call(wire.NVP_OP_IPC_MEM_OPEN, [0], b"\0" * 64) == 1
+        assert call(wire.NVP_OP_IPC_MEM_OPEN, [0], b"\0" * 5) == 1
+        assert call(wire.NVP_OP_IPC_MEM_CLOSE, [0x200000000000]) == 1
+        assert call(wire.NVP_OP_IPC_EVENT_OPEN, [99], b"\0" * 3) == 1
         good.close()
     finally:
         proxy.kill()

@@ -98,7 +98,12 @@
 #define NVP_OP_GRAPH_GET_NODES 61 /* a0 graph id, a1 nodes wanted (0: count only); payload: that many u32 node ids
                                       (new, for nodes nvproxy has not named yet) -> r0 nodes in the graph; payload:
                                       u32 node id, u32 NVP_NODE_* (0: another kind) per node returned */
-#define NVP_OP_COUNT 62
+#define NVP_OP_IPC_MEM_EXPORT 62  /* a0 device pointer -> payload: the 64-byte cudaIpcMemHandle_t (struct nvp_ipc_mem) */
+#define NVP_OP_IPC_MEM_OPEN 63    /* a0 flags; payload: a cudaIpcMemHandle_t -> r0 device pointer, r1 mapping base, r2 its size */
+#define NVP_OP_IPC_MEM_CLOSE 64   /* a0 device pointer it opened -> r0 1 if that closed the mapping, r1 its base */
+#define NVP_OP_IPC_EVENT_EXPORT 65 /* a0 event -> payload: the driver's 64-byte cudaIpcEventHandle_t */
+#define NVP_OP_IPC_EVENT_OPEN 66  /* a0 event id (new); payload: a cudaIpcEventHandle_t */
+#define NVP_OP_COUNT 67
 
 /* node bodies (little-endian, packed as listed) */
 #define NVP_NODE_KERNEL 1 /* u32 kernel id, u32 grid[3], u32 block[3], u32 shmem, u32 param bytes; params */
@@ -149,6 +154,20 @@ struct nvp_tex_create {
     int32_t mip_filter;
     float mip_bias, mip_min, mip_max;
     int32_t no_trilinear, seamless;
+};
+
+/* cudaIpcMemHandle_t as nvproxy fills it: the exporting proxy's application, the allocation
+ * and a secret the exporter checks before it hands the memory to another proxy */
+#define NVP_IPC_MAGIC 0x4950564e /* "NVPI" */
+struct nvp_ipc_mem {
+    uint32_t magic;
+    uint32_t pid;   /* the exporting application */
+    uint32_t dev;
+    uint32_t pad;
+    uint64_t token;
+    uint64_t base, size; /* the proxy's allocation holding the pointer */
+    uint64_t offset;     /* of the pointer in it */
+    uint8_t reserved[16];
 };
 
 /* callback channel message, both directions */

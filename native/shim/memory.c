@@ -80,7 +80,7 @@ NVP_EXPORT cudaError_t cudaFree(void *devPtr)
     if (nvp_host_shared(p, 0, &h) && h.kind == NVP_HOST_MANAGED && h.user == p)
         return nvp_ret(nvp_host_free(&h));
     int tag;
-    if (nvp_alloc_remove(p, &tag) != 0)
+    if (nvp_alloc_tag(p) == NVP_ALLOC_IPC || nvp_alloc_remove(p, &tag) != 0) /* (IPC: cudaIpcCloseMemHandle's) */
         return nvp_ret(cudaErrorInvalidValue);
     nvp_pool_forget(p);
     if (tag != NVP_ALLOC_PROXY) {

@@ -91,8 +91,10 @@ void nvp_note_device_idle(int dev, uint64_t sent_before); /* the device finished
 
 /* Device allocations (cudaMalloc family) known to the shim. */
 #define NVP_ALLOC_PROXY 0 /* tag of an allocation the proxy made itself */
+#define NVP_ALLOC_IPC (-1) /* another process's memory, opened with cudaIpcOpenMemHandle */
 void nvp_alloc_add(uint64_t base, uint64_t size, int tag);
 int nvp_alloc_remove(uint64_t base, int *tag); /* 0 if base was a live allocation */
+int nvp_alloc_tag(uint64_t base);              /* the tag of the allocation at base (NVP_ALLOC_PROXY: none) */
 void nvp_alloc_forget(uint64_t lo, uint64_t hi); /* every allocation based in [lo, hi) */
 /* Does [p, p+n) lie in the device arena; and if so, inside a live allocation? */
 int nvp_in_arena(uint64_t p);

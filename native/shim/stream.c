@@ -424,6 +424,45 @@ static cudaError_t event_create(cudaEvent_t *pe, unsigned flags)
 NVP_EXPORT cudaError_t cudaEventCreate(cudaEvent_t *pe) { return event_create(pe, 0); }
 NVP_EXPORT cudaError_t cudaEventCreateWithFlags(cudaEvent_t *pe, unsigned int flags) { return event_create(pe, flags); }
 
+/* Interprocess events: the driver's handle, exported and opened through the proxies (ipc.c has memory). */
+NVP_EXPORT cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *handle, cudaEvent_t event)
+{
+    cudaError_t e = nvp_enter();
+    if (e)
+        return nvp_ret(e);
+    int64_t w = event_wire(event);
+    if (w < 0)
+        return nvp_ret(cudaErrorInvalidResourceHandle);
+    if (!handle)
+        return nvp_ret(cudaErrorInvalidValue);
+    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w};
+    struct nvp_reply r = {.out = handle, .out_cap = sizeof *handle};
+    if (!(e = nvp_call(NVP_OP_IPC_EVENT_EXPORT, a, NULL, 0, &r, -1)) && r.out_len != sizeof *handle)
+        e = cudaErrorInvalidValue;
+    return nvp_ret(e);
+}
+
+NVP_EXPORT cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *event, cudaIpcEventHandle_t handle)
+{
+    cudaError_t e = nvp_enter();
+    if (e)
+        return nvp_ret(e);
+    if (!event)
+        return nvp_ret(cudaErrorInvalidValue);
+    struct nvp_event_rec rec = {nvp_current_device(), cudaEventDisableTiming | cudaEventInterprocess, 0};
+    uint64_t h = nvp_handle_new(NVP_H_EVENT, &rec, sizeof rec);
+    if (!h)
+        return nvp_ret(cudaErrorMemoryAllocation);
+    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)nvp_handle_id(h) + WIRE_ID_BASE};
+    struct nvp_reply r = {0};
+    if ((e = nvp_call(NVP_OP_IPC_EVENT_OPEN, a, &handle, sizeof handle, &r, -1))) {
+        nvp_handle_free(NVP_H_EVENT, h);
+        return nvp_ret(e);
+    }
+    *event = (cudaEvent_t)(uintptr_t)h;
+    return cudaSuccess;
+}
+
 NVP_EXPORT cudaError_t cudaEventDestroy(cudaEvent_t ev)
 {
     cudaError_t e = nvp_enter();

@@ -89,6 +89,12 @@ void nvp_alloc_add(uint64_t base, uint64_t size, int tag)
     ranges_add(&allocs, &x);
 }
 
+int nvp_alloc_tag(uint64_t base)
+{
+    struct range x;
+    return ranges_find(&allocs, base, 1, &x) && x.base == base ? x.tag : NVP_ALLOC_PROXY;
+}
+
 int nvp_alloc_remove(uint64_t base, int *tag)
 {
     struct range x;

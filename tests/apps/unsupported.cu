@@ -5,12 +5,16 @@
 int main() {
     void *p;
     CHECK(cudaMalloc(&p, 64));
-    cudaIpcMemHandle_t h;
-    cudaError_t e = cudaIpcGetMemHandle(&h, p);
-    printf("cudaIpcGetMemHandle: %s\n", cudaGetErrorName(e));
-    printf("last error: %s\n", cudaGetErrorName(cudaGetLastError()));
     cudaGraph_t g;
     CHECK(cudaGraphCreate(&g, 0));
+    cudaMemAllocNodeParams ap = {};
+    ap.poolProps.allocType = cudaMemAllocationTypePinned;
+    ap.poolProps.location.type = cudaMemLocationTypeDevice;
+    ap.bytesize = 1 << 20;
+    cudaGraphNode_t alloc;
+    cudaError_t e = cudaGraphAddMemAllocNode(&alloc, g, NULL, 0, &ap);
+    printf("cudaGraphAddMemAllocNode: %s\n", cudaGetErrorName(e));
+    printf("last error: %s\n", cudaGetErrorName(cudaGetLastError()));
     static char pageable[64];  // a graph copy runs later, in the proxy: it cannot reach pageable memory
     cudaGraphNode_t n;
     printf("pageable memcpy node: %s\n",

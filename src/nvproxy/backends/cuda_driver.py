@@ -138,6 +138,13 @@ CUresult cuTexObjectDestroy(CUtexObject texObject);
 CUresult cuSurfObjectCreate(CUsurfObject *pSurfObject, const CUDA_RESOURCE_DESC *pResDesc);
 CUresult cuSurfObjectDestroy(CUsurfObject surfObject);
 
+typedef struct { char reserved[64]; } CUipcEventHandle;
+CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle, int handleType,
+                                      unsigned long long flags);
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle, int shHandleType);
+CUresult cuIpcGetEventHandle(CUipcEventHandle *pHandle, CUevent event);
+CUresult cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle);
+
 CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority);
 CUresult cuStreamDestroy_v2(CUstream hStream);
 CUresult cuStreamSynchronize(CUstream hStream);
@@ -209,6 +216,7 @@ CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910
 CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 5, 6
 CU_JIT_INPUT_FATBINARY = 2
 CU_MEM_ALLOCATION_TYPE_PINNED = 1
+CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1
 CU_MEM_LOCATION_TYPE_DEVICE = 1
 CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
 CU_MEMHOSTREGISTER_PORTABLE = 1

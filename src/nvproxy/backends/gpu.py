@@ -46,6 +46,7 @@ class GpuBacking:
         self.prop.type = cd.CU_MEM_ALLOCATION_TYPE_PINNED
         self.prop.location.type = cd.CU_MEM_LOCATION_TYPE_DEVICE
         self.prop.location.id = dev
+        self.prop.requestedHandleTypes = cd.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR  # (CUDA IPC: handlers/ipc.py)
         g = ffi.new("size_t *")
         cd.check(self.L.cuMemGetAllocationGranularity(g, self.prop, 0), "cuMemGetAllocationGranularity")
         self.granularity = max(int(g[0]), 2 << 20)
@@ -205,6 +206,36 @@ class GpuBackend:
 
     def memset2d(self, ptr: int, pitch: int, value: int, width: int, height: int, stream: object) -> None:
         cd.check(self.L.cuMemsetD2D8Async(ptr, pitch, value, width, height, stream), "cuMemsetD2D8Async")
+
+    # ---- CUDA IPC (proxy/handlers/ipc.py) ----
+    def export_fd(self, dev: int, handle: int) -> int:
+        fd = ffi.new("int *")
+        cd.check(self.L.cuMemExportToShareableHandle(fd, handle, cd.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                 "cuMemExportToShareableHandle")
+        return int(fd[0])
+
+    def import_fd(self, dev: int, fd: int, size: int) -> int:
+        h = ffi.new("CUmemGenericAllocationHandle *")
+        cd.check(self.L.cuMemImportFromShareableHandle(h, ffi.cast("void *", fd),
+                                                       cd.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                 "cuMemImportFromShareableHandle")
+        return int(h[0])
+
+    def ipc_release(self, dev: int, handle: int) -> None:
+        cd.check(self.L.cuMemRelease(handle), "cuMemRelease")
+
+    def ipc_event_handle(self, e: object) -> bytes:
+        h = ffi.new("CUipcEventHandle *")
+        cd.check(self.L.cuIpcGetEventHandle(h, e), "cuIpcGetEventHandle")
+        return bytes(ffi.buffer(h))
+
+    def ipc_event_open(self, dev: int, handle: bytes) -> object:
+        self.activate(dev)
+        h = ffi.new("CUipcEventHandle *")
+        ffi.memmove(h, handle, 64)
+        e = ffi.new("CUevent *")
+        cd.check(self.L.cuIpcOpenEventHandle(e, h[0]), "cuIpcOpenEventHandle")
+        return e[0]
 
     # ---- CUDA arrays, texture and surface objects ----
     def array_create(self, dev: int, width: int, height: int, depth: int, fmt: Any, flags: int) -> object:

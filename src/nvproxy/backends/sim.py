@@ -71,12 +71,24 @@ class SimBacking:
 
     def __init__(self, mem: SimMemory, capacity: int) -> None:
         self.mem, self.capacity, self.used = mem, capacity, 0
+        self.fds: dict[int, int] = {}  # id(mapping) -> its memfd
 
     def create(self, size: int) -> mmap.mmap:
         if self.used + size > self.capacity:
             raise CudaError(MEMORY_ALLOCATION)
         self.used += size
-        return mmap.mmap(-1, size)
+        fd = os.memfd_create("nvproxy-sim-device", os.MFD_CLOEXEC)  # (a memfd: CUDA IPC hands it over)
+        try:
+            os.ftruncate(fd, size)
+            m = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fds[id(m)] = fd
+        return m
+
+    def export_fd(self, handle: mmap.mmap) -> int:
+        return os.dup(self.fds[id(handle)])
 
     def map(self, va: int, size: int, handle: object) -> None:
         assert isinstance(handle, mmap.mmap)
@@ -88,6 +100,7 @@ class SimBacking:
     def release(self, handle: object) -> None:
         assert isinstance(handle, mmap.mmap)
         self.used -= len(handle)
+        os.close(self.fds.pop(id(handle)))
         handle.close()
 
 
@@ -273,6 +286,26 @@ class SimBackend:
     def memset2d(self, ptr: int, pitch: int, value: int, width: int, height: int, stream: SimStream) -> None:
         for row in range(height):
             self.memset(ptr + row * pitch, value, width, stream)
+
+    # ---- CUDA IPC: device memory is memfds, events are always complete ----
+    def export_fd(self, dev: int, handle: mmap.mmap) -> int:
+        return self.backings[dev].export_fd(handle)
+
+    def import_fd(self, dev: int, fd: int, size: int) -> mmap.mmap:
+        return mmap.mmap(fd, size)
+
+    def ipc_release(self, dev: int, handle: mmap.mmap) -> None:
+        handle.close()
+
+    def ipc_event_handle(self, e: SimEvent) -> bytes:
+        if not e.flags & 4:  # cudaEventInterprocess
+            raise CudaError(INVALID_RESOURCE_HANDLE, "sim: not an interprocess event")
+        return b"nvproxy sim event".ljust(64, b"\0")
+
+    def ipc_event_open(self, dev: int, handle: bytes) -> SimEvent:
+        if not handle.startswith(b"nvproxy sim event"):
+            raise CudaError(INVALID_VALUE, "sim: not an IPC event handle of the sim")
+        return SimEvent(dev, 6)
 
     # ---- CUDA arrays, texture and surface objects (sim_arrays.py) ----
     def array_create(self, dev: int, width: int, height: int, depth: int, fmt: Any, flags: int) -> SimArray:

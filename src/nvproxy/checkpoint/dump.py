@@ -15,7 +15,7 @@ from ..proxy.state import ProcessState
 from . import hostimage, transfer
 from .checksum import checksum
 from .hostimage import HostImage
-from .image import ALIGN, Layout, encode_header
+from .image import ALIGN, ImageError, Layout, encode_header
 
 PROGRESS_OVER = 1 << 30
 
@@ -30,6 +30,9 @@ def module_variables(image: bytes) -> list[str]:
 
 def describe(state: ProcessState) -> dict[str, Any]:
     """The image header's description of the process (no regions yet)."""
+    why = state.ipc_in_use()
+    if why:
+        raise ImageError(f"nvproxy cannot checkpoint this process: {why}")
     devices = []
     before: dict[int, float] = {}  # event -> ms it was recorded before now
     for dev in sorted(state.devices):

@@ -242,5 +242,17 @@ class Arena:
                 return b, self.allocs[b][0]
         return None
 
+    def physical(self, ptr: int) -> tuple[int, int, object] | None:
+        """(base, size, backing handle) of the physical memory under a live allocation's ptr."""
+        found = self.find(ptr)
+        if found is None:
+            return None
+        base, n = found
+        owner = self.allocs[base][1]
+        if n <= SMALL_LIMIT and owner in self.slabs:
+            slab = self.slabs[owner]
+            return slab.va, self.backing.granularity, slab.handle
+        return base, n, owner
+
     def contains(self, ptr: int) -> bool:
         return self.base <= ptr < self.base + self.size

@@ -36,6 +36,14 @@ def handle(server: Any, conn: socket.socket, msg: dict[str, Any]) -> bool:
         # application still runs, so that its restore is a copy (see hand_over)
         himg = hostimage.of(server.dispatch.state)
         control.send(conn, {"ok": True, "bytes": himg.capacity}, b"", [himg.fd])
+    elif cmd == "ipc_fd":  # another proxy opens device memory this one's application exported
+        from .handlers.ipc import export_fd
+
+        fd, size = export_fd(server.dispatch.state, int(msg.get("base", 0)), int(msg.get("token", 0)))
+        try:
+            control.send(conn, {"ok": True, "size": size}, b"", [fd])
+        finally:
+            os.close(fd)
     elif cmd == "handoff":
         hand_over(server, conn, msg.get("image"))
     else:

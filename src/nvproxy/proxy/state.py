@@ -135,6 +135,21 @@ class ProcessState:
         self.graph_order = 0
         self.arrays: dict[int, ArrayRec] = {}  # wire id -> CUDA array
         self.objects: dict[tuple[bool, int], ObjectRec] = {}  # (surface, value) -> texture or surface object
+        # CUDA IPC (handlers/ipc.py): allocations exported (base -> secret), memory of other
+        # processes mapped here ((pid, base) -> mapping), events exported or opened (wire ids)
+        self.ipc_exports: dict[int, int] = {}
+        self.ipc_imports: dict[tuple[int, int], Any] = {}
+        self.ipc_events: set[int] = set()
+
+    def ipc_in_use(self) -> str | None:
+        """Why a checkpoint would not be exact: device memory or events shared with another process."""
+        if self.ipc_imports:
+            return f"device memory of process {next(iter(self.ipc_imports))[0]} is open here (cudaIpcOpenMemHandle)"
+        if self.ipc_exports:
+            return "device memory was exported to other processes (cudaIpcGetMemHandle)"
+        if self.ipc_events & set(self.events):
+            return "events are shared with other processes (cudaIpcGetEventHandle/cudaIpcOpenEventHandle)"
+        return None
 
     def free(self, ptr: int) -> None:
         """cudaFree: the memory returns to the arena once the device has
