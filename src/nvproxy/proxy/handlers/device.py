@@ -29,7 +29,14 @@ def SET_DEVICE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
 
 def DEVICE_SYNC(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred:
     dev = ch.dev
-    return Deferred(lambda: p.backend.device_sync(dev), lambda: _idle(p, dev))
+    return Deferred(lambda: p.backend.device_sync(dev), lambda: _idle(p, dev) and _synced(p, dev))
+
+
+def _synced(p: Any, dev: int) -> bool:
+    """The synchronisation itself, done here (the device is idle: it returns at once): it is what makes
+    the driver write the kernels' printf output."""
+    p.backend.device_sync(dev)
+    return True
 
 
 def _idle(p: Any, dev: int) -> bool:
