@@ -86,6 +86,12 @@ def build(where: Path) -> Path:
     return exe
 
 
+def read_mode(device_bytes: int) -> str:
+    from nvproxy.checkpoint.restore import read_mode as mode
+
+    return mode(device_bytes)
+
+
 def _alive(pid: int) -> bool:
     """Not yet a zombie (whose memory is released)."""
     try:
@@ -140,7 +146,7 @@ def measure(exe: Path, mib: int, td: Path, backend: str) -> dict:
     if from_file:
         fs = float(from_file.group(2))
         row.update(file_restore_s=fs, file_restore_gbps=int(from_file.group(1)) * 2**20 / max(fs, 1e-3) / 1e9,
-                   file_restore_read=os.environ.get("NVPROXY_RESTORE_READ", "map"))
+                   file_restore_read=read_mode(mib << 20))
         phases = re.search(r"from \S+ in [\d.]+ s \([\d.]+ GB/s; s per phase: ([^)]*)\)", stderr)
         fallback = [line for line in stderr.splitlines() if "bounce buffers" in line]
         if fallback:
