@@ -31,6 +31,7 @@ PROGRAMS = [
     ("graph_nodes", ()),
     ("textures", ()),
     ("ipc", ()),
+    ("graph_cond", ()),
 ]
 IDS = ["-".join((n, *a)) for n, a in PROGRAMS]
 

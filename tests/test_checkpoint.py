@@ -242,6 +242,13 @@ def test_node_built_graphs_survive_migration(build, backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_conditional_graphs_survive_migration(build, backend: str) -> None:
+    """Conditional nodes (if/else, while, switch) and their body graphs are made again, with conditional
+    handles of the same values (the kernels that set the conditions hold them), and loops go on looping."""
+    migrate_mid_run(build, backend, "graph_cond", ("6",), "run 2:")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_checkpoint_refused_while_memory_is_shared(build, backend: str, tmp_path: Path) -> None:
     """A process that exported device memory through CUDA IPC cannot be checkpointed exactly (its peers would
     keep the old memory): the checkpoint fails with the reason, and the program goes on unharmed."""

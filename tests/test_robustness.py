@@ -134,6 +134,8 @@ def test_malformed_messages_close_only_that_channel(tmp_path: Path) -> None:
         assert call(wire.NVP_OP_GRAPH_ADD_NODE, [9, 4, empty, 0]) == 1  # no such graph
         assert call(wire.NVP_OP_GRAPH_ADD_NODE, [1, 5, empty, 0]) == 0
         assert call(wire.NVP_OP_GRAPH_ADD_NODE, [1, 6, empty, 1], struct.pack("<II", 5, 0)) == 0
+        cond = wire.NVP_NODE_COND
+        assert call(wire.NVP_OP_GRAPH_ADD_NODE, [1, 7, cond, 0], struct.pack("<QII", 1, 0, 3)) == 1  # no body ids
         assert call(wire.NVP_OP_GRAPH_GET_NODES, [1, 4], b"\0" * 8) == 1  # fewer node ids than nodes wanted
         assert call(wire.NVP_OP_GRAPH_GET_NODES, [1, 2], b"\0" * 8) == 0
         # arrays and texture objects: damaged descriptions, unknown arrays and objects

@@ -103,7 +103,8 @@
 #define NVP_OP_IPC_MEM_CLOSE 64   /* a0 device pointer it opened -> r0 1 if that closed the mapping, r1 its base */
 #define NVP_OP_IPC_EVENT_EXPORT 65 /* a0 event -> payload: the driver's 64-byte cudaIpcEventHandle_t */
 #define NVP_OP_IPC_EVENT_OPEN 66  /* a0 event id (new); payload: a cudaIpcEventHandle_t */
-#define NVP_OP_COUNT 67
+#define NVP_OP_GRAPH_COND_HANDLE 67 /* a0 graph id, a1 default value, a2 flags -> r0 the driver's conditional handle */
+#define NVP_OP_COUNT 68
 
 /* node bodies (little-endian, packed as listed) */
 #define NVP_NODE_KERNEL 1 /* u32 kernel id, u32 grid[3], u32 block[3], u32 shmem, u32 param bytes; params */
@@ -111,6 +112,7 @@
 #define NVP_NODE_MEMSET 3 /* u64 dst, pitch, u32 value, u32 element size, u64 width (elements), height */
 #define NVP_NODE_HOST 4   /* u64 callback id (run in the application, kept) */
 #define NVP_NODE_EMPTY 5
+#define NVP_NODE_COND 6   /* u64 conditional handle, u32 cudaGraphConditionalNodeType, u32 size; u32 body graph ids (new) */
 #define NVP_STREAM_ATTR_BYTES 64
 
 /* launch flags */

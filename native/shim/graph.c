@@ -475,6 +475,59 @@ NVP_EXPORT cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t gra
     return nvp_ret(r.h.r[0] ? cudaErrorGraphExecUpdateFailure : cudaSuccess);
 }
 
+/* Conditional nodes: their body graphs are made by the driver with the node; they get nvproxy
+ * handles (in an array that lives as long as the process, as the driver's lives as long as the node). */
+static cudaError_t conditional_node(cudaGraphNode_t *node, cudaGraph_t graph, const cudaGraphNode_t *deps,
+                                    size_t ndeps, struct cudaConditionalNodeParams *c)
+{
+    struct graph_rec rec;
+    if (nvp_handle_get(NVP_H_GRAPH, (uint64_t)(uintptr_t)graph, &rec, sizeof rec) != 0 || c->size == 0 ||
+        c->size > 256)
+        return cudaErrorInvalidValue;
+    struct {
+        uint64_t handle;
+        uint32_t type, size, ids[256];
+    } body = {c->handle, (uint32_t)c->type, c->size, {0}};
+    cudaGraph_t *bodies = calloc(c->size, sizeof *bodies);
+    if (!bodies)
+        return cudaErrorMemoryAllocation;
+    cudaError_t e = cudaSuccess;
+    for (unsigned i = 0; i < c->size && !e; i++) {
+        uint64_t h = nvp_handle_new(NVP_H_GRAPH, &rec, sizeof rec);
+        bodies[i] = (cudaGraph_t)(uintptr_t)h;
+        body.ids[i] = nvp_handle_id(h);
+        if (!h)
+            e = cudaErrorMemoryAllocation;
+    }
+    if (!e)
+        e = add_node(node, graph, deps, ndeps, NVP_NODE_COND, &body, 16 + 4 * (size_t)c->size);
+    if (e) {
+        for (unsigned i = 0; i < c->size; i++)
+            if (bodies[i])
+                nvp_handle_free(NVP_H_GRAPH, (uint64_t)(uintptr_t)bodies[i]);
+        free(bodies);
+        return e;
+    }
+    c->phGraph_out = bodies;
+    return cudaSuccess;
+}
+
+NVP_EXPORT cudaError_t cudaGraphConditionalHandleCreate(cudaGraphConditionalHandle *pHandle_out, cudaGraph_t graph,
+                                                        unsigned int defaultLaunchValue, unsigned int flags)
+{
+    cudaError_t e = nvp_enter();
+    if (e)
+        return nvp_ret(e);
+    uint64_t g = (uint64_t)(uintptr_t)graph;
+    if (!pHandle_out || nvp_handle_get(NVP_H_GRAPH, g, NULL, 0) != 0)
+        return nvp_ret(cudaErrorInvalidValue);
+    uint64_t a[NVP_MAX_ARGS] = {nvp_handle_id(g), defaultLaunchValue, flags};
+    struct nvp_reply r = {0};
+    if (!(e = nvp_call(NVP_OP_GRAPH_COND_HANDLE, a, NULL, 0, &r, -1)))
+        *pHandle_out = r.h.r[0];
+    return nvp_ret(e);
+}
+
 /* The generic form of the node additions above (CUDA 12.2+); memory-allocation, conditional,
  * event, child-graph and other nodes fail loudly. */
 NVP_EXPORT cudaError_t cudaGraphAddNode(cudaGraphNode_t *node, cudaGraph_t graph, const cudaGraphNode_t *deps,
@@ -505,9 +558,11 @@ NVP_EXPORT cudaError_t cudaGraphAddNode(cudaGraphNode_t *node, cudaGraph_t graph
     }
     case cudaGraphNodeTypeEmpty:
         return cudaGraphAddEmptyNode(node, graph, deps, ndeps);
+    case cudaGraphNodeTypeConditional:
+        return nvp_ret(conditional_node(node, graph, deps, ndeps, &p->conditional));
     default:
-        return nvp_ret(nvp_unsupported("cudaGraphAddNode of this node type (memory allocation, conditional, event, "
-                                       "child graph ...)"));
+        return nvp_ret(nvp_unsupported("cudaGraphAddNode of this node type (memory allocation, event, child graph "
+                                       "...)"));
     }
 }
 

@@ -75,9 +75,10 @@ class KernelContext:
 
     def __init__(self, mem: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shmem: int,
                  printf: Callable[[str], None], symbols: dict[str, tuple[int, int]],
-                 objects: dict[int, Any] | None = None) -> None:
+                 objects: dict[int, Any] | None = None, conditionals: dict[int, int] | None = None) -> None:
         self._mem = mem
         self._objects = objects or {}
+        self._conditionals = conditionals if conditionals is not None else {}
         self._symbols = symbols
         self.grid = grid
         self.block = block
@@ -96,6 +97,10 @@ class KernelContext:
     def symbol(self, name: str) -> int:
         """Device address of a module variable (__device__/__constant__) of the kernel's module."""
         return self._symbols[name][0]
+
+    def set_conditional(self, handle: int, value: int) -> None:
+        """cudaGraphSetConditional."""
+        self._conditionals[handle] = value & 0xFFFFFFFF
 
     def texture(self, obj: int) -> Any:
         """A texture object: .sample(x[, y[, z]]) with arrays of coordinates (tex1D/2D/3D, point

@@ -86,6 +86,14 @@ typedef struct { CUdeviceptr dst; size_t pitch; unsigned int value, elementSize;
     CUDA_MEMSET_NODE_PARAMS;
 typedef struct { CUhostFn fn; void *userData; } CUDA_HOST_NODE_PARAMS;
 typedef struct { int result; CUgraphNode errorNode; CUgraphNode errorFromNode; } CUgraphExecUpdateResultInfo;
+typedef struct {
+    unsigned long long handle; int type; unsigned int size; CUgraph *phGraph_out; CUcontext ctx;
+} CUDA_CONDITIONAL_NODE_PARAMS;
+typedef struct {
+    int type; int reserved0[3];
+    union { long long reserved1[29]; CUDA_CONDITIONAL_NODE_PARAMS conditional; };
+    long long reserved2;
+} CUgraphNodeParams;
 
 CUresult cuGetErrorName(CUresult error, const char **pStr);
 CUresult cuCtxSetCurrent(CUcontext ctx);
@@ -171,6 +179,10 @@ CUresult cuGraphAddMemsetNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps
                               const CUDA_MEMSET_NODE_PARAMS *p, CUcontext ctx);
 CUresult cuGraphAddHostNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t ndeps,
                             const CUDA_HOST_NODE_PARAMS *p);
+CUresult cuGraphAddNode_v2(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, const void *edgeData, size_t ndeps,
+                           CUgraphNodeParams *p);
+CUresult cuGraphConditionalHandleCreate(unsigned long long *pHandle_out, CUgraph hGraph, CUcontext ctx,
+                                        unsigned int defaultLaunchValue, unsigned int flags);
 CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes);
 CUresult cuGraphNodeGetType(CUgraphNode hNode, int *type);
 CUresult cuGraphAddEmptyNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t ndeps);
@@ -223,6 +235,7 @@ CU_MEMHOSTREGISTER_PORTABLE = 1
 CU_MEMHOSTREGISTER_DEVICEMAP = 2
 CU_MEMHOSTREGISTER_READ_ONLY = 8
 CU_MEMORYTYPE_HOST = 1
+CU_GRAPH_NODE_TYPE_CONDITIONAL = 13
 CU_MEMORYTYPE_ARRAY = 3
 CU_MEMORYTYPE_UNIFIED = 4
 CU_TRSF_READ_AS_INTEGER, CU_TRSF_NORMALIZED_COORDINATES, CU_TRSF_SRGB = 0x01, 0x02, 0x10

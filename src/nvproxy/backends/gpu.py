@@ -513,6 +513,23 @@ class GpuBackend:
         cd.check(rc, "cuGraphExecUpdate")
         return 0
 
+    def graph_cond_handle(self, g: object, dev: int, default: int, flags: int) -> int:
+        h = ffi.new("unsigned long long *")
+        cd.check(self.L.cuGraphConditionalHandleCreate(h, g, self._context(dev), default, flags),
+                 "cuGraphConditionalHandleCreate")
+        return int(h[0])
+
+    def graph_add_conditional(self, g: object, deps: list[object], dev: int, handle: int, ctype: int,
+                              size: int) -> tuple[object, list[object]]:
+        """A conditional node and the body graphs the driver made with it."""
+        p = ffi.new("CUgraphNodeParams *")
+        p.type = cd.CU_GRAPH_NODE_TYPE_CONDITIONAL
+        c = p.conditional
+        c.handle, c.type, c.size, c.ctx = handle, ctype, size, self._context(dev)
+        n = ffi.new("CUgraphNode *")
+        cd.check(self.L.cuGraphAddNode_v2(n, g, self._deps(deps), ffi.NULL, len(deps), p), "cuGraphAddNode")
+        return n[0], [p.conditional.phGraph_out[i] for i in range(size)]
+
     def graph_nodes(self, g: object) -> list[object]:
         n = ffi.new("size_t *")
         cd.check(self.L.cuGraphGetNodes(g, ffi.NULL, n), "cuGraphGetNodes")
@@ -526,7 +543,7 @@ class GpuBackend:
         """The node's NVP_NODE_* kind (0: one nvproxy does not make itself)."""
         t = ffi.new("int *")
         cd.check(self.L.cuGraphNodeGetType(node, t), "cuGraphNodeGetType")
-        return {0: 1, 1: 2, 2: 3, 3: 4, 5: 5}.get(int(t[0]), 0)  # CU_GRAPH_NODE_TYPE_* -> NVP_NODE_*
+        return {0: 1, 1: 2, 2: 3, 3: 4, 5: 5, 13: 6}.get(int(t[0]), 0)  # CU_GRAPH_NODE_TYPE_* -> NVP_NODE_*
 
     def graph_add_empty(self, g: object, deps: list[object]) -> object:
         n = ffi.new("CUgraphNode *")

@@ -163,6 +163,9 @@ class SimEvent:
 @dataclass
 class SimGraph:
     ops: list[Callable[[], None]]
+    conds: dict[int, tuple[int, int]] = field(default_factory=dict)  # conditional handle -> (default, flags)
+    values: dict[int, int] = field(default_factory=dict)  # an executable graph's conditional values
+    root: SimGraph | None = None  # a conditional node's body: the graph the node is in, at the top
 
 
 @dataclass
@@ -200,6 +203,7 @@ class SimBackend:
         self.limits = dict(_LIMITS)
         self.cache_config = 0
         self.objects: dict[int, SimObject] = {}  # texture and surface objects by value
+        self.cond_values: dict[int, int] = {}  # the running executable graph's conditional values
         self._next_object = 0
 
     # ---- devices ----
@@ -432,14 +436,21 @@ class SimBackend:
         return (0, 0) if c is None else (2, 0) if c.invalid else (1, c.id)
 
     def graph_instantiate(self, g: SimGraph, flags: int) -> SimGraph:
-        return SimGraph(list(g.ops))
+        return SimGraph(list(g.ops), dict(g.conds), {h: default for h, (default, _f) in g.conds.items()})
 
     def graph_launch(self, x: SimGraph, s: SimStream, upload: bool = False) -> None:
         if upload:
             return
-        for op in x.ops:
-            if not self._kept(s, op):
-                op()
+        for h, (default, flags) in x.conds.items():
+            if flags & 1:  # cudaGraphCondAssignDefault
+                x.values[h] = default
+        outer, self.cond_values = self.cond_values, x.values  # (what its kernels and conditional nodes see)
+        try:
+            for op in x.ops:
+                if not self._kept(s, op):
+                    op()
+        finally:
+            self.cond_values = outer
 
     def graph_destroy(self, g: SimGraph) -> None:
         pass
@@ -495,6 +506,37 @@ class SimBackend:
 
     def graph_add_empty(self, g: SimGraph, deps: list[int]) -> int:
         return self._node(g, lambda: None, 5)
+
+    def graph_cond_handle(self, g: SimGraph, dev: int, default: int, flags: int) -> int:
+        """Values count up per graph (kernels set them with ctx.set_conditional, in the executable graph
+        that is running)."""
+        root = g.root or g
+        value = len(root.conds) + 1
+        root.conds[value] = (default, flags)
+        return value
+
+    def graph_add_conditional(self, g: SimGraph, deps: list[int], dev: int, handle: int, ctype: int,
+                              size: int) -> tuple[int, list[SimGraph]]:
+        bodies = [SimGraph([], root=g.root or g) for _ in range(size)]
+
+        def run(body: SimGraph) -> None:
+            for op in body.ops:
+                op()
+
+        def conditional() -> None:
+            v = self.cond_values.get(handle, 0)
+            if ctype == 0:  # cudaGraphCondTypeIf: body 0 when true, body 1 (if any) when false
+                if v or size == 2:
+                    run(bodies[0 if v else 1])
+            elif ctype == 1:  # cudaGraphCondTypeWhile
+                for _ in range(1 << 24):
+                    if not self.cond_values.get(handle, 0):
+                        break
+                    run(bodies[0])
+            elif v < size:  # cudaGraphCondTypeSwitch
+                run(bodies[v])
+
+        return self._node(g, conditional, 6), bodies
 
     def graph_nodes(self, g: SimGraph) -> list[int]:
         """Captured event records are edges to the driver, not nodes."""
@@ -612,7 +654,8 @@ class SimBackend:
         for off, size in k.info.params:
             raw = params[off : off + size]
             args.append(int.from_bytes(raw, "little") if size in (1, 2, 4, 8) else raw)
-        ctx = sim_kernels.KernelContext(self.mem, grid, block, shmem, self._print, k.symbols, self.objects)
+        ctx = sim_kernels.KernelContext(self.mem, grid, block, shmem, self._print, k.symbols, self.objects,
+                                        self.cond_values)
         try:
             fn(ctx, *args)
         except sim_kernels.DeviceAssert as e:

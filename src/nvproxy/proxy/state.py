@@ -66,6 +66,7 @@ class GraphRec:
     nodes: dict[int, Any] = field(default_factory=dict)  # node wire id -> the backend's node
     updates: list[tuple[int, tuple[int, ...], bytes]] = field(default_factory=list)  # executable: kernel updates
     sources: list[Any] = field(default_factory=list)  # graphs made by a restore whose nodes it names
+    body_of: int = 0  # a conditional node's body graph: its root graph's wire id (it shares built and nodes)
 
 
 @dataclass

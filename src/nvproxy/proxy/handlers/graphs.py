@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ... import wire
+from ...checkpoint.image import ImageError
 from ...errors import INVALID_VALUE, CudaError
 from ..state import CaptureLog, GraphRec
 
@@ -84,8 +85,20 @@ def GRAPH_CLONE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
 
 def GRAPH_ADD_NODE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     g = _graph(p, a[0])
-    g.nodes[a[1]] = _add_node(p, g.log.dev, g.handle, g.nodes, a, payload)
-    g.built.append((wire.NVP_OP_GRAPH_ADD_NODE, a, payload))
+    bodies: dict[int, Any] = {}
+    g.nodes[a[1]] = _add_node(p, g.log.dev, g.handle, g.nodes, a, payload, bodies)
+    g.built.append((wire.NVP_OP_GRAPH_ADD_NODE, a, payload))  # (a body graph's go into its root's list)
+    for bid, handle in bodies.items():
+        p.state.graphs[bid] = GraphRec(g.log, handle, g.order, 0, True, g.built, g.nodes, body_of=g.body_of or a[0])
+
+
+def GRAPH_COND_HANDLE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
+    """cudaGraphConditionalHandleCreate: kernels take the value as a parameter, so a restore must get it again."""
+    g = _graph(p, a[0])
+    p.backend.activate(g.log.dev)
+    value = p.backend.graph_cond_handle(g.handle, g.log.dev, a[1], a[2])
+    g.built.append((wire.NVP_OP_GRAPH_COND_HANDLE, a, struct.pack("<Q", value)))
+    return (value,), b""
 
 
 def GRAPH_GET_NODES(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
@@ -167,8 +180,10 @@ def _kernel(p: Any, dev: int, body: bytes) -> tuple[Any, tuple[int, ...], tuple[
     return p.state.kernel(dev, kid), (gx, gy, gz), (bx, by, bz), shmem, body[36 : 36 + n]
 
 
-def _add_node(p: Any, dev: int, g: Any, nodes: dict[int, Any], a: tuple[int, ...], payload: bytes) -> Any:
-    """The backend's new node of graph g for a GRAPH_ADD_NODE request (nodes: the graph's, by wire id)."""
+def _add_node(p: Any, dev: int, g: Any, nodes: dict[int, Any], a: tuple[int, ...], payload: bytes,
+              bodies: dict[int, Any]) -> Any:
+    """The backend's new node of graph g for a GRAPH_ADD_NODE request (nodes: the graph's, by wire id;
+    bodies: where a conditional node's body graphs go, by their wire ids)."""
     kind, ndeps = a[2], a[3]
     dlen = (4 * ndeps + 7) // 8 * 8
     if len(payload) < dlen:
@@ -194,6 +209,13 @@ def _add_node(p: Any, dev: int, g: Any, nodes: dict[int, Any], a: tuple[int, ...
         return be.graph_add_host(g, deps, lambda status: p.server.run_callback(cb_id, status, True))
     if kind == wire.NVP_NODE_EMPTY:
         return be.graph_add_empty(g, deps)
+    if kind == wire.NVP_NODE_COND and len(body) >= 16:
+        handle, ctype, size = struct.unpack_from("<QII", body)
+        if not 0 < size <= 256 or len(body) < 16 + 4 * size:
+            raise CudaError(INVALID_VALUE, "conditional node body graphs")
+        node, graphs = be.graph_add_conditional(g, deps, dev, handle, ctype, size)
+        bodies.update(zip(struct.unpack_from(f"<{size}I", body, 16), graphs, strict=True))
+        return node
     raise CudaError(INVALID_VALUE, f"graph node kind {kind}")
 
 
@@ -208,9 +230,13 @@ def GRAPH_LAUNCH(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
 
 def GRAPH_DESTROY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     table = p.state.graph_execs if a[1] else p.state.graphs
-    rec = table.pop(a[0], None)
-    if rec is None:
+    rec = table.get(a[0])
+    if rec is None or rec.body_of:  # (a conditional node's body goes with its graph)
         raise CudaError(INVALID_VALUE, f"graph {a[0]}")
+    del table[a[0]]
+    if not a[1]:
+        for bid in [k for k, r in table.items() if r.body_of == a[0]]:
+            del table[bid]
     p.forget()  # (C may know the executable graph)
     (p.backend.graph_exec_destroy if a[1] else p.backend.graph_destroy)(rec.handle)
     for g in rec.sources:  # (graphs a restore made for this executable graph go with it)
@@ -242,7 +268,11 @@ def describe(state: Any) -> dict[str, Any]:
     def rec(g: Any, **more: Any) -> dict[str, Any]:
         return dict(g.log.to_json(), order=g.order, created=g.created, built=_calls_json(g.built), **more)
 
-    return {"graphs": {str(k): rec(g) for k, g in state.graphs.items()},
+    bodies: dict[int, list[int]] = {}
+    for k, g in state.graphs.items():
+        if g.body_of:
+            bodies.setdefault(g.body_of, []).append(k)
+    return {"graphs": {str(k): rec(g, bodies=bodies.get(k, [])) for k, g in state.graphs.items() if not g.body_of},
             "graph_execs": {str(k): rec(x, flags=x.flags, updates=_calls_json(x.updates))
                             for k, x in state.graph_execs.items()},
             "captures": [c.to_json() for c in state.captures.values()]}
@@ -276,18 +306,25 @@ def _replay(p: Any, log: CaptureLog) -> Any:
     return s
 
 
-def _remake(p: Any, log: CaptureLog, d: dict[str, Any]) -> tuple[Any, dict[int, Any], list[Any]]:
-    """A graph as it was: its capture replayed (or an empty one made), then its nodes added."""
+def _remake(p: Any, log: CaptureLog, d: dict[str, Any]) -> tuple[Any, dict[int, Any], list[Any], dict[int, Any]]:
+    """A graph as it was: its capture replayed (or an empty one made), then its nodes added (to it or to the
+    body graphs of its conditional nodes).  Returns the graph, its nodes, its calls and its body graphs."""
     created = d.get("created", False)
     g = p.backend.graph_create(log.dev) if created else p.backend.end_capture(_replay(p, log))
     built = _calls(d.get("built", []))
     nodes: dict[int, Any] = {}
+    bodies: dict[int, Any] = {}
     for op, a, payload in built:
+        target = bodies.get(a[0], g)
         if op == wire.NVP_OP_GRAPH_GET_NODES:
-            _name_nodes(p, g, nodes, a, payload)
+            _name_nodes(p, target, nodes, a, payload)
+        elif op == wire.NVP_OP_GRAPH_COND_HANDLE:
+            value, (want,) = p.backend.graph_cond_handle(target, log.dev, a[1], a[2]), struct.unpack("<Q", payload)
+            if value != want:
+                raise ImageError(f"a conditional handle came back as {value:#x}, not {want:#x} (kernels hold that)")
         else:
-            nodes[a[1]] = _add_node(p, log.dev, g, nodes, a, payload)
-    return g, nodes, built
+            nodes[a[1]] = _add_node(p, log.dev, target, nodes, a, payload, bodies)
+    return g, nodes, built, bodies
 
 
 def restore(p: Any, desc: dict[str, Any]) -> None:
@@ -296,10 +333,12 @@ def restore(p: Any, desc: dict[str, Any]) -> None:
     items += [(x["order"], "exec", int(k), x) for k, x in desc.get("graph_execs", {}).items()]
     for order, kind, key, d in sorted(items):
         log = CaptureLog.from_json(d)
-        g, nodes, built = _remake(p, log, d)
+        g, nodes, built, bodies = _remake(p, log, d)
         created = d.get("created", False)
         if kind == "graph":
             p.state.graphs[key] = GraphRec(log, g, order, 0, created, built, nodes)
+            for bid in d.get("bodies", []):
+                p.state.graphs[bid] = GraphRec(log, bodies[bid], order, 0, True, built, nodes, body_of=key)
         else:
             x = GraphRec(log, p.backend.graph_instantiate(g, d["flags"]), order, d["flags"], created, built, nodes)
             if nodes:
@@ -309,7 +348,7 @@ def restore(p: Any, desc: dict[str, Any]) -> None:
             for op, a, payload in _calls(d.get("updates", [])):
                 if op == wire.NVP_OP_GRAPH_EXEC_UPDATE:
                     snap = json.loads(payload)
-                    g2, nodes2, _b = _remake(p, CaptureLog.from_json(snap), snap)
+                    g2, nodes2, _b, _bodies = _remake(p, CaptureLog.from_json(snap), snap)
                     x.sources.append(g2)
                     if p.backend.graph_exec_update(x.handle, g2) != 0:
                         raise CudaError(INVALID_VALUE, f"updating executable graph {key} again failed")
