@@ -152,15 +152,17 @@ class ProcessState:
             return "events are shared with other processes (cudaIpcGetEventHandle/cudaIpcOpenEventHandle)"
         return None
 
-    def free(self, ptr: int) -> None:
+    def free(self, ptr: int, idle: Any = None) -> None:
         """cudaFree: the memory returns to the arena once the device has
         finished everything submitted before the free, as cudaFree waits for.
         The wait happens on a reaper thread, so the application's other
-        threads keep going (a thread blocked in cudaFree does not stop them)."""
+        threads keep going (a thread blocked in cudaFree does not stop them);
+        idle(dev), if given, says the device has nothing left to finish: then
+        at once (a hand-off to the reaper cost more than the driver's own free)."""
         d = self.arena_of(ptr)
         if ptr not in d.arena.allocs or ptr in self.freeing:
             raise CudaError(INVALID_VALUE, f"free of {ptr:#x}, not an allocation")
-        if not getattr(self.backend, "frees_wait_for_device", True):
+        if not getattr(self.backend, "frees_wait_for_device", True) or (idle is not None and idle(d.index)):
             with self.arena_lock:
                 d.arena.free(ptr)
             return

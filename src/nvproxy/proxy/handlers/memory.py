@@ -24,7 +24,9 @@ def MALLOC(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[i
 
 
 def FREE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
-    p.state.free(a[0])
+    from .device import idle
+
+    p.state.free(a[0], lambda dev: idle(p, dev))
 
 
 def MEM_INFO(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
