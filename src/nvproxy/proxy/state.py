@@ -162,6 +162,7 @@ class ProcessState:
         d = self.arena_of(ptr)
         if ptr not in d.arena.allocs or ptr in self.freeing:
             raise CudaError(INVALID_VALUE, f"free of {ptr:#x}, not an allocation")
+        self.ipc_exports.pop(ptr, None)  # (its IPC handles name nothing now)
         if not getattr(self.backend, "frees_wait_for_device", True) or (idle is not None and idle(d.index)):
             with self.arena_lock:
                 d.arena.free(ptr)

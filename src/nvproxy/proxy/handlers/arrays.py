@@ -126,6 +126,8 @@ def make_objects(state: Any, header: dict[str, Any]) -> None:
     fillers: list[tuple[bool, Any]] = []
     try:
         for surface, value, dev, desc in sorted(header.get("objects", []), key=lambda o: o[1]):
+            if desc["res_type"] == RES_ARRAY and desc["res"] not in state.arrays:
+                continue  # (its array was freed before it: it cannot be used any more)
             while True:
                 state.backend.activate(dev)
                 got, handle = _make_object(state, dev, bool(surface), desc)
