@@ -54,6 +54,7 @@ int main(int argc, char **argv) {
     usleep(pause_ms * 1000);
     show("later", s);
     for (int r = 0; r < 10; r++) touch<<<(n + 255) / 256, 256, 0, s>>>(p, n, r);
+    CHECK(cudaStreamSynchronize(s));  // (s does not synchronise with the legacy stream of the copy)
     float h[4];
     CHECK(cudaMemcpy(h, p + n - 4, sizeof h, cudaMemcpyDeviceToHost));
     printf("values %.4f %.4f\n", h[0], h[3]);

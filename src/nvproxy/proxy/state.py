@@ -152,18 +152,16 @@ class ProcessState:
             return "events are shared with other processes (cudaIpcGetEventHandle/cudaIpcOpenEventHandle)"
         return None
 
-    def free(self, ptr: int, idle: Any = None) -> None:
+    def free(self, ptr: int) -> None:
         """cudaFree: the memory returns to the arena once the device has
         finished everything submitted before the free, as cudaFree waits for.
         The wait happens on a reaper thread, so the application's other
-        threads keep going (a thread blocked in cudaFree does not stop them);
-        idle(dev), if given, says the device has nothing left to finish: then
-        at once (a hand-off to the reaper cost more than the driver's own free)."""
+        threads keep going (a thread blocked in cudaFree does not stop them)."""
         d = self.arena_of(ptr)
         if ptr not in d.arena.allocs or ptr in self.freeing:
             raise CudaError(INVALID_VALUE, f"free of {ptr:#x}, not an allocation")
         self.ipc_exports.pop(ptr, None)  # (its IPC handles name nothing now)
-        if not getattr(self.backend, "frees_wait_for_device", True) or (idle is not None and idle(d.index)):
+        if not getattr(self.backend, "frees_wait_for_device", True):
             with self.arena_lock:
                 d.arena.free(ptr)
             return

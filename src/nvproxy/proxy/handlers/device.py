@@ -29,7 +29,7 @@ def SET_DEVICE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
 
 def DEVICE_SYNC(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred:
     dev = ch.dev
-    return Deferred(lambda: p.backend.device_sync(dev), lambda: idle(p, dev) and _synced(p, dev))
+    return Deferred(lambda: p.backend.device_sync(dev), lambda: _idle(p, dev) and _synced(p, dev))
 
 
 def _synced(p: Any, dev: int) -> bool:
@@ -39,7 +39,7 @@ def _synced(p: Any, dev: int) -> bool:
     return True
 
 
-def idle(p: Any, dev: int) -> bool:
+def _idle(p: Any, dev: int) -> bool:
     """Has every stream work can be on finished (the legacy stream, the program's streams and
     per-thread streams)?  Then the reply needs no hand-off to a waiting thread."""
     be = p.backend

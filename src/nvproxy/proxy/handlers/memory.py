@@ -24,9 +24,7 @@ def MALLOC(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[i
 
 
 def FREE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
-    from .device import idle
-
-    p.state.free(a[0], lambda dev: idle(p, dev))
+    p.state.free(a[0])
 
 
 def MEM_INFO(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
