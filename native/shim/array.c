@@ -240,13 +240,9 @@ static cudaError_t staged(const struct side *lin, const struct side *arr, int to
 static cudaError_t copy3d(const struct side *src, const struct side *dst, size_t w, size_t h, size_t d,
                           enum cudaMemcpyKind kind, int64_t stream, int is_async)
 {
-    cudaError_t e = nvp_enter();
+    cudaError_t e = nvp_copy_entry(kind, stream);
     if (e)
         return e;
-    if ((unsigned)kind > cudaMemcpyDefault)
-        return cudaErrorInvalidMemcpyDirection;
-    if (stream < 0)
-        return cudaErrorInvalidResourceHandle;
     if (!w || !h || !d)
         return cudaSuccess;
     int spage, dpage;

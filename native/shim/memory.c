@@ -402,16 +402,22 @@ cudaError_t nvp_memcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind
     return e;
 }
 
-static cudaError_t memcpy_impl(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, int64_t stream,
-                               int is_async)
+cudaError_t nvp_copy_entry(enum cudaMemcpyKind kind, int64_t stream)
 {
     cudaError_t e = nvp_enter();
     if (e)
         return e;
     if ((unsigned)kind > cudaMemcpyDefault)
         return cudaErrorInvalidMemcpyDirection;
-    if (stream < 0)
-        return cudaErrorInvalidResourceHandle;
+    return stream < 0 ? cudaErrorInvalidResourceHandle : cudaSuccess;
+}
+
+static cudaError_t memcpy_impl(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, int64_t stream,
+                               int is_async)
+{
+    cudaError_t e = nvp_copy_entry(kind, stream);
+    if (e)
+        return e;
     if (n == 0)
         return cudaSuccess;
     if (!dst || !src)

@@ -194,5 +194,7 @@ cudaError_t nvp_copy3d_arrays(const struct cudaMemcpy3DParms *p, int64_t stream,
 /* ---- memory.c ---- */
 cudaError_t nvp_memcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
                        int64_t wire_stream, int is_async);
+/* The entry check of a copy: a proxy, a valid direction and stream. */
+cudaError_t nvp_copy_entry(enum cudaMemcpyKind kind, int64_t wire_stream);
 
 #endif
