@@ -160,14 +160,25 @@ NVP_EXPORT cudaError_t cudaCreateSurfaceObject(cudaSurfaceObject_t *pSurfObject,
 
 NVP_EXPORT cudaError_t cudaDestroySurfaceObject(cudaSurfaceObject_t surfObject) { return nvp_ret(destroy(1, surfObject)); }
 
+static cudaError_t resource_desc(struct cudaResourceDesc *out, unsigned long long value, int surface)
+{
+    struct object o;
+    if (!out || recall(value, surface, &o, 0))
+        return nvp_ret(cudaErrorInvalidValue);
+    *out = o.res;
+    return cudaSuccess;
+}
+
 NVP_EXPORT cudaError_t cudaGetTextureObjectResourceDesc(struct cudaResourceDesc *pResDesc,
                                                         cudaTextureObject_t texObject)
 {
-    struct object o;
-    if (!pResDesc || recall(texObject, 0, &o, 0))
-        return nvp_ret(cudaErrorInvalidValue);
-    *pResDesc = o.res;
-    return cudaSuccess;
+    return resource_desc(pResDesc, texObject, 0);
+}
+
+NVP_EXPORT cudaError_t cudaGetSurfaceObjectResourceDesc(struct cudaResourceDesc *pResDesc,
+                                                        cudaSurfaceObject_t surfObject)
+{
+    return resource_desc(pResDesc, surfObject, 1);
 }
 
 NVP_EXPORT cudaError_t cudaGetTextureObjectTextureDesc(struct cudaTextureDesc *pTexDesc, cudaTextureObject_t texObject)
@@ -176,15 +187,5 @@ NVP_EXPORT cudaError_t cudaGetTextureObjectTextureDesc(struct cudaTextureDesc *p
     if (!pTexDesc || recall(texObject, 0, &o, 0))
         return nvp_ret(cudaErrorInvalidValue);
     *pTexDesc = o.tex;
-    return cudaSuccess;
-}
-
-NVP_EXPORT cudaError_t cudaGetSurfaceObjectResourceDesc(struct cudaResourceDesc *pResDesc,
-                                                        cudaSurfaceObject_t surfObject)
-{
-    struct object o;
-    if (!pResDesc || recall(surfObject, 1, &o, 0))
-        return nvp_ret(cudaErrorInvalidValue);
-    *pResDesc = o.res;
     return cudaSuccess;
 }

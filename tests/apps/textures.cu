@@ -130,19 +130,18 @@ int main(int argc, char **argv) {
     CHECK(cudaMalloc(&dx, n * sizeof(float)));
     CHECK(cudaMalloc(&dy, n * sizeof(float)));
     CHECK(cudaMalloc(&dout, n * sizeof(float)));
-    CHECK(cudaMemcpy(dx, xs, sizeof xs, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(dy, ys, sizeof ys, cudaMemcpyHostToDevice));
-    sample2d<<<1, 32>>>(border, dx, dy, dout, n);
-    CHECK(cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost));
-    printf("border:");
-    for (int i = 0; i < n; i++) printf(" %g", out[i]);
-    CHECK(cudaMemcpy(dx, nx, sizeof nx, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(dy, ny, sizeof ny, cudaMemcpyHostToDevice));
-    sample2d<<<1, 32>>>(wrap, dx, dy, dout, n);
-    CHECK(cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost));
-    printf("\nwrap:");
-    for (int i = 0; i < n; i++) printf(" %g", out[i]);
-    printf("\n");
+    // samples of texture t at (x[i], y[i]), printed
+    auto sample = [&](const char *what, cudaTextureObject_t t, const float *x, const float *y) {
+        CHECK(cudaMemcpy(dx, x, n * sizeof(float), cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(dy, y, n * sizeof(float), cudaMemcpyHostToDevice));
+        sample2d<<<1, 32>>>(t, dx, dy, dout, n);
+        CHECK(cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost));
+        printf("%s:", what);
+        for (int i = 0; i < n; i++) printf(" %g", out[i]);
+        printf("\n");
+    };
+    sample("border", border, xs, ys);
+    sample("wrap", wrap, nx, ny);
 
     // textures over linear and pitched memory
     int *lin, *iout, hi[40];
@@ -175,13 +174,7 @@ int main(int argc, char **argv) {
     rp.res.pitch2D.height = H;
     rp.res.pitch2D.pitchInBytes = pitch;
     cudaTextureObject_t tp = texture(&rp, cudaAddressModeClamp, 0, 0);
-    CHECK(cudaMemcpy(dx, xs, sizeof xs, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(dy, ys, sizeof ys, cudaMemcpyHostToDevice));
-    sample2d<<<1, 32>>>(tp, dx, dy, dout, n);
-    CHECK(cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost));
-    printf("pitched:");
-    for (int i = 0; i < n; i++) printf(" %g", out[i]);
-    printf("\n");
+    sample("pitched", tp, xs, ys);
 
     // a 3D array of ints, from pageable memory through cudaMemcpy3D, and back to device memory
     const int X = 8, Y = 4, Z = 3;
