@@ -32,6 +32,7 @@ PROGRAMS = [
     ("textures", ()),
     ("ipc", ()),
     ("graph_cond", ()),
+    ("graph_capture", ()),
 ]
 IDS = ["-".join((n, *a)) for n, a in PROGRAMS]
 

@@ -249,6 +249,14 @@ def test_conditional_graphs_survive_migration(build, backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_capture_built_graphs_survive_migration(build, backend: str) -> None:
+    """Graphs with memory nodes, event and child-graph nodes, a captured cudaMallocAsync/cudaFreeAsync, and a
+    conditional node added to a capture's own graph (cudaStreamGetCaptureInfo, UpdateCaptureDependencies) whose
+    body was captured into (BeginCaptureToGraph) are made again in the new proxy; memory keeps its addresses."""
+    migrate_mid_run(build, backend, "graph_capture", ("6",), "run 2:")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_checkpoint_refused_while_memory_is_shared(build, backend: str, tmp_path: Path) -> None:
     """A process that exported device memory through CUDA IPC cannot be checkpointed exactly (its peers would
     keep the old memory): the checkpoint fails with the reason, and the program goes on unharmed."""

@@ -41,12 +41,13 @@ def test_unsupported_call_fails_loudly(build, backend: str) -> None:
     r = run(nvproxy_cmd(build("unsupported"), backend, "unsupported"))
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [
-        "cudaGraphAddMemAllocNode: cudaErrorNotSupported",
+        "cudaImportExternalMemory: cudaErrorNotSupported",
         "last error: cudaErrorNotSupported",
-        "pageable memcpy node: cudaErrorNotSupported",
+        "pageable memcpy node: cudaSuccess",
+        "pageable to pageable memcpy node: cudaErrorNotSupported",
     ]
     lines = [line for line in r.stderr.splitlines() if "not supported by nvproxy" in line]
-    assert len(lines) == 2 and "cudaGraphAddMemAllocNode" in lines[0] and "cudaGraphAddMemcpyNode1D" in lines[1]
+    assert len(lines) == 2 and "cudaImportExternalMemory" in lines[0] and "cudaGraphAddMemcpyNode1D" in lines[1]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -104,7 +104,13 @@
 #define NVP_OP_IPC_EVENT_EXPORT 65 /* a0 event -> payload: the driver's 64-byte cudaIpcEventHandle_t */
 #define NVP_OP_IPC_EVENT_OPEN 66  /* a0 event id (new); payload: a cudaIpcEventHandle_t */
 #define NVP_OP_GRAPH_COND_HANDLE 67 /* a0 graph id, a1 default value, a2 flags -> r0 the driver's conditional handle */
-#define NVP_OP_COUNT 68
+#define NVP_OP_CAPTURE_INFO 68   /* a0 stream, a1 graph id (new, if the capture has none yet), a2 node ids offered;
+                                     payload: that many u32 node ids (new) -> r0 status, r1 capture id, r2 graph id,
+                                     r3 dependencies; payload: their u32 node ids */
+#define NVP_OP_CAPTURE_TO_GRAPH 69 /* a0 stream, a1 cudaStreamCaptureMode, a2 graph id, a3 dependencies;
+                                      payload: their u32 node ids */
+#define NVP_OP_CAPTURE_DEPS 70   /* a0 stream, a1 flags, a2 dependencies; payload: their u32 node ids */
+#define NVP_OP_COUNT 71
 
 /* node bodies (little-endian, packed as listed) */
 #define NVP_NODE_KERNEL 1 /* u32 kernel id, u32 grid[3], u32 block[3], u32 shmem, u32 param bytes; params */
@@ -112,6 +118,11 @@
 #define NVP_NODE_MEMSET 3 /* u64 dst, pitch, u32 value, u32 element size, u64 width (elements), height */
 #define NVP_NODE_HOST 4   /* u64 callback id (run in the application, kept) */
 #define NVP_NODE_EMPTY 5
+#define NVP_NODE_EVENT_RECORD 7 /* u32 event */
+#define NVP_NODE_EVENT_WAIT 8   /* u32 event */
+#define NVP_NODE_CHILD 9        /* u32 child graph id (its calls go into the node's record: the child may go) */
+#define NVP_NODE_MEM_ALLOC 10   /* (the shim's kind: memory from the arena; the proxy adds an empty node) */
+#define NVP_NODE_MEM_FREE 11    /* (likewise) */
 #define NVP_NODE_COND 6   /* u64 conditional handle, u32 cudaGraphConditionalNodeType, u32 size; u32 body graph ids (new) */
 #define NVP_STREAM_ATTR_BYTES 64
 

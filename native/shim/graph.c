@@ -10,19 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct graph_rec {
-    int device;
-};
-
-struct node_rec {
-    uint32_t graph; /* the graph's wire id */
-    int kind;
-};
 
 /* A new graph handle for the proxy's op, whose argument at names it; freed again if the op fails. */
-static cudaError_t graph_new(cudaGraph_t *out, int device, uint16_t op, uint64_t a[NVP_MAX_ARGS], int at)
+cudaError_t nvp_graph_new(cudaGraph_t *out, int device, uint16_t op, uint64_t a[NVP_MAX_ARGS], int at)
 {
-    struct graph_rec rec = {device};
+    struct nvp_graph_rec rec = {device, 0};
     uint64_t h = nvp_handle_new(NVP_H_GRAPH, &rec, sizeof rec);
     if (!h)
         return cudaErrorMemoryAllocation;
@@ -37,125 +29,12 @@ static cudaError_t graph_new(cudaGraph_t *out, int device, uint16_t op, uint64_t
     return cudaSuccess;
 }
 
-static cudaError_t capture_begin(cudaStream_t s, enum cudaStreamCaptureMode mode, int ptds)
-{
-    int64_t w;
-    cudaError_t e = nvp_enter_stream(s, ptds, &w);
-    if (e)
-        return e;
-    if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
-        mode != cudaStreamCaptureModeRelaxed)
-        return cudaErrorInvalidValue;
-    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w, (uint64_t)mode};
-    struct nvp_reply r = {0};
-    return nvp_call(NVP_OP_CAPTURE_BEGIN, a, NULL, 0, &r, -1);
-}
-
-NVP_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode)
-{
-    return nvp_ret(capture_begin(s, mode, 0));
-}
-
-NVP_EXPORT cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t s, enum cudaStreamCaptureMode mode)
-{
-    return nvp_ret(capture_begin(s, mode, 1));
-}
-
-static cudaError_t capture_end(cudaStream_t s, cudaGraph_t *graph, int ptds)
-{
-    int64_t w;
-    cudaError_t e = nvp_enter_stream(s, ptds, &w);
-    if (e)
-        return e;
-    if (!graph)
-        return cudaErrorInvalidValue;
-    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w};
-    if ((e = graph_new(graph, nvp_current_device(), NVP_OP_CAPTURE_END, a, 1)))
-        *graph = NULL;
-    return e;
-}
-
-NVP_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
-{
-    return nvp_ret(capture_end(s, graph, 0));
-}
-
-NVP_EXPORT cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t s, cudaGraph_t *graph)
-{
-    return nvp_ret(capture_end(s, graph, 1));
-}
-
-static cudaError_t capture_status(cudaStream_t s, enum cudaStreamCaptureStatus *status, unsigned long long *id,
-                                  int ptds)
-{
-    int64_t w;
-    cudaError_t e = nvp_enter_stream(s, ptds, &w);
-    if (e)
-        return e;
-    if (!status)
-        return cudaErrorInvalidValue;
-    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w};
-    struct nvp_reply r = {0};
-    if ((e = nvp_call(NVP_OP_CAPTURE_STATUS, a, NULL, 0, &r, -1)))
-        return e;
-    *status = (enum cudaStreamCaptureStatus)r.h.r[0];
-    if (id)
-        *id = r.h.r[1];
-    return cudaSuccess;
-}
-
-NVP_EXPORT cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *status)
-{
-    return nvp_ret(capture_status(s, status, NULL, 0));
-}
-
-NVP_EXPORT cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t s, enum cudaStreamCaptureStatus *status)
-{
-    return nvp_ret(capture_status(s, status, NULL, 1));
-}
-
-/* The graph being captured and its open dependencies are the driver's inside the
- * proxy: a caller asking for them is told there are none. */
-static cudaError_t capture_info(cudaStream_t s, enum cudaStreamCaptureStatus *status, unsigned long long *id,
-                                cudaGraph_t *graph, const cudaGraphNode_t **deps, const cudaGraphEdgeData **edges,
-                                size_t *ndeps, int ptds)
-{
-    cudaError_t e = capture_status(s, status, id, ptds);
-    if (e)
-        return e;
-    if (graph)
-        *graph = NULL;
-    if (deps)
-        *deps = NULL;
-    if (edges)
-        *edges = NULL;
-    if (ndeps)
-        *ndeps = 0;
-    return cudaSuccess;
-}
-
-NVP_EXPORT cudaError_t cudaStreamGetCaptureInfo(cudaStream_t s, enum cudaStreamCaptureStatus *status,
-                                                unsigned long long *id, cudaGraph_t *graph,
-                                                const cudaGraphNode_t **deps, const cudaGraphEdgeData **edges,
-                                                size_t *ndeps)
-{
-    return nvp_ret(capture_info(s, status, id, graph, deps, edges, ndeps, 0));
-}
-
-NVP_EXPORT cudaError_t cudaStreamGetCaptureInfo_ptsz(cudaStream_t s, enum cudaStreamCaptureStatus *status,
-                                                     unsigned long long *id, cudaGraph_t *graph,
-                                                     const cudaGraphNode_t **deps, const cudaGraphEdgeData **edges,
-                                                     size_t *ndeps)
-{
-    return nvp_ret(capture_info(s, status, id, graph, deps, edges, ndeps, 1));
-}
-
 static cudaError_t instantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags)
 {
     cudaError_t e = nvp_enter();
     if (e)
         return e;
-    struct graph_rec rec;
+    struct nvp_graph_rec rec;
     if (!exec || nvp_handle_get(NVP_H_GRAPH, (uint64_t)(uintptr_t)graph, &rec, sizeof rec) != 0)
         return cudaErrorInvalidValue;
     uint64_t h = nvp_handle_new(NVP_H_GRAPH_EXEC, &rec, sizeof rec);
@@ -167,6 +46,7 @@ static cudaError_t instantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigne
         nvp_handle_free(NVP_H_GRAPH_EXEC, h);
         return e;
     }
+    nvp_graph_mem_pass(NVP_OWN_GRAPH, a[1], NVP_OWN_EXEC, a[0], 0); /* (what it frees lives as long as it does) */
     *exec = (cudaGraphExec_t)(uintptr_t)h;
     return cudaSuccess;
 }
@@ -217,6 +97,8 @@ static cudaError_t destroy(int type, uint64_t h)
     uint64_t a[NVP_MAX_ARGS] = {nvp_handle_id(h), (uint64_t)(type == NVP_H_GRAPH_EXEC)};
     e = nvp_call(NVP_OP_GRAPH_DESTROY, a, NULL, 0, NULL, -1);
     nvp_handle_free(type, h);
+    if (!e)
+        nvp_graph_mem_release(type == NVP_H_GRAPH_EXEC ? NVP_OWN_EXEC : NVP_OWN_GRAPH, a[0]);
     return e;
 }
 
@@ -229,6 +111,11 @@ NVP_EXPORT cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
 
 /* ---- graphs built node by node ---- */
 
+static int has_memory_nodes(uint32_t graph)
+{
+    return nvp_graph_mem_holds(NVP_OWN_GRAPH, graph) || nvp_graph_mem_holds(NVP_OWN_ALLOC_NODE, graph);
+}
+
 NVP_EXPORT cudaError_t cudaGraphCreate(cudaGraph_t *graph, unsigned int flags)
 {
     cudaError_t e = nvp_enter();
@@ -237,7 +124,7 @@ NVP_EXPORT cudaError_t cudaGraphCreate(cudaGraph_t *graph, unsigned int flags)
     if (!graph || flags)
         return nvp_ret(cudaErrorInvalidValue);
     uint64_t a[NVP_MAX_ARGS] = {0, flags};
-    return nvp_ret(graph_new(graph, nvp_current_device(), NVP_OP_GRAPH_CREATE, a, 0));
+    return nvp_ret(nvp_graph_new(graph, nvp_current_device(), NVP_OP_GRAPH_CREATE, a, 0));
 }
 
 NVP_EXPORT cudaError_t cudaGraphClone(cudaGraph_t *clone, cudaGraph_t graph)
@@ -245,16 +132,34 @@ NVP_EXPORT cudaError_t cudaGraphClone(cudaGraph_t *clone, cudaGraph_t graph)
     cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
-    struct graph_rec rec;
+    struct nvp_graph_rec rec;
     if (!clone || nvp_handle_get(NVP_H_GRAPH, (uint64_t)(uintptr_t)graph, &rec, sizeof rec) != 0)
         return nvp_ret(cudaErrorInvalidValue);
+    if (has_memory_nodes(nvp_handle_id((uint64_t)(uintptr_t)graph)))
+        return nvp_ret(cudaErrorNotSupported); /* (native: graphs with memory nodes cannot be cloned) */
     uint64_t a[NVP_MAX_ARGS] = {0, nvp_handle_id((uint64_t)(uintptr_t)graph)};
-    return nvp_ret(graph_new(clone, rec.device, NVP_OP_GRAPH_CLONE, a, 0));
+    if (!(e = nvp_graph_new(clone, rec.device, NVP_OP_GRAPH_CLONE, a, 0)))
+        nvp_graph_mem_pass(NVP_OWN_GRAPH, a[1], NVP_OWN_GRAPH, a[0], 0); /* (staging its copy nodes use) */
+    return nvp_ret(e);
 }
 
-/* body: the kind's bytes; the dependencies go first, as node ids */
-static cudaError_t add_node(cudaGraphNode_t *node, cudaGraph_t graph, const cudaGraphNode_t *deps, size_t ndeps,
-                            int kind, const void *body, size_t blen)
+/* The wire ids of nodes of graph graph_id (out: n of them); nonzero if one is not a node of that graph. */
+int nvp_node_ids(uint32_t graph_id, const cudaGraphNode_t *nodes, size_t n, uint32_t *out)
+{
+    for (size_t i = 0; i < n; i++) {
+        struct nvp_node_rec d;
+        uint64_t dh = (uint64_t)(uintptr_t)nodes[i];
+        if (nvp_handle_get(NVP_H_GRAPH_NODE, dh, &d, sizeof d) != 0 || d.graph != graph_id)
+            return -1; /* (native: a node of another graph is invalid too) */
+        out[i] = nvp_handle_id(dh);
+    }
+    return 0;
+}
+
+/* body: the kind's bytes; the dependencies go first, as node ids.  as: what the shim records of the node where
+ * it is not the wire kind (memory nodes), else NULL. */
+cudaError_t nvp_graph_add_node(cudaGraphNode_t *node, cudaGraph_t graph, const cudaGraphNode_t *deps, size_t ndeps,
+                               int kind, const void *body, size_t blen, const struct nvp_node_rec *as)
 {
     cudaError_t e = nvp_enter();
     if (e)
@@ -266,18 +171,14 @@ static cudaError_t add_node(cudaGraphNode_t *node, cudaGraph_t graph, const cuda
     unsigned char *payload = calloc(1, dlen + blen + 1);
     if (!payload)
         return cudaErrorMemoryAllocation;
-    for (size_t i = 0; i < ndeps; i++) {
-        struct node_rec d;
-        uint64_t dh = (uint64_t)(uintptr_t)deps[i];
-        if (nvp_handle_get(NVP_H_GRAPH_NODE, dh, &d, sizeof d) != 0 || d.graph != nvp_handle_id(g)) {
-            free(payload);
-            return cudaErrorInvalidValue; /* (native: a node of another graph is invalid too) */
-        }
-        uint32_t id = nvp_handle_id(dh);
-        memcpy(payload + 4 * i, &id, 4);
+    if (nvp_node_ids(nvp_handle_id(g), deps, ndeps, (uint32_t *)payload)) {
+        free(payload);
+        return cudaErrorInvalidValue;
     }
-    memcpy(payload + dlen, body, blen);
-    struct node_rec rec = {nvp_handle_id(g), kind};
+    if (blen)
+        memcpy(payload + dlen, body, blen);
+    struct nvp_node_rec rec = as ? *as : (struct nvp_node_rec){0, kind, 0, 0};
+    rec.graph = nvp_handle_id(g);
     uint64_t h = nvp_handle_new(NVP_H_GRAPH_NODE, &rec, sizeof rec);
     if (!h) {
         free(payload);
@@ -293,6 +194,12 @@ static cudaError_t add_node(cudaGraphNode_t *node, cudaGraph_t graph, const cuda
     }
     *node = (cudaGraphNode_t)(uintptr_t)h;
     return cudaSuccess;
+}
+
+static cudaError_t add_node(cudaGraphNode_t *node, cudaGraph_t graph, const cudaGraphNode_t *deps, size_t ndeps,
+                            int kind, const void *body, size_t blen)
+{
+    return nvp_graph_add_node(node, graph, deps, ndeps, kind, body, blen, NULL);
 }
 
 /* NVP_NODE_KERNEL body from cudaKernelNodeParams (into buf, which holds MAX_PARAM_BYTES + 36) */
@@ -339,7 +246,7 @@ NVP_EXPORT cudaError_t cudaGraphExecKernelNodeSetParams(cudaGraphExec_t exec, cu
     cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
-    struct node_rec n;
+    struct nvp_node_rec n;
     if (nvp_handle_get(NVP_H_GRAPH_EXEC, (uint64_t)(uintptr_t)exec, NULL, 0) != 0 ||
         nvp_handle_get(NVP_H_GRAPH_NODE, (uint64_t)(uintptr_t)node, &n, sizeof n) != 0 || n.kind != NVP_NODE_KERNEL)
         return nvp_ret(cudaErrorInvalidValue);
@@ -356,16 +263,64 @@ NVP_EXPORT cudaError_t cudaGraphExecKernelNodeSetParams(cudaGraphExec_t exec, cu
     return nvp_ret(e);
 }
 
-/* Memory a graph's copy or memset may touch: device memory, or host memory the
- * proxy shares (pinned, registered, managed); the proxy cannot reach pageable
- * memory when the graph runs later. */
-static cudaError_t reachable(const char *call, uint64_t p, uint64_t n)
+static int pageable(uint64_t p, uint64_t n) { return !nvp_is_device_ptr(p) && !nvp_host_shared(p, n ? n : 1, NULL); }
+
+static uint32_t owner_of(cudaGraph_t graph)
 {
-    if (nvp_is_device_ptr(p) || nvp_host_shared(p, n ? n : 1, NULL))
-        return cudaSuccess;
-    nvp_log("nvproxy: %s: pageable host memory at %#llx in a graph node is not supported by nvproxy "
-            "(use pinned memory); returning cudaErrorNotSupported", call, (unsigned long long)p);
-    return cudaErrorNotSupported;
+    struct nvp_graph_rec g = {0, 0};
+    nvp_handle_get(NVP_H_GRAPH, (uint64_t)(uintptr_t)graph, &g, sizeof g);
+    return g.root ? g.root : nvp_handle_id((uint64_t)(uintptr_t)graph);
+}
+
+/* A copy node with pageable host memory on one side: the proxy cannot reach that memory when the graph
+ * runs, so the copy goes through pinned staging memory the graph holds (graph_mem.c), and a host node, run
+ * in the application, moves the rows between it and the pageable memory: before the copy to the device,
+ * after the copy from it.  The node handed back is the one that finishes the copy. */
+struct stage {
+    uint64_t pageable, width, height, depth, pitch, rows;
+    int to_device;
+};
+#define STAGE_DATA 64 /* the rows follow the header */
+
+static void CUDART_CB stage_rows(void *arg)
+{
+    const struct stage *st = arg;
+    char *data = (char *)arg + STAGE_DATA, *host = (char *)(uintptr_t)st->pageable;
+    for (uint64_t z = 0; z < st->depth; z++)
+        for (uint64_t y = 0; y < st->height; y++) {
+            uint64_t off = (z * st->rows + y) * st->pitch;
+            if (st->to_device)
+                memcpy(data + off, host + off, st->width);
+            else
+                memcpy(host + off, data + off, st->width);
+        }
+}
+
+static cudaError_t staged_copy_node(cudaGraphNode_t *node, cudaGraph_t graph, const cudaGraphNode_t *deps,
+                                    size_t ndeps, uint64_t body[9], int to_device, uint64_t span)
+{
+    void *buf;
+    cudaError_t e = cudaMallocHost(&buf, STAGE_DATA + span);
+    if (e)
+        return e;
+    struct stage *st = buf;
+    uint64_t *host = &body[to_device ? 1 : 0], pitch = body[to_device ? 6 : 5], rows = body[to_device ? 8 : 7];
+    *st = (struct stage){*host, body[2], body[3], body[4], pitch, rows, to_device};
+    *host = (uint64_t)(uintptr_t)buf + STAGE_DATA;
+    uint64_t cb = nvp_host_node_callback((void *)stage_rows, st);
+    cudaGraphNode_t first;
+    if (!cb)
+        e = cudaErrorMemoryAllocation;
+    else if (to_device && !(e = add_node(&first, graph, deps, ndeps, NVP_NODE_HOST, &cb, sizeof cb)))
+        e = add_node(node, graph, &first, 1, NVP_NODE_MEMCPY, body, 9 * sizeof *body);
+    else if (!to_device && !(e = add_node(&first, graph, deps, ndeps, NVP_NODE_MEMCPY, body, 9 * sizeof *body)))
+        e = add_node(node, graph, &first, 1, NVP_NODE_HOST, &cb, sizeof cb);
+    if (e) {
+        cudaFreeHost(buf);
+        return e;
+    }
+    nvp_graph_mem_hold((uint64_t)(uintptr_t)buf, NVP_OWN_GRAPH, owner_of(graph), 1);
+    return cudaSuccess;
 }
 
 static cudaError_t memcpy_node(cudaGraphNode_t *node, cudaGraph_t graph, const cudaGraphNode_t *deps, size_t ndeps,
@@ -374,12 +329,15 @@ static cudaError_t memcpy_node(cudaGraphNode_t *node, cudaGraph_t graph, const c
 {
     uint64_t span_d = depth ? ((depth - 1) * drows + (height - 1)) * dpitch + width : 0;
     uint64_t span_s = depth ? ((depth - 1) * srows + (height - 1)) * spitch + width : 0;
-    if (width && height && depth) {
-        cudaError_t e;
-        if ((e = reachable(call, dst, span_d)) || (e = reachable(call, src, span_s)))
-            return e;
-    }
     uint64_t body[9] = {dst, src, width, height, depth, dpitch, spitch, drows, srows};
+    int pd = width && height && depth && pageable(dst, span_d), ps = width && height && depth && pageable(src, span_s);
+    if (pd && ps) {
+        nvp_log("nvproxy: %s: a graph copy between two pageable host buffers is not supported by nvproxy; "
+                "returning cudaErrorNotSupported", call);
+        return cudaErrorNotSupported;
+    }
+    if (pd || ps)
+        return staged_copy_node(node, graph, deps, ndeps, body, ps, ps ? span_s : span_d);
     return add_node(node, graph, deps, ndeps, NVP_NODE_MEMCPY, body, sizeof body);
 }
 
@@ -467,6 +425,8 @@ NVP_EXPORT cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t gra
     struct nvp_reply r = {0};
     if ((e = nvp_call(NVP_OP_GRAPH_EXEC_UPDATE, a, NULL, 0, &r, -1)))
         return nvp_ret(e);
+    if (!r.h.r[0]) /* (its copy nodes may now use the graph's staging) */
+        nvp_graph_mem_pass(NVP_OWN_GRAPH, a[1], NVP_OWN_EXEC, a[0], 0);
     if (info) {
         info->result = (enum cudaGraphExecUpdateResult)r.h.r[0];
         info->errorNode = NULL;
@@ -480,7 +440,7 @@ NVP_EXPORT cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t gra
 static cudaError_t conditional_node(cudaGraphNode_t *node, cudaGraph_t graph, const cudaGraphNode_t *deps,
                                     size_t ndeps, struct cudaConditionalNodeParams *c)
 {
-    struct graph_rec rec;
+    struct nvp_graph_rec rec;
     if (nvp_handle_get(NVP_H_GRAPH, (uint64_t)(uintptr_t)graph, &rec, sizeof rec) != 0 || c->size == 0 ||
         c->size > 256)
         return cudaErrorInvalidValue;
@@ -492,6 +452,8 @@ static cudaError_t conditional_node(cudaGraphNode_t *node, cudaGraph_t graph, co
     if (!bodies)
         return cudaErrorMemoryAllocation;
     cudaError_t e = cudaSuccess;
+    if (!rec.root)
+        rec.root = nvp_handle_id((uint64_t)(uintptr_t)graph);
     for (unsigned i = 0; i < c->size && !e; i++) {
         uint64_t h = nvp_handle_new(NVP_H_GRAPH, &rec, sizeof rec);
         bodies[i] = (cudaGraph_t)(uintptr_t)h;
@@ -528,8 +490,50 @@ NVP_EXPORT cudaError_t cudaGraphConditionalHandleCreate(cudaGraphConditionalHand
     return nvp_ret(e);
 }
 
-/* The generic form of the node additions above (CUDA 12.2+); memory-allocation, conditional,
- * event, child-graph and other nodes fail loudly. */
+static cudaError_t event_node(cudaGraphNode_t *node, cudaGraph_t graph, const cudaGraphNode_t *deps, size_t ndeps,
+                              int kind, cudaEvent_t event)
+{
+    cudaError_t e = nvp_enter();
+    if (e)
+        return e;
+    int64_t w = nvp_event_wire(event);
+    if (w < 0)
+        return cudaErrorInvalidValue;
+    uint64_t body = (uint64_t)w;
+    return add_node(node, graph, deps, ndeps, kind, &body, sizeof body);
+}
+
+NVP_EXPORT cudaError_t cudaGraphAddEventRecordNode(cudaGraphNode_t *node, cudaGraph_t graph,
+                                                   const cudaGraphNode_t *deps, size_t ndeps, cudaEvent_t event)
+{
+    return nvp_ret(event_node(node, graph, deps, ndeps, NVP_NODE_EVENT_RECORD, event));
+}
+
+NVP_EXPORT cudaError_t cudaGraphAddEventWaitNode(cudaGraphNode_t *node, cudaGraph_t graph,
+                                                 const cudaGraphNode_t *deps, size_t ndeps, cudaEvent_t event)
+{
+    return nvp_ret(event_node(node, graph, deps, ndeps, NVP_NODE_EVENT_WAIT, event));
+}
+
+/* The driver clones the child into the node; the proxy keeps how the child was made with the node. */
+NVP_EXPORT cudaError_t cudaGraphAddChildGraphNode(cudaGraphNode_t *node, cudaGraph_t graph,
+                                                  const cudaGraphNode_t *deps, size_t ndeps, cudaGraph_t child)
+{
+    cudaError_t e = nvp_enter();
+    if (e)
+        return nvp_ret(e);
+    uint64_t c = (uint64_t)(uintptr_t)child;
+    if (nvp_handle_get(NVP_H_GRAPH, c, NULL, 0) != 0)
+        return nvp_ret(cudaErrorInvalidValue);
+    if (has_memory_nodes(nvp_handle_id(c))) /* (native: only with its ownership moved to the parent) */
+        return nvp_ret(nvp_unsupported("cudaGraphAddChildGraphNode of a graph with memory nodes"));
+    uint64_t body = nvp_handle_id(c);
+    if (!(e = add_node(node, graph, deps, ndeps, NVP_NODE_CHILD, &body, sizeof body)))
+        nvp_graph_mem_pass(NVP_OWN_GRAPH, body, NVP_OWN_GRAPH, owner_of(graph), 0);
+    return nvp_ret(e);
+}
+
+/* The generic form of the node additions above (CUDA 12.2+); external-semaphore and other nodes fail loudly. */
 NVP_EXPORT cudaError_t cudaGraphAddNode(cudaGraphNode_t *node, cudaGraph_t graph, const cudaGraphNode_t *deps,
                                         const cudaGraphEdgeData *edges, size_t ndeps, struct cudaGraphNodeParams *p)
 {
@@ -560,9 +564,27 @@ NVP_EXPORT cudaError_t cudaGraphAddNode(cudaGraphNode_t *node, cudaGraph_t graph
         return cudaGraphAddEmptyNode(node, graph, deps, ndeps);
     case cudaGraphNodeTypeConditional:
         return nvp_ret(conditional_node(node, graph, deps, ndeps, &p->conditional));
+    case cudaGraphNodeTypeEventRecord:
+        return cudaGraphAddEventRecordNode(node, graph, deps, ndeps, p->eventRecord.event);
+    case cudaGraphNodeTypeWaitEvent:
+        return cudaGraphAddEventWaitNode(node, graph, deps, ndeps, p->eventWait.event);
+    case cudaGraphNodeTypeGraph:
+        if (p->graph.ownership != cudaGraphChildGraphOwnershipClone)
+            return nvp_ret(nvp_unsupported("cudaGraphAddNode of a child graph whose ownership moves"));
+        return cudaGraphAddChildGraphNode(node, graph, deps, ndeps, p->graph.graph);
+    case cudaGraphNodeTypeMemAlloc: {
+        struct cudaMemAllocNodeParams m = {p->alloc.poolProps, p->alloc.accessDescs, p->alloc.accessDescCount,
+                                           p->alloc.bytesize, NULL};
+        cudaError_t e = cudaGraphAddMemAllocNode(node, graph, deps, ndeps, &m);
+        if (!e)
+            p->alloc.dptr = m.dptr;
+        return e;
+    }
+    case cudaGraphNodeTypeMemFree:
+        return cudaGraphAddMemFreeNode(node, graph, deps, ndeps, p->free.dptr);
     default:
-        return nvp_ret(nvp_unsupported("cudaGraphAddNode of this node type (memory allocation, event, child graph "
-                                       "...)"));
+        return nvp_ret(nvp_unsupported("cudaGraphAddNode of this node type (external semaphores, batch memory "
+                                       "operations)"));
     }
 }
 
@@ -586,7 +608,7 @@ NVP_EXPORT cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nod
         free(fresh);
         return nvp_ret(cudaErrorMemoryAllocation);
     }
-    struct node_rec rec = {nvp_handle_id(g), 0};
+    struct nvp_node_rec rec = {nvp_handle_id(g), 0, 0, 0};
     for (size_t i = 0; i < want && !e; i++) {
         if (!(fresh[i] = nvp_handle_new(NVP_H_GRAPH_NODE, &rec, sizeof rec)))
             e = cudaErrorMemoryAllocation;
@@ -599,7 +621,7 @@ NVP_EXPORT cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nod
     size_t got = e ? 0 : r.out_len / (2 * sizeof *ids);
     for (size_t i = 0; i < got; i++) {
         uint64_t h = nvp_handle_of(NVP_H_GRAPH_NODE, ids[2 * i]);
-        struct node_rec n = {nvp_handle_id(g), (int)ids[2 * i + 1]};
+        struct nvp_node_rec n = {nvp_handle_id(g), (int)ids[2 * i + 1], 0, 0};
         nvp_handle_set(NVP_H_GRAPH_NODE, h, &n, sizeof n);
         nodes[i] = (cudaGraphNode_t)(uintptr_t)h;
     }
@@ -617,4 +639,26 @@ NVP_EXPORT cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nod
     free(ids);
     free(fresh);
     return nvp_ret(e);
+}
+
+NVP_EXPORT cudaError_t cudaGraphNodeGetType(cudaGraphNode_t node, enum cudaGraphNodeType *type)
+{
+    static const int types[] = {
+        [NVP_NODE_KERNEL] = cudaGraphNodeTypeKernel,       [NVP_NODE_MEMCPY] = cudaGraphNodeTypeMemcpy,
+        [NVP_NODE_MEMSET] = cudaGraphNodeTypeMemset,       [NVP_NODE_HOST] = cudaGraphNodeTypeHost,
+        [NVP_NODE_EMPTY] = cudaGraphNodeTypeEmpty,         [NVP_NODE_COND] = cudaGraphNodeTypeConditional,
+        [NVP_NODE_EVENT_RECORD] = cudaGraphNodeTypeEventRecord, [NVP_NODE_EVENT_WAIT] = cudaGraphNodeTypeWaitEvent,
+        [NVP_NODE_CHILD] = cudaGraphNodeTypeGraph,         [NVP_NODE_MEM_ALLOC] = cudaGraphNodeTypeMemAlloc,
+        [NVP_NODE_MEM_FREE] = cudaGraphNodeTypeMemFree,
+    };
+    cudaError_t e = nvp_enter();
+    if (e)
+        return nvp_ret(e);
+    struct nvp_node_rec n;
+    if (!type || nvp_handle_get(NVP_H_GRAPH_NODE, (uint64_t)(uintptr_t)node, &n, sizeof n) != 0 || n.kind <= 0 ||
+        n.kind >= (int)(sizeof types / sizeof *types))
+        return nvp_ret(cudaErrorInvalidValue);
+    /* (kind 0: a node of a kind nvproxy does not make, which GetNodes listed; kernels are type 0) */
+    *type = (enum cudaGraphNodeType)types[n.kind];
+    return cudaSuccess;
 }

@@ -83,6 +83,7 @@ NVP_EXPORT cudaError_t cudaFree(void *devPtr)
     if (nvp_alloc_tag(p) == NVP_ALLOC_IPC || nvp_alloc_remove(p, &tag) != 0) /* (IPC: cudaIpcCloseMemHandle's) */
         return nvp_ret(cudaErrorInvalidValue);
     nvp_pool_forget(p);
+    nvp_graph_mem_forget(p);
     if (tag != NVP_ALLOC_PROXY) {
         nvp_subfree(p, tag);
         return cudaSuccess;

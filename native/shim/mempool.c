@@ -1,10 +1,11 @@
 /* The stream-ordered allocator on nvproxy's arena: cudaMallocAsync and
- * cudaFreeAsync with each device's default pool.  Allocations come from the
- * same arena as cudaMalloc (so they keep their addresses across a restore);
- * an allocation is made at once (a stronger order than the stream's) and a
- * free waits, in the proxy, for all earlier work of the device (stronger than
- * the stream's too).  Pools other than the default one, and pool IPC, are not
- * supported yet and fail loudly. */
+ * cudaFreeAsync, the devices' default pools and pools made by cudaMemPoolCreate.
+ * A pool is a record here (its device, attributes, statistics and access);
+ * allocations come from the same arena as cudaMalloc (so they keep their
+ * addresses across a restore); an allocation is made at once (a stronger order
+ * than the stream's) and a free waits, in the proxy, for all earlier work of the
+ * device (stronger than the stream's too).  Pool IPC (exporting a pool or its
+ * pointers to another process) is not supported yet and fails loudly. */
 #include "shim.h"
 
 #include <stdlib.h>
@@ -16,37 +17,52 @@ struct pool {
     uint64_t release_threshold;
     int reuse[3]; /* cudaMemPoolReuseFollowEventDependencies .. AllowInternalDependencies */
     uint64_t used, used_high;
+    int handle_types; /* what cudaMemPoolCreate asked for (exporting is not supported) */
+    int destroyed;    /* cudaMemPoolDestroy with allocations out: goes when the last is freed */
+    unsigned access[NVP_MAX_DEVICES]; /* cudaMemAccessFlags of the other devices (its own: read-write) */
+    struct pool *next;                /* made by cudaMemPoolCreate */
 };
 
 #define POOL_MAGIC 0x706f6f6cu
-static struct pool pools[NVP_MAX_DEVICES];
+static struct pool defaults[NVP_MAX_DEVICES], *made;
+static struct pool *current[NVP_MAX_DEVICES]; /* cudaDeviceSetMemPool's, NULL: the default */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* live pool allocations: few at a time in practice, so a flat array */
 static struct {
     uint64_t ptr, size;
-    int device;
+    struct pool *pool;
 } *live;
 static size_t nlive, caplive;
 
+static void pool_init(struct pool *p, int dev)
+{
+    *p = (struct pool){.magic = POOL_MAGIC, .device = dev, .reuse = {1, 1, 1}};
+    p->access[dev] = cudaMemAccessFlagsProtReadWrite;
+}
+
 static struct pool *pool_of_device(int dev)
 {
-    struct pool *p = &pools[dev];
+    struct pool *p = &defaults[dev];
     if (p->magic != POOL_MAGIC)
-        *p = (struct pool){POOL_MAGIC, dev, 0, {1, 1, 1}, 0, 0};
+        pool_init(p, dev);
     return p;
 }
 
+/* a live pool (lock held), or NULL */
 static struct pool *pool_check(cudaMemPool_t mp)
 {
     struct pool *p = (struct pool *)mp;
     for (int d = 0; d < NVP_MAX_DEVICES; d++)
-        if (p == &pools[d] && p->magic == POOL_MAGIC)
+        if (p == &defaults[d] && p->magic == POOL_MAGIC)
             return p;
+    for (struct pool *q = made; q; q = q->next)
+        if (q == p && !q->destroyed)
+            return q;
     return NULL;
 }
 
-NVP_EXPORT cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *memPool, int device)
+static cudaError_t device_pool(cudaMemPool_t *memPool, int device, int cur)
 {
     if (!memPool)
         return nvp_ret(cudaErrorInvalidValue);
@@ -54,31 +70,158 @@ NVP_EXPORT cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *memPool, int d
     if (e)
         return nvp_ret(e);
     pthread_mutex_lock(&lock);
-    *memPool = (cudaMemPool_t)pool_of_device(device);
+    *memPool = (cudaMemPool_t)(cur && current[device] ? current[device] : pool_of_device(device));
     pthread_mutex_unlock(&lock);
     return cudaSuccess;
 }
 
+NVP_EXPORT cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *memPool, int device)
+{
+    return device_pool(memPool, device, 0);
+}
+
 NVP_EXPORT cudaError_t cudaDeviceGetMemPool(cudaMemPool_t *memPool, int device)
 {
-    return cudaDeviceGetDefaultMemPool(memPool, device);
+    return device_pool(memPool, device, 1);
 }
 
 NVP_EXPORT cudaError_t cudaDeviceSetMemPool(int device, cudaMemPool_t memPool)
 {
+    cudaError_t e = nvp_valid_device(device);
+    if (e)
+        return nvp_ret(e);
+    pthread_mutex_lock(&lock);
     struct pool *p = pool_check(memPool);
     if (p && p->device == device)
-        return cudaSuccess;
-    return nvp_unsupported("cudaDeviceSetMemPool (with a pool other than the device's default)");
+        current[device] = p;
+    pthread_mutex_unlock(&lock);
+    return p && p->device == device ? cudaSuccess : nvp_ret(cudaErrorInvalidValue);
 }
 
-static cudaError_t pool_alloc(struct pool *p, void **ptr, size_t size, cudaStream_t stream)
+NVP_EXPORT cudaError_t cudaMemPoolCreate(cudaMemPool_t *memPool, const struct cudaMemPoolProps *props)
+{
+    cudaError_t e = nvp_enter();
+    if (e)
+        return nvp_ret(e);
+    if (!memPool || !props || props->allocType != cudaMemAllocationTypePinned ||
+        props->location.type != cudaMemLocationTypeDevice)
+        return nvp_ret(cudaErrorInvalidValue);
+    if ((e = nvp_valid_device(props->location.id)))
+        return nvp_ret(e);
+    struct pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return nvp_ret(cudaErrorMemoryAllocation);
+    pool_init(p, props->location.id);
+    p->handle_types = props->handleTypes;
+    pthread_mutex_lock(&lock);
+    p->next = made;
+    made = p;
+    pthread_mutex_unlock(&lock);
+    *memPool = (cudaMemPool_t)p;
+    return cudaSuccess;
+}
+
+/* (the record stays, marked: a late free of one of its allocations still finds it) */
+NVP_EXPORT cudaError_t cudaMemPoolDestroy(cudaMemPool_t memPool)
+{
+    pthread_mutex_lock(&lock);
+    struct pool *p = pool_check(memPool);
+    int is_default = p && p == &defaults[p->device];
+    if (p && !is_default) {
+        p->destroyed = 1;
+        for (int d = 0; d < NVP_MAX_DEVICES; d++)
+            if (current[d] == p)
+                current[d] = NULL;
+    }
+    pthread_mutex_unlock(&lock);
+    return p && !is_default ? cudaSuccess : nvp_ret(cudaErrorInvalidValue);
+}
+
+NVP_EXPORT cudaError_t cudaMemPoolSetAccess(cudaMemPool_t memPool, const struct cudaMemAccessDesc *descs, size_t count)
+{
+    cudaError_t e = nvp_enter();
+    if (e)
+        return nvp_ret(e);
+    int n = 0;
+    cudaGetDeviceCount(&n);
+    pthread_mutex_lock(&lock);
+    struct pool *p = pool_check(memPool);
+    for (size_t i = 0; p && i < count && !e; i++) {
+        const struct cudaMemAccessDesc *d = &descs[i];
+        if (d->location.type != cudaMemLocationTypeDevice || d->location.id < 0 || d->location.id >= n ||
+            d->flags > cudaMemAccessFlagsProtReadWrite || (d->location.id == p->device && !d->flags))
+            e = cudaErrorInvalidValue;
+        else if (d->location.id != p->device) {
+            int can = 0; /* (the arena maps memory for its own device: other devices reach it by peer access) */
+            cudaDeviceCanAccessPeer(&can, d->location.id, p->device);
+            if (d->flags && !can)
+                e = cudaErrorInvalidDevice;
+            else
+                p->access[d->location.id] = d->flags;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return nvp_ret(!p || (count && !descs) ? cudaErrorInvalidValue : e);
+}
+
+NVP_EXPORT cudaError_t cudaMemPoolGetAccess(enum cudaMemAccessFlags *flags, cudaMemPool_t memPool,
+                                            struct cudaMemLocation *location)
+{
+    if (!flags || !location || location->type != cudaMemLocationTypeDevice || location->id < 0 ||
+        location->id >= NVP_MAX_DEVICES)
+        return nvp_ret(cudaErrorInvalidValue);
+    pthread_mutex_lock(&lock);
+    struct pool *p = pool_check(memPool);
+    if (p)
+        *flags = (enum cudaMemAccessFlags)p->access[location->id];
+    pthread_mutex_unlock(&lock);
+    return p ? cudaSuccess : nvp_ret(cudaErrorInvalidValue);
+}
+
+static cudaError_t no_pool_ipc(const char *call)
+{
+    return nvp_ret(nvp_unsupported(call));
+}
+
+NVP_EXPORT cudaError_t cudaMemPoolExportToShareableHandle(void *h, cudaMemPool_t p, enum cudaMemAllocationHandleType t,
+                                                          unsigned int flags)
+{
+    (void)h, (void)p, (void)t, (void)flags;
+    return no_pool_ipc("cudaMemPoolExportToShareableHandle");
+}
+
+NVP_EXPORT cudaError_t cudaMemPoolImportFromShareableHandle(cudaMemPool_t *p, void *h,
+                                                            enum cudaMemAllocationHandleType t, unsigned int flags)
+{
+    (void)h, (void)p, (void)t, (void)flags;
+    return no_pool_ipc("cudaMemPoolImportFromShareableHandle");
+}
+
+NVP_EXPORT cudaError_t cudaMemPoolExportPointer(struct cudaMemPoolPtrExportData *d, void *ptr)
+{
+    (void)d, (void)ptr;
+    return no_pool_ipc("cudaMemPoolExportPointer");
+}
+
+NVP_EXPORT cudaError_t cudaMemPoolImportPointer(void **ptr, cudaMemPool_t p, struct cudaMemPoolPtrExportData *d)
+{
+    (void)d, (void)ptr, (void)p;
+    return no_pool_ipc("cudaMemPoolImportPointer");
+}
+
+/* from pool p (on its device, whatever the current one is) */
+static cudaError_t pool_alloc(struct pool *p, void **ptr, size_t size, cudaStream_t stream, int ptds)
 {
     if (!ptr)
         return nvp_ret(cudaErrorInvalidValue);
-    if (nvp_stream_wire(stream, 0) < 0)
+    if (nvp_stream_wire(stream, ptds) < 0)
         return nvp_ret(cudaErrorInvalidResourceHandle);
-    cudaError_t e = cudaMalloc(ptr, size);
+    int cur = nvp_current_device();
+    cudaError_t e = p->device == cur ? cudaSuccess : cudaSetDevice(p->device);
+    if (!e)
+        e = cudaMalloc(ptr, size);
+    if (p->device != cur)
+        cudaSetDevice(cur);
     if (e || !*ptr)
         return e;
     pthread_mutex_lock(&lock);
@@ -93,7 +236,7 @@ static cudaError_t pool_alloc(struct pool *p, void **ptr, size_t size, cudaStrea
     if (nlive < caplive) {
         live[nlive].ptr = (uint64_t)(uintptr_t)*ptr;
         live[nlive].size = size;
-        live[nlive].device = p->device;
+        live[nlive].pool = p;
         nlive++;
         p->used += size;
         if (p->used > p->used_high)
@@ -103,35 +246,48 @@ static cudaError_t pool_alloc(struct pool *p, void **ptr, size_t size, cudaStrea
     return cudaSuccess;
 }
 
-NVP_EXPORT cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream)
+static cudaError_t malloc_async(void **devPtr, size_t size, cudaStream_t hStream, int ptds)
 {
     cudaError_t e = nvp_connect();
     if (e)
         return nvp_ret(e);
     struct pool *p;
+    int dev = nvp_current_device();
     pthread_mutex_lock(&lock);
-    p = pool_of_device(nvp_current_device());
+    p = current[dev] ? current[dev] : pool_of_device(dev);
     pthread_mutex_unlock(&lock);
-    return pool_alloc(p, devPtr, size, hStream);
+    return pool_alloc(p, devPtr, size, hStream, ptds);
+}
+
+NVP_EXPORT cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream)
+{
+    return malloc_async(devPtr, size, hStream, 0);
 }
 
 NVP_EXPORT cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream)
 {
-    return cudaMallocAsync(devPtr, size, hStream);
+    return malloc_async(devPtr, size, hStream, 1);
+}
+
+static cudaError_t from_pool(void **ptr, size_t size, cudaMemPool_t memPool, cudaStream_t stream, int ptds)
+{
+    pthread_mutex_lock(&lock);
+    struct pool *p = pool_check(memPool);
+    pthread_mutex_unlock(&lock);
+    if (!p)
+        return nvp_ret(cudaErrorInvalidValue);
+    return pool_alloc(p, ptr, size, stream, ptds);
 }
 
 NVP_EXPORT cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t memPool, cudaStream_t stream)
 {
-    struct pool *p = pool_check(memPool);
-    if (!p)
-        return nvp_ret(cudaErrorInvalidValue);
-    return pool_alloc(p, ptr, size, stream);
+    return from_pool(ptr, size, memPool, stream, 0);
 }
 
 NVP_EXPORT cudaError_t cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size, cudaMemPool_t memPool,
                                                     cudaStream_t stream)
 {
-    return cudaMallocFromPoolAsync(ptr, size, memPool, stream);
+    return from_pool(ptr, size, memPool, stream, 1);
 }
 
 /* a pool allocation leaves the statistics (also when freed with cudaFree) */
@@ -140,7 +296,7 @@ void nvp_pool_forget(uint64_t ptr)
     pthread_mutex_lock(&lock);
     for (size_t i = 0; i < nlive; i++) {
         if (live[i].ptr == ptr) {
-            pools[live[i].device].used -= live[i].size;
+            live[i].pool->used -= live[i].size;
             live[i] = live[--nlive];
             break;
         }
@@ -148,33 +304,44 @@ void nvp_pool_forget(uint64_t ptr)
     pthread_mutex_unlock(&lock);
 }
 
-NVP_EXPORT cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream)
+/* A capture takes the free: the graph frees the memory (graph_mem.c). */
+static cudaError_t free_async(void *devPtr, cudaStream_t hStream, int ptds)
 {
-    if (nvp_stream_wire(hStream, 0) < 0)
+    if (nvp_stream_wire(hStream, ptds) < 0)
         return nvp_ret(cudaErrorInvalidResourceHandle);
+    uint64_t p = (uint64_t)(uintptr_t)devPtr;
+    if (p && nvp_is_device_ptr(p) && nvp_graph_mem_capture_free(p, hStream, ptds))
+        return cudaSuccess;
     return cudaFree(devPtr);
 }
 
+NVP_EXPORT cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream) { return free_async(devPtr, hStream, 0); }
+
 NVP_EXPORT cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream)
 {
-    return cudaFreeAsync(devPtr, hStream);
+    return free_async(devPtr, hStream, 1);
 }
 
 NVP_EXPORT cudaError_t cudaMemPoolTrimTo(cudaMemPool_t memPool, size_t minBytesToKeep)
 {
     (void)minBytesToKeep; /* the proxy's arena gives cached memory back when the device runs short */
-    return pool_check(memPool) ? cudaSuccess : nvp_ret(cudaErrorInvalidValue);
+    pthread_mutex_lock(&lock);
+    struct pool *p = pool_check(memPool);
+    pthread_mutex_unlock(&lock);
+    return p ? cudaSuccess : nvp_ret(cudaErrorInvalidValue);
 }
 
 /* get or set one attribute: the integer reuse flags, the 64-bit figures */
 static cudaError_t pool_attr(cudaMemPool_t memPool, enum cudaMemPoolAttr attr, void *value, int set)
 {
+    pthread_mutex_lock(&lock);
     struct pool *p = pool_check(memPool);
-    if (!p || !value)
+    if (!p || !value) {
+        pthread_mutex_unlock(&lock);
         return nvp_ret(cudaErrorInvalidValue);
+    }
     cudaError_t e = cudaSuccess;
     uint64_t *v64 = value;
-    pthread_mutex_lock(&lock);
     switch (attr) {
     case cudaMemPoolReuseFollowEventDependencies:
     case cudaMemPoolReuseAllowOpportunistic:

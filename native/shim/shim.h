@@ -187,6 +187,32 @@ void nvp_registry_reset(void);
 /* ---- mempool.c ---- */
 void nvp_pool_forget(uint64_t ptr);
 
+/* ---- graph.c ---- */
+struct nvp_graph_rec {
+    int device;
+    uint32_t root; /* a conditional node's body graph: the wire id of the graph at the top, else 0 */
+};
+struct nvp_node_rec {
+    uint32_t graph; /* the graph's wire id */
+    int kind;       /* NVP_NODE_* */
+    uint64_t ptr, size; /* memory nodes: the allocation */
+};
+cudaError_t nvp_graph_new(cudaGraph_t *out, int device, uint16_t op, uint64_t a[NVP_MAX_ARGS], int at);
+int nvp_node_ids(uint32_t graph_id, const cudaGraphNode_t *nodes, size_t n, uint32_t *out);
+cudaError_t nvp_graph_add_node(cudaGraphNode_t *node, cudaGraph_t graph, const cudaGraphNode_t *deps, size_t ndeps,
+                               int kind, const void *body, size_t blen, const struct nvp_node_rec *as);
+int64_t nvp_event_wire(cudaEvent_t e);
+
+/* ---- graph_mem.c: who frees memory that graphs free (memory nodes, captured cudaFreeAsync) ---- */
+enum nvp_owner { NVP_OWN_CAPTURE = 1, NVP_OWN_GRAPH, NVP_OWN_EXEC, NVP_OWN_ALLOC_NODE };
+extern int nvp_captures_on; /* captures begun and not ended: only then may a cudaFreeAsync be captured */
+int nvp_graph_mem_capture_free(uint64_t ptr, cudaStream_t s, int ptds); /* 1: taken by a capture */
+void nvp_graph_mem_hold(uint64_t ptr, int kind, uint64_t id, int host);
+void nvp_graph_mem_pass(int from, uint64_t from_id, int to, uint64_t to_id, int move);
+int nvp_graph_mem_holds(int kind, uint64_t id);
+void nvp_graph_mem_release(int kind, uint64_t id);
+void nvp_graph_mem_forget(uint64_t ptr);
+
 /* ---- array.c ---- */
 int nvp_array_id(cudaArray_const_t a, uint32_t *id); /* the array's wire id; -1 if not an array */
 cudaError_t nvp_copy3d_arrays(const struct cudaMemcpy3DParms *p, int64_t stream, int is_async);

@@ -37,7 +37,7 @@ int64_t nvp_stream_wire(cudaStream_t s, int per_thread_default)
     return (int64_t)nvp_handle_id(h) + WIRE_ID_BASE;
 }
 
-static int64_t event_wire(cudaEvent_t e)
+int64_t nvp_event_wire(cudaEvent_t e)
 {
     uint64_t h = (uint64_t)(uintptr_t)e;
     if (nvp_handle_get(NVP_H_EVENT, h, NULL, 0) != 0)
@@ -138,7 +138,7 @@ static cudaError_t stream_wait_event(cudaStream_t s, cudaEvent_t ev, unsigned fl
     cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
-    int64_t w = nvp_stream_wire(s, per_thread), we = event_wire(ev);
+    int64_t w = nvp_stream_wire(s, per_thread), we = nvp_event_wire(ev);
     if (w < 0 || we < 0)
         return nvp_ret(cudaErrorInvalidResourceHandle);
     if (flags & ~(unsigned)cudaEventWaitExternal)
@@ -430,7 +430,7 @@ NVP_EXPORT cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *handle, cudaE
     cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
-    int64_t w = event_wire(event);
+    int64_t w = nvp_event_wire(event);
     if (w < 0)
         return nvp_ret(cudaErrorInvalidResourceHandle);
     if (!handle)
@@ -468,7 +468,7 @@ NVP_EXPORT cudaError_t cudaEventDestroy(cudaEvent_t ev)
     cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
-    int64_t w = event_wire(ev);
+    int64_t w = nvp_event_wire(ev);
     if (w < 0)
         return nvp_ret(cudaErrorInvalidResourceHandle);
     uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w};
@@ -482,7 +482,7 @@ static cudaError_t event_record(cudaEvent_t ev, cudaStream_t s, unsigned flags, 
     cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
-    int64_t w = nvp_stream_wire(s, per_thread), we = event_wire(ev);
+    int64_t w = nvp_stream_wire(s, per_thread), we = nvp_event_wire(ev);
     if (w < 0 || we < 0)
         return nvp_ret(cudaErrorInvalidResourceHandle);
     struct nvp_event_rec rec;
@@ -509,7 +509,7 @@ static cudaError_t event_op(uint16_t op, cudaEvent_t ev)
     cudaError_t e = nvp_enter();
     if (e)
         return e;
-    int64_t w = event_wire(ev);
+    int64_t w = nvp_event_wire(ev);
     if (w < 0)
         return cudaErrorInvalidResourceHandle;
     uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w};
@@ -532,7 +532,7 @@ NVP_EXPORT cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEv
     cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
-    int64_t a0 = event_wire(start), a1 = event_wire(end);
+    int64_t a0 = nvp_event_wire(start), a1 = nvp_event_wire(end);
     if (a0 < 0 || a1 < 0)
         return nvp_ret(cudaErrorInvalidResourceHandle);
     uint64_t a[NVP_MAX_ARGS] = {(uint64_t)a0, (uint64_t)a1};

@@ -1,5 +1,5 @@
-// The stream-ordered allocator with the device's default pool:
-// cudaMallocAsync/cudaFreeAsync in stream order, pool attributes.
+// The stream-ordered allocator with the device's default pool and a pool of its own:
+// cudaMallocAsync/cudaFreeAsync in stream order, pool attributes, access, the device's current pool.
 #include "check.h"
 
 __global__ void iota(int *p, int n, int base) {
@@ -41,6 +41,37 @@ int main() {
     CHECK(cudaFreeAsync(p2, s));
     CHECK(cudaMemPoolTrimTo(pool, 0));
     CHECK(cudaStreamSynchronize(s));
+
+    cudaMemPoolProps props = {};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = 0;
+    cudaMemPool_t mine, cur;
+    CHECK(cudaMemPoolCreate(&mine, &props));
+    cudaMemAccessDesc self = {{cudaMemLocationTypeDevice, 0}, cudaMemAccessFlagsProtReadWrite};
+    CHECK(cudaMemPoolSetAccess(mine, &self, 1));
+    cudaMemAccessFlags flags;
+    cudaMemLocation loc = {cudaMemLocationTypeDevice, 0};
+    CHECK(cudaMemPoolGetAccess(&flags, mine, &loc));
+    printf("own pool: distinct %d, access %d\n", mine != pool, (int)flags);
+    CHECK(cudaDeviceSetMemPool(0, mine));
+    CHECK(cudaDeviceGetMemPool(&cur, 0));
+    int *q;
+    CHECK(cudaMallocAsync((void **)&q, 1 << 20, s));
+    iota<<<4, 256, 0, s>>>(q, 1024, 7);
+    unsigned long long mine_used = 0, default_used = 0;
+    CHECK(cudaMemPoolGetAttribute(mine, cudaMemPoolAttrUsedMemCurrent, &mine_used));
+    CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &default_used));
+    printf("current pool is it: %d; its use %s, the default's %llu\n", cur == mine,
+           mine_used >= (1 << 20) ? "covers the allocation" : "too small", default_used);
+    int last = 0;
+    CHECK(cudaMemcpyAsync(&last, q + 1023, sizeof last, cudaMemcpyDeviceToHost, s));
+    CHECK(cudaFreeAsync(q, s));
+    CHECK(cudaStreamSynchronize(s));
+    printf("from its pool: %d\n", last);
+    CHECK(cudaMemPoolDestroy(mine));
+    CHECK(cudaDeviceGetMemPool(&cur, 0));
+    printf("after destroying it the device's pool is the default: %d\n", cur == pool);
     CHECK(cudaStreamDestroy(s));
     printf("Test PASSED\n");
     return 0;

@@ -165,6 +165,14 @@ CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph);
 CUresult cuStreamGetCaptureInfo_v3(CUstream hStream, int *captureStatus_out, unsigned long long *id_out,
                                    CUgraph *graph_out, void *dependencies_out, void *edgeData_out,
                                    size_t *numDependencies_out);
+CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph, const CUgraphNode *dependencies,
+                                     const void *dependencyData, size_t numDependencies, int mode);
+CUresult cuStreamUpdateCaptureDependencies_v2(CUstream hStream, CUgraphNode *dependencies,
+                                              const void *dependencyData, size_t numDependencies, unsigned int flags);
+CUresult cuThreadExchangeStreamCaptureMode(int *mode);
+CUresult cuGraphAddEventRecordNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t ndeps, CUevent e);
+CUresult cuGraphAddEventWaitNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t ndeps, CUevent e);
+CUresult cuGraphAddChildGraphNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t ndeps, CUgraph child);
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags);
 CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream);
 CUresult cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream);
@@ -228,6 +236,7 @@ CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910
 CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 5, 6
 CU_JIT_INPUT_FATBINARY = 2
 CU_MEM_ALLOCATION_TYPE_PINNED = 1
+CU_STREAM_CAPTURE_MODE_RELAXED = 2
 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1
 CU_MEM_LOCATION_TYPE_DEVICE = 1
 CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3

@@ -9,9 +9,10 @@ driver handles goes through the cffi binding in cuda_driver.py: the VMM arena
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,20 +56,35 @@ class GpuBacking:
         self.access.location.id = dev
         self.access.flags = cd.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
 
+    @contextlib.contextmanager
+    def _relaxed(self) -> Iterator[None]:
+        """The arena's driver calls are not stream work: a global-mode capture on this thread (a captured
+        cudaMallocAsync comes here) must neither refuse them nor be invalidated by them."""
+        mode = ffi.new("int *", cd.CU_STREAM_CAPTURE_MODE_RELAXED)
+        cd.check(self.L.cuThreadExchangeStreamCaptureMode(mode), "cuThreadExchangeStreamCaptureMode")
+        try:
+            yield
+        finally:
+            self.L.cuThreadExchangeStreamCaptureMode(mode)
+
     def create(self, size: int) -> int:
         h = ffi.new("CUmemGenericAllocationHandle *")
-        cd.check(self.L.cuMemCreate(h, size, self.prop, 0), "cuMemCreate")
+        with self._relaxed():
+            cd.check(self.L.cuMemCreate(h, size, self.prop, 0), "cuMemCreate")
         return int(h[0])
 
     def map(self, va: int, size: int, handle: object) -> None:
-        cd.check(self.L.cuMemMap(va, size, 0, handle, 0), "cuMemMap")
-        cd.check(self.L.cuMemSetAccess(va, size, self.access, 1), "cuMemSetAccess")
+        with self._relaxed():
+            cd.check(self.L.cuMemMap(va, size, 0, handle, 0), "cuMemMap")
+            cd.check(self.L.cuMemSetAccess(va, size, self.access, 1), "cuMemSetAccess")
 
     def unmap(self, va: int, size: int) -> None:
-        cd.check(self.L.cuMemUnmap(va, size), "cuMemUnmap")
+        with self._relaxed():
+            cd.check(self.L.cuMemUnmap(va, size), "cuMemUnmap")
 
     def release(self, handle: object) -> None:
-        cd.check(self.L.cuMemRelease(handle), "cuMemRelease")
+        with self._relaxed():
+            cd.check(self.L.cuMemRelease(handle), "cuMemRelease")
 
 
 class GpuBackend:
@@ -406,6 +422,28 @@ class GpuBackend:
     def begin_capture(self, s: object, mode: int) -> None:
         cd.check(self.L.cuStreamBeginCapture_v2(s, mode), "cuStreamBeginCapture")
 
+    def begin_capture_to_graph(self, s: object, g: object, deps: list[object], mode: int) -> None:
+        cd.check(self.L.cuStreamBeginCaptureToGraph(s, g, self._deps(deps), ffi.NULL, len(deps), mode),
+                 "cuStreamBeginCaptureToGraph")
+
+    def _capture_info(self, s: object) -> tuple[object, list[object]]:
+        st, g = ffi.new("int *"), ffi.new("CUgraph *")
+        deps, n = ffi.new("CUgraphNode **"), ffi.new("size_t *")
+        cd.check(self.L.cuStreamGetCaptureInfo_v3(s, st, ffi.NULL, g, deps, ffi.NULL, n), "cuStreamGetCaptureInfo")
+        return g[0], [deps[0][i] for i in range(int(n[0]))]
+
+    def capture_graph(self, s: object) -> object:
+        """The graph a capture is making (the driver's, while it goes on)."""
+        return self._capture_info(s)[0]
+
+    def capture_deps(self, s: object) -> list[object]:
+        """The nodes the capture's next work will depend on."""
+        return self._capture_info(s)[1]
+
+    def update_capture_deps(self, s: object, deps: list[object], flags: int) -> None:
+        cd.check(self.L.cuStreamUpdateCaptureDependencies_v2(s, self._deps(deps), ffi.NULL, len(deps), flags),
+                 "cuStreamUpdateCaptureDependencies")
+
     def end_capture(self, s: object) -> object:
         g = ffi.new("CUgraph *")
         cd.check(self.L.cuStreamEndCapture(s, g), "cuStreamEndCapture")
@@ -543,7 +581,18 @@ class GpuBackend:
         """The node's NVP_NODE_* kind (0: one nvproxy does not make itself)."""
         t = ffi.new("int *")
         cd.check(self.L.cuGraphNodeGetType(node, t), "cuGraphNodeGetType")
-        return {0: 1, 1: 2, 2: 3, 3: 4, 5: 5, 13: 6}.get(int(t[0]), 0)  # CU_GRAPH_NODE_TYPE_* -> NVP_NODE_*
+        return {0: 1, 1: 2, 2: 3, 3: 4, 4: 9, 5: 5, 6: 8, 7: 7, 13: 6}.get(int(t[0]), 0)  # CU_GRAPH_NODE_TYPE_*
+
+    def graph_add_event(self, g: object, deps: list[object], e: object, wait: bool) -> object:
+        n = ffi.new("CUgraphNode *")
+        add = self.L.cuGraphAddEventWaitNode if wait else self.L.cuGraphAddEventRecordNode
+        cd.check(add(n, g, self._deps(deps), len(deps), e), "cuGraphAddEvent*Node")
+        return n[0]
+
+    def graph_add_child(self, g: object, deps: list[object], child: object) -> object:
+        n = ffi.new("CUgraphNode *")
+        cd.check(self.L.cuGraphAddChildGraphNode(n, g, self._deps(deps), len(deps), child), "cuGraphAddChildGraphNode")
+        return n[0]
 
     def graph_add_empty(self, g: object, deps: list[object]) -> object:
         n = ffi.new("CUgraphNode *")

@@ -136,10 +136,15 @@ class SimCapture:
     """A stream capture in progress: the work submitted to it, kept instead of run."""
 
     id: int
-    ops: list[Callable[[], None]] = field(default_factory=list)
+    graph: SimGraph  # what it makes (a new graph, or the one captured into): its ops are the capture's
     streams: list[SimStream] = field(default_factory=list)  # the origin and the streams that joined
     invalid: bool = False
     ended: bool = False
+    deps: list[int] | None = None  # set by cudaStreamUpdateCaptureDependencies, until the next work
+
+    @property
+    def ops(self) -> list[Callable[[], None]]:
+        return self.graph.ops
 
 
 @dataclass
@@ -264,6 +269,7 @@ class SimBackend:
         if stream is None or stream.capture is None:
             return False
         stream.capture.ops.append(op)
+        stream.capture.deps = None
         return True
 
     def memcpy(self, dst: int, src: int, n: int, stream: SimStream | None) -> None:
@@ -417,7 +423,30 @@ class SimBackend:
         if s.capture is not None:
             raise CudaError(ILLEGAL_STATE)
         self._captures += 1
-        s.capture = SimCapture(self._captures, streams=[s])
+        s.capture = SimCapture(self._captures, SimGraph([]), streams=[s])
+
+    def begin_capture_to_graph(self, s: SimStream, g: SimGraph, deps: list[int], mode: int) -> None:
+        self.begin_capture(s, mode)
+        assert s.capture is not None
+        s.capture.graph = g  # (ops run in the order they were added: after deps, which are in g already)
+
+    def capture_graph(self, s: SimStream) -> SimGraph:
+        assert s.capture is not None
+        return s.capture.graph
+
+    def capture_deps(self, s: SimStream) -> list[int]:
+        """The sim runs a graph's ops in order: the last node is what the next work follows."""
+        assert s.capture is not None
+        c = s.capture
+        if c.deps is not None:
+            return list(c.deps)
+        nodes = self.graph_nodes(c.graph)
+        return nodes[-1:]
+
+    def update_capture_deps(self, s: SimStream, deps: list[int], flags: int) -> None:
+        assert s.capture is not None
+        c = s.capture
+        c.deps = sorted(set(deps) | (set(self.capture_deps(s)) if flags == 0 else set()))
 
     def end_capture(self, s: SimStream) -> SimGraph:
         c = s.capture
@@ -428,7 +457,7 @@ class SimBackend:
         c.ended = True
         if c.invalid:
             raise CudaError(STREAM_CAPTURE_INVALIDATED)
-        return SimGraph(list(c.ops))
+        return c.graph
 
     def capture_status(self, s: SimStream) -> tuple[int, int]:
         c = s.capture
@@ -506,6 +535,20 @@ class SimBackend:
 
     def graph_add_empty(self, g: SimGraph, deps: list[int]) -> int:
         return self._node(g, lambda: None, 5)
+
+    def graph_add_event(self, g: SimGraph, deps: list[int], e: SimEvent, wait: bool) -> int:
+        if wait:
+            return self._node(g, lambda: None, 8)
+        return self._node(g, lambda: self.event_record(e, None, 0), 7)
+
+    def graph_add_child(self, g: SimGraph, deps: list[int], child: SimGraph) -> int:
+        ops = list(child.ops)  # (the driver copies the child into the node)
+
+        def run() -> None:
+            for op in ops:
+                op()
+
+        return self._node(g, run, 9)
 
     def graph_cond_handle(self, g: SimGraph, dev: int, default: int, flags: int) -> int:
         """Values count up per graph (kernels set them with ctx.set_conditional, in the executable graph

@@ -44,15 +44,20 @@ class CaptureLog:
     origin: int  # the wire stream that began the capture
     mode: int
     calls: list[tuple[int, tuple[int, ...], bytes]] = field(default_factory=list)  # (op, args, payload)
+    graph_id: int = 0  # the wire id its graph has (cudaStreamGetCaptureInfo named it, or captured into it), or 0
+    target: int = 0  # captured into an existing graph (cudaStreamBeginCaptureToGraph): its wire id
+    nodes: dict[int, Any] = field(default_factory=dict)  # its graph's nodes that have wire ids (not kept)
+    deps: list[int] = field(default_factory=list)  # captured into an existing graph: after these nodes of it
 
     def to_json(self) -> dict[str, Any]:
-        return {"dev": self.dev, "origin": self.origin, "mode": self.mode,
+        return {"dev": self.dev, "origin": self.origin, "mode": self.mode, "target": self.target, "deps": self.deps,
                 "calls": [[op, list(a), p.hex()] for op, a, p in self.calls]}
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> CaptureLog:
         return CaptureLog(d["dev"], d["origin"], d["mode"],
-                          [(op, tuple(a), bytes.fromhex(p)) for op, a, p in d["calls"]])
+                          [(op, tuple(a), bytes.fromhex(p)) for op, a, p in d["calls"]],
+                          target=d.get("target", 0), deps=d.get("deps", []))
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Any
 
 from ... import wire
 from ...checkpoint.image import ImageError
-from ...errors import INVALID_VALUE, CudaError
+from ...errors import ILLEGAL_STATE, INVALID_VALUE, CudaError
 from ..state import CaptureLog, GraphRec
 
 CAPTURE_ACTIVE = 1  # cudaStreamCaptureStatusActive
@@ -36,16 +36,111 @@ def CAPTURE_BEGIN(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     p.captures_changed()
 
 
-def CAPTURE_END(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+def CAPTURE_TO_GRAPH(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    """cudaStreamBeginCaptureToGraph: what the capture takes goes into graph a[2], after nodes of it."""
+    s, g = p.stream(ch, a[0]), _graph(p, a[2])
+    ids = _ids(payload, a[3])
+    p.backend.begin_capture_to_graph(s, g.handle, _nodes_of(g.nodes, ids), a[1])
+    _status, cid = p.backend.capture_status(s)
+    p.state.captures[cid] = CaptureLog(ch.dev, a[0], a[1], graph_id=a[2], target=a[2], nodes=g.nodes, deps=ids)
+    p.captures_changed()
+
+
+def CAPTURE_END(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
+    """Replies with the graph's wire id: a[1] (new), or the one it already had."""
     s = p.stream(ch, a[0])
     status, cid = p.backend.capture_status(s)
     if status != CAPTURE_ACTIVE:  # an invalidated capture has no id: find it by the stream that began it
         cid = next((k for k, c in p.state.captures.items() if c.origin == a[0] and c.dev == ch.dev), None)
-    log = p.state.captures.pop(cid, None) if status else None
-    p.captures_changed()
-    g = p.backend.end_capture(s)  # the driver's verdict: not capturing, invalidated, unjoined...
+    log = p.state.captures.get(cid) if status else None
+    if len(a) > 2 and a[2] and (log is None or not log.target):
+        raise CudaError(INVALID_VALUE, "cudaStreamEndCapture without a place for the new graph")
+    try:
+        g = p.backend.end_capture(s)  # the driver's verdict: not capturing, invalidated, unjoined...
+    except CudaError:
+        if log is not None and p.backend.capture_status(s)[0] == 0:  # (ended all the same: its graph is gone)
+            _end_log(p, cid, log, failed=True)
+        raise
+    _end_log(p, cid, log, failed=False)
+    if log is not None and log.target:
+        t = p.state.graphs.get(log.target)
+        if t is not None:  # (a restore captures into it again, in the same place among its node additions)
+            args = (log.target, log.origin, log.mode, len(log.deps))
+            t.built.append((wire.NVP_OP_CAPTURE_TO_GRAPH, args, json.dumps(log.to_json()).encode()))
+        return (log.target,), b""
     p.state.graph_order += 1
-    p.state.graphs[a[1]] = GraphRec(log or CaptureLog(ch.dev, a[0], 0), g, p.state.graph_order)
+    gid = log.graph_id if log is not None and log.graph_id else a[1]
+    rec = GraphRec(log or CaptureLog(ch.dev, a[0], 0), g, p.state.graph_order, nodes=log.nodes if log else {})
+    p.state.graphs[gid] = rec
+    for body in p.state.graphs.values():  # (node additions to its conditional nodes' bodies go with it from now)
+        if body.body_of == gid:
+            body.built, body.nodes = rec.built, rec.nodes
+    return (gid,), b""
+
+
+def _end_log(p: Any, cid: Any, log: CaptureLog | None, failed: bool) -> None:
+    p.state.captures.pop(cid, None)
+    p.captures_changed()
+    if failed and log is not None and log.graph_id and not log.target:  # (cudaStreamGetCaptureInfo's graph)
+        for k in [k for k, r in p.state.graphs.items() if k == log.graph_id or r.body_of == log.graph_id]:
+            del p.state.graphs[k]
+
+
+def _active_log(p: Any, s: Any) -> tuple[int, int, CaptureLog | None]:
+    status, cid = p.backend.capture_status(s)
+    return status, cid, p.state.captures.get(cid) if status == CAPTURE_ACTIVE else None
+
+
+def CAPTURE_INFO(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
+    """cudaStreamGetCaptureInfo's graph and dependencies: the graph gets wire id a[1] unless it has one, and
+    dependencies without one get the ids offered, in order.  Kept in the capture's log when it named anything
+    (a restore names them again at the same point)."""
+    s = p.stream(ch, a[0])
+    status, cid, log = _active_log(p, s)
+    if log is None:
+        return (status, cid, 0, 0), b""
+    fresh = list(struct.unpack_from(f"<{min(a[2], len(payload) // 4)}I", payload))
+    offered, new_graph, be = len(fresh), not log.graph_id, p.backend
+    if new_graph:
+        log.graph_id = a[1]
+        p.state.graphs[a[1]] = GraphRec(log, be.capture_graph(s), 0, nodes=log.nodes)
+    known = {be.node_key(n): i for i, n in log.nodes.items()}
+    ids = []
+    for n in be.capture_deps(s):
+        nid = known.get(be.node_key(n))
+        if nid is None:
+            if not fresh:
+                raise CudaError(INVALID_VALUE, f"a capture with more than {offered} new dependencies at once")
+            nid = known[be.node_key(n)] = fresh.pop(0)
+            log.nodes[nid] = n
+        ids.append(nid)
+    used = offered - len(fresh)
+    if new_graph or used:
+        log.calls.append((wire.NVP_OP_CAPTURE_INFO, (a[0], a[1], used), payload[: 4 * used]))
+    return (status, cid, log.graph_id, len(ids)), struct.pack(f"<{len(ids)}I", *ids)
+
+
+def CAPTURE_DEPS(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    """cudaStreamUpdateCaptureDependencies, with nodes of the capture's graph."""
+    s = p.stream(ch, a[0])
+    _status, _cid, log = _active_log(p, s)
+    if log is None:
+        raise CudaError(ILLEGAL_STATE, "the stream is not being captured")
+    p.backend.update_capture_deps(s, _nodes_of(log.nodes, _ids(payload, a[2])), a[1])
+    log.calls.append((wire.NVP_OP_CAPTURE_DEPS, a, payload))
+
+
+def _ids(payload: bytes, n: int) -> list[int]:
+    if n > 4096 or len(payload) < 4 * n:
+        raise CudaError(INVALID_VALUE, "graph node ids")
+    return list(struct.unpack_from(f"<{n}I", payload))
+
+
+def _nodes_of(nodes: dict[int, Any], ids: list[int]) -> list[Any]:
+    try:
+        return [nodes[i] for i in ids]
+    except KeyError:
+        raise CudaError(INVALID_VALUE, "a dependency is not a node of this graph") from None
 
 
 def CAPTURE_STATUS(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
@@ -87,17 +182,36 @@ def GRAPH_ADD_NODE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     g = _graph(p, a[0])
     bodies: dict[int, Any] = {}
     g.nodes[a[1]] = _add_node(p, g.log.dev, g.handle, g.nodes, a, payload, bodies)
-    g.built.append((wire.NVP_OP_GRAPH_ADD_NODE, a, payload))  # (a body graph's go into its root's list)
+    if a[2] == wire.NVP_NODE_CHILD:  # (the node holds a copy of the child, which may go: keep how it was made)
+        child = _graph(p, struct.unpack_from("<Q", payload, (4 * a[3] + 7) // 8 * 8)[0])
+        payload += json.dumps(_snapshot(child)).encode()
+    _calls_of(p, a[0], g).append((wire.NVP_OP_GRAPH_ADD_NODE, a, payload))
     for bid, handle in bodies.items():
         p.state.graphs[bid] = GraphRec(g.log, handle, g.order, 0, True, g.built, g.nodes, body_of=g.body_of or a[0])
 
 
+def _calls_of(p: Any, gid: int, g: GraphRec) -> list[tuple[int, tuple[int, ...], bytes]]:
+    """Where a call that adds to graph gid is kept: in the log of a capture making that graph (a restore makes
+    it at the same point of the capture), else with the graph (a body graph's: with the graph at its top)."""
+    for log in p.state.captures.values():
+        if log.graph_id and log.graph_id in (gid, g.body_of):
+            return log.calls
+    return g.built
+
+
+def _snapshot(g: GraphRec) -> dict[str, Any]:
+    return dict(g.log.to_json(), created=g.created, built=_calls_json(g.built))
+
+
 def GRAPH_COND_HANDLE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
-    """cudaGraphConditionalHandleCreate: kernels take the value as a parameter, so a restore must get it again."""
+    """cudaGraphConditionalHandleCreate: kernels take the value as a parameter, so a restore must get it again
+    (a capture's replay comes here with the value it must get)."""
     g = _graph(p, a[0])
     p.backend.activate(g.log.dev)
     value = p.backend.graph_cond_handle(g.handle, g.log.dev, a[1], a[2])
-    g.built.append((wire.NVP_OP_GRAPH_COND_HANDLE, a, struct.pack("<Q", value)))
+    if len(payload) == 8 and struct.unpack("<Q", payload)[0] != value:
+        raise ImageError(f"a conditional handle came back as {value:#x}, not {payload.hex()} (kernels hold that)")
+    _calls_of(p, a[0], g).append((wire.NVP_OP_GRAPH_COND_HANDLE, a, struct.pack("<Q", value)))
     return (value,), b""
 
 
@@ -155,8 +269,7 @@ def GRAPH_EXEC_UPDATE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tu
     p.backend.activate(x.log.dev)
     result = p.backend.graph_exec_update(x.handle, g.handle)
     if result == 0:  # a restore updates it again from the graph as it is now
-        snapshot = dict(g.log.to_json(), created=g.created, built=_calls_json(g.built))
-        _log_update(x, (wire.NVP_OP_GRAPH_EXEC_UPDATE, a, json.dumps(snapshot).encode()))
+        _log_update(x, (wire.NVP_OP_GRAPH_EXEC_UPDATE, a, json.dumps(_snapshot(g)).encode()))
         x.nodes.update(g.nodes)
     return (result,), b""
 
@@ -188,10 +301,7 @@ def _add_node(p: Any, dev: int, g: Any, nodes: dict[int, Any], a: tuple[int, ...
     dlen = (4 * ndeps + 7) // 8 * 8
     if len(payload) < dlen:
         raise CudaError(INVALID_VALUE, "graph node dependencies")
-    try:
-        deps = [nodes[i] for i in struct.unpack_from(f"<{ndeps}I", payload)]
-    except KeyError:
-        raise CudaError(INVALID_VALUE, "a dependency is not a node of this graph") from None
+    deps = _nodes_of(nodes, _ids(payload, ndeps))
     body = payload[dlen:]
     be = p.backend
     be.activate(dev)
@@ -209,6 +319,19 @@ def _add_node(p: Any, dev: int, g: Any, nodes: dict[int, Any], a: tuple[int, ...
         return be.graph_add_host(g, deps, lambda status: p.server.run_callback(cb_id, status, True))
     if kind == wire.NVP_NODE_EMPTY:
         return be.graph_add_empty(g, deps)
+    if kind in (wire.NVP_NODE_EVENT_RECORD, wire.NVP_NODE_EVENT_WAIT) and len(body) >= 8:
+        return be.graph_add_event(g, deps, p.event(struct.unpack_from("<Q", body)[0]),
+                                  kind == wire.NVP_NODE_EVENT_WAIT)
+    if kind == wire.NVP_NODE_CHILD and len(body) >= 8:
+        if len(body) == 8:
+            return be.graph_add_child(g, deps, _graph(p, struct.unpack_from("<Q", body)[0]).handle)
+        snap = json.loads(body[8:])  # (a restore: the child as it was when the node was added)
+        child = _remake(p, CaptureLog.from_json(snap), snap)[0]
+        try:
+            be.activate(dev)
+            return be.graph_add_child(g, deps, child)
+        finally:
+            be.graph_destroy(child)
     if kind == wire.NVP_NODE_COND and len(body) >= 16:
         handle, ctype, size = struct.unpack_from("<QII", body)
         if not 0 < size <= 256 or len(body) < 16 + 4 * size:
@@ -290,30 +413,70 @@ class _ReplayChannel:
     copy_event_next: int = 0
 
 
-def _replay(p: Any, log: CaptureLog) -> Any:
-    """Begin a capture on the log's stream and make its calls again; returns the stream."""
+def _replay(p: Any, log: CaptureLog, into: tuple[Any, list[Any], int, dict[int, Any]] | None = None,
+            end: bool = True) -> tuple[Any, CaptureLog, dict[int, Any]]:
+    """Begin a capture on the log's stream (into: (graph, dependencies, its wire id, its nodes): into that
+    graph), make its calls again and (end) end it.  Returns the graph (not end: the stream, still capturing),
+    the capture's own log (graph id and nodes it named) and the conditional nodes' body graphs it made, by wire
+    id.  Graph records made on the way are dropped."""
     ch = _ReplayChannel(log.dev)
-    p.backend.activate(log.dev)
+    be = p.backend
+    be.activate(log.dev)
+    # streams the capture used that the program has destroyed since (it may, once the capture ended)
+    used = {log.origin} | {a[CAPTURABLE[op]] for op, a, _pl in log.calls if op in CAPTURABLE}
+    gone = [w for w in sorted(used) if w not in (0, 2) and w not in p.state.streams] if end else []
+    for w in gone:
+        p.state.streams[w] = (log.dev, be.stream_create(log.dev, 1, 0))
+    try:
+        s, mine, bodies = _replay_on(p, ch, log, into)
+        return (be.end_capture(s) if end else s), mine, bodies
+    finally:
+        for w in gone:
+            be.stream_destroy(p.state.streams.pop(w)[1])
+        if gone:
+            p.forget()  # (C may have learnt them)
+
+
+def _replay_on(p: Any, ch: Any, log: CaptureLog, into: tuple[Any, list[Any], int, dict[int, Any]] | None
+               ) -> tuple[Any, CaptureLog, dict[int, Any]]:
+    be = p.backend
     s = p.stream(ch, log.origin)
-    p.backend.begin_capture(s, log.mode)
-    _status, cid = p.backend.capture_status(s)
-    p.state.captures[cid] = CaptureLog(log.dev, log.origin, log.mode)  # (handlers see a capture is on)
+    saved = dict(p.state.graphs)
+    mine = CaptureLog(log.dev, log.origin, log.mode)  # (handlers see a capture is on)
+    if into is not None:
+        graph, deps, gid, nodes = into
+        be.begin_capture_to_graph(s, graph, deps, log.mode)
+        mine.graph_id, mine.target, mine.nodes = gid, gid, nodes
+        p.state.graphs[gid] = GraphRec(mine, graph, 0, created=True, nodes=nodes)
+    else:
+        be.begin_capture(s, log.mode)
+    _status, cid = be.capture_status(s)
+    p.state.captures[cid] = mine
     try:
         for op, a, payload in log.calls:
             p.table[op](ch, a, payload)
     finally:
         p.state.captures.pop(cid, None)
-    return s
+        bodies = {k: r.handle for k, r in p.state.graphs.items()
+                  if mine.graph_id and r.body_of == mine.graph_id and k not in saved}
+        p.state.graphs.clear()
+        p.state.graphs.update(saved)
+    return s, mine, bodies
 
 
 def _remake(p: Any, log: CaptureLog, d: dict[str, Any]) -> tuple[Any, dict[int, Any], list[Any], dict[int, Any]]:
     """A graph as it was: its capture replayed (or an empty one made), then its nodes added (to it or to the
-    body graphs of its conditional nodes).  Returns the graph, its nodes, its calls and its body graphs."""
-    created = d.get("created", False)
-    g = p.backend.graph_create(log.dev) if created else p.backend.end_capture(_replay(p, log))
-    built = _calls(d.get("built", []))
+    body graphs of its conditional nodes) and captures into it made again.  Returns the graph, its nodes, its
+    calls and its body graphs."""
     nodes: dict[int, Any] = {}
     bodies: dict[int, Any] = {}
+    if d.get("created", False):
+        g = p.backend.graph_create(log.dev)
+    else:
+        g, mine, made = _replay(p, log)
+        nodes.update(mine.nodes)
+        bodies.update(made)
+    built = _calls(d.get("built", []))
     for op, a, payload in built:
         target = bodies.get(a[0], g)
         if op == wire.NVP_OP_GRAPH_GET_NODES:
@@ -322,6 +485,10 @@ def _remake(p: Any, log: CaptureLog, d: dict[str, Any]) -> tuple[Any, dict[int, 
             value, (want,) = p.backend.graph_cond_handle(target, log.dev, a[1], a[2]), struct.unpack("<Q", payload)
             if value != want:
                 raise ImageError(f"a conditional handle came back as {value:#x}, not {want:#x} (kernels hold that)")
+        elif op == wire.NVP_OP_CAPTURE_TO_GRAPH:
+            inner = CaptureLog.from_json(json.loads(payload))
+            _g, _mine, made = _replay(p, inner, (target, _nodes_of(nodes, inner.deps), a[0], nodes))
+            bodies.update(made)
         else:
             nodes[a[1]] = _add_node(p, log.dev, target, nodes, a, payload, bodies)
     return g, nodes, built, bodies
@@ -360,6 +527,18 @@ def restore(p: Any, desc: dict[str, Any]) -> None:
         p.state.graph_order = max(p.state.graph_order, order)
     for d in desc.get("captures", []):  # a capture that was going on at the checkpoint goes on
         log = CaptureLog.from_json(d)
-        _status, cid = p.backend.capture_status(_replay(p, log))
+        into = None
+        if log.target:
+            t = p.state.graphs.get(log.target)
+            if t is None:
+                raise ImageError(f"a capture into graph {log.target}, which the image does not hold")
+            into = (t.handle, _nodes_of(t.nodes, log.deps), log.target, t.nodes)
+        s, mine, made = _replay(p, log, into, end=False)
+        log.graph_id, log.nodes = mine.graph_id, mine.nodes
+        if mine.graph_id and not log.target:  # (cudaStreamGetCaptureInfo named its graph: the program holds it)
+            rec = p.state.graphs[mine.graph_id] = GraphRec(log, p.backend.capture_graph(s), 0, nodes=log.nodes)
+            for bid, handle in made.items():
+                p.state.graphs[bid] = GraphRec(log, handle, 0, 0, True, rec.built, rec.nodes, body_of=mine.graph_id)
+        _status, cid = p.backend.capture_status(s)
         p.state.captures[cid] = log
     p.captures_changed()

@@ -1,0 +1,309 @@
+/* Graph memory: memory-allocation and memory-free nodes, and cudaFreeAsync
+ * taken by a stream capture.  The memory comes from the proxy's arena when the
+ * node is added (so it keeps its address across a restore, as a pool allocation
+ * does); the nodes themselves are empty nodes to the driver.  Memory a graph
+ * frees (a free node, a captured cudaFreeAsync) is held by that graph and the
+ * executable graphs instantiated from it, and freed when the last of them is
+ * destroyed: native CUDA frees it at each launch and maps it again at the next,
+ * so a program sees the same addresses and contents rules either way, only the
+ * memory stays mapped between launches.  A program's own cudaFree of held memory
+ * takes it back from the graphs. */
+#include "shim.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct hold {
+    uint64_t ptr;
+    int kind; /* enum nvp_owner */
+    uint64_t id; /* capture id, graph or executable graph wire id */
+    uint64_t size; /* NVP_OWN_ALLOC_NODE: the allocation's (for the statistics) */
+    int host;      /* pinned host memory staging a pageable copy node (freed with cudaFreeHost) */
+};
+
+static struct hold *holds;
+static size_t nholds, capholds;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t used, used_high; /* bytes allocated by memory-allocation nodes (cudaGraphMemAttr*) */
+
+static void add_locked(uint64_t ptr, int kind, uint64_t id, uint64_t size, int host)
+{
+    if (nholds == capholds) {
+        size_t cap = capholds ? 2 * capholds : 32;
+        struct hold *v = realloc(holds, cap * sizeof *v);
+        if (!v)
+            return; /* (the memory then stays allocated: a leak, never a double free) */
+        holds = v;
+        capholds = cap;
+    }
+    holds[nholds++] = (struct hold){ptr, kind, id, size, host};
+}
+
+void nvp_graph_mem_hold(uint64_t ptr, int kind, uint64_t id, int host)
+{
+    pthread_mutex_lock(&lock);
+    add_locked(ptr, kind, id, 0, host);
+    pthread_mutex_unlock(&lock);
+}
+
+/* What owner from holds goes to owner to as well (instantiation), or instead (move: a capture's graph);
+ * to == 0 with move drops the holds (an invalidated capture frees nothing, as natively). */
+void nvp_graph_mem_pass(int from, uint64_t from_id, int to, uint64_t to_id, int move)
+{
+    pthread_mutex_lock(&lock);
+    size_t n = nholds;
+    for (size_t i = 0; i < n; i++) {
+        if (holds[i].kind != from || holds[i].id != from_id)
+            continue;
+        if (move && to)
+            holds[i] = (struct hold){holds[i].ptr, to, to_id, 0, holds[i].host};
+        else if (move)
+            holds[i].kind = 0;
+        else
+            add_locked(holds[i].ptr, to, to_id, 0, holds[i].host);
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < nholds; i++)
+        if (holds[i].kind)
+            holds[k++] = holds[i];
+    nholds = k;
+    pthread_mutex_unlock(&lock);
+}
+
+/* Does owner (kind, id) hold device memory (id 0 with NVP_OWN_CAPTURE: does any capture)? */
+int nvp_graph_mem_holds(int kind, uint64_t id)
+{
+    int found = 0;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < nholds && !found; i++)
+        found = !holds[i].host && holds[i].kind == kind && (holds[i].id == id || (kind == NVP_OWN_CAPTURE && id == 0));
+    pthread_mutex_unlock(&lock);
+    return found;
+}
+
+/* Owner (kind, id) is gone: memory nothing else holds is freed. */
+void nvp_graph_mem_release(int kind, uint64_t id)
+{
+    struct hold *gone = NULL;
+    size_t ngone = 0;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < nholds; i++) {
+        if (holds[i].kind != kind || holds[i].id != id)
+            continue;
+        uint64_t p = holds[i].ptr;
+        holds[i].kind = 0;
+        int still = 0;
+        for (size_t j = 0; j < nholds && !still; j++)
+            still = holds[j].ptr == p && (holds[j].kind == NVP_OWN_CAPTURE || holds[j].kind == NVP_OWN_GRAPH ||
+                                          holds[j].kind == NVP_OWN_EXEC);
+        if (!still) {
+            struct hold *v = realloc(gone, (ngone + 1) * sizeof *v);
+            if (v) {
+                gone = v;
+                gone[ngone++] = holds[i];
+            }
+        }
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < nholds; i++)
+        if (holds[i].kind)
+            holds[k++] = holds[i];
+    nholds = k;
+    pthread_mutex_unlock(&lock);
+    for (size_t i = 0; i < ngone; i++) { /* (cudaFree takes the allocation node's hold and statistics too) */
+        void *p = (void *)(uintptr_t)gone[i].ptr;
+        if (gone[i].host)
+            cudaFreeHost(p);
+        else
+            cudaFree(p);
+    }
+    free(gone);
+}
+
+/* The program freed ptr itself: no graph frees it again. */
+void nvp_graph_mem_forget(uint64_t ptr)
+{
+    pthread_mutex_lock(&lock);
+    size_t k = 0;
+    for (size_t i = 0; i < nholds; i++) {
+        if (holds[i].ptr != ptr)
+            holds[k++] = holds[i];
+        else if (holds[i].kind == NVP_OWN_ALLOC_NODE)
+            used -= holds[i].size;
+    }
+    nholds = k;
+    pthread_mutex_unlock(&lock);
+}
+
+/* cudaFreeAsync on a stream that is being captured: the graph frees it (1), or not captured (0). */
+int nvp_graph_mem_capture_free(uint64_t ptr, cudaStream_t s, int ptds)
+{
+    if (!__atomic_load_n(&nvp_captures_on, __ATOMIC_SEQ_CST))
+        return 0;
+    unsigned long long cid;
+    int64_t w = nvp_stream_wire(s, ptds);
+    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w};
+    struct nvp_reply r = {0};
+    if (w < 0 || nvp_call(NVP_OP_CAPTURE_STATUS, a, NULL, 0, &r, -1) != cudaSuccess ||
+        r.h.r[0] != cudaStreamCaptureStatusActive)
+        return 0;
+    cid = r.h.r[1];
+    nvp_graph_mem_hold(ptr, NVP_OWN_CAPTURE, cid, 0);
+    return 1;
+}
+
+/* ---- the nodes ---- */
+
+NVP_EXPORT cudaError_t cudaGraphAddMemAllocNode(cudaGraphNode_t *node, cudaGraph_t graph,
+                                                const cudaGraphNode_t *deps, size_t ndeps,
+                                                struct cudaMemAllocNodeParams *p)
+{
+    cudaError_t e = nvp_enter();
+    if (e)
+        return nvp_ret(e);
+    struct nvp_graph_rec g;
+    if (!p || !node || !p->bytesize || nvp_handle_get(NVP_H_GRAPH, (uint64_t)(uintptr_t)graph, &g, sizeof g) != 0 ||
+        p->poolProps.allocType != cudaMemAllocationTypePinned ||
+        p->poolProps.location.type != cudaMemLocationTypeDevice || p->poolProps.handleTypes != cudaMemHandleTypeNone)
+        return nvp_ret(cudaErrorInvalidValue);
+    int dev = p->poolProps.location.id, cur = nvp_current_device();
+    if ((e = nvp_valid_device(dev)))
+        return nvp_ret(e);
+    void *ptr = NULL;
+    if (dev != cur && (e = cudaSetDevice(dev)))
+        return nvp_ret(e);
+    e = cudaMalloc(&ptr, p->bytesize);
+    if (dev != cur)
+        cudaSetDevice(cur);
+    if (e)
+        return nvp_ret(e);
+    struct nvp_node_rec as = {0, NVP_NODE_MEM_ALLOC, (uint64_t)(uintptr_t)ptr, p->bytesize};
+    if ((e = nvp_graph_add_node(node, graph, deps, ndeps, NVP_NODE_EMPTY, NULL, 0, &as))) {
+        cudaFree(ptr);
+        return nvp_ret(e);
+    }
+    uint32_t owner = g.root ? g.root : nvp_handle_id((uint64_t)(uintptr_t)graph);
+    pthread_mutex_lock(&lock);
+    add_locked(as.ptr, NVP_OWN_ALLOC_NODE, owner, p->bytesize, 0);
+    used += p->bytesize;
+    if (used > used_high)
+        used_high = used;
+    pthread_mutex_unlock(&lock);
+    p->dptr = ptr;
+    return cudaSuccess;
+}
+
+/* dptr: memory of an allocation node (of this graph, or of another whose launch made it) */
+NVP_EXPORT cudaError_t cudaGraphAddMemFreeNode(cudaGraphNode_t *node, cudaGraph_t graph, const cudaGraphNode_t *deps,
+                                               size_t ndeps, void *dptr)
+{
+    cudaError_t e = nvp_enter();
+    if (e)
+        return nvp_ret(e);
+    struct nvp_graph_rec g;
+    uint64_t ptr = (uint64_t)(uintptr_t)dptr;
+    if (!node || nvp_handle_get(NVP_H_GRAPH, (uint64_t)(uintptr_t)graph, &g, sizeof g) != 0)
+        return nvp_ret(cudaErrorInvalidValue);
+    uint32_t owner = g.root ? g.root : nvp_handle_id((uint64_t)(uintptr_t)graph);
+    int from_node = 0, twice = 0;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < nholds; i++) {
+        from_node |= holds[i].ptr == ptr && holds[i].kind == NVP_OWN_ALLOC_NODE;
+        twice |= holds[i].ptr == ptr && holds[i].kind == NVP_OWN_GRAPH;
+    }
+    pthread_mutex_unlock(&lock);
+    if (!from_node || twice) /* (native: only an allocation node's memory, and only once) */
+        return nvp_ret(cudaErrorInvalidValue);
+    struct nvp_node_rec as = {0, NVP_NODE_MEM_FREE, ptr, 0};
+    if ((e = nvp_graph_add_node(node, graph, deps, ndeps, NVP_NODE_EMPTY, NULL, 0, &as)))
+        return nvp_ret(e);
+    nvp_graph_mem_hold(ptr, NVP_OWN_GRAPH, owner, 0);
+    return cudaSuccess;
+}
+
+static cudaError_t mem_node(cudaGraphNode_t node, int kind, struct nvp_node_rec *n)
+{
+    cudaError_t e = nvp_enter();
+    if (e)
+        return e;
+    if (nvp_handle_get(NVP_H_GRAPH_NODE, (uint64_t)(uintptr_t)node, n, sizeof *n) != 0 || n->kind != kind)
+        return cudaErrorInvalidValue;
+    return cudaSuccess;
+}
+
+NVP_EXPORT cudaError_t cudaGraphMemAllocNodeGetParams(cudaGraphNode_t node, struct cudaMemAllocNodeParams *out)
+{
+    struct nvp_node_rec n;
+    cudaError_t e = mem_node(node, NVP_NODE_MEM_ALLOC, &n);
+    if (e || !out)
+        return nvp_ret(e ? e : cudaErrorInvalidValue);
+    memset(out, 0, sizeof *out);
+    out->poolProps.allocType = cudaMemAllocationTypePinned;
+    out->poolProps.location.type = cudaMemLocationTypeDevice;
+    struct cudaPointerAttributes at;
+    out->poolProps.location.id = cudaPointerGetAttributes(&at, (void *)(uintptr_t)n.ptr) ? 0 : at.device;
+    out->bytesize = n.size;
+    out->dptr = (void *)(uintptr_t)n.ptr;
+    return cudaSuccess;
+}
+
+NVP_EXPORT cudaError_t cudaGraphMemFreeNodeGetParams(cudaGraphNode_t node, void *dptr_out)
+{
+    struct nvp_node_rec n;
+    cudaError_t e = mem_node(node, NVP_NODE_MEM_FREE, &n);
+    if (e || !dptr_out)
+        return nvp_ret(e ? e : cudaErrorInvalidValue);
+    *(void **)dptr_out = (void *)(uintptr_t)n.ptr;
+    return cudaSuccess;
+}
+
+/* ---- the device's graph memory: what allocation nodes hold (the arena reserves it) ---- */
+
+static cudaError_t graph_mem_attr(int device, enum cudaGraphMemAttributeType attr, void *value, int set)
+{
+    cudaError_t e = nvp_enter();
+    if (e || (e = nvp_valid_device(device)))
+        return e;
+    if (!value)
+        return cudaErrorInvalidValue;
+    uint64_t *v = value;
+    pthread_mutex_lock(&lock);
+    switch (attr) {
+    case cudaGraphMemAttrUsedMemCurrent:
+    case cudaGraphMemAttrReservedMemCurrent:
+        if (set)
+            e = cudaErrorInvalidValue;
+        else
+            *v = used;
+        break;
+    case cudaGraphMemAttrUsedMemHigh:
+    case cudaGraphMemAttrReservedMemHigh: /* setting: only a reset to 0 */
+        if (!set)
+            *v = used_high;
+        else if (*v)
+            e = cudaErrorInvalidValue;
+        else
+            used_high = used;
+        break;
+    default:
+        e = cudaErrorInvalidValue;
+    }
+    pthread_mutex_unlock(&lock);
+    return e;
+}
+
+NVP_EXPORT cudaError_t cudaDeviceGetGraphMemAttribute(int device, enum cudaGraphMemAttributeType attr, void *value)
+{
+    return nvp_ret(graph_mem_attr(device, attr, value, 0));
+}
+
+NVP_EXPORT cudaError_t cudaDeviceSetGraphMemAttribute(int device, enum cudaGraphMemAttributeType attr, void *value)
+{
+    return nvp_ret(graph_mem_attr(device, attr, value, 1));
+}
+
+NVP_EXPORT cudaError_t cudaDeviceGraphMemTrim(int device)
+{
+    cudaError_t e = nvp_enter();
+    return nvp_ret(e ? e : nvp_valid_device(device)); /* (the arena gives cached memory back itself) */
+}

@@ -1,0 +1,210 @@
+// Graph features around stream capture and graph memory:
+//  A  a global-mode capture that allocates (cudaMallocAsync), computes and frees (cudaFreeAsync);
+//  B  memory-allocation and memory-free nodes built by hand, with event record/wait nodes and a child graph;
+//  C  NVIDIA's pattern for a conditional node inside a capture: cudaStreamGetCaptureInfo's graph and
+//     dependencies, a node added to it, cudaStreamUpdateCaptureDependencies, and the while body filled by
+//     cudaStreamBeginCaptureToGraph;
+//  D  copy nodes with pageable host memory (staged through pinned memory by host nodes).
+// argv[1] = extra launches of all three graphs (each followed by a pause: checkpoint tests).
+#include "check.h"
+#include <unistd.h>
+
+__global__ void fill(int *p, int n, int v) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) p[i] = v + i;
+}
+__global__ void accumulate(int *dst, const int *src, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] += src[i];
+}
+__global__ void step_down(int *counter, int *steps, cudaGraphConditionalHandle h) {
+    if (*counter > 0) {
+        *counter -= 1;
+        *steps += 1;
+    }
+    cudaGraphSetConditional(h, *counter > 0);
+}
+
+static const int N = 1000;
+
+static long long sum(const int *d, int n) {
+    int h[N];
+    CHECK(cudaMemcpy(h, d, n * sizeof(int), cudaMemcpyDeviceToHost));
+    long long s = 0;
+    for (int i = 0; i < n; i++) s += h[i];
+    return s;
+}
+
+// A: out += (scratch = v + i), scratch allocated and freed inside the graph
+static cudaGraphExec_t captured_alloc(cudaStream_t s, int *out) {
+    cudaGraph_t g;
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    int *scratch;
+    CHECK(cudaMallocAsync((void **)&scratch, N * sizeof(int), s));
+    fill<<<(N + 255) / 256, 256, 0, s>>>(scratch, N, 7);
+    accumulate<<<(N + 255) / 256, 256, 0, s>>>(out, scratch, N);
+    CHECK(cudaFreeAsync(scratch, s));
+    CHECK(cudaStreamEndCapture(s, &g));
+    cudaGraphExec_t x;
+    CHECK(cudaGraphInstantiate(&x, g, 0));
+    CHECK(cudaGraphDestroy(g));
+    return x;
+}
+
+// B: alloc node -> fill -> child graph (out += tmp) -> record ev -> wait ev -> free node
+static cudaGraphExec_t built_alloc(int *out, cudaEvent_t ev) {
+    cudaGraph_t g, child;
+    CHECK(cudaGraphCreate(&g, 0));
+    cudaMemAllocNodeParams ap = {};
+    ap.poolProps.allocType = cudaMemAllocationTypePinned;
+    ap.poolProps.location.type = cudaMemLocationTypeDevice;
+    ap.poolProps.location.id = 0;
+    ap.bytesize = N * sizeof(int);
+    cudaGraphNode_t alloc, k, c, rec, wait, freed;
+    CHECK(cudaGraphAddMemAllocNode(&alloc, g, NULL, 0, &ap));
+    int *tmp = (int *)ap.dptr;
+    cudaMemAllocNodeParams back;
+    CHECK(cudaGraphMemAllocNodeGetParams(alloc, &back));
+    printf("alloc node: same address %d, %zu bytes\n", back.dptr == ap.dptr, back.bytesize);
+    int n = N, v = 1000;
+    void *fargs[] = {&tmp, &n, &v};
+    cudaKernelNodeParams kp = {(void *)fill, dim3((N + 255) / 256), dim3(256), 0, fargs, NULL};
+    CHECK(cudaGraphAddKernelNode(&k, g, &alloc, 1, &kp));
+
+    CHECK(cudaGraphCreate(&child, 0));
+    cudaGraphNode_t ck;
+    void *aargs[] = {&out, &tmp, &n};
+    cudaKernelNodeParams ap2 = {(void *)accumulate, dim3((N + 255) / 256), dim3(256), 0, aargs, NULL};
+    CHECK(cudaGraphAddKernelNode(&ck, child, NULL, 0, &ap2));
+    CHECK(cudaGraphAddChildGraphNode(&c, g, &k, 1, child));
+    CHECK(cudaGraphDestroy(child));  // (the node holds a copy)
+
+    CHECK(cudaGraphAddEventRecordNode(&rec, g, &c, 1, ev));
+    CHECK(cudaGraphAddEventWaitNode(&wait, g, &rec, 1, ev));
+    CHECK(cudaGraphAddMemFreeNode(&freed, g, &wait, 1, tmp));
+    void *fp = NULL;
+    CHECK(cudaGraphMemFreeNodeGetParams(freed, &fp));
+    printf("free node frees it: %d\n", fp == tmp);
+    cudaGraphNodeType t;
+    CHECK(cudaGraphNodeGetType(c, &t));
+    printf("child node type %d\n", (int)t);
+    cudaGraph_t clone;
+    printf("clone with memory nodes: %s\n", cudaGetErrorName(cudaGraphClone(&clone, g)));
+    cudaGraphExec_t x;
+    CHECK(cudaGraphInstantiate(&x, g, 0));
+    size_t high = 0;
+    CHECK(cudaDeviceGetGraphMemAttribute(0, cudaGraphMemAttrReservedMemHigh, &high));
+    printf("graph memory reserved at most: %s\n", high >= N * sizeof(int) ? "enough" : "too little");
+    CHECK(cudaGraphDestroy(g));
+    return x;
+}
+
+// C: A -> while [step_down] -> fill, the conditional node added to the capture's own graph
+static cudaGraphExec_t captured_while(cudaStream_t s, int *counter, int *steps, int *marks) {
+    cudaGraph_t g;
+    cudaStreamCaptureStatus st;
+    const cudaGraphNode_t *deps;
+    size_t ndeps;
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CHECK(cudaStreamGetCaptureInfo(s, &st, NULL, &g, &deps, NULL, &ndeps));
+    printf("capturing %d, open dependencies %zu\n", st == cudaStreamCaptureStatusActive, ndeps);
+    cudaGraphConditionalHandle h;
+    CHECK(cudaGraphConditionalHandleCreate(&h, g, 0, 0));
+    step_down<<<1, 1, 0, s>>>(counter, steps, h);
+    CHECK(cudaStreamGetCaptureInfo(s, &st, NULL, &g, &deps, NULL, &ndeps));
+    printf("after a kernel: open dependencies %zu\n", ndeps);
+    cudaGraphNodeParams cp = {};
+    cp.type = cudaGraphNodeTypeConditional;
+    cp.conditional.handle = h;
+    cp.conditional.type = cudaGraphCondTypeWhile;
+    cp.conditional.size = 1;
+    cudaGraphNode_t cond;
+    CHECK(cudaGraphAddNode(&cond, g, deps, NULL, ndeps, &cp));
+    cudaGraph_t body = cp.conditional.phGraph_out[0];
+    CHECK(cudaStreamUpdateCaptureDependencies(s, &cond, NULL, 1, cudaStreamSetCaptureDependencies));
+    fill<<<1, 32, 0, s>>>(marks, 32, 5);
+    cudaGraph_t ended;
+    CHECK(cudaStreamEndCapture(s, &ended));
+    printf("EndCapture gives the same graph: %d\n", ended == g);
+
+    cudaStream_t bs;
+    CHECK(cudaStreamCreate(&bs));
+    CHECK(cudaStreamBeginCaptureToGraph(bs, body, NULL, NULL, 0, cudaStreamCaptureModeGlobal));
+    step_down<<<1, 1, 0, bs>>>(counter, steps, h);
+    CHECK(cudaStreamEndCapture(bs, NULL));
+    CHECK(cudaStreamDestroy(bs));
+    size_t count = 0;
+    CHECK(cudaGraphGetNodes(g, NULL, &count));
+    printf("nodes: %zu\n", count);
+    cudaGraphExec_t x;
+    CHECK(cudaGraphInstantiate(&x, g, 0));
+    CHECK(cudaGraphDestroy(g));
+    return x;
+}
+
+// D: pageable in -> double it -> pageable out
+static cudaGraphExec_t pageable_copies(int *in, int *dev, int *out) {
+    cudaGraph_t g;
+    CHECK(cudaGraphCreate(&g, 0));
+    cudaGraphNode_t up, k, down;
+    CHECK(cudaGraphAddMemcpyNode1D(&up, g, NULL, 0, dev, in, N * sizeof(int), cudaMemcpyHostToDevice));
+    int n = N;
+    void *args[] = {&dev, &dev, &n};
+    cudaKernelNodeParams kp = {(void *)accumulate, dim3((N + 255) / 256), dim3(256), 0, args, NULL};
+    CHECK(cudaGraphAddKernelNode(&k, g, &up, 1, &kp));
+    CHECK(cudaGraphAddMemcpyNode1D(&down, g, &k, 1, out, dev, N * sizeof(int), cudaMemcpyDeviceToHost));
+    cudaGraphExec_t x;
+    CHECK(cudaGraphInstantiate(&x, g, 0));
+    CHECK(cudaGraphDestroy(g));
+    return x;
+}
+
+int main(int argc, char **argv) {
+    int long_run = argc > 1 ? atoi(argv[1]) : 0;
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaEvent_t ev;
+    CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    int *d;  // out A [N], out B [N], counter, steps, marks [32]
+    CHECK(cudaMalloc(&d, (2 * N + 2 + 32) * sizeof(int)));
+    CHECK(cudaMemset(d, 0, (2 * N + 2 + 32) * sizeof(int)));
+    int *outa = d, *outb = d + N, *counter = d + 2 * N, *steps = counter + 1, *marks = counter + 2;
+
+    cudaGraphExec_t xa = captured_alloc(s, outa), xb = built_alloc(outb, ev), xc = captured_while(s, counter, steps, marks);
+    static int in[N], out[N];
+    int *dd;
+    CHECK(cudaMalloc(&dd, N * sizeof(int)));
+    cudaGraphExec_t xd = pageable_copies(in, dd, out);
+    for (int r = 0; r < 3 + long_run; r++) {
+        int c = r + 1;
+        CHECK(cudaMemcpyAsync(counter, &c, sizeof c, cudaMemcpyHostToDevice, s));
+        CHECK(cudaGraphLaunch(xa, s));
+        CHECK(cudaGraphLaunch(xb, s));
+        CHECK(cudaGraphLaunch(xc, s));
+        for (int i = 0; i < N; i++) in[i] = r * i;
+        CHECK(cudaGraphLaunch(xd, s));
+        CHECK(cudaStreamSynchronize(s));
+        int h[2];
+        CHECK(cudaMemcpy(h, counter, sizeof h, cudaMemcpyDeviceToHost));
+        long long d = 0;
+        for (int i = 0; i < N; i++) d += out[i];
+        printf("run %d: A %lld, B %lld, counter %d, steps %d, marks %lld, D %lld\n", r, sum(outa, N), sum(outb, N),
+               h[0], h[1], sum(marks, 32), d);
+        fflush(stdout);
+        if (long_run) usleep(150000);
+    }
+    CHECK(cudaGraphExecDestroy(xa));
+    CHECK(cudaGraphExecDestroy(xb));
+    CHECK(cudaGraphExecDestroy(xc));
+    CHECK(cudaGraphExecDestroy(xd));
+    CHECK(cudaFree(dd));
+    size_t used = 1;
+    CHECK(cudaDeviceGraphMemTrim(0));
+    CHECK(cudaDeviceGetGraphMemAttribute(0, cudaGraphMemAttrUsedMemCurrent, &used));
+    printf("graph memory in use after the graphs went: %zu\n", used);
+    CHECK(cudaEventDestroy(ev));
+    CHECK(cudaStreamDestroy(s));
+    CHECK(cudaFree(d));
+    printf("Test PASSED\n");
+    return 0;
+}
