@@ -1,5 +1,5 @@
-"""Acceptance on the GPU: unmodified public CUDA programs (NVIDIA's cuda-samples,
-0_Introduction), built with nvcc -cudart shared, give the same verdicts and
+"""Acceptance on the GPU: unmodified public CUDA programs (NVIDIA's cuda-samples:
+0_Introduction, and the graph and stream-ordered allocator ones), built with nvcc -cudart shared, give the same verdicts and
 output under nvproxy as natively.
 
 The samples are not part of nvproxy: point NVPROXY_SAMPLES_DIR at a checkout of
@@ -26,7 +26,9 @@ NAMES = ["vectorAdd", "asyncAPI", "clock", "matrixMul", "simpleAssert", "simpleA
          "simpleMultiCopy", "simpleOccupancy", "simplePrintf", "simpleStreams", "simpleTemplates",
          "simpleVoteIntrinsics", "simpleZeroCopy", "template", "simpleCooperativeGroups", "simpleAWBarrier",
          "simpleMultiGPU", "simpleTexture", "simpleSurfaceWrite", "simplePitchLinearTexture", "simpleCubemapTexture",
-         "simpleLayeredTexture", "simpleIPC"]
+         "simpleLayeredTexture", "simpleIPC", "3_CUDA_Features/graphConditionalNodes",
+         "3_CUDA_Features/graphMemoryNodes", "3_CUDA_Features/simpleCudaGraphs", "3_CUDA_Features/jacobiCudaGraphs",
+         "3_CUDA_Features/StreamPriorities", "2_Concepts_and_Techniques/streamOrderedAllocation"]
 # sources a sample needs from Common/
 EXTRA_SOURCES = {"simpleIPC": ["helper_multiprocess.cpp"]}
 # lines that vary natively from run to run: measurements, and how long the CPU waited
@@ -43,7 +45,8 @@ def stable(text: str, name: str) -> list[str]:
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", NAMES)
 def test_sample_matches_native(nvcc: str, tmp_path: Path, name: str) -> None:
-    src = SAMPLES / "Samples" / "0_Introduction" / name
+    group, _, name = name.rpartition("/")  # (0_Introduction unless named)
+    src = SAMPLES / "Samples" / (group or "0_Introduction") / name
     if not src.is_dir():
         pytest.skip(f"cuda-samples not found at {SAMPLES} (set NVPROXY_SAMPLES_DIR)")
     exe = tmp_path / name
