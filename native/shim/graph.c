@@ -70,10 +70,14 @@ static cudaError_t launch(cudaGraphExec_t exec, cudaStream_t s, int upload, int 
         return e;
     if (nvp_handle_get(NVP_H_GRAPH_EXEC, (uint64_t)(uintptr_t)exec, NULL, 0) != 0)
         return cudaErrorInvalidValue;
-    if ((e = nvp_callbacks_resume()))
-        return e;
+    /* The callback channel must go to the proxy that gets the launch: no checkpoint (and restart into a new
+     * proxy) between the two (a DMTCP restart test lost host-node callbacks that way, now and then). */
+    nvp_ckpt_disable();
     uint64_t a[NVP_MAX_ARGS] = {nvp_handle_id((uint64_t)(uintptr_t)exec), (uint64_t)w, (uint64_t)upload};
-    return nvp_call(NVP_OP_GRAPH_LAUNCH, a, NULL, 0, NULL, -1); /* asynchronous, like a kernel launch */
+    if (!(e = nvp_callbacks_resume()))
+        e = nvp_call(NVP_OP_GRAPH_LAUNCH, a, NULL, 0, NULL, -1); /* asynchronous, like a kernel launch */
+    nvp_ckpt_enable();
+    return e;
 }
 
 NVP_EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) { return nvp_ret(launch(exec, s, 0, 0)); }
@@ -276,39 +280,18 @@ static uint32_t owner_of(cudaGraph_t graph)
  * runs, so the copy goes through pinned staging memory the graph holds (graph_mem.c), and a host node, run
  * in the application, moves the rows between it and the pageable memory: before the copy to the device,
  * after the copy from it.  The node handed back is the one that finishes the copy. */
-struct stage {
-    uint64_t pageable, width, height, depth, pitch, rows;
-    int to_device;
-};
-#define STAGE_DATA 64 /* the rows follow the header */
-
-static void CUDART_CB stage_rows(void *arg)
-{
-    const struct stage *st = arg;
-    char *data = (char *)arg + STAGE_DATA, *host = (char *)(uintptr_t)st->pageable;
-    for (uint64_t z = 0; z < st->depth; z++)
-        for (uint64_t y = 0; y < st->height; y++) {
-            uint64_t off = (z * st->rows + y) * st->pitch;
-            if (st->to_device)
-                memcpy(data + off, host + off, st->width);
-            else
-                memcpy(host + off, data + off, st->width);
-        }
-}
-
 static cudaError_t staged_copy_node(cudaGraphNode_t *node, cudaGraph_t graph, const cudaGraphNode_t *deps,
                                     size_t ndeps, uint64_t body[9], int to_device, uint64_t span)
 {
-    void *buf;
-    cudaError_t e = cudaMallocHost(&buf, STAGE_DATA + span);
-    if (e)
-        return e;
-    struct stage *st = buf;
     uint64_t *host = &body[to_device ? 1 : 0], pitch = body[to_device ? 6 : 5], rows = body[to_device ? 8 : 7];
-    *st = (struct stage){*host, body[2], body[3], body[4], pitch, rows, to_device};
-    *host = (uint64_t)(uintptr_t)buf + STAGE_DATA;
-    uint64_t cb = nvp_host_node_callback((void *)stage_rows, st);
+    uint64_t data;
+    void *st = nvp_stage_new(*host, body[2], body[3], body[4], pitch, rows, to_device, span, &data);
+    if (!st)
+        return cudaErrorMemoryAllocation;
+    *host = data;
+    uint64_t cb = nvp_host_node_callback((void *)nvp_stage_rows, st);
     cudaGraphNode_t first;
+    cudaError_t e;
     if (!cb)
         e = cudaErrorMemoryAllocation;
     else if (to_device && !(e = add_node(&first, graph, deps, ndeps, NVP_NODE_HOST, &cb, sizeof cb)))
@@ -316,10 +299,10 @@ static cudaError_t staged_copy_node(cudaGraphNode_t *node, cudaGraph_t graph, co
     else if (!to_device && !(e = add_node(&first, graph, deps, ndeps, NVP_NODE_MEMCPY, body, 9 * sizeof *body)))
         e = add_node(node, graph, &first, 1, NVP_NODE_HOST, &cb, sizeof cb);
     if (e) {
-        cudaFreeHost(buf);
+        cudaFreeHost(st);
         return e;
     }
-    nvp_graph_mem_hold((uint64_t)(uintptr_t)buf, NVP_OWN_GRAPH, owner_of(graph), 1);
+    nvp_graph_mem_hold((uint64_t)(uintptr_t)st, NVP_OWN_GRAPH, owner_of(graph), 1);
     return cudaSuccess;
 }
 

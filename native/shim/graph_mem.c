@@ -135,21 +135,84 @@ void nvp_graph_mem_forget(uint64_t ptr)
     pthread_mutex_unlock(&lock);
 }
 
+/* Is wire stream w being captured (*cid: the capture)?  Asked of the proxy only while captures are on. */
+static int capturing(int64_t w, unsigned long long *cid)
+{
+    if (w < 0 || !__atomic_load_n(&nvp_captures_on, __ATOMIC_SEQ_CST))
+        return 0;
+    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w};
+    struct nvp_reply r = {0};
+    if (nvp_call(NVP_OP_CAPTURE_STATUS, a, NULL, 0, &r, -1) != cudaSuccess || r.h.r[0] != cudaStreamCaptureStatusActive)
+        return 0;
+    *cid = r.h.r[1];
+    return 1;
+}
+
 /* cudaFreeAsync on a stream that is being captured: the graph frees it (1), or not captured (0). */
 int nvp_graph_mem_capture_free(uint64_t ptr, cudaStream_t s, int ptds)
 {
-    if (!__atomic_load_n(&nvp_captures_on, __ATOMIC_SEQ_CST))
-        return 0;
     unsigned long long cid;
-    int64_t w = nvp_stream_wire(s, ptds);
-    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w};
-    struct nvp_reply r = {0};
-    if (w < 0 || nvp_call(NVP_OP_CAPTURE_STATUS, a, NULL, 0, &r, -1) != cudaSuccess ||
-        r.h.r[0] != cudaStreamCaptureStatusActive)
+    if (!capturing(nvp_stream_wire(s, ptds), &cid))
         return 0;
-    cid = r.h.r[1];
     nvp_graph_mem_hold(ptr, NVP_OWN_CAPTURE, cid, 0);
     return 1;
+}
+
+/* ---- pageable host memory in graphs: staged through pinned memory by host functions ---- */
+
+struct stage {
+    uint64_t pageable, width, height, depth, pitch, rows;
+    int to_device;
+};
+#define STAGE_DATA 64 /* the rows follow the header */
+
+void CUDART_CB nvp_stage_rows(void *arg)
+{
+    const struct stage *st = arg;
+    char *data = (char *)arg + STAGE_DATA, *host = (char *)(uintptr_t)st->pageable;
+    for (uint64_t z = 0; z < st->depth; z++)
+        for (uint64_t y = 0; y < st->height; y++) {
+            uint64_t off = (z * st->rows + y) * st->pitch;
+            if (st->to_device)
+                memcpy(data + off, host + off, st->width);
+            else
+                memcpy(host + off, data + off, st->width);
+        }
+}
+
+/* Pinned staging for a copy of rows at pageable (span bytes from it); *data: where the rows go. */
+void *nvp_stage_new(uint64_t pageable, uint64_t width, uint64_t height, uint64_t depth, uint64_t pitch, uint64_t rows,
+                    int to_device, uint64_t span, uint64_t *data)
+{
+    void *buf;
+    if (cudaMallocHost(&buf, STAGE_DATA + span) != cudaSuccess)
+        return NULL;
+    *(struct stage *)buf = (struct stage){pageable, width, height, depth, pitch, rows, to_device};
+    *data = (uint64_t)(uintptr_t)buf + STAGE_DATA;
+    return buf;
+}
+
+/* A pageable copy on a capturing stream (natively captured as a copy node that reads or writes the pageable
+ * memory when the graph runs): a captured host function and a captured copy through staging the graph holds.
+ * *taken: 0 when the stream is not being captured (nothing done). */
+cudaError_t nvp_graph_mem_capture_copy(uint64_t dst, uint64_t src, size_t n, int64_t w, int to_device, int *taken)
+{
+    unsigned long long cid;
+    *taken = capturing(w, &cid);
+    if (!*taken)
+        return cudaSuccess;
+    uint64_t data;
+    void *st = nvp_stage_new(to_device ? src : dst, n, 1, 1, n, 1, to_device, n, &data);
+    if (!st)
+        return cudaErrorMemoryAllocation;
+    uint64_t a[NVP_MAX_ARGS] = {to_device ? dst : data, to_device ? data : src, n, (uint64_t)w};
+    cudaError_t e = to_device ? nvp_host_func_wire(w, (void *)nvp_stage_rows, st) : cudaSuccess;
+    if (!e)
+        e = nvp_call(NVP_OP_MEMCPY, a, NULL, 0, NULL, -1);
+    if (!e && !to_device)
+        e = nvp_host_func_wire(w, (void *)nvp_stage_rows, st);
+    nvp_graph_mem_hold((uint64_t)(uintptr_t)st, NVP_OWN_CAPTURE, cid, 1); /* (an invalidated capture drops it) */
+    return e;
 }
 
 /* ---- the nodes ---- */

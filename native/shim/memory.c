@@ -437,6 +437,9 @@ static cudaError_t memcpy_impl(void *dst, const void *src, size_t n, enum cudaMe
         memmove(dst, src, n);
         return cudaSuccess;
     }
+    int taken = 0;
+    if ((spage || dpage) && ((e = nvp_graph_mem_capture_copy(d, s, n, stream, spage, &taken)) || taken))
+        return e;
     if (spage)
         return staged_h2d(d, src, n, stream);
     if (dpage)

@@ -212,6 +212,11 @@ void nvp_graph_mem_pass(int from, uint64_t from_id, int to, uint64_t to_id, int 
 int nvp_graph_mem_holds(int kind, uint64_t id);
 void nvp_graph_mem_release(int kind, uint64_t id);
 void nvp_graph_mem_forget(uint64_t ptr);
+void CUDART_CB nvp_stage_rows(void *stage);
+void *nvp_stage_new(uint64_t pageable, uint64_t width, uint64_t height, uint64_t depth, uint64_t pitch, uint64_t rows,
+                    int to_device, uint64_t span, uint64_t *data);
+cudaError_t nvp_graph_mem_capture_copy(uint64_t dst, uint64_t src, size_t n, int64_t w, int to_device, int *taken);
+cudaError_t nvp_host_func_wire(int64_t w, void *fn, void *data); /* stream.c */
 
 /* ---- array.c ---- */
 int nvp_array_id(cudaArray_const_t a, uint32_t *id); /* the array's wire id; -1 if not an array */

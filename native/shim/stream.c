@@ -354,6 +354,20 @@ uint64_t nvp_host_node_callback(void *fn, void *data)
     return nvp_callbacks_start() ? 0 : callback_add(0, fn, data, NULL);
 }
 
+static cudaError_t host_func_on(int64_t w, int with_status, void *fn, void *data, cudaStream_t s)
+{
+    nvp_ckpt_disable(); /* (the channel and the call go to the same proxy: see graph.c's launch) */
+    cudaError_t e = nvp_callbacks_start();
+    uint64_t id = e ? 0 : callback_add(with_status, fn, data, s);
+    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w, id};
+    if (!e && !id)
+        e = cudaErrorMemoryAllocation;
+    if (!e)
+        e = nvp_call(NVP_OP_HOST_FUNC, a, NULL, 0, NULL, -1);
+    nvp_ckpt_enable();
+    return e;
+}
+
 static cudaError_t host_func(cudaStream_t s, int with_status, void *fn, void *data, int per_thread)
 {
     int64_t w;
@@ -362,14 +376,10 @@ static cudaError_t host_func(cudaStream_t s, int with_status, void *fn, void *da
         return e;
     if (!fn)
         return cudaErrorInvalidValue;
-    if ((e = nvp_callbacks_start()))
-        return e;
-    uint64_t id = callback_add(with_status, fn, data, s);
-    if (!id)
-        return cudaErrorMemoryAllocation;
-    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w, id};
-    return nvp_call(NVP_OP_HOST_FUNC, a, NULL, 0, NULL, -1);
+    return host_func_on(w, with_status, fn, data, s);
 }
+
+cudaError_t nvp_host_func_wire(int64_t w, void *fn, void *data) { return host_func_on(w, 0, fn, data, NULL); }
 
 NVP_EXPORT cudaError_t cudaStreamAddCallback(cudaStream_t s, cudaStreamCallback_t cb, void *userData,
                                              unsigned int flags)

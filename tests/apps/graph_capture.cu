@@ -1,5 +1,6 @@
 // Graph features around stream capture and graph memory:
-//  A  a global-mode capture that allocates (cudaMallocAsync), computes and frees (cudaFreeAsync);
+//  A  a global-mode capture that allocates (cudaMallocAsync), copies from and to pageable memory, computes and
+//     frees (cudaFreeAsync);
 //  B  memory-allocation and memory-free nodes built by hand, with event record/wait nodes and a child graph;
 //  C  NVIDIA's pattern for a conditional node inside a capture: cudaStreamGetCaptureInfo's graph and
 //     dependencies, a node added to it, cudaStreamUpdateCaptureDependencies, and the while body filled by
@@ -35,14 +36,17 @@ static long long sum(const int *d, int n) {
     return s;
 }
 
-// A: out += (scratch = v + i), scratch allocated and freed inside the graph
+// A: out += (scratch = bias, from pageable memory when the graph runs); shadow = out (pageable, too);
+// scratch allocated and freed inside the graph
+static int bias[N], shadow[N];
 static cudaGraphExec_t captured_alloc(cudaStream_t s, int *out) {
     cudaGraph_t g;
     CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     int *scratch;
     CHECK(cudaMallocAsync((void **)&scratch, N * sizeof(int), s));
-    fill<<<(N + 255) / 256, 256, 0, s>>>(scratch, N, 7);
+    CHECK(cudaMemcpyAsync(scratch, bias, sizeof bias, cudaMemcpyHostToDevice, s));
     accumulate<<<(N + 255) / 256, 256, 0, s>>>(out, scratch, N);
+    CHECK(cudaMemcpyAsync(shadow, out, sizeof shadow, cudaMemcpyDeviceToHost, s));
     CHECK(cudaFreeAsync(scratch, s));
     CHECK(cudaStreamEndCapture(s, &g));
     cudaGraphExec_t x;
@@ -92,9 +96,6 @@ static cudaGraphExec_t built_alloc(int *out, cudaEvent_t ev) {
     printf("clone with memory nodes: %s\n", cudaGetErrorName(cudaGraphClone(&clone, g)));
     cudaGraphExec_t x;
     CHECK(cudaGraphInstantiate(&x, g, 0));
-    size_t high = 0;
-    CHECK(cudaDeviceGetGraphMemAttribute(0, cudaGraphMemAttrReservedMemHigh, &high));
-    printf("graph memory reserved at most: %s\n", high >= N * sizeof(int) ? "enough" : "too little");
     CHECK(cudaGraphDestroy(g));
     return x;
 }
@@ -177,6 +178,7 @@ int main(int argc, char **argv) {
     cudaGraphExec_t xd = pageable_copies(in, dd, out);
     for (int r = 0; r < 3 + long_run; r++) {
         int c = r + 1;
+        for (int i = 0; i < N; i++) bias[i] = r + 2 * i;
         CHECK(cudaMemcpyAsync(counter, &c, sizeof c, cudaMemcpyHostToDevice, s));
         CHECK(cudaGraphLaunch(xa, s));
         CHECK(cudaGraphLaunch(xb, s));
@@ -188,11 +190,16 @@ int main(int argc, char **argv) {
         CHECK(cudaMemcpy(h, counter, sizeof h, cudaMemcpyDeviceToHost));
         long long d = 0;
         for (int i = 0; i < N; i++) d += out[i];
-        printf("run %d: A %lld, B %lld, counter %d, steps %d, marks %lld, D %lld\n", r, sum(outa, N), sum(outb, N),
-               h[0], h[1], sum(marks, 32), d);
+        long long sh = 0;
+        for (int i = 0; i < N; i++) sh += shadow[i];
+        printf("run %d: A %lld (host copy %lld), B %lld, counter %d, steps %d, marks %lld, D %lld\n", r,
+               sum(outa, N), sh, sum(outb, N), h[0], h[1], sum(marks, 32), d);
         fflush(stdout);
         if (long_run) usleep(150000);
     }
+    size_t high = 0;  // (natively reserved when a graph first runs)
+    CHECK(cudaDeviceGetGraphMemAttribute(0, cudaGraphMemAttrReservedMemHigh, &high));
+    printf("graph memory reserved at most: %s\n", high >= N * sizeof(int) ? "enough" : "too little");
     CHECK(cudaGraphExecDestroy(xa));
     CHECK(cudaGraphExecDestroy(xb));
     CHECK(cudaGraphExecDestroy(xc));

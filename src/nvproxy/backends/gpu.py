@@ -39,6 +39,19 @@ class GpuKernel:
     param_size: int
 
 
+@contextlib.contextmanager
+def relaxed(L: Any) -> Iterator[None]:
+    """Driver calls the proxy makes for its own bookkeeping (the arena's memory, registering pinned memory,
+    staging) are not stream work: a global-mode capture the proxy's thread is running (a captured
+    cudaMallocAsync or pageable copy comes here) must neither refuse them nor be invalidated by them."""
+    mode = ffi.new("int *", cd.CU_STREAM_CAPTURE_MODE_RELAXED)
+    cd.check(L.cuThreadExchangeStreamCaptureMode(mode), "cuThreadExchangeStreamCaptureMode")
+    try:
+        yield
+    finally:
+        L.cuThreadExchangeStreamCaptureMode(mode)
+
+
 class GpuBacking:
     def __init__(self, dev: int) -> None:
         self.L = cd.lib()
@@ -56,16 +69,8 @@ class GpuBacking:
         self.access.location.id = dev
         self.access.flags = cd.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
 
-    @contextlib.contextmanager
-    def _relaxed(self) -> Iterator[None]:
-        """The arena's driver calls are not stream work: a global-mode capture on this thread (a captured
-        cudaMallocAsync comes here) must neither refuse them nor be invalidated by them."""
-        mode = ffi.new("int *", cd.CU_STREAM_CAPTURE_MODE_RELAXED)
-        cd.check(self.L.cuThreadExchangeStreamCaptureMode(mode), "cuThreadExchangeStreamCaptureMode")
-        try:
-            yield
-        finally:
-            self.L.cuThreadExchangeStreamCaptureMode(mode)
+    def _relaxed(self) -> contextlib.AbstractContextManager[None]:
+        return relaxed(self.L)
 
     def create(self, size: int) -> int:
         h = ffi.new("CUmemGenericAllocationHandle *")
@@ -200,10 +205,12 @@ class GpuBackend:
         flags = cd.CU_MEMHOSTREGISTER_PORTABLE | cd.CU_MEMHOSTREGISTER_DEVICEMAP
         if read_only:  # (a read-only mapping: an image file's pages)
             flags |= cd.CU_MEMHOSTREGISTER_READ_ONLY
-        cd.check(self.L.cuMemHostRegister_v2(ffi.cast("void *", addr), size, flags), "cuMemHostRegister")
+        with relaxed(self.L):
+            cd.check(self.L.cuMemHostRegister_v2(ffi.cast("void *", addr), size, flags), "cuMemHostRegister")
 
     def host_unregister(self, addr: int, size: int) -> None:
-        cd.check(self.L.cuMemHostUnregister(ffi.cast("void *", addr)), "cuMemHostUnregister")
+        with relaxed(self.L):
+            cd.check(self.L.cuMemHostUnregister(ffi.cast("void *", addr)), "cuMemHostUnregister")
 
     # ---- copies (unified addressing: one call for every direction) ----
     def memcpy(self, dst: int, src: int, n: int, stream: object) -> None:

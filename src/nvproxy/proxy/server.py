@@ -384,7 +384,9 @@ class Server:
         """keep: a graph's host node: the application keeps the callback for the next launch."""
         ch = self.callback_channel
         if ch is None:  # (the application registers a callback only after opening its channel)
-            print(f"nvproxy: host callback {cb_id} has no callback channel to run on; dropped", file=sys.stderr)
+            when = "while graphs are made again" if self.dispatch.pending_graphs is not None else "at a launch"
+            print(f"nvproxy: host callback {cb_id} has no callback channel to run on ({when}, on thread "
+                  f"{threading.current_thread().name}); dropped", file=sys.stderr)
             return
         with self.callback_lock:
             msg = wire.CB.pack(wire.CB.size, status, cb_id, wire.NVP_CB_KEEP if keep else 0)

@@ -374,9 +374,12 @@ def defer_restore(p: Any, header: dict[str, Any]) -> None:
 
 
 def RESTORE_DONE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
-    header, p.pending_graphs = p.pending_graphs, None
+    header = p.pending_graphs
     if header is not None:
-        restore(p, header)
+        try:
+            restore(p, header)
+        finally:
+            p.pending_graphs = None
 
 
 def _calls_json(calls: list[tuple[int, tuple[int, ...], bytes]]) -> list[Any]:
