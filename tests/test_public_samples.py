@@ -1,6 +1,6 @@
 """Acceptance on the GPU: unmodified public CUDA programs (NVIDIA's cuda-samples:
-0_Introduction, and the graph and stream-ordered allocator ones), built with nvcc -cudart shared, give the same verdicts and
-output under nvproxy as natively.
+0_Introduction, and the graph and stream-ordered allocator ones), built with
+nvcc -cudart shared, give the same verdicts and output under nvproxy as natively.
 
 The samples are not part of nvproxy: point NVPROXY_SAMPLES_DIR at a checkout of
 github.com/NVIDIA/cuda-samples (default: .samples in this repository).  Lines
