@@ -53,7 +53,8 @@
 #define NVP_OP_STREAM_SYNC 17     /* a0 id */
 #define NVP_OP_STREAM_QUERY 18    /* a0 id */
 #define NVP_OP_STREAM_WAIT_EVENT 19 /* a0 stream, a1 event, a2 flags */
-#define NVP_OP_HOST_FUNC 20       /* a0 stream, a1 callback id: run callback id in the application, in stream order */
+#define NVP_OP_HOST_FUNC 20       /* a0 stream, a1 callback id: run callback id in the application, in stream order;
+                                     a2 1: nvproxy's own (staging a captured copy: its node is not listed) */
 #define NVP_OP_EVENT_CREATE 21    /* a0 id, a1 flags */
 #define NVP_OP_EVENT_DESTROY 22   /* a0 id */
 #define NVP_OP_EVENT_RECORD 23    /* a0 event, a1 stream, a2 flags */
@@ -123,6 +124,7 @@
 #define NVP_NODE_CHILD 9        /* u32 child graph id (its calls go into the node's record: the child may go) */
 #define NVP_NODE_MEM_ALLOC 10   /* (the shim's kind: memory from the arena; the proxy adds an empty node) */
 #define NVP_NODE_MEM_FREE 11    /* (likewise) */
+#define NVP_NODE_HIDDEN 0x100   /* flag on a2 of GRAPH_ADD_NODE: nvproxy's own node (staging), not listed */
 #define NVP_NODE_COND 6   /* u64 conditional handle, u32 cudaGraphConditionalNodeType, u32 size; u32 body graph ids (new) */
 #define NVP_STREAM_ATTR_BYTES 64
 

@@ -47,6 +47,7 @@ static cudaError_t instantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigne
         return e;
     }
     nvp_graph_mem_pass(NVP_OWN_GRAPH, a[1], NVP_OWN_EXEC, a[0], 0); /* (what it frees lives as long as it does) */
+    nvp_graph_mem_pass(NVP_OWN_ALLOC_NODE, a[1], NVP_OWN_ALLOC_EXEC, a[0], 0);
     *exec = (cudaGraphExec_t)(uintptr_t)h;
     return cudaSuccess;
 }
@@ -76,6 +77,8 @@ static cudaError_t launch(cudaGraphExec_t exec, cudaStream_t s, int upload, int 
     uint64_t a[NVP_MAX_ARGS] = {nvp_handle_id((uint64_t)(uintptr_t)exec), (uint64_t)w, (uint64_t)upload};
     if (!(e = nvp_callbacks_resume()))
         e = nvp_call(NVP_OP_GRAPH_LAUNCH, a, NULL, 0, NULL, -1); /* asynchronous, like a kernel launch */
+    if (!e && !upload)
+        nvp_graph_mem_launched(a[0]);
     nvp_ckpt_enable();
     return e;
 }
@@ -101,8 +104,10 @@ static cudaError_t destroy(int type, uint64_t h)
     uint64_t a[NVP_MAX_ARGS] = {nvp_handle_id(h), (uint64_t)(type == NVP_H_GRAPH_EXEC)};
     e = nvp_call(NVP_OP_GRAPH_DESTROY, a, NULL, 0, NULL, -1);
     nvp_handle_free(type, h);
-    if (!e)
+    if (!e) {
         nvp_graph_mem_release(type == NVP_H_GRAPH_EXEC ? NVP_OWN_EXEC : NVP_OWN_GRAPH, a[0]);
+        nvp_graph_mem_release(type == NVP_H_GRAPH_EXEC ? NVP_OWN_ALLOC_EXEC : NVP_OWN_ALLOC_NODE, a[0]);
+    }
     return e;
 }
 
@@ -181,7 +186,7 @@ cudaError_t nvp_graph_add_node(cudaGraphNode_t *node, cudaGraph_t graph, const c
     }
     if (blen)
         memcpy(payload + dlen, body, blen);
-    struct nvp_node_rec rec = as ? *as : (struct nvp_node_rec){0, kind, 0, 0};
+    struct nvp_node_rec rec = as ? *as : (struct nvp_node_rec){0, kind & ~NVP_NODE_HIDDEN, 0, 0};
     rec.graph = nvp_handle_id(g);
     uint64_t h = nvp_handle_new(NVP_H_GRAPH_NODE, &rec, sizeof rec);
     if (!h) {
@@ -279,7 +284,8 @@ static uint32_t owner_of(cudaGraph_t graph)
 /* A copy node with pageable host memory on one side: the proxy cannot reach that memory when the graph
  * runs, so the copy goes through pinned staging memory the graph holds (graph_mem.c), and a host node, run
  * in the application, moves the rows between it and the pageable memory: before the copy to the device,
- * after the copy from it.  The node handed back is the one that finishes the copy. */
+ * after the copy from it.  The node handed back is the one that finishes the copy; the host node is hidden from
+ * the graph's node list (cudaGraphGetNodes lists one copy node, as natively). */
 static cudaError_t staged_copy_node(cudaGraphNode_t *node, cudaGraph_t graph, const cudaGraphNode_t *deps,
                                     size_t ndeps, uint64_t body[9], int to_device, uint64_t span)
 {
@@ -294,10 +300,11 @@ static cudaError_t staged_copy_node(cudaGraphNode_t *node, cudaGraph_t graph, co
     cudaError_t e;
     if (!cb)
         e = cudaErrorMemoryAllocation;
-    else if (to_device && !(e = add_node(&first, graph, deps, ndeps, NVP_NODE_HOST, &cb, sizeof cb)))
+    else if (to_device && !(e = add_node(&first, graph, deps, ndeps, NVP_NODE_HOST | NVP_NODE_HIDDEN, &cb, sizeof cb)))
         e = add_node(node, graph, &first, 1, NVP_NODE_MEMCPY, body, 9 * sizeof *body);
     else if (!to_device && !(e = add_node(&first, graph, deps, ndeps, NVP_NODE_MEMCPY, body, 9 * sizeof *body)))
-        e = add_node(node, graph, &first, 1, NVP_NODE_HOST, &cb, sizeof cb);
+        e = nvp_graph_add_node(node, graph, &first, 1, NVP_NODE_HOST | NVP_NODE_HIDDEN, &cb, sizeof cb,
+                               &(struct nvp_node_rec){0, NVP_NODE_MEMCPY, 0, 0}); /* (it finishes the copy) */
     if (e) {
         cudaFreeHost(st);
         return e;

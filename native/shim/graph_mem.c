@@ -1,13 +1,18 @@
 /* Graph memory: memory-allocation and memory-free nodes, and cudaFreeAsync
  * taken by a stream capture.  The memory comes from the proxy's arena when the
  * node is added (so it keeps its address across a restore, as a pool allocation
- * does); the nodes themselves are empty nodes to the driver.  Memory a graph
- * frees (a free node, a captured cudaFreeAsync) is held by that graph and the
- * executable graphs instantiated from it, and freed when the last of them is
- * destroyed: native CUDA frees it at each launch and maps it again at the next,
- * so a program sees the same addresses and contents rules either way, only the
- * memory stays mapped between launches.  A program's own cudaFree of held memory
- * takes it back from the graphs. */
+ * does); the nodes themselves are empty nodes to the driver.  Native CUDA maps
+ * the memory at each launch of the graph and unmaps it where it is freed (a free
+ * node, or the program's cudaFree after the launch); here it stays mapped while
+ * anything may still use it:
+ *  - memory a graph frees (a free node, a captured cudaFreeAsync) is held by that
+ *    graph and the executable graphs instantiated from it, and freed when the
+ *    last of them is destroyed;
+ *  - memory of an allocation node is held by its graph and their executable
+ *    graphs: the program's cudaFree of it only marks it free (the next launch
+ *    makes it again, at the same address, as natively), and it goes once it is
+ *    marked free and they are destroyed.
+ * Rows of (pointer, owner) record this. */
 #include "shim.h"
 
 #include <stdlib.h>
@@ -25,6 +30,20 @@ static struct hold *holds;
 static size_t nholds, capholds;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t used, used_high; /* bytes allocated by memory-allocation nodes (cudaGraphMemAttr*) */
+
+static int holder(int kind) /* (NVP_OWN_FREED and NVP_OWN_SIZE rows hold nothing) */
+{
+    return kind == NVP_OWN_CAPTURE || kind == NVP_OWN_GRAPH || kind == NVP_OWN_EXEC || kind == NVP_OWN_ALLOC_NODE ||
+           kind == NVP_OWN_ALLOC_EXEC;
+}
+
+static int has_row(uint64_t ptr, int kind)
+{
+    for (size_t i = 0; i < nholds; i++)
+        if (holds[i].ptr == ptr && holds[i].kind == kind)
+            return 1;
+    return 0;
+}
 
 static void add_locked(uint64_t ptr, int kind, uint64_t id, uint64_t size, int host)
 {
@@ -91,12 +110,14 @@ void nvp_graph_mem_release(int kind, uint64_t id)
         if (holds[i].kind != kind || holds[i].id != id)
             continue;
         uint64_t p = holds[i].ptr;
+        int frees_it = kind != NVP_OWN_ALLOC_NODE && kind != NVP_OWN_ALLOC_EXEC;
         holds[i].kind = 0;
         int still = 0;
         for (size_t j = 0; j < nholds && !still; j++)
-            still = holds[j].ptr == p && (holds[j].kind == NVP_OWN_CAPTURE || holds[j].kind == NVP_OWN_GRAPH ||
-                                          holds[j].kind == NVP_OWN_EXEC);
-        if (!still) {
+            still = holds[j].ptr == p && holder(holds[j].kind);
+        if (still && frees_it && !has_row(p, NVP_OWN_FREED)) /* (the graphs that make it free it when they go) */
+            add_locked(p, NVP_OWN_FREED, 0, 0, 0);
+        if (!still && (frees_it || has_row(p, NVP_OWN_FREED))) {
             struct hold *v = realloc(gone, (ngone + 1) * sizeof *v);
             if (v) {
                 gone = v;
@@ -120,6 +141,36 @@ void nvp_graph_mem_release(int kind, uint64_t id)
     free(gone);
 }
 
+/* The program frees ptr: 1 if it is an allocation node's that a graph still holds (only marked free). */
+int nvp_graph_mem_user_free(uint64_t ptr)
+{
+    pthread_mutex_lock(&lock);
+    int held = has_row(ptr, NVP_OWN_ALLOC_NODE) || has_row(ptr, NVP_OWN_ALLOC_EXEC);
+    if (held && !has_row(ptr, NVP_OWN_FREED))
+        add_locked(ptr, NVP_OWN_FREED, 0, 0, 0);
+    pthread_mutex_unlock(&lock);
+    return held;
+}
+
+/* Executable graph exec launches: its allocation nodes make their memory again. */
+void nvp_graph_mem_launched(uint64_t exec)
+{
+    if (!__atomic_load_n(&nholds, __ATOMIC_RELAXED))
+        return;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < nholds; i++)
+        if (holds[i].kind == NVP_OWN_FREED && has_row(holds[i].ptr, NVP_OWN_ALLOC_EXEC))
+            for (size_t j = 0; j < nholds; j++)
+                if (holds[j].ptr == holds[i].ptr && holds[j].kind == NVP_OWN_ALLOC_EXEC && holds[j].id == exec)
+                    holds[i].kind = 0;
+    size_t k = 0;
+    for (size_t i = 0; i < nholds; i++)
+        if (holds[i].kind)
+            holds[k++] = holds[i];
+    nholds = k;
+    pthread_mutex_unlock(&lock);
+}
+
 /* The program freed ptr itself: no graph frees it again. */
 void nvp_graph_mem_forget(uint64_t ptr)
 {
@@ -128,7 +179,7 @@ void nvp_graph_mem_forget(uint64_t ptr)
     for (size_t i = 0; i < nholds; i++) {
         if (holds[i].ptr != ptr)
             holds[k++] = holds[i];
-        else if (holds[i].kind == NVP_OWN_ALLOC_NODE)
+        else if (holds[i].kind == NVP_OWN_SIZE)
             used -= holds[i].size;
     }
     nholds = k;
@@ -247,7 +298,8 @@ NVP_EXPORT cudaError_t cudaGraphAddMemAllocNode(cudaGraphNode_t *node, cudaGraph
     }
     uint32_t owner = g.root ? g.root : nvp_handle_id((uint64_t)(uintptr_t)graph);
     pthread_mutex_lock(&lock);
-    add_locked(as.ptr, NVP_OWN_ALLOC_NODE, owner, p->bytesize, 0);
+    add_locked(as.ptr, NVP_OWN_ALLOC_NODE, owner, 0, 0);
+    add_locked(as.ptr, NVP_OWN_SIZE, 0, p->bytesize, 0);
     used += p->bytesize;
     if (used > used_high)
         used_high = used;
@@ -271,7 +323,7 @@ NVP_EXPORT cudaError_t cudaGraphAddMemFreeNode(cudaGraphNode_t *node, cudaGraph_
     int from_node = 0, twice = 0;
     pthread_mutex_lock(&lock);
     for (size_t i = 0; i < nholds; i++) {
-        from_node |= holds[i].ptr == ptr && holds[i].kind == NVP_OWN_ALLOC_NODE;
+        from_node |= holds[i].ptr == ptr && holds[i].kind == NVP_OWN_SIZE;
         twice |= holds[i].ptr == ptr && holds[i].kind == NVP_OWN_GRAPH;
     }
     pthread_mutex_unlock(&lock);

@@ -79,6 +79,8 @@ NVP_EXPORT cudaError_t cudaFree(void *devPtr)
     struct nvp_host_region h;
     if (nvp_host_shared(p, 0, &h) && h.kind == NVP_HOST_MANAGED && h.user == p)
         return nvp_ret(nvp_host_free(&h));
+    if (nvp_graph_mem_user_free(p)) /* (a graph's allocation node makes it again at its next launch) */
+        return cudaSuccess;
     int tag;
     if (nvp_alloc_tag(p) == NVP_ALLOC_IPC || nvp_alloc_remove(p, &tag) != 0) /* (IPC: cudaIpcCloseMemHandle's) */
         return nvp_ret(cudaErrorInvalidValue);

@@ -204,7 +204,15 @@ cudaError_t nvp_graph_add_node(cudaGraphNode_t *node, cudaGraph_t graph, const c
 int64_t nvp_event_wire(cudaEvent_t e);
 
 /* ---- graph_mem.c: who frees memory that graphs free (memory nodes, captured cudaFreeAsync) ---- */
-enum nvp_owner { NVP_OWN_CAPTURE = 1, NVP_OWN_GRAPH, NVP_OWN_EXEC, NVP_OWN_ALLOC_NODE };
+enum nvp_owner {
+    NVP_OWN_CAPTURE = 1, /* frees it: a capture, a graph, an executable graph */
+    NVP_OWN_GRAPH,
+    NVP_OWN_EXEC,
+    NVP_OWN_ALLOC_NODE, /* made it: an allocation node's graph, and their executable graphs */
+    NVP_OWN_ALLOC_EXEC,
+    NVP_OWN_FREED, /* the program freed it (an allocation node's, still held) */
+    NVP_OWN_SIZE,  /* an allocation node's size (the statistics) */
+};
 extern int nvp_captures_on; /* captures begun and not ended: only then may a cudaFreeAsync be captured */
 int nvp_graph_mem_capture_free(uint64_t ptr, cudaStream_t s, int ptds); /* 1: taken by a capture */
 void nvp_graph_mem_hold(uint64_t ptr, int kind, uint64_t id, int host);
@@ -212,6 +220,8 @@ void nvp_graph_mem_pass(int from, uint64_t from_id, int to, uint64_t to_id, int 
 int nvp_graph_mem_holds(int kind, uint64_t id);
 void nvp_graph_mem_release(int kind, uint64_t id);
 void nvp_graph_mem_forget(uint64_t ptr);
+int nvp_graph_mem_user_free(uint64_t ptr);
+void nvp_graph_mem_launched(uint64_t exec);
 void CUDART_CB nvp_stage_rows(void *stage);
 void *nvp_stage_new(uint64_t pageable, uint64_t width, uint64_t height, uint64_t depth, uint64_t pitch, uint64_t rows,
                     int to_device, uint64_t span, uint64_t *data);

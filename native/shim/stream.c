@@ -354,12 +354,12 @@ uint64_t nvp_host_node_callback(void *fn, void *data)
     return nvp_callbacks_start() ? 0 : callback_add(0, fn, data, NULL);
 }
 
-static cudaError_t host_func_on(int64_t w, int with_status, void *fn, void *data, cudaStream_t s)
+static cudaError_t host_func_on(int64_t w, int with_status, void *fn, void *data, cudaStream_t s, int hidden)
 {
     nvp_ckpt_disable(); /* (the channel and the call go to the same proxy: see graph.c's launch) */
     cudaError_t e = nvp_callbacks_start();
     uint64_t id = e ? 0 : callback_add(with_status, fn, data, s);
-    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w, id};
+    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w, id, (uint64_t)hidden};
     if (!e && !id)
         e = cudaErrorMemoryAllocation;
     if (!e)
@@ -376,10 +376,11 @@ static cudaError_t host_func(cudaStream_t s, int with_status, void *fn, void *da
         return e;
     if (!fn)
         return cudaErrorInvalidValue;
-    return host_func_on(w, with_status, fn, data, s);
+    return host_func_on(w, with_status, fn, data, s, 0);
 }
 
-cudaError_t nvp_host_func_wire(int64_t w, void *fn, void *data) { return host_func_on(w, 0, fn, data, NULL); }
+/* nvproxy's own host function (staging a captured pageable copy): not listed as a node of the graph */
+cudaError_t nvp_host_func_wire(int64_t w, void *fn, void *data) { return host_func_on(w, 0, fn, data, NULL, 1); }
 
 NVP_EXPORT cudaError_t cudaStreamAddCallback(cudaStream_t s, cudaStreamCallback_t cb, void *userData,
                                              unsigned int flags)

@@ -5,7 +5,8 @@
 //  C  NVIDIA's pattern for a conditional node inside a capture: cudaStreamGetCaptureInfo's graph and
 //     dependencies, a node added to it, cudaStreamUpdateCaptureDependencies, and the while body filled by
 //     cudaStreamBeginCaptureToGraph;
-//  D  copy nodes with pageable host memory (staged through pinned memory by host nodes).
+//  D  copy nodes with pageable host memory (staged through pinned memory by host nodes);
+//  E  an allocation node whose memory the program frees after each launch (the next launch makes it again).
 // argv[1] = extra launches of all three graphs (each followed by a pause: checkpoint tests).
 #include "check.h"
 #include <unistd.h>
@@ -154,6 +155,30 @@ static cudaGraphExec_t pageable_copies(int *in, int *dev, int *out) {
     cudaKernelNodeParams kp = {(void *)accumulate, dim3((N + 255) / 256), dim3(256), 0, args, NULL};
     CHECK(cudaGraphAddKernelNode(&k, g, &up, 1, &kp));
     CHECK(cudaGraphAddMemcpyNode1D(&down, g, &k, 1, out, dev, N * sizeof(int), cudaMemcpyDeviceToHost));
+    size_t count = 0;
+    CHECK(cudaGraphGetNodes(g, NULL, &count));
+    printf("pageable copies graph: %zu nodes\n", count);
+    cudaGraphExec_t x;
+    CHECK(cudaGraphInstantiate(&x, g, 0));
+    CHECK(cudaGraphDestroy(g));
+    return x;
+}
+
+// E: alloc node -> fill; the memory outlives the launch, the program frees it
+static cudaGraphExec_t alloc_kept(int **ptr) {
+    cudaGraph_t g;
+    CHECK(cudaGraphCreate(&g, 0));
+    cudaMemAllocNodeParams ap = {};
+    ap.poolProps.allocType = cudaMemAllocationTypePinned;
+    ap.poolProps.location.type = cudaMemLocationTypeDevice;
+    ap.bytesize = N * sizeof(int);
+    cudaGraphNode_t alloc, k;
+    CHECK(cudaGraphAddMemAllocNode(&alloc, g, NULL, 0, &ap));
+    *ptr = (int *)ap.dptr;
+    int n = N, v = 3;
+    void *args[] = {ptr, &n, &v};
+    cudaKernelNodeParams kp = {(void *)fill, dim3((N + 255) / 256), dim3(256), 0, args, NULL};
+    CHECK(cudaGraphAddKernelNode(&k, g, &alloc, 1, &kp));
     cudaGraphExec_t x;
     CHECK(cudaGraphInstantiate(&x, g, 0));
     CHECK(cudaGraphDestroy(g));
@@ -176,6 +201,8 @@ int main(int argc, char **argv) {
     int *dd;
     CHECK(cudaMalloc(&dd, N * sizeof(int)));
     cudaGraphExec_t xd = pageable_copies(in, dd, out);
+    int *kept;
+    cudaGraphExec_t xe = alloc_kept(&kept);
     for (int r = 0; r < 3 + long_run; r++) {
         int c = r + 1;
         for (int i = 0; i < N; i++) bias[i] = r + 2 * i;
@@ -185,15 +212,18 @@ int main(int argc, char **argv) {
         CHECK(cudaGraphLaunch(xc, s));
         for (int i = 0; i < N; i++) in[i] = r * i;
         CHECK(cudaGraphLaunch(xd, s));
+        CHECK(cudaGraphLaunch(xe, s));
         CHECK(cudaStreamSynchronize(s));
+        long long e = sum(kept, N);
+        CHECK(cudaFreeAsync(kept, s));
         int h[2];
         CHECK(cudaMemcpy(h, counter, sizeof h, cudaMemcpyDeviceToHost));
         long long d = 0;
         for (int i = 0; i < N; i++) d += out[i];
         long long sh = 0;
         for (int i = 0; i < N; i++) sh += shadow[i];
-        printf("run %d: A %lld (host copy %lld), B %lld, counter %d, steps %d, marks %lld, D %lld\n", r,
-               sum(outa, N), sh, sum(outb, N), h[0], h[1], sum(marks, 32), d);
+        printf("run %d: A %lld (host copy %lld), B %lld, counter %d, steps %d, marks %lld, D %lld, E %lld\n", r,
+               sum(outa, N), sh, sum(outb, N), h[0], h[1], sum(marks, 32), d, e);
         fflush(stdout);
         if (long_run) usleep(150000);
     }
@@ -204,6 +234,7 @@ int main(int argc, char **argv) {
     CHECK(cudaGraphExecDestroy(xb));
     CHECK(cudaGraphExecDestroy(xc));
     CHECK(cudaGraphExecDestroy(xd));
+    CHECK(cudaGraphExecDestroy(xe));
     CHECK(cudaFree(dd));
     size_t used = 1;
     CHECK(cudaDeviceGraphMemTrim(0));

@@ -584,6 +584,11 @@ class GpuBackend:
 
     node_key = handle_value
 
+    def node_in_clone(self, node: object, clone: object) -> object:
+        n = ffi.new("CUgraphNode *")
+        cd.check(self.L.cuGraphNodeFindInClone(n, node, clone), "cuGraphNodeFindInClone")
+        return n[0]
+
     def graph_node_kind(self, g: object, node: object) -> int:
         """The node's NVP_NODE_* kind (0: one nvproxy does not make itself)."""
         t = ffi.new("int *")

@@ -589,6 +589,10 @@ class SimBackend:
     def node_key(node: int) -> int:
         return node
 
+    @staticmethod
+    def node_in_clone(node: int, clone: SimGraph) -> int:
+        return node  # (a clone's ops are the original's, in the same order)
+
     # what a captured op is, by the call it repeats
     _CAPTURED_KINDS = {"launch": 1, "memcpy": 2, "memcpy2d": 2, "copy3d": 2, "memset": 3, "memset2d": 3}
 

@@ -48,6 +48,7 @@ class CaptureLog:
     target: int = 0  # captured into an existing graph (cudaStreamBeginCaptureToGraph): its wire id
     nodes: dict[int, Any] = field(default_factory=dict)  # its graph's nodes that have wire ids (not kept)
     deps: list[int] = field(default_factory=list)  # captured into an existing graph: after these nodes of it
+    hidden: dict[Any, Any] = field(default_factory=dict)  # nvproxy's own nodes it made (by node key), not listed
 
     def to_json(self) -> dict[str, Any]:
         return {"dev": self.dev, "origin": self.origin, "mode": self.mode, "target": self.target, "deps": self.deps,
@@ -72,6 +73,7 @@ class GraphRec:
     updates: list[tuple[int, tuple[int, ...], bytes]] = field(default_factory=list)  # executable: kernel updates
     sources: list[Any] = field(default_factory=list)  # graphs made by a restore whose nodes it names
     body_of: int = 0  # a conditional node's body graph: its root graph's wire id (it shares built and nodes)
+    hidden: dict[Any, Any] = field(default_factory=dict)  # nvproxy's own nodes (staging), by node key: not listed
 
 
 @dataclass

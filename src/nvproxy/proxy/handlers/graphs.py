@@ -65,16 +65,18 @@ def CAPTURE_END(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tu
     if log is not None and log.target:
         t = p.state.graphs.get(log.target)
         if t is not None:  # (a restore captures into it again, in the same place among its node additions)
+            t.hidden.update(log.hidden)
             args = (log.target, log.origin, log.mode, len(log.deps))
             t.built.append((wire.NVP_OP_CAPTURE_TO_GRAPH, args, json.dumps(log.to_json()).encode()))
         return (log.target,), b""
     p.state.graph_order += 1
     gid = log.graph_id if log is not None and log.graph_id else a[1]
-    rec = GraphRec(log or CaptureLog(ch.dev, a[0], 0), g, p.state.graph_order, nodes=log.nodes if log else {})
+    rec = GraphRec(log or CaptureLog(ch.dev, a[0], 0), g, p.state.graph_order, nodes=log.nodes if log else {},
+                   hidden=log.hidden if log else {})
     p.state.graphs[gid] = rec
     for body in p.state.graphs.values():  # (node additions to its conditional nodes' bodies go with it from now)
         if body.body_of == gid:
-            body.built, body.nodes = rec.built, rec.nodes
+            body.built, body.nodes, body.hidden = rec.built, rec.nodes, rec.hidden
     return (gid,), b""
 
 
@@ -103,7 +105,7 @@ def CAPTURE_INFO(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[t
     offered, new_graph, be = len(fresh), not log.graph_id, p.backend
     if new_graph:
         log.graph_id = a[1]
-        p.state.graphs[a[1]] = GraphRec(log, be.capture_graph(s), 0, nodes=log.nodes)
+        p.state.graphs[a[1]] = GraphRec(log, be.capture_graph(s), 0, nodes=log.nodes, hidden=log.hidden)
     known = {be.node_key(n): i for i, n in log.nodes.items()}
     ids = []
     for n in be.capture_deps(s):
@@ -174,20 +176,31 @@ def GRAPH_CLONE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     g = _graph(p, a[1])
     p.state.graph_order += 1
     # (the clone's nodes are the driver's: the application cannot name them through nvproxy)
-    p.state.graphs[a[0]] = GraphRec(g.log, p.backend.graph_clone(g.handle), p.state.graph_order, 0, g.created,
-                                    list(g.built))
+    c = p.backend.graph_clone(g.handle)
+    hidden = {p.backend.node_key(n): n for n in (p.backend.node_in_clone(h, c) for h in g.hidden.values())}
+    p.state.graphs[a[0]] = GraphRec(g.log, c, p.state.graph_order, 0, g.created, list(g.built), hidden=hidden)
 
 
 def GRAPH_ADD_NODE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     g = _graph(p, a[0])
     bodies: dict[int, Any] = {}
-    g.nodes[a[1]] = _add_node(p, g.log.dev, g.handle, g.nodes, a, payload, bodies)
+    node = g.nodes[a[1]] = _add_node(p, g.log.dev, g.handle, g.nodes, a, payload, bodies)
+    if a[2] & wire.NVP_NODE_HIDDEN:
+        _hidden_of(p, a[0], g)[p.backend.node_key(node)] = node
     if a[2] == wire.NVP_NODE_CHILD:  # (the node holds a copy of the child, which may go: keep how it was made)
         child = _graph(p, struct.unpack_from("<Q", payload, (4 * a[3] + 7) // 8 * 8)[0])
         payload += json.dumps(_snapshot(child)).encode()
     _calls_of(p, a[0], g).append((wire.NVP_OP_GRAPH_ADD_NODE, a, payload))
     for bid, handle in bodies.items():
-        p.state.graphs[bid] = GraphRec(g.log, handle, g.order, 0, True, g.built, g.nodes, body_of=g.body_of or a[0])
+        p.state.graphs[bid] = GraphRec(g.log, handle, g.order, 0, True, g.built, g.nodes, body_of=g.body_of or a[0],
+                                       hidden=g.hidden)
+
+
+def _hidden_of(p: Any, gid: int, g: GraphRec) -> dict[Any, Any]:
+    for log in p.state.captures.values():
+        if log.graph_id and log.graph_id in (gid, g.body_of):
+            return log.hidden
+    return g.hidden
 
 
 def _calls_of(p: Any, gid: int, g: GraphRec) -> list[tuple[int, tuple[int, ...], bytes]]:
@@ -224,7 +237,7 @@ def GRAPH_GET_NODES(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tupl
     fresh = list(struct.unpack_from(f"<{want}I", payload))
     be = p.backend
     be.activate(g.log.dev)
-    listed = be.graph_nodes(g.handle)
+    listed = _listed(p, g.handle, g.hidden)
     known = {be.node_key(n): i for i, n in g.nodes.items()}
     out, named = [], []
     for index, n in enumerate(listed[:want]):
@@ -243,9 +256,15 @@ def _pairs(named: list[tuple[int, int]]) -> bytes:
     return b"".join(struct.pack("<II", index, nid) for index, nid in named)
 
 
-def _name_nodes(p: Any, g: Any, nodes: dict[int, Any], a: tuple[int, ...], payload: bytes) -> None:
+def _listed(p: Any, g: Any, hidden: dict[Any, Any]) -> list[Any]:
+    """A graph's nodes as the application sees them (not nvproxy's own)."""
+    return [n for n in p.backend.graph_nodes(g) if p.backend.node_key(n) not in hidden]
+
+
+def _name_nodes(p: Any, g: Any, nodes: dict[int, Any], a: tuple[int, ...], payload: bytes,
+                hidden: dict[Any, Any]) -> None:
     """A restore names a graph's nodes as GRAPH_GET_NODES did (the graph made the same way lists them the same)."""
-    listed = p.backend.graph_nodes(g)
+    listed = _listed(p, g, hidden)
     if len(listed) != a[1]:
         raise CudaError(INVALID_VALUE, f"the graph made again has {len(listed)} nodes, not {a[1]}")
     for index, nid in struct.iter_unpack("<II", payload):
@@ -297,7 +316,7 @@ def _add_node(p: Any, dev: int, g: Any, nodes: dict[int, Any], a: tuple[int, ...
               bodies: dict[int, Any]) -> Any:
     """The backend's new node of graph g for a GRAPH_ADD_NODE request (nodes: the graph's, by wire id;
     bodies: where a conditional node's body graphs go, by their wire ids)."""
-    kind, ndeps = a[2], a[3]
+    kind, ndeps = a[2] & ~wire.NVP_NODE_HIDDEN, a[3]
     dlen = (4 * ndeps + 7) // 8 * 8
     if len(payload) < dlen:
         raise CudaError(INVALID_VALUE, "graph node dependencies")
@@ -416,12 +435,15 @@ class _ReplayChannel:
     copy_event_next: int = 0
 
 
-def _replay(p: Any, log: CaptureLog, into: tuple[Any, list[Any], int, dict[int, Any]] | None = None,
-            end: bool = True) -> tuple[Any, CaptureLog, dict[int, Any]]:
-    """Begin a capture on the log's stream (into: (graph, dependencies, its wire id, its nodes): into that
-    graph), make its calls again and (end) end it.  Returns the graph (not end: the stream, still capturing),
-    the capture's own log (graph id and nodes it named) and the conditional nodes' body graphs it made, by wire
-    id.  Graph records made on the way are dropped."""
+_Into = tuple[Any, list[Any], int, dict[int, Any], dict[Any, Any]]
+
+
+def _replay(p: Any, log: CaptureLog, into: _Into | None = None, end: bool = True
+            ) -> tuple[Any, CaptureLog, dict[int, Any]]:
+    """Begin a capture on the log's stream (into: (graph, dependencies, its wire id, its nodes, its hidden
+    nodes): into that graph), make its calls again and (end) end it.  Returns the graph (not end: the stream,
+    still capturing), the capture's own log (graph id and nodes it named) and the conditional nodes' body graphs
+    it made, by wire id.  Graph records made on the way are dropped."""
     ch = _ReplayChannel(log.dev)
     be = p.backend
     be.activate(log.dev)
@@ -440,17 +462,16 @@ def _replay(p: Any, log: CaptureLog, into: tuple[Any, list[Any], int, dict[int, 
             p.forget()  # (C may have learnt them)
 
 
-def _replay_on(p: Any, ch: Any, log: CaptureLog, into: tuple[Any, list[Any], int, dict[int, Any]] | None
-               ) -> tuple[Any, CaptureLog, dict[int, Any]]:
+def _replay_on(p: Any, ch: Any, log: CaptureLog, into: _Into | None) -> tuple[Any, CaptureLog, dict[int, Any]]:
     be = p.backend
     s = p.stream(ch, log.origin)
     saved = dict(p.state.graphs)
     mine = CaptureLog(log.dev, log.origin, log.mode)  # (handlers see a capture is on)
     if into is not None:
-        graph, deps, gid, nodes = into
+        graph, deps, gid, nodes, hidden = into
         be.begin_capture_to_graph(s, graph, deps, log.mode)
-        mine.graph_id, mine.target, mine.nodes = gid, gid, nodes
-        p.state.graphs[gid] = GraphRec(mine, graph, 0, created=True, nodes=nodes)
+        mine.graph_id, mine.target, mine.nodes, mine.hidden = gid, gid, nodes, hidden
+        p.state.graphs[gid] = GraphRec(mine, graph, 0, created=True, nodes=nodes, hidden=hidden)
     else:
         be.begin_capture(s, log.mode)
     _status, cid = be.capture_status(s)
@@ -467,34 +488,39 @@ def _replay_on(p: Any, ch: Any, log: CaptureLog, into: tuple[Any, list[Any], int
     return s, mine, bodies
 
 
-def _remake(p: Any, log: CaptureLog, d: dict[str, Any]) -> tuple[Any, dict[int, Any], list[Any], dict[int, Any]]:
+def _remake(p: Any, log: CaptureLog, d: dict[str, Any]
+            ) -> tuple[Any, dict[int, Any], list[Any], dict[int, Any], dict[Any, Any]]:
     """A graph as it was: its capture replayed (or an empty one made), then its nodes added (to it or to the
     body graphs of its conditional nodes) and captures into it made again.  Returns the graph, its nodes, its
-    calls and its body graphs."""
+    calls, its body graphs and nvproxy's own nodes in it."""
     nodes: dict[int, Any] = {}
     bodies: dict[int, Any] = {}
+    hidden: dict[Any, Any] = {}
     if d.get("created", False):
         g = p.backend.graph_create(log.dev)
     else:
         g, mine, made = _replay(p, log)
         nodes.update(mine.nodes)
         bodies.update(made)
+        hidden.update(mine.hidden)
     built = _calls(d.get("built", []))
     for op, a, payload in built:
         target = bodies.get(a[0], g)
         if op == wire.NVP_OP_GRAPH_GET_NODES:
-            _name_nodes(p, target, nodes, a, payload)
+            _name_nodes(p, target, nodes, a, payload, hidden)
         elif op == wire.NVP_OP_GRAPH_COND_HANDLE:
             value, (want,) = p.backend.graph_cond_handle(target, log.dev, a[1], a[2]), struct.unpack("<Q", payload)
             if value != want:
                 raise ImageError(f"a conditional handle came back as {value:#x}, not {want:#x} (kernels hold that)")
         elif op == wire.NVP_OP_CAPTURE_TO_GRAPH:
             inner = CaptureLog.from_json(json.loads(payload))
-            _g, _mine, made = _replay(p, inner, (target, _nodes_of(nodes, inner.deps), a[0], nodes))
+            _g, _mine, made = _replay(p, inner, (target, _nodes_of(nodes, inner.deps), a[0], nodes, hidden))
             bodies.update(made)
         else:
-            nodes[a[1]] = _add_node(p, log.dev, target, nodes, a, payload, bodies)
-    return g, nodes, built, bodies
+            node = nodes[a[1]] = _add_node(p, log.dev, target, nodes, a, payload, bodies)
+            if a[2] & wire.NVP_NODE_HIDDEN:
+                hidden[p.backend.node_key(node)] = node
+    return g, nodes, built, bodies, hidden
 
 
 def restore(p: Any, desc: dict[str, Any]) -> None:
@@ -503,12 +529,13 @@ def restore(p: Any, desc: dict[str, Any]) -> None:
     items += [(x["order"], "exec", int(k), x) for k, x in desc.get("graph_execs", {}).items()]
     for order, kind, key, d in sorted(items):
         log = CaptureLog.from_json(d)
-        g, nodes, built, bodies = _remake(p, log, d)
+        g, nodes, built, bodies, hidden = _remake(p, log, d)
         created = d.get("created", False)
         if kind == "graph":
-            p.state.graphs[key] = GraphRec(log, g, order, 0, created, built, nodes)
+            p.state.graphs[key] = GraphRec(log, g, order, 0, created, built, nodes, hidden=hidden)
             for bid in d.get("bodies", []):
-                p.state.graphs[bid] = GraphRec(log, bodies[bid], order, 0, True, built, nodes, body_of=key)
+                p.state.graphs[bid] = GraphRec(log, bodies[bid], order, 0, True, built, nodes, body_of=key,
+                                               hidden=hidden)
         else:
             x = GraphRec(log, p.backend.graph_instantiate(g, d["flags"]), order, d["flags"], created, built, nodes)
             if nodes:
@@ -518,7 +545,7 @@ def restore(p: Any, desc: dict[str, Any]) -> None:
             for op, a, payload in _calls(d.get("updates", [])):
                 if op == wire.NVP_OP_GRAPH_EXEC_UPDATE:
                     snap = json.loads(payload)
-                    g2, nodes2, _b, _bodies = _remake(p, CaptureLog.from_json(snap), snap)
+                    g2, nodes2, _b, _bodies, _h = _remake(p, CaptureLog.from_json(snap), snap)
                     x.sources.append(g2)
                     if p.backend.graph_exec_update(x.handle, g2) != 0:
                         raise CudaError(INVALID_VALUE, f"updating executable graph {key} again failed")
@@ -535,13 +562,15 @@ def restore(p: Any, desc: dict[str, Any]) -> None:
             t = p.state.graphs.get(log.target)
             if t is None:
                 raise ImageError(f"a capture into graph {log.target}, which the image does not hold")
-            into = (t.handle, _nodes_of(t.nodes, log.deps), log.target, t.nodes)
+            into = (t.handle, _nodes_of(t.nodes, log.deps), log.target, t.nodes, t.hidden)
         s, mine, made = _replay(p, log, into, end=False)
-        log.graph_id, log.nodes = mine.graph_id, mine.nodes
+        log.graph_id, log.nodes, log.hidden = mine.graph_id, mine.nodes, mine.hidden
         if mine.graph_id and not log.target:  # (cudaStreamGetCaptureInfo named its graph: the program holds it)
-            rec = p.state.graphs[mine.graph_id] = GraphRec(log, p.backend.capture_graph(s), 0, nodes=log.nodes)
+            rec = p.state.graphs[mine.graph_id] = GraphRec(log, p.backend.capture_graph(s), 0, nodes=log.nodes,
+                                                           hidden=log.hidden)
             for bid, handle in made.items():
-                p.state.graphs[bid] = GraphRec(log, handle, 0, 0, True, rec.built, rec.nodes, body_of=mine.graph_id)
+                p.state.graphs[bid] = GraphRec(log, handle, 0, 0, True, rec.built, rec.nodes, body_of=mine.graph_id,
+                                               hidden=rec.hidden)
         _status, cid = p.backend.capture_status(s)
         p.state.captures[cid] = log
     p.captures_changed()

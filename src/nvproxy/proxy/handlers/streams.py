@@ -61,6 +61,10 @@ def HOST_FUNC(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     cb_id, s = a[1], p.stream(ch, a[0])
     keep = p.capturing(s)  # a graph's host node runs at every launch of the graph
     p.backend.host_func(s, lambda status: p.server.run_callback(cb_id, status, keep), keep)
+    if keep and len(a) > 2 and a[2]:  # (nvproxy's own, staging a copy: the graph does not list it)
+        _status, cid = p.backend.capture_status(s)
+        node = p.backend.capture_deps(s)[0]
+        p.state.captures[cid].hidden[p.backend.node_key(node)] = node
 
 
 def EVENT_CREATE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
