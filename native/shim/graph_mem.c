@@ -268,6 +268,32 @@ cudaError_t nvp_graph_mem_capture_copy(uint64_t dst, uint64_t src, size_t n, int
 
 /* ---- the nodes ---- */
 
+/* An allocation node that depends on a free node of memory its graph allocated may get that memory (and its
+ * address, as natively, where the driver reuses the address): the memory, or NULL; *freed_by: the free node. */
+static void *reusable(uint32_t owner, const cudaGraphNode_t *deps, size_t ndeps, uint64_t size, uint64_t *freed_by)
+{
+    for (size_t i = 0; deps && i < ndeps; i++) {
+        struct nvp_node_rec f;
+        uint64_t h = (uint64_t)(uintptr_t)deps[i];
+        if (nvp_handle_get(NVP_H_GRAPH_NODE, h, &f, sizeof f) != 0 || f.kind != NVP_NODE_MEM_FREE || f.size)
+            continue;
+        int fits = 0;
+        pthread_mutex_lock(&lock);
+        for (size_t j = 0; j < nholds; j++)
+            if (holds[j].ptr == f.ptr && holds[j].kind == NVP_OWN_SIZE)
+                fits = holds[j].size >= size && has_row(f.ptr, NVP_OWN_ALLOC_NODE);
+        for (size_t j = 0; j < nholds && fits; j++)
+            if (holds[j].ptr == f.ptr && holds[j].kind == NVP_OWN_ALLOC_NODE && holds[j].id != owner)
+                fits = 0;
+        pthread_mutex_unlock(&lock);
+        if (fits) {
+            *freed_by = h;
+            return (void *)(uintptr_t)f.ptr;
+        }
+    }
+    return NULL;
+}
+
 NVP_EXPORT cudaError_t cudaGraphAddMemAllocNode(cudaGraphNode_t *node, cudaGraph_t graph,
                                                 const cudaGraphNode_t *deps, size_t ndeps,
                                                 struct cudaMemAllocNodeParams *p)
@@ -283,26 +309,38 @@ NVP_EXPORT cudaError_t cudaGraphAddMemAllocNode(cudaGraphNode_t *node, cudaGraph
     int dev = p->poolProps.location.id, cur = nvp_current_device();
     if ((e = nvp_valid_device(dev)))
         return nvp_ret(e);
-    void *ptr = NULL;
-    if (dev != cur && (e = cudaSetDevice(dev)))
-        return nvp_ret(e);
-    e = cudaMalloc(&ptr, p->bytesize);
-    if (dev != cur)
-        cudaSetDevice(cur);
-    if (e)
-        return nvp_ret(e);
+    uint32_t owner = g.root ? g.root : nvp_handle_id((uint64_t)(uintptr_t)graph);
+    uint64_t freed_by = 0;
+    void *ptr = reusable(owner, deps, ndeps, p->bytesize, &freed_by);
+    if (!ptr) {
+        if (dev != cur && (e = cudaSetDevice(dev)))
+            return nvp_ret(e);
+        e = cudaMalloc(&ptr, p->bytesize);
+        if (dev != cur)
+            cudaSetDevice(cur);
+        if (e)
+            return nvp_ret(e);
+    }
     struct nvp_node_rec as = {0, NVP_NODE_MEM_ALLOC, (uint64_t)(uintptr_t)ptr, p->bytesize};
     if ((e = nvp_graph_add_node(node, graph, deps, ndeps, NVP_NODE_EMPTY, NULL, 0, &as))) {
-        cudaFree(ptr);
+        if (!freed_by)
+            cudaFree(ptr);
         return nvp_ret(e);
     }
-    uint32_t owner = g.root ? g.root : nvp_handle_id((uint64_t)(uintptr_t)graph);
+    if (freed_by) { /* (that free node's memory is taken now) */
+        struct nvp_node_rec f;
+        nvp_handle_get(NVP_H_GRAPH_NODE, freed_by, &f, sizeof f);
+        f.size = 1;
+        nvp_handle_set(NVP_H_GRAPH_NODE, freed_by, &f, sizeof f);
+    }
     pthread_mutex_lock(&lock);
     add_locked(as.ptr, NVP_OWN_ALLOC_NODE, owner, 0, 0);
-    add_locked(as.ptr, NVP_OWN_SIZE, 0, p->bytesize, 0);
-    used += p->bytesize;
-    if (used > used_high)
-        used_high = used;
+    if (!freed_by) {
+        add_locked(as.ptr, NVP_OWN_SIZE, 0, p->bytesize, 0);
+        used += p->bytesize;
+        if (used > used_high)
+            used_high = used;
+    }
     pthread_mutex_unlock(&lock);
     p->dptr = ptr;
     return cudaSuccess;
@@ -320,14 +358,15 @@ NVP_EXPORT cudaError_t cudaGraphAddMemFreeNode(cudaGraphNode_t *node, cudaGraph_
     if (!node || nvp_handle_get(NVP_H_GRAPH, (uint64_t)(uintptr_t)graph, &g, sizeof g) != 0)
         return nvp_ret(cudaErrorInvalidValue);
     uint32_t owner = g.root ? g.root : nvp_handle_id((uint64_t)(uintptr_t)graph);
-    int from_node = 0, twice = 0;
+    int from_node = 0, made = 0, frees = 0; /* (memory reused in the graph is made and freed more than once) */
     pthread_mutex_lock(&lock);
     for (size_t i = 0; i < nholds; i++) {
         from_node |= holds[i].ptr == ptr && holds[i].kind == NVP_OWN_SIZE;
-        twice |= holds[i].ptr == ptr && holds[i].kind == NVP_OWN_GRAPH;
+        made += holds[i].ptr == ptr && holds[i].kind == NVP_OWN_ALLOC_NODE && holds[i].id == owner;
+        frees += holds[i].ptr == ptr && holds[i].kind == NVP_OWN_GRAPH;
     }
     pthread_mutex_unlock(&lock);
-    if (!from_node || twice) /* (native: only an allocation node's memory, and only once) */
+    if (!from_node || frees >= (made > 1 ? made : 1)) /* (native: only an allocation node's memory, once) */
         return nvp_ret(cudaErrorInvalidValue);
     struct nvp_node_rec as = {0, NVP_NODE_MEM_FREE, ptr, 0};
     if ((e = nvp_graph_add_node(node, graph, deps, ndeps, NVP_NODE_EMPTY, NULL, 0, &as)))
