@@ -28,9 +28,10 @@ NAMES = ["vectorAdd", "asyncAPI", "clock", "matrixMul", "simpleAssert", "simpleA
          "simpleMultiGPU", "simpleTexture", "simpleSurfaceWrite", "simplePitchLinearTexture", "simpleCubemapTexture",
          "simpleLayeredTexture", "simpleIPC", "3_CUDA_Features/graphConditionalNodes",
          "3_CUDA_Features/graphMemoryNodes", "3_CUDA_Features/simpleCudaGraphs", "3_CUDA_Features/jacobiCudaGraphs",
-         "3_CUDA_Features/StreamPriorities", "2_Concepts_and_Techniques/streamOrderedAllocation"]
+         "3_CUDA_Features/StreamPriorities", "2_Concepts_and_Techniques/streamOrderedAllocation",
+         "2_Concepts_and_Techniques/streamOrderedAllocationIPC"]
 # sources a sample needs from Common/
-EXTRA_SOURCES = {"simpleIPC": ["helper_multiprocess.cpp"]}
+EXTRA_SOURCES = {"simpleIPC": ["helper_multiprocess.cpp"], "streamOrderedAllocationIPC": ["helper_multiprocess.cpp"]}
 # lines that vary natively from run to run: measurements, and how long the CPU waited
 TIMING = re.compile(r"\d+\.\d+|time|msec|GFlop|GB/s|Throughput|while waiting|lshmName", re.I)  # (+ a pid)
 # samples whose device printf lines come from many blocks: their order is unspecified

@@ -81,6 +81,8 @@ NVP_EXPORT cudaError_t cudaFree(void *devPtr)
         return nvp_ret(nvp_host_free(&h));
     if (nvp_graph_mem_user_free(p)) /* (a graph's allocation node makes it again at its next launch) */
         return cudaSuccess;
+    if (nvp_pool_import_free(p)) /* (another process's pool allocation: the mapping goes) */
+        return cudaSuccess;
     int tag;
     if (nvp_alloc_tag(p) == NVP_ALLOC_IPC || nvp_alloc_remove(p, &tag) != 0) /* (IPC: cudaIpcCloseMemHandle's) */
         return nvp_ret(cudaErrorInvalidValue);

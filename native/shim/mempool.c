@@ -4,12 +4,16 @@
  * allocations come from the same arena as cudaMalloc (so they keep their
  * addresses across a restore); an allocation is made at once (a stronger order
  * than the stream's) and a free waits, in the proxy, for all earlier work of the
- * device (stronger than the stream's too).  Pool IPC (exporting a pool or its
- * pointers to another process) is not supported yet and fails loudly. */
+ * device (stronger than the stream's too).  Pools with POSIX file descriptor
+ * handles can be shared with other nvproxy applications (pool IPC, below). */
 #include "shim.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 struct pool {
     uint32_t magic;
@@ -17,7 +21,9 @@ struct pool {
     uint64_t release_threshold;
     int reuse[3]; /* cudaMemPoolReuseFollowEventDependencies .. AllowInternalDependencies */
     uint64_t used, used_high;
-    int handle_types; /* what cudaMemPoolCreate asked for (exporting is not supported) */
+    int handle_types; /* what cudaMemPoolCreate asked for (cudaMemHandleTypePosixFileDescriptor: exportable) */
+    int imported;     /* cudaMemPoolImportFromShareableHandle's: pointers of another process's pool */
+    uint64_t secret;  /* exported or imported: what its pointers' export data carry */
     int destroyed;    /* cudaMemPoolDestroy with allocations out: goes when the last is freed */
     unsigned access[NVP_MAX_DEVICES]; /* cudaMemAccessFlags of the other devices (its own: read-write) */
     struct pool *next;                /* made by cudaMemPoolCreate */
@@ -28,12 +34,32 @@ static struct pool defaults[NVP_MAX_DEVICES], *made;
 static struct pool *current[NVP_MAX_DEVICES]; /* cudaDeviceSetMemPool's, NULL: the default */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* live pool allocations: few at a time in practice, so a flat array */
+/* live pool allocations (and pointers imported from other processes' pools): few at a time in practice,
+ * so a flat array */
 static struct {
     uint64_t ptr, size;
     struct pool *pool;
+    int imported;
 } *live;
 static size_t nlive, caplive;
+
+static int live_add(uint64_t ptr, uint64_t size, struct pool *p, int imported) /* (lock held) 1: added */
+{
+    if (nlive == caplive) {
+        size_t cap = caplive ? caplive * 2 : 64;
+        void *v = realloc(live, cap * sizeof *live);
+        if (!v)
+            return 0;
+        live = v;
+        caplive = cap;
+    }
+    live[nlive].ptr = ptr;
+    live[nlive].size = size;
+    live[nlive].pool = p;
+    live[nlive].imported = imported;
+    nlive++;
+    return 1;
+}
 
 static void pool_init(struct pool *p, int dev)
 {
@@ -178,35 +204,143 @@ NVP_EXPORT cudaError_t cudaMemPoolGetAccess(enum cudaMemAccessFlags *flags, cuda
     return p ? cudaSuccess : nvp_ret(cudaErrorInvalidValue);
 }
 
-static cudaError_t no_pool_ipc(const char *call)
+/* ---- pool IPC: a pool's shareable handle is a memfd naming the exporting application and the pool (its
+ * secret); a pointer's export data is a CUDA IPC memory handle of the allocation (ipc.c) with that secret, so
+ * that it imports only through its own pool.  Imported pointers are freed by closing the IPC mapping. ---- */
+
+#define SHARE_MAGIC 0x4c4f4f50u /* "POOL" */
+struct pool_share {
+    uint32_t magic, pid;
+    int32_t dev;
+    uint32_t pad;
+    uint64_t secret;
+};
+
+static uint64_t pool_secret(struct pool *p) /* (lock held) */
 {
-    return nvp_ret(nvp_unsupported(call));
+    while (!p->secret && getrandom(&p->secret, sizeof p->secret, 0) != (ssize_t)sizeof p->secret)
+        ;
+    return p->secret;
 }
 
-NVP_EXPORT cudaError_t cudaMemPoolExportToShareableHandle(void *h, cudaMemPool_t p, enum cudaMemAllocationHandleType t,
-                                                          unsigned int flags)
+NVP_EXPORT cudaError_t cudaMemPoolExportToShareableHandle(void *handle, cudaMemPool_t memPool,
+                                                          enum cudaMemAllocationHandleType type, unsigned int flags)
 {
-    (void)h, (void)p, (void)t, (void)flags;
-    return no_pool_ipc("cudaMemPoolExportToShareableHandle");
+    cudaError_t e = nvp_enter();
+    if (e)
+        return nvp_ret(e);
+    pthread_mutex_lock(&lock);
+    struct pool *p = pool_check(memPool);
+    int ok = p && handle && !flags && type == cudaMemHandleTypePosixFileDescriptor && !p->imported &&
+             (p->handle_types & cudaMemHandleTypePosixFileDescriptor);
+    struct pool_share sh = {SHARE_MAGIC, (uint32_t)nvp_real_pid(), ok ? p->device : 0, 0, ok ? pool_secret(p) : 0};
+    pthread_mutex_unlock(&lock);
+    if (!ok)
+        return nvp_ret(cudaErrorInvalidValue);
+    int fd = memfd_create("nvproxy-pool", MFD_CLOEXEC);
+    if (fd < 0 || pwrite(fd, &sh, sizeof sh, 0) != (ssize_t)sizeof sh) {
+        if (fd >= 0)
+            close(fd);
+        return nvp_ret(cudaErrorOperatingSystem);
+    }
+    *(int *)handle = fd;
+    return cudaSuccess;
 }
 
-NVP_EXPORT cudaError_t cudaMemPoolImportFromShareableHandle(cudaMemPool_t *p, void *h,
-                                                            enum cudaMemAllocationHandleType t, unsigned int flags)
+NVP_EXPORT cudaError_t cudaMemPoolImportFromShareableHandle(cudaMemPool_t *memPool, void *handle,
+                                                            enum cudaMemAllocationHandleType type, unsigned int flags)
 {
-    (void)h, (void)p, (void)t, (void)flags;
-    return no_pool_ipc("cudaMemPoolImportFromShareableHandle");
+    cudaError_t e = nvp_enter();
+    if (e)
+        return nvp_ret(e);
+    struct pool_share sh;
+    int fd = (int)(intptr_t)handle;
+    if (!memPool || flags || type != cudaMemHandleTypePosixFileDescriptor ||
+        pread(fd, &sh, sizeof sh, 0) != (ssize_t)sizeof sh || sh.magic != SHARE_MAGIC || !sh.secret)
+        return nvp_ret(cudaErrorInvalidValue);
+    if ((e = nvp_valid_device(sh.dev)))
+        return nvp_ret(e);
+    struct pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return nvp_ret(cudaErrorMemoryAllocation);
+    pool_init(p, sh.dev);
+    p->handle_types = cudaMemHandleTypePosixFileDescriptor;
+    p->imported = 1;
+    p->secret = sh.secret;
+    pthread_mutex_lock(&lock);
+    p->next = made;
+    made = p;
+    pthread_mutex_unlock(&lock);
+    *memPool = (cudaMemPool_t)p;
+    return cudaSuccess;
 }
 
-NVP_EXPORT cudaError_t cudaMemPoolExportPointer(struct cudaMemPoolPtrExportData *d, void *ptr)
+/* the secret goes in the IPC handle's reserved bytes */
+#define SECRET_AT offsetof(struct nvp_ipc_mem, reserved)
+
+NVP_EXPORT cudaError_t cudaMemPoolExportPointer(struct cudaMemPoolPtrExportData *data, void *ptr)
 {
-    (void)d, (void)ptr;
-    return no_pool_ipc("cudaMemPoolExportPointer");
+    cudaError_t e = nvp_enter();
+    if (e)
+        return nvp_ret(e);
+    uint64_t secret = 0;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < nlive; i++)
+        if (live[i].ptr == (uint64_t)(uintptr_t)ptr && !live[i].imported &&
+            (live[i].pool->handle_types & cudaMemHandleTypePosixFileDescriptor))
+            secret = pool_secret(live[i].pool);
+    pthread_mutex_unlock(&lock);
+    if (!data || !secret) /* (native: a pointer of a pool that can be exported) */
+        return nvp_ret(cudaErrorInvalidValue);
+    cudaIpcMemHandle_t h;
+    _Static_assert(sizeof h == sizeof *data && SECRET_AT + 8 <= sizeof h, "export data holds an IPC handle");
+    if ((e = cudaIpcGetMemHandle(&h, ptr)))
+        return e;
+    memcpy((char *)&h + SECRET_AT, &secret, sizeof secret);
+    memcpy(data, &h, sizeof h);
+    return cudaSuccess;
 }
 
-NVP_EXPORT cudaError_t cudaMemPoolImportPointer(void **ptr, cudaMemPool_t p, struct cudaMemPoolPtrExportData *d)
+NVP_EXPORT cudaError_t cudaMemPoolImportPointer(void **ptr, cudaMemPool_t memPool,
+                                                struct cudaMemPoolPtrExportData *data)
 {
-    (void)d, (void)ptr, (void)p;
-    return no_pool_ipc("cudaMemPoolImportPointer");
+    cudaError_t e = nvp_enter();
+    if (e)
+        return nvp_ret(e);
+    pthread_mutex_lock(&lock);
+    struct pool *p = pool_check(memPool);
+    uint64_t secret = p && p->imported ? p->secret : 0, theirs = 1;
+    pthread_mutex_unlock(&lock);
+    cudaIpcMemHandle_t h;
+    if (data) {
+        memcpy(&h, data, sizeof h);
+        memcpy(&theirs, (char *)&h + SECRET_AT, sizeof theirs);
+        memset((char *)&h + SECRET_AT, 0, sizeof theirs);
+    }
+    if (!ptr || !data || !secret || theirs != secret) /* (another pool's pointer, or no pointer at all) */
+        return nvp_ret(cudaErrorInvalidValue);
+    if ((e = cudaIpcOpenMemHandle(ptr, h, cudaIpcMemLazyEnablePeerAccess)))
+        return e;
+    pthread_mutex_lock(&lock);
+    live_add((uint64_t)(uintptr_t)*ptr, 0, p, 1);
+    pthread_mutex_unlock(&lock);
+    return cudaSuccess;
+}
+
+/* cudaFree of a pointer imported from another process's pool: its mapping closes (1); else 0. */
+int nvp_pool_import_free(uint64_t ptr)
+{
+    int found = 0;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < nlive && !found; i++)
+        if (live[i].ptr == ptr && live[i].imported) {
+            live[i] = live[--nlive];
+            found = 1;
+        }
+    pthread_mutex_unlock(&lock);
+    if (found)
+        cudaIpcCloseMemHandle((void *)(uintptr_t)ptr);
+    return found;
 }
 
 /* from pool p (on its device, whatever the current one is) */
@@ -225,19 +359,7 @@ static cudaError_t pool_alloc(struct pool *p, void **ptr, size_t size, cudaStrea
     if (e || !*ptr)
         return e;
     pthread_mutex_lock(&lock);
-    if (nlive == caplive) {
-        size_t cap = caplive ? caplive * 2 : 64;
-        void *v = realloc(live, cap * sizeof *live);
-        if (v) {
-            live = v;
-            caplive = cap;
-        }
-    }
-    if (nlive < caplive) {
-        live[nlive].ptr = (uint64_t)(uintptr_t)*ptr;
-        live[nlive].size = size;
-        live[nlive].pool = p;
-        nlive++;
+    if (live_add((uint64_t)(uintptr_t)*ptr, size, p, 0)) {
         p->used += size;
         if (p->used > p->used_high)
             p->used_high = p->used;
@@ -295,7 +417,7 @@ void nvp_pool_forget(uint64_t ptr)
 {
     pthread_mutex_lock(&lock);
     for (size_t i = 0; i < nlive; i++) {
-        if (live[i].ptr == ptr) {
+        if (live[i].ptr == ptr && !live[i].imported) {
             live[i].pool->used -= live[i].size;
             live[i] = live[--nlive];
             break;

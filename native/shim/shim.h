@@ -186,6 +186,7 @@ void nvp_registry_reset(void);
 
 /* ---- mempool.c ---- */
 void nvp_pool_forget(uint64_t ptr);
+int nvp_pool_import_free(uint64_t ptr);
 
 /* ---- graph.c ---- */
 struct nvp_graph_rec {

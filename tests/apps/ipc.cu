@@ -4,9 +4,13 @@
 // the memory and exits; the parent then sees the child's writes.  Also: a
 // process may not open its own handle, a plain event has no IPC handle, memory
 // opened twice is the same mapping, and cudaFree does not free opened memory.
+// Pool IPC too: a pool made with POSIX file descriptor handles is exported (its
+// descriptor inherited by the child) with one of its allocations; the child
+// imports both, refuses empty export data, changes the memory and frees it.
 // argv[1] = "wait": pause after exporting (checkpoint tests: refused while shared).
 #include "check.h"
 #include <cstring>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,6 +28,8 @@ const int N = 1 << 16, SMALL = 64;
 struct handles {
     cudaIpcMemHandle_t big, small;
     cudaIpcEventHandle_t event;
+    cudaMemPoolPtrExportData pooled;
+    int pool_fd;
 };
 
 static unsigned long long fold(const int *p, int n) {
@@ -55,6 +61,27 @@ static int child(int fd) {
     printf("child: small %016llx\n", fold(host, SMALL));
     printf("child: cudaFree of opened memory: %s\n", cudaGetErrorName(cudaFree(big)));
     cudaGetLastError();
+
+    cudaMemPool_t pool;
+    CHECK(cudaMemPoolImportFromShareableHandle(&pool, (void *)(intptr_t)h.pool_fd,
+                                               cudaMemHandleTypePosixFileDescriptor, 0));
+    cudaMemAccessDesc rw = {{cudaMemLocationTypeDevice, 0}, cudaMemAccessFlagsProtReadWrite};
+    CHECK(cudaMemPoolSetAccess(pool, &rw, 1));
+    cudaMemPoolPtrExportData empty;
+    memset(&empty, 0, sizeof empty);
+    int *pooled;
+    printf("child: import of empty export data: %s\n",
+           cudaGetErrorName(cudaMemPoolImportPointer((void **)&pooled, pool, &empty)));
+    cudaGetLastError();
+    CHECK(cudaMemPoolImportPointer((void **)&pooled, pool, &h.pooled));
+    bump<<<1, SMALL, 0, s>>>(pooled, SMALL, 9);
+    CHECK(cudaMemcpyAsync(host, pooled, SMALL * sizeof(int), cudaMemcpyDeviceToHost, s));
+    CHECK(cudaStreamSynchronize(s));
+    printf("child: pooled %016llx\n", fold(host, SMALL));
+    CHECK(cudaFreeAsync(pooled, s));
+    CHECK(cudaStreamSynchronize(s));
+    CHECK(cudaMemPoolDestroy(pool));
+    close(h.pool_fd);
     CHECK(cudaIpcCloseMemHandle(again));
     CHECK(cudaIpcCloseMemHandle(big));
     CHECK(cudaIpcCloseMemHandle(small));
@@ -83,6 +110,19 @@ int main(int argc, char **argv) {
     cudaIpcEventHandle_t bad;
     printf("handle of a plain event: %s\n", cudaGetErrorName(cudaIpcGetEventHandle(&bad, plain)));
     cudaGetLastError();
+    cudaMemPoolProps props = {};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypePosixFileDescriptor;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = 0;
+    cudaMemPool_t pool;
+    CHECK(cudaMemPoolCreate(&pool, &props));
+    int *pooled;
+    CHECK(cudaMallocFromPoolAsync((void **)&pooled, SMALL * sizeof(int), pool, 0));
+    fill<<<1, SMALL>>>(pooled, SMALL, 11);
+    CHECK(cudaMemPoolExportToShareableHandle(&h.pool_fd, pool, cudaMemHandleTypePosixFileDescriptor, 0));
+    CHECK(cudaMemPoolExportPointer(&h.pooled, pooled));
+    CHECK(cudaDeviceSynchronize());
     if (argc > 1 && !strcmp(argv[1], "wait")) {
         printf("exported\n");
         fflush(stdout);
@@ -94,6 +134,7 @@ int main(int argc, char **argv) {
     pid_t pid = fork();
     if (pid == 0) {
         close(fds[1]);
+        fcntl(h.pool_fd, F_SETFD, 0);  // (the child inherits the pool's descriptor)
         char fd[16];
         snprintf(fd, sizeof fd, "%d", fds[0]);
         execl("/proc/self/exe", argv[0], "child", fd, (char *)NULL);
@@ -110,6 +151,12 @@ int main(int argc, char **argv) {
     printf("parent: big %016llx\n", fold(host, N));
     CHECK(cudaMemcpy(host, small, SMALL * sizeof(int), cudaMemcpyDeviceToHost));
     printf("parent: small %016llx\n", fold(host, SMALL));
+    CHECK(cudaMemcpy(host, pooled, SMALL * sizeof(int), cudaMemcpyDeviceToHost));
+    printf("parent: pooled %016llx\n", fold(host, SMALL));
+    close(h.pool_fd);
+    CHECK(cudaFreeAsync(pooled, 0));
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemPoolDestroy(pool));
     CHECK(cudaEventDestroy(ev));
     CHECK(cudaEventDestroy(plain));
     CHECK(cudaFree(big));
