@@ -32,6 +32,9 @@ NAMES = ["vectorAdd", "asyncAPI", "clock", "matrixMul", "simpleAssert", "simpleA
          "2_Concepts_and_Techniques/streamOrderedAllocationIPC"]
 # sources a sample needs from Common/
 EXTRA_SOURCES = {"simpleIPC": ["helper_multiprocess.cpp"], "streamOrderedAllocationIPC": ["helper_multiprocess.cpp"]}
+# libraries a sample links besides the runtime (streamOrderedAllocationIPC calls cuDeviceGet, without cuInit: it
+# fails there without touching the GPU, and the sample does not look at its result)
+EXTRA_LIBS = {"streamOrderedAllocationIPC": ["-lcuda"]}
 # lines that vary natively from run to run: measurements, and how long the CPU waited
 TIMING = re.compile(r"\d+\.\d+|time|msec|GFlop|GB/s|Throughput|while waiting|lshmName", re.I)  # (+ a pid)
 # samples whose device printf lines come from many blocks: their order is unspecified
@@ -54,7 +57,7 @@ def test_sample_matches_native(nvcc: str, tmp_path: Path, name: str) -> None:
     files = [str(p) for p in sorted(src.glob("*.cu")) + sorted(src.glob("*.cpp"))]
     files += [str(SAMPLES / "Common" / f) for f in EXTRA_SOURCES.get(name, [])]
     subprocess.run([nvcc, "-cudart", "shared", "-std=c++17", f"-I{SAMPLES / 'Common'}", f"-I{src}", "-o", str(exe),
-                    *files], check=True)
+                    *files, *EXTRA_LIBS.get(name, [])], check=True)
     if (src / "data").is_dir():  # (input images and reference results, found relative to the working directory)
         shutil.copytree(src / "data", tmp_path / "data")
     native = run([str(exe)], cwd=tmp_path)
