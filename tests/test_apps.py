@@ -33,6 +33,7 @@ PROGRAMS = [
     ("ipc", ()),
     ("graph_cond", ()),
     ("graph_capture", ()),
+    ("managed_vars", ()),
 ]
 IDS = ["-".join((n, *a)) for n, a in PROGRAMS]
 

@@ -257,6 +257,13 @@ def test_capture_built_graphs_survive_migration(build, backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_managed_variables_survive_migration(build, backend: str) -> None:
+    """__managed__ variables: the program's copy stays where it is, the new proxy binds the modules' variables
+    to it again and kernels go on from the values the program holds."""
+    migrate_mid_run(build, backend, "managed_vars", ("6",), "run 2:")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_checkpoint_refused_while_memory_is_shared(build, backend: str, tmp_path: Path) -> None:
     """A process that exported device memory through CUDA IPC cannot be checkpointed exactly (its peers would
     keep the old memory): the checkpoint fails with the reason, and the program goes on unharmed."""

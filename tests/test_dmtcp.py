@@ -113,8 +113,10 @@ def test_dmtcp_checkpoint_kill_restart(build, backend: str, pause_ms: str, tmp_p
 @pytest.mark.parametrize(("name", "args", "after"), [("graphs", ("8",), "run 2:"), ("graph_nodes", ("8",), "run 2:"),
                                                      ("managed", ("12",), "step 4:"), ("textures", ("8",), "step 2:"),
                                                      ("graph_cond", ("6",), "run 2:"),
-                                                     ("graph_capture", ("6",), "run 2:")],
-                         ids=["graphs", "graph_nodes", "managed", "textures", "graph_cond", "graph_capture"])
+                                                     ("graph_capture", ("6",), "run 2:"),
+                                                     ("managed_vars", ("6",), "run 2:")],
+                         ids=["graphs", "graph_nodes", "managed", "textures", "graph_cond", "graph_capture",
+                              "managed_vars"])
 def test_dmtcp_restart_keeps_features(build, backend: str, name: str, args: tuple[str, ...], after: str,
                                       tmp_path: Path) -> None:
     """Graphs (captured; built node by node, updated, cloned), managed memory, CUDA arrays and texture/surface

@@ -111,7 +111,8 @@
 #define NVP_OP_CAPTURE_TO_GRAPH 69 /* a0 stream, a1 cudaStreamCaptureMode, a2 graph id, a3 dependencies;
                                       payload: their u32 node ids */
 #define NVP_OP_CAPTURE_DEPS 70   /* a0 stream, a1 flags, a2 dependencies; payload: their u32 node ids */
-#define NVP_OP_COUNT 71
+#define NVP_OP_MANAGED_VAR 71    /* a0 module id, a1 the application's copy, a2 size; payload: the variable's name */
+#define NVP_OP_COUNT 72
 
 /* node bodies (little-endian, packed as listed) */
 #define NVP_NODE_KERNEL 1 /* u32 kernel id, u32 grid[3], u32 block[3], u32 shmem, u32 param bytes; params */

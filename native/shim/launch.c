@@ -41,6 +41,16 @@ struct var {
     uint64_t addr;
 };
 
+/* a __managed__ variable: the application's copy is nvproxy managed memory (proxy/managed_vars.py) */
+struct mvar {
+    struct module *mod;
+    void **hostp; /* where the program's code finds the variable */
+    char *name;
+    size_t size;
+    uint64_t addr; /* 0 until the module is loaded */
+    struct mvar *next;
+};
+
 /* pointer -> object maps (host stub / kernel handle -> kernel, host var -> var) */
 struct pmap {
     uintptr_t *keys;
@@ -58,6 +68,7 @@ static struct {
     size_t nmods, capmods;
     uint32_t nkernels;
     struct pmap kernels, vars;
+    struct mvar *mvars;
 } R = {.lock = PTHREAD_MUTEX_INITIALIZER, .load = PTHREAD_MUTEX_INITIALIZER};
 
 static size_t hash_ptr(uintptr_t k, size_t cap) { return (size_t)((k >> 3) * 0x9e3779b97f4a7c15ull) & (cap - 1); }
@@ -241,15 +252,23 @@ NVP_EXPORT void __cudaRegisterVar(void **handle, char *hostVar, char *deviceAddr
 NVP_EXPORT void __cudaRegisterManagedVar(void **handle, void **hostVarPtrAddress, char *deviceAddress,
                                          const char *deviceName, int ext, size_t size, int constant, int global)
 {
-    (void)handle;
-    (void)hostVarPtrAddress;
     (void)deviceAddress;
     (void)ext;
-    (void)size;
     (void)constant;
     (void)global;
-    nvp_log("nvproxy: __cudaRegisterManagedVar (%s) is not supported by nvproxy: __managed__ variables will not work",
-            deviceName);
+    struct mvar *v = calloc(1, sizeof *v);
+    if (!v || !(v->name = strdup(deviceName))) {
+        free(v);
+        nvp_log("nvproxy: out of memory registering __managed__ variable %s", deviceName);
+        return;
+    }
+    v->mod = (struct module *)handle;
+    v->hostp = hostVarPtrAddress;
+    v->size = size;
+    pthread_mutex_lock(&R.lock);
+    v->next = R.mvars;
+    R.mvars = v;
+    pthread_mutex_unlock(&R.lock);
 }
 
 NVP_EXPORT void __cudaRegisterHostVar(void **handle, const char *deviceName, void *hostVar, size_t size)
@@ -262,10 +281,17 @@ NVP_EXPORT void __cudaRegisterHostVar(void **handle, const char *deviceName, voi
 
 NVP_EXPORT void __cudaRegisterUnifiedTable(void *table) { (void)table; }
 
+static cudaError_t module_load(struct module *m);
+
+/* Before the program's code first touches a __managed__ variable of the module (nvcc calls this then). */
 NVP_EXPORT char __cudaInitModule(void **handle)
 {
-    (void)handle;
-    return 1;
+    if (nvp_connect())
+        return 0;
+    pthread_mutex_lock(&R.load);
+    cudaError_t e = module_load((struct module *)handle);
+    pthread_mutex_unlock(&R.load);
+    return e == cudaSuccess;
 }
 
 NVP_EXPORT cudaError_t __cudaGetProcAddress(void)
@@ -274,6 +300,27 @@ NVP_EXPORT cudaError_t __cudaGetProcAddress(void)
 }
 
 /* ---- lazy loading: a module goes to the proxy when first needed ---- */
+
+/* The module's __managed__ variables: their memory, made once; the proxy binds them (again, after a restore). */
+static cudaError_t managed_vars_bind(struct module *m)
+{
+    cudaError_t e = cudaSuccess;
+    for (struct mvar *v = R.mvars; v && !e; v = v->next) { /* (the list only grows, at the front) */
+        if (v->mod != m)
+            continue;
+        if (!v->addr) {
+            void *p;
+            if ((e = nvp_host_alloc(&p, v->size, cudaHostAllocPortable | cudaHostAllocMapped, NVP_HOST_MANAGED)))
+                break;
+            v->addr = (uint64_t)(uintptr_t)p;
+        }
+        uint64_t a[NVP_MAX_ARGS] = {(uint64_t)m->id, v->addr, v->size};
+        struct nvp_reply r = {0};
+        if (!(e = nvp_call(NVP_OP_MANAGED_VAR, a, v->name, strlen(v->name) + 1, &r, -1)))
+            *v->hostp = (void *)(uintptr_t)v->addr; /* (with the module's initial value in it now) */
+    }
+    return e;
+}
 
 static cudaError_t module_load(struct module *m)
 {
@@ -290,6 +337,8 @@ static cudaError_t module_load(struct module *m)
         return cudaErrorMemoryAllocation;
     cudaError_t e = nvp_call(NVP_OP_MODULE_LOAD, a, bundle ? bundle : image, size, &r, -1);
     free(bundle);
+    if (!e && R.mvars)
+        e = managed_vars_bind(m);
     if (e == cudaErrorDevicesUnavailable)
         return e; /* transport, not the module: leave it to retry */
     m->load_err = e;
@@ -382,6 +431,13 @@ cudaError_t nvp_var_resolve(const void *symbol, uint64_t *addr, size_t *size)
         return e;
     pthread_mutex_lock(&R.lock);
     struct var *v = pmap_get(&R.vars, symbol);
+    for (struct mvar *m = R.mvars; m && !v; m = m->next)
+        if (m->addr && m->addr == (uint64_t)(uintptr_t)symbol) { /* (the program's copy: copies to and from it */
+            *addr = m->addr;                                     /* reach the kernels at their next launch) */
+            *size = m->size;
+            pthread_mutex_unlock(&R.lock);
+            return cudaSuccess;
+        }
     pthread_mutex_unlock(&R.lock);
     if (!v)
         return cudaErrorInvalidSymbol;

@@ -68,6 +68,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         except (ImageError, OSError) as e:
             print(f"nvproxy: cannot recover from {args.restore}: {e}", file=sys.stderr)
             return 1
+        dispatch.captures_changed()  # (managed variables: launches through Python)
         phases = ", ".join(f"{k} {v:.3f}" for k, v in stats["phases"].items())
         print(f"nvproxy: restored {stats['device_bytes'] >> 20} MiB from {args.restore} in {stats['seconds']:.3f} s "
               f"({stats['gbps']:.1f} GB/s; s per phase: {phases})", file=sys.stderr)
@@ -120,6 +121,7 @@ def _adopt(args: argparse.Namespace, backend, dispatch):
         dispatch.state.host_image = himg
         pin_s = time.monotonic() - t
         stats = restore_image(dispatch.state, himg, host_fds, functools.partial(graphs.restore, dispatch))
+        dispatch.captures_changed()  # (managed variables: launches through Python)
         stats["seconds"] += pin_s
         stats["phases"] = dict(stats["phases"], buffer=pin_s)
         stats["gbps"] = stats["device_bytes"] / stats["seconds"] / 1e9 if stats["seconds"] else 0.0

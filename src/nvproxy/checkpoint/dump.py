@@ -10,6 +10,7 @@ from typing import Any
 
 from .. import fatbin
 from ..errors import CudaError
+from ..proxy import managed_vars
 from ..proxy.handlers import arrays, graphs
 from ..proxy.state import ProcessState
 from . import hostimage, transfer
@@ -55,6 +56,7 @@ def describe(state: ProcessState) -> dict[str, Any]:
         "host": sorted([addr, r.size] for addr, r in state.host.items() if r.channel is None),
         **graphs.describe(state),
         **arrays.describe(state),
+        **managed_vars.describe(state),
     }
 
 

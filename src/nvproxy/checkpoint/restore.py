@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import CudaError
-from ..proxy import libc
+from ..proxy import libc, managed_vars
 from ..proxy.handlers import arrays
 from ..proxy.state import HostRange, ProcessState
 from . import transfer
@@ -183,6 +183,7 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
             for attr, v in h["kernel_attrs"].get(str(kid), {}).items():
                 be.func_set_attr(k, int(attr), v)
                 state.kernel_attrs.setdefault(kid, {})[int(attr)] = v
+    managed_vars.restore(state, h)
     phase("modules")
     for w, dev, flags, prio in h["streams"]:
         state.streams[w] = (dev, be.stream_create(dev, flags, prio))

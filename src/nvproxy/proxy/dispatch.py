@@ -52,11 +52,12 @@ class Dispatcher:
         return bool(self.state.captures) and self.backend.capture_status(s)[0] == graphs.CAPTURE_ACTIVE
 
     def captures_changed(self) -> None:
-        """While a capture is on, C executes nothing, so that Python sees every call, and logs it."""
+        """While a capture is on, C executes nothing, so that Python sees every call, and logs it (so too while
+        the process has __managed__ variables: launches keep them coherent, managed_vars.py)."""
         on = bool(self.state.captures)
         self.table.update(self._logging if on else self._plain)
         if self.fast is not None:
-            self.fast.set_capturing(on)
+            self.fast.set_capturing(on or bool(self.state.managed_vars))
 
     def per_thread_stream(self, ch: Any) -> Any:
         """The per-thread default stream of the channel's application thread:

@@ -138,6 +138,7 @@ class ProcessState:
         self._frees: queue.SimpleQueue[tuple[int, Any]] | None = None
         self.host_image: Any = None  # checkpoint.hostimage.HostImage, once a checkpoint needs one
         self.captures: dict[int, CaptureLog] = {}  # stream captures in progress, by the backend's capture id
+        self.managed_vars: list[Any] = []  # __managed__ variables (managed_vars.ManagedVar)
         self.graphs: dict[int, GraphRec] = {}  # wire id -> graph made by a capture
         self.graph_execs: dict[int, GraphRec] = {}  # wire id -> executable graph
         self.graph_order = 0

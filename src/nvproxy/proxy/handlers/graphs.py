@@ -19,6 +19,7 @@ from typing import Any
 from ... import wire
 from ...checkpoint.image import ImageError
 from ...errors import ILLEGAL_STATE, INVALID_VALUE, CudaError
+from .. import managed_vars
 from ..state import CaptureLog, GraphRec
 
 CAPTURE_ACTIVE = 1  # cudaStreamCaptureStatusActive
@@ -365,7 +366,12 @@ def GRAPH_LAUNCH(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     x = p.state.graph_execs.get(a[0])
     if x is None:
         raise CudaError(INVALID_VALUE, f"executable graph {a[0]}")
-    p.backend.graph_launch(x.handle, p.stream(ch, a[1]), bool(a[2]))
+    s = p.stream(ch, a[1])
+    if p.state.managed_vars and not a[2]:
+        managed_vars.before_launch(p, x.log.dev, s)
+    p.backend.graph_launch(x.handle, s, bool(a[2]))
+    if p.state.managed_vars and not a[2]:
+        managed_vars.after_launch(p, x.log.dev, s)
     if p.fast is not None:  # later launches run in C
         p.fast.learn_graph_exec(a[0], x.handle, p.backend.handle_value)
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from ... import wire
 from ...errors import INVALID_VALUE, CudaError
+from .. import managed_vars
 
 MASK32 = 0xFFFFFFFF
 
@@ -49,7 +50,28 @@ def LAUNCH(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     k = p.kernel(ch, a[0])
     grid = (a[1] & MASK32, a[1] >> 32, a[2] & MASK32)
     block = (a[2] >> 32, a[3] & MASK32, a[3] >> 32)
-    p.backend.launch(k, grid, block, a[4], p.stream(ch, a[5]), payload, bool(a[6] & wire.NVP_LAUNCH_COOPERATIVE))
+    s = p.stream(ch, a[5])
+    if p.state.managed_vars:
+        managed_vars.before_launch(p, ch.dev, s)
+    p.backend.launch(k, grid, block, a[4], s, payload, bool(a[6] & wire.NVP_LAUNCH_COOPERATIVE))
+    if p.state.managed_vars:
+        managed_vars.after_launch(p, ch.dev, s)
+
+
+def MANAGED_VAR(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
+    """A __managed__ variable of module a[0], whose application copy is at a[1] (a[2] bytes): bound (once; a
+    restore binds it itself), with the module's initial value copied to the application."""
+    name = _name(payload)
+    if any(v.dev == ch.dev and v.module == a[0] and v.name == name for v in p.state.managed_vars):
+        return
+    v = managed_vars.ManagedVar(ch.dev, a[0], name, a[1], a[2])
+    managed_vars.bind(p.state, v)
+    p.captures_changed()  # (launches through Python from now on)
+    s = p.backend.legacy_stream(ch.dev)
+    p.backend.memcpy(v.host, v.device, v.size, s)
+    p.backend.memcpy(v.shadow, v.device, v.size, s)
+    p.backend.stream_sync(s)
+    v.dirty = False
 
 
 def FUNC_SET_ATTR(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
