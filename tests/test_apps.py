@@ -34,6 +34,7 @@ PROGRAMS = [
     ("graph_cond", ()),
     ("graph_capture", ()),
     ("managed_vars", ()),
+    ("p2p", ()),
 ]
 IDS = ["-".join((n, *a)) for n, a in PROGRAMS]
 

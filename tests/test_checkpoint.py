@@ -256,6 +256,15 @@ def test_capture_built_graphs_survive_migration(build, backend: str) -> None:
     migrate_mid_run(build, backend, "graph_capture", ("6",), "run 2:")
 
 
+@pytest.mark.gpu
+def test_peer_access_survives_migration(build) -> None:
+    """Device 1's kernels reach device 0's memory (peer access, a pool's access): the new proxy maps the
+    arena's memory for the peer again."""
+    if gpu_count() < 2:
+        pytest.skip("needs two GPUs (nvidia-smi -L lists fewer)")
+    migrate_mid_run(build, "gpu", "p2p", ("6",), "run 2:")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_managed_variables_survive_migration(build, backend: str) -> None:
     """__managed__ variables: the program's copy stays where it is, the new proxy binds the modules' variables

@@ -29,7 +29,8 @@ NAMES = ["vectorAdd", "asyncAPI", "clock", "matrixMul", "simpleAssert", "simpleA
          "simpleLayeredTexture", "simpleIPC", "3_CUDA_Features/graphConditionalNodes",
          "3_CUDA_Features/graphMemoryNodes", "3_CUDA_Features/simpleCudaGraphs", "3_CUDA_Features/jacobiCudaGraphs",
          "3_CUDA_Features/StreamPriorities", "2_Concepts_and_Techniques/streamOrderedAllocation",
-         "2_Concepts_and_Techniques/streamOrderedAllocationIPC"]
+         "2_Concepts_and_Techniques/streamOrderedAllocationIPC", "simpleP2P",
+         "2_Concepts_and_Techniques/streamOrderedAllocationP2P"]
 # sources a sample needs from Common/
 EXTRA_SOURCES = {"simpleIPC": ["helper_multiprocess.cpp"], "streamOrderedAllocationIPC": ["helper_multiprocess.cpp"]}
 # libraries a sample links besides the runtime (streamOrderedAllocationIPC calls cuDeviceGet, without cuInit: it

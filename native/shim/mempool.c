@@ -178,11 +178,15 @@ NVP_EXPORT cudaError_t cudaMemPoolSetAccess(cudaMemPool_t memPool, const struct 
             d->flags > cudaMemAccessFlagsProtReadWrite || (d->location.id == p->device && !d->flags))
             e = cudaErrorInvalidValue;
         else if (d->location.id != p->device) {
-            int can = 0; /* (the arena maps memory for its own device: other devices reach it by peer access) */
+            int can = 0; /* (the proxy maps the device's memory for that device too: PEER's grant) */
             cudaDeviceCanAccessPeer(&can, d->location.id, p->device);
+            uint64_t a[NVP_MAX_ARGS] = {3, (uint64_t)p->device, 0, (uint64_t)d->location.id};
+            struct nvp_reply r = {0};
             if (d->flags && !can)
                 e = cudaErrorInvalidDevice;
-            else
+            else if (d->flags && !p->imported)
+                e = nvp_call(NVP_OP_PEER, a, NULL, 0, &r, -1);
+            if (!e)
                 p->access[d->location.id] = d->flags;
         }
     }

@@ -64,10 +64,27 @@ class GpuBacking:
         g = ffi.new("size_t *")
         cd.check(self.L.cuMemGetAllocationGranularity(g, self.prop, 0), "cuMemGetAllocationGranularity")
         self.granularity = max(int(g[0]), 2 << 20)
-        self.access = ffi.new("CUmemAccessDesc *")
-        self.access.location.type = cd.CU_MEM_LOCATION_TYPE_DEVICE
-        self.access.location.id = dev
-        self.access.flags = cd.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        self.peers: set[int] = set()  # other devices that may access this memory (peer access)
+        self._access()
+
+    def _access(self) -> None:
+        devs = [self.dev, *sorted(self.peers)]
+        self.access = ffi.new("CUmemAccessDesc[]", len(devs))
+        for d, dev in zip(self.access, devs, strict=True):
+            d.location.type = cd.CU_MEM_LOCATION_TYPE_DEVICE
+            d.location.id = dev
+            d.flags = cd.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+
+    def grant(self, dev: int, mappings: list[tuple[int, int]]) -> None:
+        """Device dev may read and write this memory from now on (VMM memory: peer access does not reach it by
+        itself), the mappings made so far and those to come."""
+        if dev == self.dev or dev in self.peers:
+            return
+        self.peers.add(dev)
+        self._access()
+        with self._relaxed():
+            for va, size in mappings:
+                cd.check(self.L.cuMemSetAccess(va, size, self.access, len(self.access)), "cuMemSetAccess")
 
     def _relaxed(self) -> contextlib.AbstractContextManager[None]:
         return relaxed(self.L)
@@ -81,7 +98,7 @@ class GpuBacking:
     def map(self, va: int, size: int, handle: object) -> None:
         with self._relaxed():
             cd.check(self.L.cuMemMap(va, size, 0, handle, 0), "cuMemMap")
-            cd.check(self.L.cuMemSetAccess(va, size, self.access, 1), "cuMemSetAccess")
+            cd.check(self.L.cuMemSetAccess(va, size, self.access, len(self.access)), "cuMemSetAccess")
 
     def unmap(self, va: int, size: int) -> None:
         with self._relaxed():

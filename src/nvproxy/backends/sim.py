@@ -94,6 +94,9 @@ class SimBacking:
         assert isinstance(handle, mmap.mmap)
         self.mem.add(va, size, memoryview(handle))
 
+    def grant(self, dev: int, mappings: list[tuple[int, int]]) -> None:
+        pass  # (one memory for every modelled device)
+
     def unmap(self, va: int, size: int) -> None:
         self.mem.remove(va)
 

@@ -57,6 +57,7 @@ def describe(state: ProcessState) -> dict[str, Any]:
         **graphs.describe(state),
         **arrays.describe(state),
         **managed_vars.describe(state),
+        "peer_grants": sorted([dev, owner] for dev, owner in state.peer_grants),
     }
 
 

@@ -160,11 +160,21 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
         d = state.device(dev)
         if d.arena.base != desc["arena_base"]:
             raise ImageError(f"device {dev}'s arena landed at {d.arena.base:#x}, not {desc['arena_base']:#x}")
+        for peer, owner in h.get("peer_grants", []):  # (its memory is mapped for them too)
+            if owner == dev:
+                d.arena.backing.grant(peer, [])
+                state.peer_grants.add((peer, owner))
         d.arena.restore(desc["arena"])
         be.activate(dev)
         for lim, v in desc["limits"].items():
             be.set_limit(int(lim), v)
             state.limits.setdefault(dev, {})[int(lim)] = v
+    for peer, owner in h.get("peer_grants", []):  # (contexts' peer access, for memory outside the arenas)
+        try:
+            be.activate(peer)
+            be.peer(1, peer, owner)
+        except CudaError:
+            pass  # (already enabled, or granted only for a pool: the arena's memory is reachable either way)
     phase("device_memory")
     # modules first: kernels and variables live in them
     for r in h["regions"]:

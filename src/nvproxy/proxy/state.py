@@ -139,6 +139,7 @@ class ProcessState:
         self.host_image: Any = None  # checkpoint.hostimage.HostImage, once a checkpoint needs one
         self.captures: dict[int, CaptureLog] = {}  # stream captures in progress, by the backend's capture id
         self.managed_vars: list[Any] = []  # __managed__ variables (managed_vars.ManagedVar)
+        self.peer_grants: set[tuple[int, int]] = set()  # (device, device whose memory it may access)
         self.graphs: dict[int, GraphRec] = {}  # wire id -> graph made by a capture
         self.graph_execs: dict[int, GraphRec] = {}  # wire id -> executable graph
         self.graph_order = 0
@@ -267,6 +268,12 @@ class ProcessState:
         d = DeviceState(dev, Arena(base, size, self.backend.backing(dev)), props)
         self.devices[dev] = d
         return d
+
+    def grant_peer(self, dev: int, owner: int) -> None:
+        """Device dev may access device owner's memory (peer access, a pool's access)."""
+        d = self.device(owner)
+        d.arena.backing.grant(dev, d.arena.mappings())
+        self.peer_grants.add((dev, owner))
 
     def arena_of(self, ptr: int) -> DeviceState:
         for d in self.devices.values():

@@ -87,8 +87,15 @@ def CACHE_CONFIG(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[t
 
 
 def PEER(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
-    dev = a[3] if a[0] == 0 else ch.dev
-    return (p.backend.peer(a[0], dev, a[1]),), b""
+    """Peer access: a[0] 0 can-access, 1 enable, 2 disable, 3 grant only (a pool's access: the device's arena).
+    The arena's memory is the driver's VMM memory, which a context's peer access does not reach: enabling
+    also grants the current device access to every mapping of the peer's arena, now and later (kept for a
+    restore); disabling leaves those grants (the memory stays reachable, a lenience)."""
+    dev = a[3] if a[0] in (0, 3) else ch.dev
+    r = p.backend.peer(a[0], dev, a[1]) if a[0] != 3 else 0
+    if a[0] in (1, 3) and dev != a[1]:
+        p.state.grant_peer(dev, a[1])
+    return (r,), b""
 
 
 def PROFILER(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
