@@ -84,7 +84,8 @@ class Channel:
         self.async_err = 0
         self.per_thread: dict[int, Any] = {}
         self.staging: tuple[int, int] | None = None
-        self.copy_events: list[Any] = []
+        self.copy_events: list[Any] = []  # (of the ring of the current device, in copy_rings)
+        self.copy_rings: dict[int, list[Any]] = {}
         self.copy_event_next = 0
         self._send_lock = threading.Lock()
         self._waits: queue.SimpleQueue[Any] | None = None

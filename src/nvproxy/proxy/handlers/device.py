@@ -8,6 +8,7 @@ from typing import Any
 from ... import wire
 from ...errors import INVALID_DEVICE, CudaError
 from ..server import Deferred
+from . import memory
 
 NO_FLAGS = (1 << 64) - 1
 
@@ -25,6 +26,8 @@ def SET_DEVICE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     p.state.device(a[0])
     ch.dev = a[0]
     p.backend.activate(ch.dev)
+    if ch.copy_events:  # (the fast path's staged copies on the new device use its own events)
+        memory.copy_ring(p, ch)
 
 
 def DEVICE_SYNC(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred:

@@ -438,6 +438,7 @@ class _ReplayChannel:
     fast: Any = None
     staging: Any = None
     copy_events: list[Any] = field(default_factory=list)
+    copy_rings: dict[int, list[Any]] = field(default_factory=dict)
     copy_event_next: int = 0
 
 

@@ -119,15 +119,25 @@ def release_staging(p: Any, ch: Any) -> None:
     p.state.later(ch.dev, release)
 
 
+def copy_ring(p: Any, ch: Any) -> list[Any]:
+    """The channel's ring of events that mark staged copies done, on its current device (an event is recorded
+    on streams of its own device only: a thread that moved to another device gets another ring; the fast path
+    takes from the same ring, at the same place)."""
+    ring = ch.copy_rings.get(ch.dev)
+    if ring is None:
+        ring = ch.copy_rings[ch.dev] = [p.backend.event_create(ch.dev, 2) for _ in range(COPY_EVENTS)]  # no timing
+    if ch.copy_events is not ring:
+        ch.copy_events = ring
+        if ch.fast is not None:
+            for i, e in enumerate(ring):
+                ch.fast.copy_events[i] = fastpath.ffi.cast("void *", p.backend.handle_value(e))
+    return ring
+
+
 def _copy_event(p: Any, ch: Any) -> Any:
-    """The next of the channel's ring of events that mark staged copies done
-    (the fast path takes from the same ring, at the same place)."""
+    """The next of the channel's ring of copy events."""
     fc = ch.fast
-    if not ch.copy_events:
-        ch.copy_events = [p.backend.event_create(ch.dev, 2) for _ in range(COPY_EVENTS)]  # timing off
-        if fc is not None:
-            for i, e in enumerate(ch.copy_events):
-                fc.copy_events[i] = fastpath.ffi.cast("void *", p.backend.handle_value(e))
+    copy_ring(p, ch)
     if fc is None:
         i = ch.copy_event_next = ch.copy_event_next + 1
     else:
