@@ -31,6 +31,16 @@ static size_t nholds, capholds;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t used, used_high; /* bytes allocated by memory-allocation nodes (cudaGraphMemAttr*) */
 
+/* drops the rows marked gone (kind 0) */
+static void compact_locked(void)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < nholds; i++)
+        if (holds[i].kind)
+            holds[k++] = holds[i];
+    nholds = k;
+}
+
 static int holder(int kind) /* (NVP_OWN_FREED and NVP_OWN_SIZE rows hold nothing) */
 {
     return kind == NVP_OWN_CAPTURE || kind == NVP_OWN_GRAPH || kind == NVP_OWN_EXEC || kind == NVP_OWN_ALLOC_NODE ||
@@ -81,11 +91,7 @@ void nvp_graph_mem_pass(int from, uint64_t from_id, int to, uint64_t to_id, int 
         else
             add_locked(holds[i].ptr, to, to_id, 0, holds[i].host);
     }
-    size_t k = 0;
-    for (size_t i = 0; i < nholds; i++)
-        if (holds[i].kind)
-            holds[k++] = holds[i];
-    nholds = k;
+    compact_locked();
     pthread_mutex_unlock(&lock);
 }
 
@@ -125,11 +131,7 @@ void nvp_graph_mem_release(int kind, uint64_t id)
             }
         }
     }
-    size_t k = 0;
-    for (size_t i = 0; i < nholds; i++)
-        if (holds[i].kind)
-            holds[k++] = holds[i];
-    nholds = k;
+    compact_locked();
     pthread_mutex_unlock(&lock);
     for (size_t i = 0; i < ngone; i++) { /* (cudaFree takes the allocation node's hold and statistics too) */
         void *p = (void *)(uintptr_t)gone[i].ptr;
@@ -163,11 +165,7 @@ void nvp_graph_mem_launched(uint64_t exec)
             for (size_t j = 0; j < nholds; j++)
                 if (holds[j].ptr == holds[i].ptr && holds[j].kind == NVP_OWN_ALLOC_EXEC && holds[j].id == exec)
                     holds[i].kind = 0;
-    size_t k = 0;
-    for (size_t i = 0; i < nholds; i++)
-        if (holds[i].kind)
-            holds[k++] = holds[i];
-    nholds = k;
+    compact_locked();
     pthread_mutex_unlock(&lock);
 }
 

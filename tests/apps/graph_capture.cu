@@ -29,6 +29,26 @@ __global__ void step_down(int *counter, int *steps, cudaGraphConditionalHandle h
 
 static const int N = 1000;
 
+static cudaMemAllocNodeParams alloc_params() {  // N ints on device 0
+    cudaMemAllocNodeParams ap = {};
+    ap.poolProps.allocType = cudaMemAllocationTypePinned;
+    ap.poolProps.location.type = cudaMemLocationTypeDevice;
+    ap.poolProps.location.id = 0;
+    ap.bytesize = N * sizeof(int);
+    return ap;
+}
+
+// prints how many nodes the graph lists, instantiates it and lets it go
+static cudaGraphExec_t finish(cudaGraph_t g, const char *what) {
+    size_t count = 0;
+    CHECK(cudaGraphGetNodes(g, NULL, &count));
+    printf("%s: %zu nodes\n", what, count);
+    cudaGraphExec_t x;
+    CHECK(cudaGraphInstantiate(&x, g, 0));
+    CHECK(cudaGraphDestroy(g));
+    return x;
+}
+
 static long long sum(const int *d, int n) {
     int h[N];
     CHECK(cudaMemcpy(h, d, n * sizeof(int), cudaMemcpyDeviceToHost));
@@ -60,11 +80,7 @@ static cudaGraphExec_t captured_alloc(cudaStream_t s, int *out) {
 static cudaGraphExec_t built_alloc(int *out, cudaEvent_t ev) {
     cudaGraph_t g, child;
     CHECK(cudaGraphCreate(&g, 0));
-    cudaMemAllocNodeParams ap = {};
-    ap.poolProps.allocType = cudaMemAllocationTypePinned;
-    ap.poolProps.location.type = cudaMemLocationTypeDevice;
-    ap.poolProps.location.id = 0;
-    ap.bytesize = N * sizeof(int);
+    cudaMemAllocNodeParams ap = alloc_params();
     cudaGraphNode_t alloc, k, c, rec, wait, freed;
     CHECK(cudaGraphAddMemAllocNode(&alloc, g, NULL, 0, &ap));
     int *tmp = (int *)ap.dptr;
@@ -95,10 +111,7 @@ static cudaGraphExec_t built_alloc(int *out, cudaEvent_t ev) {
     printf("child node type %d\n", (int)t);
     cudaGraph_t clone;
     printf("clone with memory nodes: %s\n", cudaGetErrorName(cudaGraphClone(&clone, g)));
-    cudaGraphExec_t x;
-    CHECK(cudaGraphInstantiate(&x, g, 0));
-    CHECK(cudaGraphDestroy(g));
-    return x;
+    return finish(g, "built graph with memory nodes");
 }
 
 // C: A -> while [step_down] -> fill, the conditional node added to the capture's own graph
@@ -135,13 +148,7 @@ static cudaGraphExec_t captured_while(cudaStream_t s, int *counter, int *steps, 
     step_down<<<1, 1, 0, bs>>>(counter, steps, h);
     CHECK(cudaStreamEndCapture(bs, NULL));
     CHECK(cudaStreamDestroy(bs));
-    size_t count = 0;
-    CHECK(cudaGraphGetNodes(g, NULL, &count));
-    printf("nodes: %zu\n", count);
-    cudaGraphExec_t x;
-    CHECK(cudaGraphInstantiate(&x, g, 0));
-    CHECK(cudaGraphDestroy(g));
-    return x;
+    return finish(g, "captured while graph");
 }
 
 // D: pageable in -> double it -> pageable out
@@ -155,23 +162,14 @@ static cudaGraphExec_t pageable_copies(int *in, int *dev, int *out) {
     cudaKernelNodeParams kp = {(void *)accumulate, dim3((N + 255) / 256), dim3(256), 0, args, NULL};
     CHECK(cudaGraphAddKernelNode(&k, g, &up, 1, &kp));
     CHECK(cudaGraphAddMemcpyNode1D(&down, g, &k, 1, out, dev, N * sizeof(int), cudaMemcpyDeviceToHost));
-    size_t count = 0;
-    CHECK(cudaGraphGetNodes(g, NULL, &count));
-    printf("pageable copies graph: %zu nodes\n", count);
-    cudaGraphExec_t x;
-    CHECK(cudaGraphInstantiate(&x, g, 0));
-    CHECK(cudaGraphDestroy(g));
-    return x;
+    return finish(g, "pageable copies graph");
 }
 
 // E: alloc node -> fill; the memory outlives the launch, the program frees it
 static cudaGraphExec_t alloc_kept(int **ptr) {
     cudaGraph_t g;
     CHECK(cudaGraphCreate(&g, 0));
-    cudaMemAllocNodeParams ap = {};
-    ap.poolProps.allocType = cudaMemAllocationTypePinned;
-    ap.poolProps.location.type = cudaMemLocationTypeDevice;
-    ap.bytesize = N * sizeof(int);
+    cudaMemAllocNodeParams ap = alloc_params();
     cudaGraphNode_t alloc, k;
     CHECK(cudaGraphAddMemAllocNode(&alloc, g, NULL, 0, &ap));
     *ptr = (int *)ap.dptr;
@@ -179,10 +177,7 @@ static cudaGraphExec_t alloc_kept(int **ptr) {
     void *args[] = {ptr, &n, &v};
     cudaKernelNodeParams kp = {(void *)fill, dim3((N + 255) / 256), dim3(256), 0, args, NULL};
     CHECK(cudaGraphAddKernelNode(&k, g, &alloc, 1, &kp));
-    cudaGraphExec_t x;
-    CHECK(cudaGraphInstantiate(&x, g, 0));
-    CHECK(cudaGraphDestroy(g));
-    return x;
+    return finish(g, "graph with a kept allocation");
 }
 
 int main(int argc, char **argv) {
