@@ -184,7 +184,8 @@ class MappedFile:
 
 class Bounce:
     """Up to SLOTS pinned chunks, for images that come from a file.  Their pages are new
-    (2-3 GB/s to make in the H200's VM), so slots are made and registered on MAKERS
+    (2-3 GB/s to make in the H200's VM as 4 KiB pages; huge pages where the kernel gives them), so slots
+    are made and registered on MAKERS
     threads of their own, and each is handed out as soon as it is made.  A slot whose
     chunk is being copied to the device comes back once its event says the copy is
     done: only the thread that takes slots ever waits for a copy (an event wait spins,
@@ -197,9 +198,7 @@ class Bounce:
         self.m = m
         self.slots = max(2, min(SLOTS, -(-image_bytes // CHUNK)))
         self.size = self.slots * CHUNK
-        self.fd = os.memfd_create("nvproxy-bounce", os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, self.size)
-        self.addr = libc.map_anywhere(self.fd, self.size)
+        self.addr, self._base, self._mapped = libc.map_private_huge(self.size)
         self._cond = threading.Condition()
         self._free: list[int] = []  # made and unused
         self._copying: deque[int] = deque()  # in a copy to the device, whose event is m.events[slot]
@@ -266,8 +265,7 @@ class Bounce:
         self.m.backend.activate(self.m.dev)
         for i in self.registered:
             self.m.backend.host_unregister(self.slot(i), CHUNK)
-        libc.unmap(self.addr, self.size)
-        os.close(self.fd)
+        libc.unmap(self._base, self._mapped)
 
 
 class FileLoader:
