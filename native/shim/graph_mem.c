@@ -79,29 +79,37 @@ void nvp_graph_mem_hold(uint64_t ptr, int kind, uint64_t id, int host)
  * to == 0 with move drops the holds (an invalidated capture frees nothing, as natively). */
 void nvp_graph_mem_pass(int from, uint64_t from_id, int to, uint64_t to_id, int move)
 {
+    uint64_t staging[64];
+    size_t nstaging = 0;
     pthread_mutex_lock(&lock);
     size_t n = nholds;
     for (size_t i = 0; i < n; i++) {
         if (holds[i].kind != from || holds[i].id != from_id)
             continue;
-        if (move && to)
+        if (move && to) {
             holds[i] = (struct hold){holds[i].ptr, to, to_id, 0, holds[i].host};
-        else if (move)
+        } else if (move) {
+            if (holds[i].host && nstaging < sizeof staging / sizeof *staging) /* (no graph will use it) */
+                staging[nstaging++] = holds[i].ptr;
             holds[i].kind = 0;
-        else
+        } else {
             add_locked(holds[i].ptr, to, to_id, 0, holds[i].host);
+        }
     }
     compact_locked();
     pthread_mutex_unlock(&lock);
+    for (size_t i = 0; i < nstaging; i++)
+        cudaFreeHost((void *)(uintptr_t)staging[i]);
 }
 
-/* Does owner (kind, id) hold device memory (id 0 with NVP_OWN_CAPTURE: does any capture)? */
+/* Does owner (kind, id) hold device memory (id 0 with NVP_OWN_CAPTURE: does any capture hold anything,
+ * staging too)? */
 int nvp_graph_mem_holds(int kind, uint64_t id)
 {
-    int found = 0;
+    int found = 0, capture = kind == NVP_OWN_CAPTURE;
     pthread_mutex_lock(&lock);
     for (size_t i = 0; i < nholds && !found; i++)
-        found = !holds[i].host && holds[i].kind == kind && (holds[i].id == id || (kind == NVP_OWN_CAPTURE && id == 0));
+        found = (capture || !holds[i].host) && holds[i].kind == kind && (holds[i].id == id || (capture && id == 0));
     pthread_mutex_unlock(&lock);
     return found;
 }

@@ -63,8 +63,9 @@ def HOST_FUNC(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     p.backend.host_func(s, lambda status: p.server.run_callback(cb_id, status, keep), keep)
     if keep and len(a) > 2 and a[2]:  # (nvproxy's own, staging a copy: the graph does not list it)
         _status, cid = p.backend.capture_status(s)
-        node = p.backend.capture_deps(s)[0]
-        p.state.captures[cid].hidden[p.backend.node_key(node)] = node
+        log, deps = p.state.captures.get(cid), p.backend.capture_deps(s)
+        if log is not None and deps:
+            log.hidden[p.backend.node_key(deps[0])] = deps[0]
 
 
 def EVENT_CREATE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
