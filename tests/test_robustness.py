@@ -155,6 +155,16 @@ def test_malformed_messages_close_only_that_channel(tmp_path: Path) -> None:
         assert call(wire.NVP_OP_IPC_MEM_OPEN, [0], b"\0" * 5) == 1
         assert call(wire.NVP_OP_IPC_MEM_CLOSE, [0x200000000000]) == 1
         assert call(wire.NVP_OP_IPC_EVENT_OPEN, [99], b"\0" * 3) == 1
+        # captures: not capturing, unknown graphs, streams and nodes, dependency lists longer than their payload
+        assert call(wire.NVP_OP_CAPTURE_DEPS, [0, 1, 0]) == 401  # the legacy stream is not being captured
+        assert call(wire.NVP_OP_CAPTURE_TO_GRAPH, [0, 0, 9, 0]) == 1  # no graph 9
+        assert call(wire.NVP_OP_CAPTURE_TO_GRAPH, [12345, 0, 1, 0]) == 400  # no such stream
+        assert call(wire.NVP_OP_CAPTURE_TO_GRAPH, [0, 0, 1, 3], b"\0" * 4) == 1  # 3 dependencies, 1 id
+        assert call(wire.NVP_OP_CAPTURE_INFO, [0, 50, 64], b"\0" * 8) == 0  # (not capturing: status only)
+        assert call(wire.NVP_OP_GRAPH_ADD_NODE, [1, 8, wire.NVP_NODE_CHILD, 0], struct.pack("<Q", 77)) == 1
+        assert call(wire.NVP_OP_GRAPH_ADD_NODE, [1, 9, wire.NVP_NODE_EVENT_RECORD, 0], struct.pack("<Q", 77)) == 400
+        # managed variables of a module that was never loaded
+        assert call(wire.NVP_OP_MANAGED_VAR, [77, 0x300000000000, 4], b"counter\0") != 0
         good.close()
     finally:
         proxy.kill()
