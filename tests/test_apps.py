@@ -48,6 +48,16 @@ def test_sim(build, name: str, args: tuple[str, ...]) -> None:
     assert r.returncode == 0, r.stderr
 
 
+def test_sim_two_devices(build, monkeypatch) -> None:
+    """Peer access between two modelled devices (NVPROXY_SIM_DEVICES=2): kernels on device 1 use device 0's
+    memory, cudaMalloc'd and from its pool, after cudaDeviceEnablePeerAccess and cudaMemPoolSetAccess."""
+    monkeypatch.setenv("NVPROXY_SIM_DEVICES", "2")
+    exe = build("p2p")
+    r = run(nvproxy_cmd(exe, "sim", "p2p"))
+    assert r.stdout == (EXPECTED / "sim" / "p2p-2devices.txt").read_text(), r.stderr
+    assert r.returncode == 0, r.stderr
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(("name", "args"), PROGRAMS, ids=IDS)
 def test_gpu_matches_native(build, name: str, args: tuple[str, ...]) -> None:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import APPS, gpu_count, nvproxy_cmd, run
@@ -138,13 +139,20 @@ def test_apps_dir_has_the_program() -> None:
     assert (APPS / "ckpt_steps.cu").exists() and (APPS / "ckpt_steps_sim.py").exists()
 
 
-@pytest.mark.gpu
-def test_migrate_to_another_gpu(build) -> None:
-    if gpu_count() < 2:
+def _two_devices(backend: str, monkeypatch: Any) -> None:
+    """Two GPUs, or two modelled devices on the sim backend (NVPROXY_SIM_DEVICES=2)."""
+    if backend == "sim":
+        monkeypatch.setenv("NVPROXY_SIM_DEVICES", "2")
+    elif gpu_count() < 2:
         pytest.skip("needs two GPUs (nvidia-smi -L lists fewer)")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_migrate_to_another_gpu(build, backend: str, monkeypatch: Any) -> None:
+    _two_devices(backend, monkeypatch)
     exe = build("ckpt_steps")
-    reference = run(nvproxy_cmd(exe, "gpu", "ckpt_steps", "20", "0"))
-    app = subprocess.Popen(nvproxy_cmd(exe, "gpu", "ckpt_steps", "20", PAUSE_MS), stdout=subprocess.PIPE,
+    reference = run(nvproxy_cmd(exe, backend, "ckpt_steps", "20", "0"))
+    app = subprocess.Popen(nvproxy_cmd(exe, backend, "ckpt_steps", "20", PAUSE_MS), stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     assert app.stdout is not None
     lines = [app.stdout.readline() for _ in range(3)]
@@ -256,13 +264,12 @@ def test_capture_built_graphs_survive_migration(build, backend: str) -> None:
     migrate_mid_run(build, backend, "graph_capture", ("6",), "run 2:")
 
 
-@pytest.mark.gpu
-def test_peer_access_survives_migration(build) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_peer_access_survives_migration(build, backend: str, monkeypatch: Any) -> None:
     """Device 1's kernels reach device 0's memory (peer access, a pool's access): the new proxy maps the
     arena's memory for the peer again."""
-    if gpu_count() < 2:
-        pytest.skip("needs two GPUs (nvidia-smi -L lists fewer)")
-    migrate_mid_run(build, "gpu", "p2p", ("6",), "run 2:")
+    _two_devices(backend, monkeypatch)
+    migrate_mid_run(build, backend, "p2p", ("6",), "run 2:")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

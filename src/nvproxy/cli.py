@@ -277,7 +277,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     try:  # the new proxy runs like the old one (backend, sim kernels)
         for item in env_file.read_bytes().split(b"\0"):
             k, _, v = item.decode(errors="replace").partition("=")
-            if k in ("NVPROXY_BACKEND", "NVPROXY_SIM_KERNELS", "CUDA_VISIBLE_DEVICES"):
+            if k in ("NVPROXY_BACKEND", "NVPROXY_SIM_KERNELS", "NVPROXY_SIM_DEVICES", "CUDA_VISIBLE_DEVICES"):
                 env[k] = v
     except OSError:
         pass

@@ -191,6 +191,16 @@ class SimModule:
     globals: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
+def _sim_devices() -> int:
+    """NVPROXY_SIM_DEVICES modelled devices (default 1), of which CUDA_VISIBLE_DEVICES, where set, leaves the
+    ones it lists (renumbered from 0, as the driver does)."""
+    n = int(os.environ.get("NVPROXY_SIM_DEVICES") or 1)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        n = len([d for d in visible.split(",") if d.strip().isdigit() and int(d) < n])
+    return n
+
+
 class SimBackend:
     name = "sim"
     frees_wait_for_device = False  # work runs at submission: nothing can still be using it
@@ -198,7 +208,7 @@ class SimBackend:
     def __init__(self) -> None:
         sim_kernels.load_from_env()
         self.mem = SimMemory()
-        self.backings = [SimBacking(self.mem, SIM_MEMORY)]
+        self.backings = [SimBacking(self.mem, SIM_MEMORY) for _ in range(_sim_devices())]
         # like the driver, place module variables wherever this process likes: a
         # restored process finds them elsewhere (exercises the proxy's relocation)
         self.globals_space = FreeList(GLOBALS_BASE + (os.getpid() % 1024 << 30), 1 << 30)
@@ -225,7 +235,7 @@ class SimBackend:
         attrs = [0] * 160
         for k, v in _ATTRS.items():
             attrs[k] = v
-        return "nvproxy sim device", bytes(range(16)), SIM_MEMORY, attrs
+        return "nvproxy sim device", bytes([dev, *range(1, 16)]), SIM_MEMORY, attrs
 
     def activate(self, dev: int) -> None:
         pass
@@ -756,7 +766,7 @@ class SimBackend:
         return self.cache_config
 
     def peer(self, what: int, dev: int, peer: int) -> int:
-        return 0 if what == 0 else 0
+        return int(what == 0 and dev != peer)  # (one memory: every modelled device reaches every other's)
 
     def profiler(self, start: bool) -> None:
         pass
