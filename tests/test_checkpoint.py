@@ -273,6 +273,13 @@ def test_peer_access_survives_migration(build, backend: str, monkeypatch: Any) -
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_pool_allocations_survive_migration(build, backend: str) -> None:
+    """Stream-ordered allocations (a default pool's, held through the run) keep their addresses and contents
+    in the new proxy, and the pools go on allocating and freeing."""
+    migrate_mid_run(build, backend, "mempool", ("6",), "round 2:")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_managed_variables_survive_migration(build, backend: str) -> None:
     """__managed__ variables: the program's copy stays where it is, the new proxy binds the modules' variables
     to it again and kernels go on from the values the program holds."""

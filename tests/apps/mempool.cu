@@ -1,13 +1,17 @@
 // The stream-ordered allocator with the device's default pool and a pool of its own:
 // cudaMallocAsync/cudaFreeAsync in stream order, pool attributes, access, the device's current pool.
+// argv[1] = extra rounds, each followed by a pause (checkpoint tests: a pool allocation made before the
+// first round must keep its contents).
 #include "check.h"
+#include <unistd.h>
 
 __global__ void iota(int *p, int n, int base) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) p[i] = base + i;
 }
 
-int main() {
+int main(int argc, char **argv) {
+    int long_run = argc > 1 ? atoi(argv[1]) : 0;
     cudaMemPool_t pool;
     CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
     unsigned long long threshold = 1 << 20, got = 0;
@@ -18,7 +22,10 @@ int main() {
     CHECK(cudaStreamCreate(&s));
     const int n = 1 << 18;
     long long total = 0;
-    for (int round = 0; round < 4; round++) {
+    int *kept;  // (lives through every round)
+    CHECK(cudaMallocFromPoolAsync((void **)&kept, 1024 * sizeof(int), pool, s));
+    iota<<<4, 256, 0, s>>>(kept, 1024, 42);
+    for (int round = 0; round < 4 + long_run; round++) {
         int *d, *h;
         CHECK(cudaMallocHost(&h, n * sizeof(int)));
         CHECK(cudaMallocAsync(&d, n * sizeof(int), s));
@@ -30,8 +37,17 @@ int main() {
         CHECK(cudaFreeAsync(d, s));
         CHECK(cudaStreamSynchronize(s));
         for (int i = 0; i < n; i += 4099) total += h[i];
+        CHECK(cudaMemcpyAsync(h, kept, 1024 * sizeof(int), cudaMemcpyDeviceToHost, s));
+        CHECK(cudaStreamSynchronize(s));
+        long long k = 0;
+        for (int i = 0; i < 1024; i++) k += h[i];
+        printf("round %d: sum %lld, kept %lld\n", round, total, k);
+        fflush(stdout);
         CHECK(cudaFreeHost(h));
+        if (long_run) usleep(150000);
     }
+    CHECK(cudaFreeAsync(kept, s));
+    CHECK(cudaStreamSynchronize(s));
     unsigned long long used = 1;
     CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
     printf("used after free and sync: %llu\n", (unsigned long long)used);
