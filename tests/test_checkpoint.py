@@ -287,6 +287,28 @@ def test_managed_variables_survive_migration(build, backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_importer_of_ipc_memory_migrates(build, backend: str) -> None:
+    """A process that opened another's device memory and event (CUDA IPC) is migrated: the new proxy gets the
+    memory from the exporter's proxy again and maps it at the same address, opens the event again, and the
+    program goes on changing the exporter's memory as before."""
+    exe = build("ipc")
+    strip = lambda text: [ln for ln in text.splitlines() if not ln.startswith("child: waiting")]  # noqa: E731
+    reference = run(nvproxy_cmd(exe, backend, "ipc", "child-wait"))
+    assert reference.returncode == 0 and "Test PASSED" in reference.stdout, reference.stdout + reference.stderr
+    app = subprocess.Popen(nvproxy_cmd(exe, backend, "ipc", "child-wait"), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    assert app.stdout is not None
+    lines: list[str] = []
+    while not lines or not lines[-1].startswith("child: waiting"):
+        lines.append(app.stdout.readline())
+        assert lines[-1], app.communicate()[1]
+    r = nvproxy("migrate", lines[-1].split()[-1])
+    assert r.returncode == 0, r.stdout + r.stderr
+    out, err = app.communicate(timeout=300)
+    assert strip("".join(lines) + out) == strip(reference.stdout), err
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_checkpoint_refused_while_memory_is_shared(build, backend: str, tmp_path: Path) -> None:
     """A process that exported device memory through CUDA IPC cannot be checkpointed exactly (its peers would
     keep the old memory): the checkpoint fails with the reason, and the program goes on unharmed."""

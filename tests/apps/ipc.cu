@@ -7,7 +7,8 @@
 // Pool IPC too: a pool made with POSIX file descriptor handles is exported (its
 // descriptor inherited by the child) with one of its allocations; the child
 // imports both, refuses empty export data, changes the memory and frees it.
-// argv[1] = "wait": pause after exporting (checkpoint tests: refused while shared).
+// argv[1] = "wait": pause after exporting (checkpoint tests: refused while shared); "child-wait": the child
+// pauses after opening (checkpoint tests: the importer is migrated and opens it all again).
 #include "check.h"
 #include <cstring>
 #include <fcntl.h>
@@ -38,7 +39,7 @@ static unsigned long long fold(const int *p, int n) {
     return s;
 }
 
-static int child(int fd) {
+static int child(int fd, bool wait) {
     handles h;
     if (read(fd, &h, sizeof h) != (ssize_t)sizeof h) return 2;
     int *big, *small, *again;
@@ -48,6 +49,11 @@ static int child(int fd) {
     printf("child: opened twice, same pointer: %d\n", again == big);
     cudaEvent_t ev;
     CHECK(cudaIpcOpenEventHandle(&ev, h.event));
+    if (wait) {
+        printf("child: waiting %d\n", (int)getpid());
+        fflush(stdout);
+        sleep(3);
+    }
     cudaStream_t s;
     CHECK(cudaStreamCreate(&s));
     CHECK(cudaStreamWaitEvent(s, ev, 0));
@@ -91,7 +97,7 @@ static int child(int fd) {
 }
 
 int main(int argc, char **argv) {
-    if (argc > 2 && !strcmp(argv[1], "child")) return child(atoi(argv[2]));
+    if (argc > 2 && !strcmp(argv[1], "child")) return child(atoi(argv[2]), argc > 3);
     int *big, *small;
     CHECK(cudaMalloc(&big, N * sizeof(int)));
     CHECK(cudaMalloc(&small, SMALL * sizeof(int)));  // (shares its chunk with other small allocations)
@@ -137,7 +143,8 @@ int main(int argc, char **argv) {
         fcntl(h.pool_fd, F_SETFD, 0);  // (the child inherits the pool's descriptor)
         char fd[16];
         snprintf(fd, sizeof fd, "%d", fds[0]);
-        execl("/proc/self/exe", argv[0], "child", fd, (char *)NULL);
+        bool child_wait = argc > 1 && !strcmp(argv[1], "child-wait");
+        execl("/proc/self/exe", argv[0], "child", fd, child_wait ? "wait" : (char *)NULL, (char *)NULL);
         _exit(127);
     }
     close(fds[0]);

@@ -11,7 +11,7 @@ from typing import Any
 from .. import fatbin
 from ..errors import CudaError
 from ..proxy import managed_vars
-from ..proxy.handlers import arrays, graphs
+from ..proxy.handlers import arrays, graphs, ipc
 from ..proxy.state import ProcessState
 from . import hostimage, transfer
 from .checksum import checksum
@@ -57,6 +57,7 @@ def describe(state: ProcessState) -> dict[str, Any]:
         **graphs.describe(state),
         **arrays.describe(state),
         **managed_vars.describe(state),
+        **ipc.describe(state),
         "peer_grants": sorted([dev, owner] for dev, owner in state.peer_grants),
     }
 

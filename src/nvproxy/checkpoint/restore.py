@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import CudaError
 from ..proxy import libc, managed_vars
-from ..proxy.handlers import arrays
+from ..proxy.handlers import arrays, ipc
 from ..proxy.state import HostRange, ProcessState
 from . import transfer
 from .checksum import checksum
@@ -169,6 +169,7 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
         for lim, v in desc["limits"].items():
             be.set_limit(int(lim), v)
             state.limits.setdefault(dev, {})[int(lim)] = v
+    ipc.restore_imports(state, h)  # (memory opened from other processes: at the same addresses)
     for peer, owner in h.get("peer_grants", []):  # (contexts' peer access, for memory outside the arenas)
         try:
             be.activate(peer)
@@ -204,7 +205,8 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
             state.stream_attrs.setdefault(int(w), {})[int(attr)] = bytes.fromhex(value)
     before: dict[int, dict[int, float]] = {}
     for w, dev, flags, *ms in h["events"]:
-        state.events[w] = (dev, be.event_create(dev, flags))
+        opened = ipc.opened_event(state, h, w, dev)
+        state.events[w] = (dev, opened if opened is not None else be.event_create(dev, flags))
         state.event_flags[w] = flags
         if ms and ms[0] is not None:
             before.setdefault(dev, {})[w] = ms[0]

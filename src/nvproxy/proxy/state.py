@@ -149,16 +149,16 @@ class ProcessState:
         # processes mapped here ((pid, base) -> mapping), events exported or opened (wire ids)
         self.ipc_exports: dict[int, int] = {}
         self.ipc_imports: dict[tuple[int, int], Any] = {}
-        self.ipc_events: set[int] = set()
+        self.ipc_events: set[int] = set()  # events whose IPC handles went to other processes
+        self.ipc_opened_events: dict[int, bytes] = {}  # events opened from other processes' handles
 
     def ipc_in_use(self) -> str | None:
-        """Why a checkpoint would not be exact: device memory or events shared with another process."""
-        if self.ipc_imports:
-            return f"device memory of process {next(iter(self.ipc_imports))[0]} is open here (cudaIpcOpenMemHandle)"
+        """Why a checkpoint would not be exact: device memory or events given to other processes (what this
+        process opened from others is opened again by a restore, while they run)."""
         if self.ipc_exports:
             return "device memory was exported to other processes (cudaIpcGetMemHandle)"
         if self.ipc_events & set(self.events):
-            return "events are shared with other processes (cudaIpcGetEventHandle/cudaIpcOpenEventHandle)"
+            return "events are shared with other processes (cudaIpcGetEventHandle)"
         return None
 
     def free(self, ptr: int) -> None:

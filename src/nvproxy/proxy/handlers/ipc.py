@@ -8,8 +8,11 @@ the peer's uid), shows it the secret and receives a file descriptor of the
 driver's allocation, which it maps into its own arena.  Event handles are the
 driver's own and work between the proxies as between any two processes.
 
-A process whose device memory or events are shared this way cannot be
-checkpointed: its peer would keep the old memory (state.ipc_in_use)."""
+A process that gave its device memory or events to others cannot be
+checkpointed: they would keep the old memory (state.ipc_in_use).  A process that
+opened others' memory or events can: its image names them, and a restore opens
+them again at the same addresses while their exporters run (a migration, a
+restart of the importer alone)."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ... import wire
+from ...checkpoint.image import ImageError
 from ...errors import INVALID_RESOURCE_HANDLE, INVALID_VALUE, CudaError
 from .. import control
 
@@ -38,6 +42,12 @@ class Import:
     size: int
     handle: Any
     refs: int = 1
+    pid: int = 0  # the exporting application, its allocation and secret: a restore opens it again
+    base: int = 0
+    token: int = 0
+
+    def key(self) -> list[int]:
+        return [self.dev, self.va, self.size, self.refs, self.pid, self.base, self.token]
 
 
 def IPC_MEM_EXPORT(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
@@ -83,6 +93,30 @@ def _fetch(pid: int, base: int, token: int) -> tuple[int, int]:
     return fds[0], reply["size"]
 
 
+def _map_import(st: Any, dev: int, pid: int, base: int, token: int, va: int | None) -> tuple[int, int, Any]:
+    """Another application's exported allocation, mapped into this arena (at va, or where there is room):
+    (va, size, the driver's handle)."""
+    fd, n = _fetch(pid, base, token)
+    try:
+        d = st.device(dev)
+        with st.arena_lock:
+            if va is None:
+                va = d.arena.vas.take(n, d.arena.backing.granularity)
+            else:
+                d.arena.vas.take_at(va, n)
+        try:
+            st.backend.activate(dev)
+            handle = st.backend.import_fd(dev, fd, n)
+            d.arena.backing.map(va, n, handle)
+        except BaseException:
+            with st.arena_lock:
+                d.arena.vas.give(va, n)
+            raise
+    finally:
+        os.close(fd)
+    return va, n, handle
+
+
 def IPC_MEM_OPEN(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
     if len(payload) != IPC_MEM.size:
         raise CudaError(INVALID_VALUE, "IPC memory handle")
@@ -94,22 +128,8 @@ def IPC_MEM_OPEN(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[t
     st = p.state
     imp = st.ipc_imports.get((pid, base))
     if imp is None:
-        fd, n = _fetch(pid, base, token)
-        try:
-            d = st.device(dev)
-            with st.arena_lock:
-                va = d.arena.vas.take(n, d.arena.backing.granularity)
-            try:
-                p.backend.activate(dev)
-                handle = p.backend.import_fd(dev, fd, n)
-                d.arena.backing.map(va, n, handle)
-            except BaseException:
-                with st.arena_lock:
-                    d.arena.vas.give(va, n)
-                raise
-        finally:
-            os.close(fd)
-        imp = st.ipc_imports[(pid, base)] = Import(dev, va, n, handle, 0)
+        va, n, handle = _map_import(st, dev, pid, base, token, None)
+        imp = st.ipc_imports[(pid, base)] = Import(dev, va, n, handle, 0, pid, base, token)
     imp.refs += 1
     return (imp.va + offset, imp.va, imp.size), b""
 
@@ -145,4 +165,36 @@ def IPC_EVENT_OPEN(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
         raise CudaError(INVALID_VALUE, "IPC event handle")
     p.state.events[a[0]] = (ch.dev, p.backend.ipc_event_open(ch.dev, payload))
     p.state.event_flags[a[0]] = 6  # cudaEventDisableTiming | cudaEventInterprocess
-    p.state.ipc_events.add(a[0])
+    p.state.ipc_opened_events[a[0]] = payload  # (a restore opens it again, while its exporter lives)
+
+
+# ---- checkpoints of an importing process (the exporters go on running): what it opened is opened again ----
+def describe(state: Any) -> dict[str, Any]:
+    return {"ipc_imports": [imp.key() for imp in state.ipc_imports.values()],
+            "ipc_opened_events": {str(w): h.hex() for w, h in state.ipc_opened_events.items() if w in state.events}}
+
+
+def restore_imports(state: Any, header: dict[str, Any]) -> None:
+    """Map what the process had opened at the same addresses (after its arenas are back: the addresses are free
+    there); fails the restore if an exporter is gone."""
+    for dev, va, size, refs, pid, base, token in header.get("ipc_imports", []):
+        try:
+            got_va, n, handle = _map_import(state, dev, pid, base, token, va)
+        except CudaError as e:
+            raise ImageError(f"device memory of process {pid} opened at {va:#x} cannot be opened again: {e}") from None
+        if n != size:
+            raise ImageError(f"device memory of process {pid} at {va:#x} has {n} bytes now, {size} before")
+        state.ipc_imports[(pid, base)] = Import(dev, got_va, n, handle, refs, pid, base, token)
+
+
+def opened_event(state: Any, header: dict[str, Any], wire_id: int, dev: int) -> Any:
+    """An event the process had opened from another's handle, opened again (None: not such an event)."""
+    h = header.get("ipc_opened_events", {}).get(str(wire_id))
+    if h is None:
+        return None
+    handle = bytes.fromhex(h)
+    state.ipc_opened_events[wire_id] = handle
+    try:
+        return state.backend.ipc_event_open(dev, handle)
+    except CudaError as e:
+        raise ImageError(f"event {wire_id}, opened from another process, cannot be opened again: {e}") from None
