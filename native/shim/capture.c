@@ -102,7 +102,8 @@ NVP_EXPORT cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t s, cudaGr
     return nvp_ret(capture_to_graph(s, graph, deps, edges, ndeps, mode, 1));
 }
 
-static cudaError_t capture_status(int64_t w, enum cudaStreamCaptureStatus *status, unsigned long long *id)
+/* wire stream w's capture status (id: its capture, while active) */
+cudaError_t nvp_capture_status(int64_t w, enum cudaStreamCaptureStatus *status, unsigned long long *id)
 {
     uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w};
     struct nvp_reply r = {0};
@@ -125,7 +126,7 @@ static cudaError_t capture_end(cudaStream_t s, cudaGraph_t *graph, int ptds)
         return e;
     enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     unsigned long long cid = 0;
-    if (nvp_graph_mem_holds(NVP_OWN_CAPTURE, 0) && (e = capture_status(w, &st, &cid)))
+    if (nvp_graph_mem_holds(NVP_OWN_CAPTURE, 0) && (e = nvp_capture_status(w, &st, &cid)))
         return e;
     struct nvp_graph_rec rec = {nvp_current_device(), 0};
     uint64_t h = nvp_handle_new(NVP_H_GRAPH, &rec, sizeof rec);
@@ -166,7 +167,7 @@ static cudaError_t is_capturing(cudaStream_t s, enum cudaStreamCaptureStatus *st
     cudaError_t e = nvp_enter_stream(s, ptds, &w);
     if (e)
         return e;
-    return status ? capture_status(w, status, NULL) : cudaErrorInvalidValue;
+    return status ? nvp_capture_status(w, status, NULL) : cudaErrorInvalidValue;
 }
 
 NVP_EXPORT cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *status)
@@ -194,7 +195,7 @@ static cudaError_t capture_info(cudaStream_t s, enum cudaStreamCaptureStatus *st
     if (!status)
         return cudaErrorInvalidValue;
     if (!graph && !deps && !edges && !ndeps)
-        return capture_status(w, status, id);
+        return nvp_capture_status(w, status, id);
     /* fresh handles the proxy may name the graph and new dependencies with; the unused ones go again */
     struct nvp_graph_rec grec = {nvp_current_device(), 0};
     struct nvp_node_rec nrec = {0, 0, 0, 0};

@@ -38,7 +38,7 @@ static void compact_locked(void)
     for (size_t i = 0; i < nholds; i++)
         if (holds[i].kind)
             holds[k++] = holds[i];
-    nholds = k;
+    __atomic_store_n(&nholds, k, __ATOMIC_RELAXED);
 }
 
 static int holder(int kind) /* (NVP_OWN_FREED and NVP_OWN_SIZE rows hold nothing) */
@@ -65,7 +65,8 @@ static void add_locked(uint64_t ptr, int kind, uint64_t id, uint64_t size, int h
         holds = v;
         capholds = cap;
     }
-    holds[nholds++] = (struct hold){ptr, kind, id, size, host};
+    holds[nholds] = (struct hold){ptr, kind, id, size, host};
+    __atomic_store_n(&nholds, nholds + 1, __ATOMIC_RELAXED); /* (read without the lock: fast paths) */
 }
 
 void nvp_graph_mem_hold(uint64_t ptr, int kind, uint64_t id, int host)
@@ -154,6 +155,8 @@ void nvp_graph_mem_release(int kind, uint64_t id)
 /* The program frees ptr: 1 if it is an allocation node's that a graph still holds (only marked free). */
 int nvp_graph_mem_user_free(uint64_t ptr)
 {
+    if (!__atomic_load_n(&nholds, __ATOMIC_RELAXED)) /* (every cudaFree asks: most programs hold nothing) */
+        return 0;
     pthread_mutex_lock(&lock);
     int held = has_row(ptr, NVP_OWN_ALLOC_NODE) || has_row(ptr, NVP_OWN_ALLOC_EXEC);
     if (held && !has_row(ptr, NVP_OWN_FREED))
@@ -180,6 +183,8 @@ void nvp_graph_mem_launched(uint64_t exec)
 /* The program freed ptr itself: no graph frees it again. */
 void nvp_graph_mem_forget(uint64_t ptr)
 {
+    if (!__atomic_load_n(&nholds, __ATOMIC_RELAXED))
+        return;
     pthread_mutex_lock(&lock);
     size_t k = 0;
     for (size_t i = 0; i < nholds; i++) {
@@ -188,21 +193,16 @@ void nvp_graph_mem_forget(uint64_t ptr)
         else if (holds[i].kind == NVP_OWN_SIZE)
             used -= holds[i].size;
     }
-    nholds = k;
+    __atomic_store_n(&nholds, k, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&lock);
 }
 
 /* Is wire stream w being captured (*cid: the capture)?  Asked of the proxy only while captures are on. */
 static int capturing(int64_t w, unsigned long long *cid)
 {
-    if (w < 0 || !__atomic_load_n(&nvp_captures_on, __ATOMIC_SEQ_CST))
-        return 0;
-    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w};
-    struct nvp_reply r = {0};
-    if (nvp_call(NVP_OP_CAPTURE_STATUS, a, NULL, 0, &r, -1) != cudaSuccess || r.h.r[0] != cudaStreamCaptureStatusActive)
-        return 0;
-    *cid = r.h.r[1];
-    return 1;
+    enum cudaStreamCaptureStatus st;
+    return w >= 0 && __atomic_load_n(&nvp_captures_on, __ATOMIC_SEQ_CST) &&
+           nvp_capture_status(w, &st, cid) == cudaSuccess && st == cudaStreamCaptureStatusActive;
 }
 
 /* cudaFreeAsync on a stream that is being captured: the graph frees it (1), or not captured (0). */

@@ -41,7 +41,7 @@ static struct {
     struct pool *pool;
     int imported;
 } *live;
-static size_t nlive, caplive;
+static size_t nlive, caplive, nimported;
 
 static int live_add(uint64_t ptr, uint64_t size, struct pool *p, int imported) /* (lock held) 1: added */
 {
@@ -326,7 +326,8 @@ NVP_EXPORT cudaError_t cudaMemPoolImportPointer(void **ptr, cudaMemPool_t memPoo
     if ((e = cudaIpcOpenMemHandle(ptr, h, cudaIpcMemLazyEnablePeerAccess)))
         return e;
     pthread_mutex_lock(&lock);
-    live_add((uint64_t)(uintptr_t)*ptr, 0, p, 1);
+    if (live_add((uint64_t)(uintptr_t)*ptr, 0, p, 1))
+        __atomic_add_fetch(&nimported, 1, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&lock);
     return cudaSuccess;
 }
@@ -334,11 +335,14 @@ NVP_EXPORT cudaError_t cudaMemPoolImportPointer(void **ptr, cudaMemPool_t memPoo
 /* cudaFree of a pointer imported from another process's pool: its mapping closes (1); else 0. */
 int nvp_pool_import_free(uint64_t ptr)
 {
+    if (!__atomic_load_n(&nimported, __ATOMIC_RELAXED)) /* (every cudaFree asks) */
+        return 0;
     int found = 0;
     pthread_mutex_lock(&lock);
     for (size_t i = 0; i < nlive && !found; i++)
         if (live[i].ptr == ptr && live[i].imported) {
             live[i] = live[--nlive];
+            __atomic_sub_fetch(&nimported, 1, __ATOMIC_RELAXED);
             found = 1;
         }
     pthread_mutex_unlock(&lock);

@@ -228,6 +228,7 @@ void *nvp_stage_new(uint64_t pageable, uint64_t width, uint64_t height, uint64_t
                     int to_device, uint64_t span, uint64_t *data);
 cudaError_t nvp_graph_mem_capture_copy(uint64_t dst, uint64_t src, size_t n, int64_t w, int to_device, int *taken);
 cudaError_t nvp_host_func_wire(int64_t w, void *fn, void *data); /* stream.c */
+cudaError_t nvp_capture_status(int64_t w, enum cudaStreamCaptureStatus *status, unsigned long long *id); /* capture.c */
 
 /* ---- array.c ---- */
 int nvp_array_id(cudaArray_const_t a, uint32_t *id); /* the array's wire id; -1 if not an array */
