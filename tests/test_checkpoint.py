@@ -286,45 +286,59 @@ def test_managed_variables_survive_migration(build, backend: str) -> None:
     migrate_mid_run(build, backend, "managed_vars", ("6",), "run 2:")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_importer_of_ipc_memory_migrates(build, backend: str) -> None:
-    """A process that opened another's device memory and event (CUDA IPC) is migrated: the new proxy gets the
-    memory from the exporter's proxy again and maps it at the same address, opens the event again, and the
-    program goes on changing the exporter's memory as before."""
-    exe = build("ipc")
-    strip = lambda text: [ln for ln in text.splitlines() if not ln.startswith("child: waiting")]  # noqa: E731
-    reference = run(nvproxy_cmd(exe, backend, "ipc", "child-wait"))
-    assert reference.returncode == 0 and "Test PASSED" in reference.stdout, reference.stdout + reference.stderr
-    app = subprocess.Popen(nvproxy_cmd(exe, backend, "ipc", "child-wait"), stdout=subprocess.PIPE,
+def _ipc_run(exe: Path, backend: str, mode: str, pause_s: str = "3") -> tuple[subprocess.Popen, list[str]]:
+    """ipc.cu started in mode, read up to the line where it pauses ("exported" or "child: waiting <pid>")."""
+    app = subprocess.Popen(nvproxy_cmd(exe, backend, "ipc", mode, pause_s), stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     assert app.stdout is not None
     lines: list[str] = []
-    while not lines or not lines[-1].startswith("child: waiting"):
+    while not lines or not lines[-1].startswith(("exported", "child: waiting")):
         lines.append(app.stdout.readline())
         assert lines[-1], app.communicate()[1]
-    r = nvproxy("migrate", lines[-1].split()[-1])
-    assert r.returncode == 0, r.stdout + r.stderr
-    out, err = app.communicate(timeout=300)
-    assert strip("".join(lines) + out) == strip(reference.stdout), err
+    return app, lines
+
+
+def _ipc_lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if not ln.startswith("child: waiting")]  # (a pid)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_checkpoint_refused_while_memory_is_shared(build, backend: str, tmp_path: Path) -> None:
-    """A process that exported device memory through CUDA IPC cannot be checkpointed exactly (its peers would
-    keep the old memory): the checkpoint fails with the reason, and the program goes on unharmed."""
+@pytest.mark.parametrize(("mode", "who"), [("child-wait", "importer"), ("child-wait", "exporter"),
+                                           ("wait", "exporter")],
+                         ids=["importer-while-open", "exporter-while-open", "exporter-before-open"])
+def test_ipc_processes_migrate(build, backend: str, mode: str, who: str) -> None:
+    """CUDA IPC, migrated mid-run.  The importer (it opened the other's memory and event): its new proxy gets them
+    from the exporter's proxy again, at the same addresses.  The exporter, while the importer has them open: its
+    new proxy takes over the very memory (the importer goes on writing it) and the event; before the importer
+    opens them: the importer finds the new proxy under the exporter's name.  Either way the programs print what
+    an uninterrupted run prints."""
     exe = build("ipc")
-    app = subprocess.Popen(nvproxy_cmd(exe, backend, "ipc", "wait"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True)
-    assert app.stdout is not None
-    lines: list[str] = []
-    while not lines or lines[-1] != "exported\n":
-        lines.append(app.stdout.readline())
-        assert lines[-1], app.communicate()[1]
-    r = nvproxy("checkpoint", str(app.pid), "-o", str(tmp_path / "refused.img"))
-    assert r.returncode != 0 and "device memory was exported" in r.stdout + r.stderr, r.stdout + r.stderr
+    reference = run(nvproxy_cmd(exe, backend, "ipc", mode))
+    assert reference.returncode == 0 and "Test PASSED" in reference.stdout, reference.stdout + reference.stderr
+    app, lines = _ipc_run(exe, backend, mode)
+    r = nvproxy("migrate", lines[-1].split()[-1] if who == "importer" else str(app.pid))
+    assert r.returncode == 0, r.stdout + r.stderr
+    out, err = app.communicate(timeout=300)
+    assert _ipc_lines("".join(lines) + out) == _ipc_lines(reference.stdout), err
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_exporter_stays_on_its_gpu_while_shared(build, backend: str, monkeypatch: Any, tmp_path: Path) -> None:
+    """Memory others opened through CUDA IPC cannot move to another GPU: that migration is refused with the
+    reason and the programs go on with the old proxy; a checkpoint image of the exporter is written (a restart
+    of both restores it) and the programs go on unharmed."""
+    _two_devices(backend, monkeypatch)
+    exe = build("ipc")
+    reference = run(nvproxy_cmd(exe, backend, "ipc", "child-wait"))
+    app, lines = _ipc_run(exe, backend, "child-wait", "4")
+    r = nvproxy("migrate", str(app.pid), "--device", "1")
+    assert r.returncode != 0 and "cannot move to another GPU" in r.stdout + r.stderr, r.stdout + r.stderr
+    r = nvproxy("checkpoint", str(app.pid), "-o", str(tmp_path / "exporter.img"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    header = read_header(str(tmp_path / "exporter.img"))[1]
+    assert header["ipc_exports"] and header["ipc_events"] and header["ipc_name"]
     out, err = app.communicate(timeout=120)
-    assert app.returncode == 0 and out.endswith("Test PASSED\n"), out + err
-    assert not (tmp_path / "refused.img").exists()
+    assert app.returncode == 0 and _ipc_lines("".join(lines) + out) == _ipc_lines(reference.stdout), err
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -136,6 +136,28 @@ def test_dmtcp_restart_keeps_features(build, backend: str, name: str, args: tupl
     assert after_lines == reference[reference.index(after_lines[0]) :] and r.returncode == 0, r.stderr
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dmtcp_restarts_processes_sharing_device_memory(build, backend: str, tmp_path: Path) -> None:
+    """CUDA IPC under DMTCP: the parent exported memory, a pool allocation and an event; the child (each has its
+    own proxy) opened them and is checkpointed with the parent while it holds them.  At the restart the parent's
+    new proxy makes them again under the same name and the child's opens them again at the same addresses
+    (waiting for the parent's); both go on as an uninterrupted run.  (All processes' device work ends before any
+    image is written: the child's kernels write the parent's memory.)"""
+    session = Session(tmp_path)
+    exe = build("ipc")
+    strip = lambda lines: [ln for ln in lines if not ln.startswith("child: waiting")]  # noqa: E731
+    reference = strip(run(nvproxy_cmd(exe, backend, "ipc", "child-wait")).stdout.splitlines(keepends=True))
+    app = session.launch(nvproxy_cmd(exe, backend, "ipc", "child-wait", "8"))
+    session.wait_for(app, "child: waiting")
+    session.checkpoint_and_kill(app)
+    assert len(list(tmp_path.glob("nvproxy-*.img"))) == 2, "a GPU image per process"
+    r = session.restart()
+    after = strip(r.stdout.splitlines(keepends=True))
+    assert after and after[0] in reference, r.stderr
+    assert after == reference[reference.index(after[0]) :] and r.returncode == 0, r.stderr
+    assert after[-1] == "Test PASSED\n", r.stderr
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("other_gpu", [False, True], ids=["same-gpu", "other-gpu"])
 def test_dmtcp_public_sample(nvcc: str, tmp_path: Path, other_gpu: bool) -> None:

@@ -172,18 +172,32 @@ struct nvp_tex_create {
     int32_t no_trilinear, seamless;
 };
 
-/* cudaIpcMemHandle_t as nvproxy fills it: the exporting proxy's application, the allocation
- * and a secret the exporter checks before it hands the memory to another proxy */
+/* cudaIpcMemHandle_t as nvproxy fills it: the exporting application (a name that its
+ * proxies keep across migrations and restarts, and its pid then), the allocation and a
+ * secret the exporter checks before it hands the memory to another proxy */
 #define NVP_IPC_MAGIC 0x4950564e /* "NVPI" */
 struct nvp_ipc_mem {
     uint32_t magic;
-    uint32_t pid;   /* the exporting application */
+    uint32_t pid;   /* the exporting application, when it exported (messages) */
     uint32_t dev;
     uint32_t pad;
     uint64_t token;
     uint64_t base, size; /* the proxy's allocation holding the pointer */
     uint64_t offset;     /* of the pointer in it */
-    uint8_t reserved[16];
+    uint64_t pool_secret; /* cudaMemPoolExportPointer's: the pool it may be imported through */
+    uint64_t exporter;    /* the exporter's name (its proxy registers under it) */
+};
+
+/* cudaIpcEventHandle_t as nvproxy fills it: the importing proxy asks the exporter's proxy
+ * for the driver's handle of the event it has now (a restart makes the event again) */
+#define NVP_IPC_EVENT_MAGIC 0x4556504e /* "NVPE" */
+struct nvp_ipc_event {
+    uint32_t magic;
+    uint32_t pid;
+    uint64_t exporter;
+    uint64_t event; /* the exporter's wire id */
+    uint64_t token;
+    uint8_t reserved[32];
 };
 
 /* callback channel message, both directions */

@@ -1,9 +1,11 @@
 /* The DMTCP plugin: the same libnvproxy.so, loaded with
  * `dmtcp_launch --with-plugin`.  Without DMTCP nothing here runs.
  *
- *   PRECHECKPOINT  the proxy writes an image of the GPU state into DMTCP's
- *                  checkpoint directory; the shim closes its sockets (sockets to
- *                  a process outside DMTCP do not survive a restart)
+ *   PRECHECKPOINT  the proxy lets the device's work finish; once every process
+ *                  of the computation has (a global barrier: they may share
+ *                  device memory), it writes an image of the GPU state into
+ *                  DMTCP's checkpoint directory; the shim closes its sockets
+ *                  (sockets to a process outside DMTCP do not survive a restart)
  *   RESUME         threads reconnect to the same proxy on their next call
  *   RESTART        remember to bring the GPU state back, and read the restart's
  *                  own environment for NVPROXY_DEVICES (the GPUs to restart on,
@@ -42,6 +44,7 @@ extern int dmtcp_plugin_disable_ckpt(void) __attribute__((weak));
 extern void dmtcp_plugin_enable_ckpt(void) __attribute__((weak));
 extern void *dmtcp_dlsym(void *handle, const char *symbol) __attribute__((weak));
 extern int dmtcp_get_restart_env(const char *name, char *value, size_t maxlen) __attribute__((weak));
+extern void dmtcp_global_barrier(const char *barrier) __attribute__((weak));
 
 /* in application memory, so that DMTCP saves it: where the image went */
 static char image_path[4096];
@@ -102,13 +105,12 @@ int nvp_under_dmtcp(void) { return dmtcp_register_plugin != NULL; }
 
 /* One request on the proxy's control socket (the format of proxy/control.py):
  * u32 JSON length, u64 blob length, u32 fd batches, then the JSON. */
-static int control_checkpoint(const char *ctl, const char *image)
+static int control_request(const char *ctl, const char *json)
 {
     int fd = nvp_unix_connect(ctl);
     if (fd < 0)
         return -1;
-    char json[4400];
-    int n = snprintf(json, sizeof json, "{\"cmd\": \"checkpoint\", \"image\": \"%s\"}", image);
+    int n = (int)strlen(json);
     unsigned char head[16];
     uint32_t jl = (uint32_t)n, batches = 1;
     uint64_t bl = 0;
@@ -133,13 +135,22 @@ static int control_checkpoint(const char *ctl, const char *image)
 static void precheckpoint(void)
 {
     const char *ctl = nvp_control_path();
+    /* Processes may share device memory (CUDA IPC): each lets its device work finish, and none saves its
+     * memory before every one has (another's kernels may still be writing it).  Every process of the
+     * computation loads this plugin, so every one passes the barrier, with CUDA or without. */
+    if (ctl && control_request(ctl, "{\"cmd\": \"drain\"}") != 0)
+        nvp_log("nvproxy: the proxy could not finish the device's work before the checkpoint");
+    if (dmtcp_global_barrier)
+        dmtcp_global_barrier("nvproxy:drained");
     if (!ctl) /* no CUDA call yet: nothing on the GPU */
         return;
     const char *dir = getenv("NVPROXY_IMAGE_DIR");
     if (!dir || !*dir)
         dir = dmtcp_get_ckpt_dir ? dmtcp_get_ckpt_dir() : ".";
     snprintf(image_path, sizeof image_path, "%s/nvproxy-%d.img", dir && *dir ? dir : ".", (int)nvp_real_pid());
-    if (control_checkpoint(ctl, image_path) != 0)
+    char json[4400];
+    snprintf(json, sizeof json, "{\"cmd\": \"checkpoint\", \"image\": \"%s\"}", image_path);
+    if (control_request(ctl, json) != 0)
         nvp_log("nvproxy: the proxy could not write %s; a restart will lose the GPU state", image_path);
     nvp_disconnect_all();
 }

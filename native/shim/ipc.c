@@ -2,8 +2,9 @@
  * their own (a proxy serves one application only).  The handle names the
  * exporting application and carries a secret; the importing proxy asks the
  * exporter's proxy for the memory (a file descriptor of the driver's
- * allocation, over their control socket) and maps it.  Event handles are the
- * driver's own: processes open them directly through their proxies. */
+ * allocation, over their control socket) and maps it.  Event handles work the
+ * same way (the driver's handle of the event, asked for when opened), so that
+ * exporters can be migrated and restarted: the proxy does it all. */
 #include "shim.h"
 
 #include <string.h>

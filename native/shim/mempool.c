@@ -9,6 +9,8 @@
 #include "shim.h"
 
 #include <stddef.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -42,6 +44,16 @@ static struct {
     int imported;
 } *live;
 static size_t nlive, caplive, nimported;
+
+/* where the pool's shareable-handle file is: in the private directory, named by the secret */
+static int pool_path(char *path, size_t cap, uint64_t secret)
+{
+    char dir[4096];
+    if (nvp_private_dir(dir, sizeof dir) != 0)
+        return -1;
+    snprintf(path, cap, "%s/pool-%016llx", dir, (unsigned long long)secret);
+    return 0;
+}
 
 static int live_add(uint64_t ptr, uint64_t size, struct pool *p, int imported) /* (lock held) 1: added */
 {
@@ -155,6 +167,9 @@ NVP_EXPORT cudaError_t cudaMemPoolDestroy(cudaMemPool_t memPool)
     int is_default = p && p == &defaults[p->device];
     if (p && !is_default) {
         p->destroyed = 1;
+        char path[4200];
+        if (p->secret && !p->imported && pool_path(path, sizeof path, p->secret) == 0)
+            unlink(path); /* (its shareable handle, if it gave one: descriptors of it stay readable) */
         for (int d = 0; d < NVP_MAX_DEVICES; d++)
             if (current[d] == p)
                 current[d] = NULL;
@@ -208,7 +223,7 @@ NVP_EXPORT cudaError_t cudaMemPoolGetAccess(enum cudaMemAccessFlags *flags, cuda
     return p ? cudaSuccess : nvp_ret(cudaErrorInvalidValue);
 }
 
-/* ---- pool IPC: a pool's shareable handle is a memfd naming the exporting application and the pool (its
+/* ---- pool IPC: a pool's shareable handle is a file descriptor of a file naming the exporting application and the pool (its
  * secret); a pointer's export data is a CUDA IPC memory handle of the allocation (ipc.c) with that secret, so
  * that it imports only through its own pool.  Imported pointers are freed by closing the IPC mapping. ---- */
 
@@ -241,7 +256,12 @@ NVP_EXPORT cudaError_t cudaMemPoolExportToShareableHandle(void *handle, cudaMemP
     pthread_mutex_unlock(&lock);
     if (!ok)
         return nvp_ret(cudaErrorInvalidValue);
-    int fd = memfd_create("nvproxy-pool", MFD_CLOEXEC);
+    /* a file in the private directory rather than a memfd: DMTCP brings descriptors of files back (opened
+     * again by name) but drops those of memfds nobody maps; the file goes with the pool */
+    char path[4200];
+    int fd = pool_path(path, sizeof path, sh.secret) == 0
+                 ? open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600)
+                 : -1;
     if (fd < 0 || pwrite(fd, &sh, sizeof sh, 0) != (ssize_t)sizeof sh) {
         if (fd >= 0)
             close(fd);
@@ -260,7 +280,8 @@ NVP_EXPORT cudaError_t cudaMemPoolImportFromShareableHandle(cudaMemPool_t *memPo
     struct pool_share sh;
     int fd = (int)(intptr_t)handle;
     if (!memPool || flags || type != cudaMemHandleTypePosixFileDescriptor ||
-        pread(fd, &sh, sizeof sh, 0) != (ssize_t)sizeof sh || sh.magic != SHARE_MAGIC || !sh.secret)
+        pread(fd, &sh, sizeof sh, 0) != (ssize_t)sizeof sh ||
+        sh.magic != SHARE_MAGIC || !sh.secret)
         return nvp_ret(cudaErrorInvalidValue);
     if ((e = nvp_valid_device(sh.dev)))
         return nvp_ret(e);
@@ -279,8 +300,8 @@ NVP_EXPORT cudaError_t cudaMemPoolImportFromShareableHandle(cudaMemPool_t *memPo
     return cudaSuccess;
 }
 
-/* the secret goes in the IPC handle's reserved bytes */
-#define SECRET_AT offsetof(struct nvp_ipc_mem, reserved)
+/* the secret goes in the IPC handle's pool_secret field */
+#define SECRET_AT offsetof(struct nvp_ipc_mem, pool_secret)
 
 NVP_EXPORT cudaError_t cudaMemPoolExportPointer(struct cudaMemPoolPtrExportData *data, void *ptr)
 {

@@ -173,6 +173,7 @@ void nvp_ckpt_enable(void);
 int nvp_under_dmtcp(void);
 const char *nvp_restart_devices(void); /* NVPROXY_DEVICES of dmtcp_restart's environment */
 pid_t nvp_real_pid(void);
+int nvp_private_dir(char *out, size_t cap); /* the user's 0700 directory of sockets and handles: 0, or -1 */
 int nvp_unix_connect(const char *path); /* a connected SOCK_STREAM socket, or -1 */          /* not DMTCP's virtual pid: what the proxy sees */
 const char *nvp_control_path(void); /* the proxy's control socket, NULL before the first call */
 void nvp_disconnect_all(void);      /* close every channel (before a checkpoint) */

@@ -156,7 +156,7 @@ static cudaError_t mark_dead(const char *why)
 }
 
 /* A private directory for this user's sockets: 0700, owned by us, no symlink. */
-static int private_dir(char *out, size_t cap)
+int nvp_private_dir(char *out, size_t cap)
 {
     const char *rt = getenv("XDG_RUNTIME_DIR");
     if (rt && *rt)
@@ -193,7 +193,7 @@ int nvp_unix_connect(const char *path)
 static int spawn_proxy(const char *restore_image)
 {
     char dir[sizeof G.sock - 32];
-    if (private_dir(dir, sizeof dir) != 0)
+    if (nvp_private_dir(dir, sizeof dir) != 0)
         return -1;
     snprintf(G.sock, sizeof G.sock, "%s/p%d-%lx.sock", dir, (int)nvp_real_pid(),
              (unsigned long)time(NULL));

@@ -61,7 +61,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     elif args.restore:  # the application lost its proxy and wants this image back (NVPROXY_RECOVER)
         from .checkpoint.image import ImageError
         from .checkpoint.restore import restore_image
-        from .proxy.handlers import graphs
+        from .proxy.handlers import graphs, ipc
 
         try:
             stats = restore_image(dispatch.state, args.restore, None, functools.partial(graphs.defer_restore, dispatch))
@@ -73,6 +73,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         print(f"nvproxy: restored {stats['device_bytes'] >> 20} MiB from {args.restore} in {stats['seconds']:.3f} s "
               f"({stats['gbps']:.1f} GB/s; s per phase: {phases})", file=sys.stderr)
         server = Server(args.socket, args.owner_pid, backend, dispatch)
+        ipc.register(dispatch.state, server.ctl_path)  # (importers restored too may open its memory now)
     else:
         server = Server(args.socket, args.owner_pid, backend, dispatch)
     dispatch.server = server
@@ -96,7 +97,7 @@ def _adopt(args: argparse.Namespace, backend, dispatch):
     from .checkpoint.image import ImageError
     from .checkpoint.restore import restore_image
     from .proxy import control
-    from .proxy.handlers import graphs
+    from .proxy.handlers import graphs, ipc
     from .proxy.server import Server
 
     # the old proxy's host image buffer becomes ours: mapped and registered while the application runs
@@ -111,7 +112,9 @@ def _adopt(args: argparse.Namespace, backend, dispatch):
         print(f"nvproxy migrate: the running proxy refused: {info.get('error')}", file=sys.stderr)
         return None
     n_chan_fds = sum(1 + (1 if d["staging"] else 0) for d in info["channels"])
-    host_fds = dict(zip(info["host"], fds[2 + n_chan_fds : -1], strict=True))
+    at = 2 + n_chan_fds + len(info["host"])
+    host_fds = dict(zip(info["host"], fds[2 + n_chan_fds : at], strict=True))
+    exported = dict(zip(info["ipc_exported"], fds[at:-1], strict=True))  # (CUDA IPC: the memory itself)
     try:
         t = time.monotonic()  # (what the buffer grew by since is registered now, and counts)
         if himg is None or not himg.follow(fds[-1]):
@@ -120,7 +123,8 @@ def _adopt(args: argparse.Namespace, backend, dispatch):
             himg = HostImage(backend, 0, fd=fds[-1])
         dispatch.state.host_image = himg
         pin_s = time.monotonic() - t
-        stats = restore_image(dispatch.state, himg, host_fds, functools.partial(graphs.restore, dispatch))
+        stats = restore_image(dispatch.state, himg, host_fds, functools.partial(graphs.restore, dispatch),
+                              exported)
         dispatch.captures_changed()  # (managed variables: launches through Python)
         stats["seconds"] += pin_s
         stats["phases"] = dict(stats["phases"], buffer=pin_s)
@@ -129,10 +133,14 @@ def _adopt(args: argparse.Namespace, backend, dispatch):
         print(f"nvproxy migrate: {e}", file=sys.stderr)
         control.send(ctl, {"cmd": "resume", "error": str(e)})
         return None
+    finally:
+        for fd in exported.values():  # (the restore imported what it needed)
+            os.close(fd)
     if not os.environ.get("NVPROXY_PROXY_LOG"):
         os.dup2(fds[1], 2)  # from now on, speak on the application's stderr
     server = Server(args.socket, args.owner_pid, backend, dispatch, listener=socket.socket(fileno=fds[0]))
     server.adopt(info, blob, fds)
+    ipc.register(dispatch.state, server.ctl_path)  # (importers of its memory ask this proxy from now on)
     control.send(ctl, {"cmd": "done"})
     ctl.close()
     phases = ", ".join(f"{k} {v:.3f}" for k, v in stats["phases"].items())

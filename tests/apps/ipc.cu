@@ -7,8 +7,9 @@
 // Pool IPC too: a pool made with POSIX file descriptor handles is exported (its
 // descriptor inherited by the child) with one of its allocations; the child
 // imports both, refuses empty export data, changes the memory and frees it.
-// argv[1] = "wait": pause after exporting (checkpoint tests: refused while shared); "child-wait": the child
-// pauses after opening (checkpoint tests: the importer is migrated and opens it all again).
+// argv[1] = "wait": pause after exporting (checkpoint tests: the exporter is migrated before the child opens);
+// "child-wait": the child pauses after opening (checkpoint tests: the importer or the exporter is migrated, or
+// both are checkpointed and restarted, while it is open); argv[2]: seconds of the pause (3).
 #include "check.h"
 #include <cstring>
 #include <fcntl.h>
@@ -39,7 +40,7 @@ static unsigned long long fold(const int *p, int n) {
     return s;
 }
 
-static int child(int fd, bool wait) {
+static int child(int fd, int wait) {
     handles h;
     if (read(fd, &h, sizeof h) != (ssize_t)sizeof h) return 2;
     int *big, *small, *again;
@@ -52,7 +53,7 @@ static int child(int fd, bool wait) {
     if (wait) {
         printf("child: waiting %d\n", (int)getpid());
         fflush(stdout);
-        sleep(3);
+        sleep(wait);
     }
     cudaStream_t s;
     CHECK(cudaStreamCreate(&s));
@@ -97,7 +98,8 @@ static int child(int fd, bool wait) {
 }
 
 int main(int argc, char **argv) {
-    if (argc > 2 && !strcmp(argv[1], "child")) return child(atoi(argv[2]), argc > 3);
+    if (argc > 2 && !strcmp(argv[1], "child")) return child(atoi(argv[2]), argc > 3 ? atoi(argv[3]) : 0);
+    const char *pause_s = argc > 2 ? argv[2] : "3";
     int *big, *small;
     CHECK(cudaMalloc(&big, N * sizeof(int)));
     CHECK(cudaMalloc(&small, SMALL * sizeof(int)));  // (shares its chunk with other small allocations)
@@ -132,7 +134,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "wait")) {
         printf("exported\n");
         fflush(stdout);
-        sleep(3);
+        sleep(atoi(pause_s));
     }
     int fds[2];
     if (pipe(fds)) return 2;
@@ -144,7 +146,7 @@ int main(int argc, char **argv) {
         char fd[16];
         snprintf(fd, sizeof fd, "%d", fds[0]);
         bool child_wait = argc > 1 && !strcmp(argv[1], "child-wait");
-        execl("/proc/self/exe", argv[0], "child", fd, child_wait ? "wait" : (char *)NULL, (char *)NULL);
+        execl("/proc/self/exe", argv[0], "child", fd, child_wait ? pause_s : (char *)NULL, (char *)NULL);
         _exit(127);
     }
     close(fds[0]);

@@ -10,6 +10,7 @@ driver handles goes through the cffi binding in cuda_driver.py: the VMM arena
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -65,6 +66,7 @@ class GpuBacking:
         cd.check(self.L.cuMemGetAllocationGranularity(g, self.prop, 0), "cuMemGetAllocationGranularity")
         self.granularity = max(int(g[0]), 2 << 20)
         self.peers: set[int] = set()  # other devices that may access this memory (peer access)
+        self.kept: dict[int, int] = {}  # adopted handle -> the file descriptor it came as (exported again as it is)
         self._access()
 
     def _access(self) -> None:
@@ -95,6 +97,16 @@ class GpuBacking:
             cd.check(self.L.cuMemCreate(h, size, self.prop, 0), "cuMemCreate")
         return int(h[0])
 
+    def adopt(self, fd: int, size: int) -> int:
+        """Memory another proxy made (a migration's, shared through CUDA IPC), imported from its descriptor."""
+        h = ffi.new("CUmemGenericAllocationHandle *")
+        with self._relaxed():
+            cd.check(self.L.cuMemImportFromShareableHandle(h, ffi.cast("void *", fd),
+                                                           cd.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                     "cuMemImportFromShareableHandle")
+        self.kept[int(h[0])] = os.dup(fd)
+        return int(h[0])
+
     def map(self, va: int, size: int, handle: object) -> None:
         with self._relaxed():
             cd.check(self.L.cuMemMap(va, size, 0, handle, 0), "cuMemMap")
@@ -105,6 +117,9 @@ class GpuBacking:
             cd.check(self.L.cuMemUnmap(va, size), "cuMemUnmap")
 
     def release(self, handle: object) -> None:
+        kept = self.kept.pop(handle, None)  # type: ignore[call-overload]
+        if kept is not None:
+            os.close(kept)
         with self._relaxed():
             cd.check(self.L.cuMemRelease(handle), "cuMemRelease")
 
@@ -249,6 +264,9 @@ class GpuBackend:
 
     # ---- CUDA IPC (proxy/handlers/ipc.py) ----
     def export_fd(self, dev: int, handle: int) -> int:
+        kept = self.backing(dev).kept.get(handle)
+        if kept is not None:  # (taken over by a migration: the descriptor it came as names the same memory)
+            return os.dup(kept)
         fd = ffi.new("int *")
         cd.check(self.L.cuMemExportToShareableHandle(fd, handle, cd.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
                  "cuMemExportToShareableHandle")

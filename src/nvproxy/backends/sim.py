@@ -87,6 +87,13 @@ class SimBacking:
         self.fds[id(m)] = fd
         return m
 
+    def adopt(self, fd: int, size: int) -> mmap.mmap:
+        """Memory another proxy made (a migration's, shared through CUDA IPC): the same memfd."""
+        self.used += size
+        m = mmap.mmap(fd, size)
+        self.fds[id(m)] = os.dup(fd)
+        return m
+
     def export_fd(self, handle: mmap.mmap) -> int:
         return os.dup(self.fds[id(handle)])
 
@@ -191,14 +198,14 @@ class SimModule:
     globals: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
-def _sim_devices() -> int:
+def _sim_devices() -> list[int]:
     """NVPROXY_SIM_DEVICES modelled devices (default 1), of which CUDA_VISIBLE_DEVICES, where set, leaves the
-    ones it lists (renumbered from 0, as the driver does)."""
+    ones it lists (renumbered from 0, as the driver does): their indices among all."""
     n = int(os.environ.get("NVPROXY_SIM_DEVICES") or 1)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        n = len([d for d in visible.split(",") if d.strip().isdigit() and int(d) < n])
-    return n
+    if visible is None:
+        return list(range(n))
+    return [int(d) for d in visible.split(",") if d.strip().isdigit() and int(d) < n]
 
 
 class SimBackend:
@@ -208,7 +215,8 @@ class SimBackend:
     def __init__(self) -> None:
         sim_kernels.load_from_env()
         self.mem = SimMemory()
-        self.backings = [SimBacking(self.mem, SIM_MEMORY) for _ in range(_sim_devices())]
+        self.physical = _sim_devices()  # (a device's uuid says which it is)
+        self.backings = [SimBacking(self.mem, SIM_MEMORY) for _ in self.physical]
         # like the driver, place module variables wherever this process likes: a
         # restored process finds them elsewhere (exercises the proxy's relocation)
         self.globals_space = FreeList(GLOBALS_BASE + (os.getpid() % 1024 << 30), 1 << 30)
@@ -235,7 +243,7 @@ class SimBackend:
         attrs = [0] * 160
         for k, v in _ATTRS.items():
             attrs[k] = v
-        return "nvproxy sim device", bytes([dev, *range(1, 16)]), SIM_MEMORY, attrs
+        return "nvproxy sim device", bytes([self.physical[dev], *range(1, 16)]), SIM_MEMORY, attrs
 
     def activate(self, dev: int) -> None:
         pass

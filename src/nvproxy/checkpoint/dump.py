@@ -16,7 +16,7 @@ from ..proxy.state import ProcessState
 from . import hostimage, transfer
 from .checksum import checksum
 from .hostimage import HostImage
-from .image import ALIGN, ImageError, Layout, encode_header
+from .image import ALIGN, Layout, encode_header
 
 PROGRESS_OVER = 1 << 30
 
@@ -31,16 +31,14 @@ def module_variables(image: bytes) -> list[str]:
 
 def describe(state: ProcessState) -> dict[str, Any]:
     """The image header's description of the process (no regions yet)."""
-    why = state.ipc_in_use()
-    if why:
-        raise ImageError(f"nvproxy cannot checkpoint this process: {why}")
     devices = []
     before: dict[int, float] = {}  # event -> ms it was recorded before now
     for dev in sorted(state.devices):
         before.update(state.times_before(dev))
     for dev, d in sorted(state.devices.items()):
-        name, _uuid, total, attrs = d.props
-        devices.append({"index": dev, "name": name, "total_mem": total, "cc": [attrs[75], attrs[76]],
+        name, uuid, total, attrs = d.props
+        devices.append({"index": dev, "name": name, "uuid": uuid.hex(), "total_mem": total,
+                        "cc": [attrs[75], attrs[76]],
                         "arena_base": d.arena.base, "arena_size": d.arena.size, "arena": d.arena.snapshot(),
                         "modules": sorted(d.modules), "kernels": sorted(d.kernels),
                         "limits": state.limits.get(dev, {})})

@@ -103,17 +103,20 @@ class _MemoryImage:
 
 
 def restore_image(state: ProcessState, source: str | HostImage, host_fds: dict[int, int] | None,
-                  calls: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                  calls: Callable[[dict[str, Any]], None] | None = None,
+                  exported: dict[int, int] | None = None) -> dict[str, Any]:
     """source: an image file, or a host image buffer holding one (a migration's).
     host_fds: the pinned-memory memfds by address; None when the application
     will share them again itself (recovery after the proxy died).
-    calls: makes what the image keeps as logged calls again (graphs), given the header."""
+    calls: makes what the image keeps as logged calls again (graphs), given the header.
+    exported: a migration's: the device memory the application exported through CUDA IPC, as file
+    descriptors by address; mapped as it is (other processes use it), not made again."""
     t0 = time.monotonic()
     img = _FileImage(source) if isinstance(source, str) else _MemoryImage(source)
     phases: dict[str, float] = {}
     try:
         try:
-            _replay(state, img, host_fds, t0, phases)
+            _replay(state, img, host_fds, t0, phases, exported)
             if img.header.get("graphs") or img.header.get("graph_execs") or img.header.get("captures"):
                 if calls is None:
                     raise ImageError("the image holds CUDA graphs, which this restore cannot make again")
@@ -133,7 +136,7 @@ def restore_image(state: ProcessState, source: str | HostImage, host_fds: dict[i
 
 
 def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: float,
-            phases: dict[str, float]) -> None:
+            phases: dict[str, float], exported: dict[int, int] | None) -> None:
     """phases: seconds each part took (device memory made, modules, objects, contents)."""
     h = img.header
     mark = [time.monotonic()]
@@ -150,10 +153,15 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
         dev = desc["index"]
         if dev >= be.device_count():
             raise ImageError(f"the image uses device {dev}; only {be.device_count()} are visible")
-        name, _uuid, total, _attrs = be.device_props(dev)
+        name, uuid, total, _attrs = be.device_props(dev)
         if name != desc["name"]:
             raise ImageError(f"device {dev} is a {name}; the image was taken on a {desc['name']}")
-        need = sum(n for va, n in _mappings(desc))
+        adopt = {va: fd for va, fd in (exported or {}).items()
+                 if desc["arena_base"] <= va < desc["arena_base"] + desc["arena_size"]}
+        if adopt and uuid.hex() != desc.get("uuid"):
+            raise ImageError("device memory exported through CUDA IPC cannot move to another GPU while other "
+                             "processes may use it")
+        need = sum(n for va, n in _mappings(desc) if va not in adopt)
         free, _t = be.mem_info(dev)
         if need > free:
             raise ImageError(f"device {dev} has {free >> 20} MiB free; the image needs {need >> 20} MiB")
@@ -164,11 +172,12 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
             if owner == dev:
                 d.arena.backing.grant(peer, [])
                 state.peer_grants.add((peer, owner))
-        d.arena.restore(desc["arena"])
+        d.arena.restore(desc["arena"], adopt)
         be.activate(dev)
         for lim, v in desc["limits"].items():
             be.set_limit(int(lim), v)
             state.limits.setdefault(dev, {})[int(lim)] = v
+    ipc.restore_exports(state, h, exported is not None)
     ipc.restore_imports(state, h)  # (memory opened from other processes: at the same addresses)
     for peer, owner in h.get("peer_grants", []):  # (contexts' peer access, for memory outside the arenas)
         try:
@@ -205,7 +214,7 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
             state.stream_attrs.setdefault(int(w), {})[int(attr)] = bytes.fromhex(value)
     before: dict[int, dict[int, float]] = {}
     for w, dev, flags, *ms in h["events"]:
-        opened = ipc.opened_event(state, h, w, dev)
+        opened = ipc.event(state, h, w, dev, exported is not None)
         state.events[w] = (dev, opened if opened is not None else be.event_create(dev, flags))
         state.event_flags[w] = flags
         if ms and ms[0] is not None:
@@ -231,7 +240,9 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
             for r in h["regions"]:
                 if r.get("dev") != dev:
                     continue
-                if r["kind"] == "mem":
+                if r["kind"] == "mem" and r["va"] in (exported or {}):
+                    done += r["size"]  # (the memory itself came over: others may be writing it)
+                elif r["kind"] == "mem":
                     load(r["va"], r["size"], r["offset"], r["crcs"], f"memory {r['va']:#x}")
                     done += r["size"]
                     if total > PROGRESS_OVER:

@@ -27,6 +27,7 @@ class Backing(Protocol):
     granularity: int
 
     def create(self, size: int) -> object: ...
+    def adopt(self, fd: int, size: int) -> object: ...
     def map(self, va: int, size: int, handle: object) -> None: ...
     def unmap(self, va: int, size: int) -> None: ...
     def release(self, handle: object) -> None: ...
@@ -210,14 +211,20 @@ class Arena:
         out += [(p, n) for p, (n, _o) in self.allocs.items() if n > SMALL_LIMIT]
         return sorted(out)
 
-    def restore(self, snap: dict) -> None:
-        """Rebuild a snapshot's layout in this (empty) arena: same addresses."""
+    def restore(self, snap: dict, adopt: dict[int, int] | None = None) -> None:
+        """Rebuild a snapshot's layout in this (empty) arena: same addresses.  adopt: physical memory to map
+        as it is rather than make (file descriptors by address: a migration's memory shared through CUDA IPC)."""
         g = self.backing.granularity
         if snap["granularity"] != g:
             raise CudaError(MEMORY_ALLOCATION, f"allocation granularity {g} differs from the image's")
+        adopt = adopt or {}
+
+        def make(va: int, n: int) -> object:
+            return self.backing.adopt(adopt[va], n) if va in adopt else self.backing.create(n)
+
         for va in snap["slabs"]:
             self.vas.take_at(va, g)
-            handle = self.backing.create(g)
+            handle = make(va, g)
             self.backing.map(va, g, handle)
             self.slabs[va] = Slab(va, handle, FreeList(va, g))
         for p, n, small in snap["allocs"]:
@@ -229,7 +236,7 @@ class Arena:
                 self.allocs[p] = (n, slab_va)
             else:
                 self.vas.take_at(p, n)
-                handle = self.backing.create(n)
+                handle = make(p, n)
                 self.backing.map(p, n, handle)
                 self.allocs[p] = (n, handle)
 

@@ -16,6 +16,7 @@ from .. import wire
 from ..checkpoint import hostimage
 from ..checkpoint.dump import dump, estimate, prefault
 from . import control
+from .handlers.ipc import export_event, export_fd
 
 REQ = wire.REQ
 
@@ -37,13 +38,17 @@ def handle(server: Any, conn: socket.socket, msg: dict[str, Any]) -> bool:
         himg = hostimage.of(server.dispatch.state)
         control.send(conn, {"ok": True, "bytes": himg.capacity}, b"", [himg.fd])
     elif cmd == "ipc_fd":  # another proxy opens device memory this one's application exported
-        from .handlers.ipc import export_fd
-
         fd, size = export_fd(server.dispatch.state, int(msg.get("base", 0)), int(msg.get("token", 0)))
         try:
             control.send(conn, {"ok": True, "size": size}, b"", [fd])
         finally:
             os.close(fd)
+    elif cmd == "ipc_event":  # another proxy opens an event this one's application exported
+        handle = export_event(server.dispatch.state, int(msg.get("event", 0)), int(msg.get("token", 0)))
+        control.send(conn, {"ok": True, "handle": handle.hex()})
+    elif cmd == "drain":  # (a DMTCP checkpoint: every process's device work is over before any is saved)
+        server.quiesce()
+        control.send(conn, {"ok": True})
     elif cmd == "handoff":
         hand_over(server, conn, msg.get("image"))
     else:
@@ -123,9 +128,17 @@ def hand_over(server: Any, conn: socket.socket, image: str | None) -> None:
         if st:
             fds.append(st.fd)
     host = sorted((a, r) for a, r in state.host.items() if r.channel is None)
-    fds += [r.fd for _a, r in host] + [himg.fd]
-    control.send(conn, {"ok": True, "stats": stats, "next_seq": server.next_seq, "channels": descs,
-                        "host": [a for a, _r in host]}, bytes(blob), fds)
+    fds += [r.fd for _a, r in host]
+    # the memory the application exported through CUDA IPC: the new proxy maps the same memory (others use it)
+    exported = [(base, export_fd(state, base, token)[0]) for base, token in sorted(state.ipc_exports.items())]
+    fds += [fd for _b, fd in exported] + [himg.fd]
+    try:
+        control.send(conn, {"ok": True, "stats": stats, "next_seq": server.next_seq, "channels": descs,
+                            "host": [a for a, _r in host], "ipc_exported": [b for b, _fd in exported]},
+                     bytes(blob), fds)
+    finally:
+        for _b, fd in exported:
+            os.close(fd)
     verdict, _b, _f = control.recv(conn)
     if verdict.get("cmd") == "done":
         print(f"nvproxy: handed over to the new proxy ({stats['device_bytes'] >> 20} MiB in "

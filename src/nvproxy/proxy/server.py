@@ -28,6 +28,7 @@ from typing import Any
 from .. import wire
 from ..errors import NOT_SUPPORTED, UNKNOWN, CudaError
 from . import commands, control, fastpath
+from .handlers import ipc
 
 REQ = wire.REQ
 HDR = REQ.size
@@ -530,6 +531,7 @@ class Server:
             if self.writer is not None:  # a checkpoint file is being written: finish it
                 self.writer.join()
             self.listener.close()
+            ipc.unregister(self.dispatch.state, self.ctl_path)
             for path in (self.sock_path, self.ctl_path):
                 try:
                     os.unlink(path)

@@ -145,21 +145,16 @@ class ProcessState:
         self.graph_order = 0
         self.arrays: dict[int, ArrayRec] = {}  # wire id -> CUDA array
         self.objects: dict[tuple[bool, int], ObjectRec] = {}  # (surface, value) -> texture or surface object
-        # CUDA IPC (handlers/ipc.py): allocations exported (base -> secret), memory of other
-        # processes mapped here ((pid, base) -> mapping), events exported or opened (wire ids)
+        # CUDA IPC (handlers/ipc.py): the name other proxies find this one under (made at the first
+        # export), allocations exported (base -> secret), memory of other processes mapped here
+        # ((exporter, base) -> mapping), events exported (wire id -> secret) and the driver's handles of
+        # those a migration took over (wire id -> handle), events opened from others (wire id -> handle)
+        self.ipc_name = 0
         self.ipc_exports: dict[int, int] = {}
         self.ipc_imports: dict[tuple[int, int], Any] = {}
-        self.ipc_events: set[int] = set()  # events whose IPC handles went to other processes
-        self.ipc_opened_events: dict[int, bytes] = {}  # events opened from other processes' handles
-
-    def ipc_in_use(self) -> str | None:
-        """Why a checkpoint would not be exact: device memory or events given to other processes (what this
-        process opened from others is opened again by a restore, while they run)."""
-        if self.ipc_exports:
-            return "device memory was exported to other processes (cudaIpcGetMemHandle)"
-        if self.ipc_events & set(self.events):
-            return "events are shared with other processes (cudaIpcGetEventHandle)"
-        return None
+        self.ipc_event_tokens: dict[int, int] = {}
+        self.ipc_event_driver: dict[int, bytes] = {}
+        self.ipc_opened_events: dict[int, bytes] = {}
 
     def free(self, ptr: int) -> None:
         """cudaFree: the memory returns to the arena once the device has

@@ -79,7 +79,8 @@ def EVENT_DESTROY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     del p.state.events[a[0]]
     p.state.event_flags.pop(a[0], None)
     p.state.event_past.pop(a[0], None)
-    p.state.ipc_opened_events.pop(a[0], None)
+    for held in (p.state.ipc_opened_events, p.state.ipc_event_tokens, p.state.ipc_event_driver):
+        held.pop(a[0], None)
     p.backend.event_destroy(e)
 
 
