@@ -47,9 +47,9 @@ def stable(text: str, name: str) -> list[str]:
     return sorted(lines) if name in UNORDERED else lines
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", NAMES)
-def test_sample_matches_native(nvcc: str, tmp_path: Path, name: str) -> None:
+def build_sample(nvcc: str, tmp_path: Path, name: str) -> Path:
+    """NVIDIA's sample `[group/]name`, built -cudart shared in tmp_path (its data beside it); skips where the
+    samples are not found."""
     group, _, name = name.rpartition("/")  # (0_Introduction unless named)
     src = SAMPLES / "Samples" / (group or "0_Introduction") / name
     if not src.is_dir():
@@ -61,6 +61,14 @@ def test_sample_matches_native(nvcc: str, tmp_path: Path, name: str) -> None:
                     *files, *EXTRA_LIBS.get(name, [])], check=True)
     if (src / "data").is_dir():  # (input images and reference results, found relative to the working directory)
         shutil.copytree(src / "data", tmp_path / "data")
+    return exe
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", NAMES)
+def test_sample_matches_native(nvcc: str, tmp_path: Path, name: str) -> None:
+    exe = build_sample(nvcc, tmp_path, name)
+    name = exe.name
     native = run([str(exe)], cwd=tmp_path)
     proxied = run([sys.executable, "-m", "nvproxy", "run", "--backend", "gpu", "--", str(exe)], cwd=tmp_path)
     assert proxied.returncode == native.returncode, proxied.stdout + proxied.stderr

@@ -27,6 +27,7 @@ CAPTURE_ACTIVE = 1  # cudaStreamCaptureStatusActive
 CAPTURABLE = {wire.NVP_OP_LAUNCH: 5, wire.NVP_OP_MEMCPY: 3, wire.NVP_OP_MEMCPY_2D: 6, wire.NVP_OP_MEMSET: 3,
               wire.NVP_OP_MEMSET_2D: 5, wire.NVP_OP_EVENT_RECORD: 1, wire.NVP_OP_STREAM_WAIT_EVENT: 0,
               wire.NVP_OP_HOST_FUNC: 0, wire.NVP_OP_GRAPH_LAUNCH: 1, wire.NVP_OP_COPY_3D: 0}
+EVENT_ARG = {wire.NVP_OP_EVENT_RECORD: 0, wire.NVP_OP_STREAM_WAIT_EVENT: 1}  # (which argument is the event)
 
 
 def CAPTURE_BEGIN(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
@@ -454,18 +455,25 @@ def _replay(p: Any, log: CaptureLog, into: _Into | None = None, end: bool = True
     ch = _ReplayChannel(log.dev)
     be = p.backend
     be.activate(log.dev)
-    # streams the capture used that the program has destroyed since (it may, once the capture ended)
+    # streams and events the capture used that the program has destroyed since (it may, even during the
+    # capture: NVIDIA's graphMemoryNodes does): stand-ins make the same dependencies
     used = {log.origin} | {a[CAPTURABLE[op]] for op, a, _pl in log.calls if op in CAPTURABLE}
     gone = [w for w in sorted(used) if w not in (0, 2) and w not in p.state.streams] if end else []
+    events = {a[EVENT_ARG[op]] for op, a, _pl in log.calls if op in EVENT_ARG}
+    gone_events = [w for w in sorted(events) if w not in p.state.events] if end else []
     for w in gone:
         p.state.streams[w] = (log.dev, be.stream_create(log.dev, 1, 0))
+    for w in gone_events:
+        p.state.events[w] = (log.dev, be.event_create(log.dev, 2))  # (cudaEventDisableTiming)
     try:
         s, mine, bodies = _replay_on(p, ch, log, into)
         return (be.end_capture(s) if end else s), mine, bodies
     finally:
         for w in gone:
             be.stream_destroy(p.state.streams.pop(w)[1])
-        if gone:
+        for w in gone_events:
+            be.event_destroy(p.state.events.pop(w)[1])
+        if gone or gone_events:
             p.forget()  # (C may have learnt them)
 
 
