@@ -6,6 +6,7 @@
  * it again (docs/usage.md). */
 #include "shim.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +30,35 @@ cudaError_t nvp_graph_new(cudaGraph_t *out, int device, uint16_t op, uint64_t a[
     return cudaSuccess;
 }
 
+static int has_memory_nodes(uint32_t graph);
+
+/* Executable graphs of graphs with memory nodes, by graph: natively a second one may not be made while the
+ * first lives.  Few at a time: a flat array. */
+static struct {
+    uint32_t graph, exec;
+} *mem_execs;
+static size_t nmem_execs, capmem_execs;
+static pthread_mutex_t mem_execs_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int mem_exec_of(uint32_t graph) /* (lock held) */
+{
+    for (size_t i = 0; i < nmem_execs; i++)
+        if (mem_execs[i].graph == graph)
+            return 1;
+    return 0;
+}
+
+static void mem_execs_drop(uint32_t id, int is_exec)
+{
+    pthread_mutex_lock(&mem_execs_lock);
+    for (size_t i = 0; i < nmem_execs;)
+        if ((is_exec ? mem_execs[i].exec : mem_execs[i].graph) == id)
+            mem_execs[i] = mem_execs[--nmem_execs];
+        else
+            i++;
+    pthread_mutex_unlock(&mem_execs_lock);
+}
+
 static cudaError_t instantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags)
 {
     cudaError_t e = nvp_enter();
@@ -37,10 +67,17 @@ static cudaError_t instantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigne
     struct nvp_graph_rec rec;
     if (!exec || nvp_handle_get(NVP_H_GRAPH, (uint64_t)(uintptr_t)graph, &rec, sizeof rec) != 0)
         return cudaErrorInvalidValue;
+    uint32_t gid = nvp_handle_id((uint64_t)(uintptr_t)graph);
+    int memory = has_memory_nodes(gid);
+    pthread_mutex_lock(&mem_execs_lock);
+    int taken = memory && mem_exec_of(gid);
+    pthread_mutex_unlock(&mem_execs_lock);
+    if (taken) /* (what the driver says, on the H200) */
+        return cudaErrorNotSupported;
     uint64_t h = nvp_handle_new(NVP_H_GRAPH_EXEC, &rec, sizeof rec);
     if (!h)
         return cudaErrorMemoryAllocation;
-    uint64_t a[NVP_MAX_ARGS] = {nvp_handle_id(h), nvp_handle_id((uint64_t)(uintptr_t)graph), flags};
+    uint64_t a[NVP_MAX_ARGS] = {nvp_handle_id(h), gid, flags};
     struct nvp_reply r = {0};
     if ((e = nvp_call(NVP_OP_GRAPH_INSTANTIATE, a, NULL, 0, &r, -1))) {
         nvp_handle_free(NVP_H_GRAPH_EXEC, h);
@@ -48,6 +85,22 @@ static cudaError_t instantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigne
     }
     nvp_graph_mem_pass(NVP_OWN_GRAPH, a[1], NVP_OWN_EXEC, a[0], 0); /* (what it frees lives as long as it does) */
     nvp_graph_mem_pass(NVP_OWN_ALLOC_NODE, a[1], NVP_OWN_ALLOC_EXEC, a[0], 0);
+    if (memory) {
+        pthread_mutex_lock(&mem_execs_lock);
+        if (nmem_execs == capmem_execs) {
+            size_t cap = capmem_execs ? 2 * capmem_execs : 16;
+            void *v = realloc(mem_execs, cap * sizeof *mem_execs);
+            if (v) {
+                mem_execs = v;
+                capmem_execs = cap;
+            }
+        }
+        if (nmem_execs < capmem_execs) {
+            mem_execs[nmem_execs].graph = gid;
+            mem_execs[nmem_execs++].exec = nvp_handle_id(h);
+        }
+        pthread_mutex_unlock(&mem_execs_lock);
+    }
     *exec = (cudaGraphExec_t)(uintptr_t)h;
     return cudaSuccess;
 }
@@ -107,6 +160,7 @@ static cudaError_t destroy(int type, uint64_t h)
     if (!e) {
         nvp_graph_mem_release(type == NVP_H_GRAPH_EXEC ? NVP_OWN_EXEC : NVP_OWN_GRAPH, a[0]);
         nvp_graph_mem_release(type == NVP_H_GRAPH_EXEC ? NVP_OWN_ALLOC_EXEC : NVP_OWN_ALLOC_NODE, a[0]);
+        mem_execs_drop((uint32_t)a[0], type == NVP_H_GRAPH_EXEC);
     }
     return e;
 }
@@ -611,8 +665,12 @@ NVP_EXPORT cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nod
     size_t got = e ? 0 : r.out_len / (2 * sizeof *ids);
     for (size_t i = 0; i < got; i++) {
         uint64_t h = nvp_handle_of(NVP_H_GRAPH_NODE, ids[2 * i]);
-        struct nvp_node_rec n = {nvp_handle_id(g), (int)ids[2 * i + 1], 0, 0};
-        nvp_handle_set(NVP_H_GRAPH_NODE, h, &n, sizeof n);
+        struct nvp_node_rec n = {nvp_handle_id(g), (int)ids[2 * i + 1], 0, 0}, had;
+        /* (memory nodes are empty nodes to the driver: the shim's record says what they are) */
+        int memory = nvp_handle_get(NVP_H_GRAPH_NODE, h, &had, sizeof had) == 0 &&
+                     (had.kind == NVP_NODE_MEM_ALLOC || had.kind == NVP_NODE_MEM_FREE);
+        if (!memory)
+            nvp_handle_set(NVP_H_GRAPH_NODE, h, &n, sizeof n);
         nodes[i] = (cudaGraphNode_t)(uintptr_t)h;
     }
     for (size_t i = 0; i < want; i++) { /* fresh handles the proxy did not use */

@@ -205,13 +205,73 @@ static int capturing(int64_t w, unsigned long long *cid)
            nvp_capture_status(w, &st, cid) == cudaSuccess && st == cudaStreamCaptureStatusActive;
 }
 
-/* cudaFreeAsync on a stream that is being captured: the graph frees it (1), or not captured (0). */
-int nvp_graph_mem_capture_free(uint64_t ptr, cudaStream_t s, int ptds)
+/* A memory node added to the graph stream s is capturing, after what s captured so far, s going on from it:
+ * what a captured cudaMallocAsync (alloc) or cudaFreeAsync adds natively.  The node is an allocation node like
+ * cudaGraphAddMemAllocNode's (its memory is taken now, its address fixed). */
+static cudaError_t capture_mem_node(cudaStream_t s, int ptds, int dev, size_t size, void **ptr, int alloc)
+{
+    enum cudaStreamCaptureStatus st;
+    cudaGraph_t g;
+    const cudaGraphNode_t *got;
+    size_t n = 0;
+    cudaError_t e = ptds ? cudaStreamGetCaptureInfo_ptsz(s, &st, NULL, &g, &got, NULL, &n)
+                         : cudaStreamGetCaptureInfo(s, &st, NULL, &g, &got, NULL, &n);
+    if (e)
+        return e;
+    if (st != cudaStreamCaptureStatusActive)
+        return cudaErrorStreamCaptureInvalidated;
+    cudaGraphNode_t *deps = n ? malloc(n * sizeof *deps) : NULL, node;
+    if (n && !deps)
+        return cudaErrorMemoryAllocation;
+    if (n)
+        memcpy(deps, got, n * sizeof *deps);
+    if (alloc) {
+        struct cudaMemAllocNodeParams p;
+        memset(&p, 0, sizeof p);
+        p.poolProps.allocType = cudaMemAllocationTypePinned;
+        p.poolProps.location.type = cudaMemLocationTypeDevice;
+        p.poolProps.location.id = dev;
+        p.bytesize = size;
+        e = cudaGraphAddMemAllocNode(&node, g, deps, n, &p);
+        if (!e)
+            *ptr = p.dptr;
+    } else {
+        e = cudaGraphAddMemFreeNode(&node, g, deps, n, *ptr);
+    }
+    free(deps);
+    if (!e)
+        e = ptds ? cudaStreamUpdateCaptureDependencies_ptsz(s, &node, NULL, 1, cudaStreamSetCaptureDependencies)
+                 : cudaStreamUpdateCaptureDependencies(s, &node, NULL, 1, cudaStreamSetCaptureDependencies);
+    return e;
+}
+
+/* cudaMallocAsync on a stream that is being captured: an allocation node (1, *err its result), or not
+ * captured (0). */
+int nvp_graph_mem_capture_alloc(void **ptr, size_t size, int dev, cudaStream_t s, int ptds, cudaError_t *err)
 {
     unsigned long long cid;
     if (!capturing(nvp_stream_wire(s, ptds), &cid))
         return 0;
-    nvp_graph_mem_hold(ptr, NVP_OWN_CAPTURE, cid, 0);
+    *err = capture_mem_node(s, ptds, dev, size, ptr, 1);
+    return 1;
+}
+
+/* cudaFreeAsync on a stream that is being captured: the graph frees it (1, *err the result: a free node for
+ * memory of an allocation node, as natively; other memory is held by the capture), or not captured (0). */
+int nvp_graph_mem_capture_free(uint64_t ptr, cudaStream_t s, int ptds, cudaError_t *err)
+{
+    unsigned long long cid;
+    if (!capturing(nvp_stream_wire(s, ptds), &cid))
+        return 0;
+    pthread_mutex_lock(&lock);
+    int from_node = has_row(ptr, NVP_OWN_SIZE);
+    pthread_mutex_unlock(&lock);
+    void *p = (void *)(uintptr_t)ptr;
+    *err = cudaSuccess;
+    if (from_node)
+        *err = capture_mem_node(s, ptds, 0, 0, &p, 0);
+    else
+        nvp_graph_mem_hold(ptr, NVP_OWN_CAPTURE, cid, 0);
     return 1;
 }
 

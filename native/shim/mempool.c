@@ -379,6 +379,9 @@ static cudaError_t pool_alloc(struct pool *p, void **ptr, size_t size, cudaStrea
         return nvp_ret(cudaErrorInvalidValue);
     if (nvp_stream_wire(stream, ptds) < 0)
         return nvp_ret(cudaErrorInvalidResourceHandle);
+    cudaError_t got;
+    if (size && nvp_graph_mem_capture_alloc(ptr, size, p->device, stream, ptds, &got)) /* (graph memory) */
+        return nvp_ret(got);
     int cur = nvp_current_device();
     cudaError_t e = p->device == cur ? cudaSuccess : cudaSetDevice(p->device);
     if (!e)
@@ -461,8 +464,9 @@ static cudaError_t free_async(void *devPtr, cudaStream_t hStream, int ptds)
     if (nvp_stream_wire(hStream, ptds) < 0)
         return nvp_ret(cudaErrorInvalidResourceHandle);
     uint64_t p = (uint64_t)(uintptr_t)devPtr;
-    if (p && nvp_is_device_ptr(p) && nvp_graph_mem_capture_free(p, hStream, ptds))
-        return cudaSuccess;
+    cudaError_t e;
+    if (p && nvp_is_device_ptr(p) && nvp_graph_mem_capture_free(p, hStream, ptds, &e))
+        return nvp_ret(e);
     return cudaFree(devPtr);
 }
 

@@ -216,7 +216,9 @@ enum nvp_owner {
     NVP_OWN_SIZE,  /* an allocation node's size (the statistics) */
 };
 extern int nvp_captures_on; /* captures begun and not ended: only then may a cudaFreeAsync be captured */
-int nvp_graph_mem_capture_free(uint64_t ptr, cudaStream_t s, int ptds); /* 1: taken by a capture */
+/* cudaMallocAsync / cudaFreeAsync on a capturing stream: memory nodes of the capture (1, *err), else 0 */
+int nvp_graph_mem_capture_alloc(void **ptr, size_t size, int dev, cudaStream_t s, int ptds, cudaError_t *err);
+int nvp_graph_mem_capture_free(uint64_t ptr, cudaStream_t s, int ptds, cudaError_t *err);
 void nvp_graph_mem_hold(uint64_t ptr, int kind, uint64_t id, int host);
 void nvp_graph_mem_pass(int from, uint64_t from_id, int to, uint64_t to_id, int move);
 int nvp_graph_mem_holds(int kind, uint64_t id);

@@ -70,8 +70,29 @@ static cudaGraphExec_t captured_alloc(cudaStream_t s, int *out) {
     CHECK(cudaMemcpyAsync(shadow, out, sizeof shadow, cudaMemcpyDeviceToHost, s));
     CHECK(cudaFreeAsync(scratch, s));
     CHECK(cudaStreamEndCapture(s, &g));
-    cudaGraphExec_t x;
+    // as natively: the allocation and the free are nodes of the graph (first and last), the allocation's
+    // parameters give its address
+    cudaGraphNode_t nodes[16];
+    size_t count = 16;
+    CHECK(cudaGraphGetNodes(g, nodes, &count));
+    int allocs = 0, frees = 0, same = 0;
+    for (size_t i = 0; i < count; i++) {
+        cudaGraphNodeType t;
+        CHECK(cudaGraphNodeGetType(nodes[i], &t));
+        if (t == cudaGraphNodeTypeMemAlloc) {
+            cudaMemAllocNodeParams p;
+            CHECK(cudaGraphMemAllocNodeGetParams(nodes[i], &p));
+            allocs++;
+            same += p.dptr == scratch && p.bytesize == N * sizeof(int);
+        }
+        frees += t == cudaGraphNodeTypeMemFree;
+    }
+    printf("captured graph: %zu nodes, %d allocation (its address %d), %d free\n", count, allocs, same, frees);
+    cudaGraphExec_t x, second;
     CHECK(cudaGraphInstantiate(&x, g, 0));
+    printf("second executable graph while the first lives: %s\n",
+           cudaGetErrorName(cudaGraphInstantiate(&second, g, 0)));
+    cudaGetLastError();
     CHECK(cudaGraphDestroy(g));
     return x;
 }
