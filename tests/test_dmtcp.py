@@ -36,6 +36,7 @@ class Session:
     def __init__(self, tmp_path: Path) -> None:
         self.bin = dmtcp_bin()
         self.dir = tmp_path
+        tmp_path.mkdir(exist_ok=True)
         self.env = dict(os.environ, PATH=f"{self.bin}:{os.environ['PATH']}")
         self.env.pop("LD_PRELOAD", None)
         port_file = tmp_path / "port"
@@ -51,11 +52,35 @@ class Session:
         subprocess.run([str(self.bin / "dmtcp_coordinator"), "--daemon", "--exit-on-last", "--ckptdir",
                         str(self.dir), *args], check=True, env=self.env, capture_output=True)
 
-    def launch(self, cmd: list[str]) -> subprocess.Popen:
+    def launch(self, cmd: list[str], **env: str) -> subprocess.Popen:
         cmd = list(cmd)
         cmd[cmd.index("--"):cmd.index("--")] = ["--dmtcp-args",
                                                 f"--coord-port {self.port} --no-gzip --ckptdir {self.dir}"]
-        return subprocess.Popen(cmd, stdout=open(self.out, "w"), stderr=subprocess.PIPE, text=True, env=self.env)
+        return subprocess.Popen(cmd, stdout=open(self.out, "w"), stderr=subprocess.PIPE, text=True,
+                                env=dict(self.env, **env), cwd=self.dir)
+
+    def checkpoint_at_call(self, cmd: list[str], call: int) -> None:
+        """Run cmd until its call-th CUDA call, where it checkpoints itself (NVPROXY_CHECKPOINT_AT) and stops;
+        then kill it."""
+        app = self.launch(cmd, NVPROXY_CHECKPOINT_AT=str(call))
+        command = [str(self.bin / "dmtcp_command"), "--coord-port", self.port]
+        try:
+            deadline = time.monotonic() + 120
+            while not list(self.dir.glob("ckpt_*.dmtcp")):
+                assert app.poll() is None, f"the program ended before its call {call}: {app.communicate()[1]}"
+                assert time.monotonic() < deadline, "no checkpoint"
+                time.sleep(0.05)
+            while "RUNNING=yes" not in subprocess.run([*command, "-s"], capture_output=True, text=True,
+                                                      env=self.env, timeout=30).stdout:
+                assert time.monotonic() < deadline, "the checkpoint did not finish"
+                time.sleep(0.05)
+            subprocess.run([*command, "-k"], env=self.env, capture_output=True, timeout=60)
+            app.wait(timeout=60)
+        finally:
+            if app.poll() is None:
+                app.kill()
+        assert list(self.dir.glob("nvproxy-*.img")), "the plugin wrote no GPU image beside DMTCP's"
+
 
     def wait_for(self, app: subprocess.Popen, text: str, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -87,6 +112,16 @@ class Session:
         self._coordinator("--coord-port", self.port)
         return subprocess.run([sys.executable, "-m", "nvproxy", "restart", str(self.dir), "--coord-port", self.port,
                                *extra], capture_output=True, text=True, env=self.env, timeout=300)
+
+
+def calls_made(cmd: list[str], tmp_path: Path, cwd: Path | None = None) -> tuple[int, str]:
+    """How many CUDA calls cmd makes (NVPROXY_CALLS_OUT), and what it prints."""
+    count = tmp_path / "calls.txt"
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=cwd,
+                       env={k: v for k, v in dict(os.environ, NVPROXY_CALLS_OUT=str(count)).items()
+                            if k != "LD_PRELOAD"})
+    assert r.returncode == 0 and count.exists(), r.stdout + r.stderr
+    return int(count.read_text()), r.stdout
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -158,6 +193,21 @@ def test_dmtcp_restarts_processes_sharing_device_memory(build, backend: str, tmp
     assert after[-1] == "Test PASSED\n", r.stderr
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dmtcp_checkpoint_at_a_call(build, backend: str, tmp_path: Path) -> None:
+    """A program checkpointed at a chosen call (half of the CUDA calls it makes; NVPROXY_CHECKPOINT_AT), killed
+    and restarted prints what an uninterrupted run prints: deterministic, even for a program that runs for
+    milliseconds."""
+    exe = build("graph_capture")
+    calls, reference = calls_made(nvproxy_cmd(exe, backend, "graph_capture"), tmp_path)
+    session = Session(tmp_path / "dmtcp")
+    session.checkpoint_at_call(nvproxy_cmd(exe, backend, "graph_capture"), calls // 2)
+    r = session.restart()
+    assert r.returncode == 0, r.stderr
+    assert session.out.read_text() + r.stdout == reference, r.stderr
+    assert "restoring the GPU state" in r.stderr
+
+
 MATRIX_ARGS = ("-wA=8192", "-hA=8192", "-wB=8192", "-hB=8192")  # 300 products of 8192x8192 matrices: seconds
 
 
@@ -189,6 +239,33 @@ def test_dmtcp_public_sample(nvcc: str, tmp_path: Path, sample: str, args: tuple
     session.checkpoint_and_kill(app, kill_command=True)
     r = session.restart(*(["--device", "1"] if other_gpu else []))
     assert r.returncode == 0, r.stderr
+    whole = session.out.read_text() + r.stdout
+    assert stable(whole, exe.name) == stable(native.stdout, exe.name), r.stderr
+    assert "restoring the GPU state" in r.stderr
+
+
+def _one_process_samples() -> list[str]:
+    from test_public_samples import NAMES
+
+    return [n for n in NAMES if not any(k in n for k in ("IPC", "P2P", "MultiGPU"))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sample", _one_process_samples())
+def test_dmtcp_public_sample_at_a_call(nvcc: str, tmp_path: Path, sample: str) -> None:
+    """NVIDIA's samples (those of one process on one GPU), unmodified, checkpointed under DMTCP halfway through
+    their CUDA calls (NVPROXY_CHECKPOINT_AT: most run for milliseconds, too short to catch by the clock), killed
+    and restarted, print what a native run prints."""
+    from test_public_samples import build_sample, stable
+
+    exe = build_sample(nvcc, tmp_path, sample)
+    native = run([str(exe)], cwd=tmp_path)
+    cmd = [sys.executable, "-m", "nvproxy", "run", "--backend", "gpu", "--", str(exe)]
+    calls, _out = calls_made(cmd, tmp_path, cwd=tmp_path)
+    session = Session(tmp_path)
+    session.checkpoint_at_call(cmd, max(2, calls // 2))
+    r = session.restart()
+    assert r.returncode == native.returncode, r.stdout + r.stderr
     whole = session.out.read_text() + r.stdout
     assert stable(whole, exe.name) == stable(native.stdout, exe.name), r.stderr
     assert "restoring the GPU state" in r.stderr

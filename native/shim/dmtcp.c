@@ -45,6 +45,7 @@ extern void dmtcp_plugin_enable_ckpt(void) __attribute__((weak));
 extern void *dmtcp_dlsym(void *handle, const char *symbol) __attribute__((weak));
 extern int dmtcp_get_restart_env(const char *name, char *value, size_t maxlen) __attribute__((weak));
 extern void dmtcp_global_barrier(const char *barrier) __attribute__((weak));
+extern int dmtcp_checkpoint(void) __attribute__((weak));
 
 /* in application memory, so that DMTCP saves it: where the image went */
 static char image_path[4096];
@@ -185,6 +186,17 @@ static void hook(int event, void *data)
     default: /* every other event is DMTCP's business */
         break;
     }
+}
+
+void nvp_dmtcp_checkpoint_here(void)
+{
+    if (!dmtcp_checkpoint) {
+        nvp_log("nvproxy: NVPROXY_CHECKPOINT_AT needs DMTCP (nvproxy run --dmtcp)");
+        return;
+    }
+    if (dmtcp_checkpoint() == 1) /* DMTCP_AFTER_CHECKPOINT: wait to be killed; a restart returns 2 and goes on */
+        for (;;)
+            pause();
 }
 
 static struct dmtcp_descriptor descriptor = {

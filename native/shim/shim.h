@@ -173,6 +173,10 @@ void nvp_ckpt_enable(void);
 int nvp_under_dmtcp(void);
 const char *nvp_restart_devices(void); /* NVPROXY_DEVICES of dmtcp_restart's environment */
 pid_t nvp_real_pid(void);
+char **nvp_env_without_shim(const char *visible); /* environ less LD_PRELOAD etc. (calloc'ed; visible: CUDA_VISIBLE_DEVICES=) */
+const char *nvp_python(void);                     /* the Python that runs nvproxy */
+void nvp_call_hooks(void);                        /* NVPROXY_CHECKPOINT_AT / NVPROXY_MIGRATE_AT (ckpt_at.c) */
+void nvp_dmtcp_checkpoint_here(void);             /* dmtcp.c: checkpoint now, stop unless restarted */
 int nvp_private_dir(char *out, size_t cap); /* the user's 0700 directory of sockets and handles: 0, or -1 */
 int nvp_unix_connect(const char *path); /* a connected SOCK_STREAM socket, or -1 */          /* not DMTCP's virtual pid: what the proxy sees */
 const char *nvp_control_path(void); /* the proxy's control socket, NULL before the first call */

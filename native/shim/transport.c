@@ -188,6 +188,31 @@ int nvp_unix_connect(const char *path)
     return fd;
 }
 
+char **nvp_env_without_shim(const char *visible)
+{
+    extern char **environ;
+    size_t n = 0;
+    while (environ[n])
+        n++;
+    char **envp = calloc(n + 2, sizeof *envp);
+    if (!envp)
+        return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(environ[i], "LD_PRELOAD=", 11) != 0 && strncmp(environ[i], "NVPROXY_SOCKET=", 15) != 0 &&
+            !(visible && strncmp(environ[i], "CUDA_VISIBLE_DEVICES=", 21) == 0))
+            envp[k++] = environ[i];
+    if (visible)
+        envp[k++] = (char *)visible;
+    return envp;
+}
+
+const char *nvp_python(void)
+{
+    const char *py = getenv("NVPROXY_PYTHON");
+    return py && *py ? py : NVP_DEFAULT_PYTHON;
+}
+
 /* Start a proxy for this process: double fork so it is nobody's child here,
  * without our LD_PRELOAD, told our pid so that it exits with us. */
 static int spawn_proxy(const char *restore_image)
@@ -199,9 +224,7 @@ static int spawn_proxy(const char *restore_image)
              (unsigned long)time(NULL));
     unlink(G.sock);
 
-    const char *py = getenv("NVPROXY_PYTHON");
-    if (!py || !*py)
-        py = NVP_DEFAULT_PYTHON;
+    const char *py = nvp_python();
     char owner[32];
     snprintf(owner, sizeof owner, "%d", (int)nvp_real_pid());
     const char *args[] = {py, "-m", "nvproxy", "proxy", "--socket", G.sock, "--owner-pid", owner,
@@ -212,26 +235,14 @@ static int spawn_proxy(const char *restore_image)
     memcpy(with_dmtcp + 1, args, sizeof args);
     const char **argv = nvp_under_dmtcp() ? with_dmtcp : args;
 
-    /* environment without the shim, built before fork (no malloc in the child) */
-    extern char **environ;
-    size_t n = 0;
-    while (environ[n])
-        n++;
     /* a restart onto other GPUs (nvproxy restart --device) */
     const char *devices = restore_image ? nvp_restart_devices() : NULL;
     static char visible[300];
     if (devices)
         snprintf(visible, sizeof visible, "CUDA_VISIBLE_DEVICES=%s", devices);
-    char **envp = calloc(n + 2, sizeof *envp);
+    char **envp = nvp_env_without_shim(devices ? visible : NULL); /* (before fork: no malloc in the child) */
     if (!envp)
         return -1;
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        if (strncmp(environ[i], "LD_PRELOAD=", 11) != 0 && strncmp(environ[i], "NVPROXY_SOCKET=", 15) != 0 &&
-            !(devices && strncmp(environ[i], "CUDA_VISIBLE_DEVICES=", 21) == 0))
-            envp[k++] = environ[i];
-    if (devices)
-        envp[k++] = visible;
 
     int pfd[2];
     if (pipe2(pfd, O_CLOEXEC) != 0) {
@@ -822,6 +833,7 @@ cudaError_t nvp_wait_pending(struct nvp_reply *reply) { return recv_reply(reply)
 
 cudaError_t nvp_enter(void)
 {
+    nvp_call_hooks();
     cudaError_t e = nvp_connect();
     return e ? e : nvp_sticky_error();
 }

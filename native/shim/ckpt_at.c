@@ -1,0 +1,69 @@
+/* Hooks that make a mid-run checkpoint of a short program deterministic (the tests of public samples):
+ *   NVPROXY_CHECKPOINT_AT=N  under DMTCP, the process checkpoints itself as its Nth CUDA call begins, then waits
+ *                            to be killed (the test restarts it from the images; there it goes on);
+ *   NVPROXY_MIGRATE_AT=N     `nvproxy migrate` moves it to a new proxy then, and it goes on;
+ *   NVPROXY_CALLS_OUT=path   the number of calls made is written there at exit (to choose N).
+ * Calls are counted where they enter the shim (nvp_enter); off, this costs one load per call. */
+#include "shim.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static long checkpoint_at, migrate_at;
+static const char *calls_out;
+static atomic_long calls;
+static int armed;
+
+__attribute__((constructor)) static void read_settings(void)
+{
+    const char *c = getenv("NVPROXY_CHECKPOINT_AT"), *m = getenv("NVPROXY_MIGRATE_AT");
+    checkpoint_at = c && *c ? atol(c) : 0;
+    migrate_at = m && *m ? atol(m) : 0;
+    calls_out = getenv("NVPROXY_CALLS_OUT");
+    armed = checkpoint_at > 0 || migrate_at > 0 || (calls_out && *calls_out);
+}
+
+__attribute__((destructor)) static void write_count(void)
+{
+    if (!calls_out || !*calls_out)
+        return;
+    FILE *f = fopen(calls_out, "w");
+    if (f) {
+        fprintf(f, "%ld\n", atomic_load(&calls));
+        fclose(f);
+    }
+}
+
+static void migrate_self(void)
+{
+    char pid[32];
+    snprintf(pid, sizeof pid, "%d", (int)getpid());
+    const char *argv[] = {nvp_python(), "-m", "nvproxy", "migrate", pid, NULL};
+    char **envp = nvp_env_without_shim(NULL);
+    if (!envp)
+        return;
+    pid_t c = fork();
+    if (c == 0) {
+        dup2(2, 1); /* (its report is not the program's output) */
+        execvpe(argv[0], (char *const *)argv, envp);
+        _exit(127);
+    }
+    free(envp);
+    int st = 0;
+    if (c < 0 || waitpid(c, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        nvp_log("nvproxy: NVPROXY_MIGRATE_AT: the migration failed; going on with the same proxy");
+}
+
+void nvp_call_hooks(void)
+{
+    if (!armed)
+        return;
+    long n = atomic_fetch_add(&calls, 1) + 1;
+    if (n == checkpoint_at)
+        nvp_dmtcp_checkpoint_here();
+    if (n == migrate_at)
+        migrate_self();
+}
