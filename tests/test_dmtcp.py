@@ -74,13 +74,19 @@ class Session:
                                                       env=self.env, timeout=30).stdout:
                 assert time.monotonic() < deadline, "the checkpoint did not finish"
                 time.sleep(0.05)
+        finally:
+            self._kill(app, command)
+
+    def _kill(self, app: subprocess.Popen, command: list[str]) -> None:
+        """dmtcp_command -k, and the program must be gone; DMTCP's and the plugin's images must be there."""
+        try:
             subprocess.run([*command, "-k"], env=self.env, capture_output=True, timeout=60)
-            app.wait(timeout=60)
+            app.wait(timeout=120)
         finally:
             if app.poll() is None:
                 app.kill()
+        assert list(self.dir.glob("ckpt_*.dmtcp")), "DMTCP wrote no image"
         assert list(self.dir.glob("nvproxy-*.img")), "the plugin wrote no GPU image beside DMTCP's"
-
 
     def wait_for(self, app: subprocess.Popen, text: str, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -99,14 +105,8 @@ class Session:
                                      self.port], env=self.env, capture_output=True, text=True, timeout=300)
             # (dmtcp_command -kc of DMTCP 4.2 exits 2 once the killed computation's coordinator is gone)
             assert ck.returncode == 0 or "checkpointed and killed" in ck.stdout, ck.stdout + ck.stderr
-            if not kill_command:
-                subprocess.run([*command, "-k"], env=self.env, capture_output=True, timeout=60)
-            app.wait(timeout=120)
         finally:
-            if app.poll() is None:
-                app.kill()
-        assert list(self.dir.glob("ckpt_*.dmtcp")), "DMTCP wrote no image"
-        assert list(self.dir.glob("nvproxy-*.img")), "the plugin wrote no GPU image beside DMTCP's"
+            self._kill(app, command)  # (after -kc: nothing left to kill, the images are checked)
 
     def restart(self, *extra: str) -> subprocess.CompletedProcess:
         self._coordinator("--coord-port", self.port)

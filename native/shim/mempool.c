@@ -223,8 +223,8 @@ NVP_EXPORT cudaError_t cudaMemPoolGetAccess(enum cudaMemAccessFlags *flags, cuda
     return p ? cudaSuccess : nvp_ret(cudaErrorInvalidValue);
 }
 
-/* ---- pool IPC: a pool's shareable handle is a file descriptor of a file naming the exporting application and the pool (its
- * secret); a pointer's export data is a CUDA IPC memory handle of the allocation (ipc.c) with that secret, so
+/* ---- pool IPC: a pool's shareable handle is a descriptor of a small file (in the private directory) naming
+ * the pool by its secret; a pointer's export data is a CUDA IPC memory handle of the allocation (ipc.c) with that secret, so
  * that it imports only through its own pool.  Imported pointers are freed by closing the IPC mapping. ---- */
 
 #define SHARE_MAGIC 0x4c4f4f50u /* "POOL" */

@@ -175,7 +175,8 @@ const char *nvp_restart_devices(void); /* NVPROXY_DEVICES of dmtcp_restart's env
 pid_t nvp_real_pid(void);
 char **nvp_env_without_shim(const char *visible); /* environ less LD_PRELOAD etc. (calloc'ed; visible: CUDA_VISIBLE_DEVICES=) */
 const char *nvp_python(void);                     /* the Python that runs nvproxy */
-void nvp_call_hooks(void);                        /* NVPROXY_CHECKPOINT_AT / NVPROXY_MIGRATE_AT (ckpt_at.c) */
+extern int nvp_hooks_armed;                       /* NVPROXY_CHECKPOINT_AT / _MIGRATE_AT / _CALLS_OUT set */
+void nvp_call_hooks(void);                        /* count this call; checkpoint or migrate at it (ckpt_at.c) */
 void nvp_dmtcp_checkpoint_here(void);             /* dmtcp.c: checkpoint now, stop unless restarted */
 int nvp_private_dir(char *out, size_t cap); /* the user's 0700 directory of sockets and handles: 0, or -1 */
 int nvp_unix_connect(const char *path); /* a connected SOCK_STREAM socket, or -1 */          /* not DMTCP's virtual pid: what the proxy sees */
