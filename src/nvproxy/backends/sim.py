@@ -24,6 +24,7 @@ from typing import Any
 from .. import fatbin, sim_kernels
 from ..errors import (
     ASSERT,
+    HOST_MEMORY_ALREADY_REGISTERED,
     ILLEGAL_ADDRESS,
     ILLEGAL_STATE,
     INVALID_DEVICE_FUNCTION,
@@ -44,7 +45,9 @@ from .sim_arrays import SimArray, SimObject
 
 GRANULE = 2 << 20
 SIM_MEMORY = 16 << 30
-GLOBALS_BASE = 0x100000000000  # module variables, outside every arena
+# module variables: outside every arena and below the host image buffer (16 TiB up, checkpoint/hostimage.py),
+# which a proxy registers as pinned memory: an overlap made the sim's addresses ambiguous
+GLOBALS_BASE = 0x0C0000000000
 
 # cudaDeviceAttr values of the modelled device (an H100-class part)
 _ATTRS = {
@@ -123,6 +126,12 @@ class SimMemory:
         self.ranges: dict[int, tuple[int, memoryview]] = {}
 
     def add(self, base: int, size: int, view: memoryview) -> None:
+        """Overlapping ranges are refused (the driver's answer for host memory; a sim bug otherwise)."""
+        i = bisect.bisect_right(self.bases, base)
+        if (i > 0 and self.bases[i - 1] + self.ranges[self.bases[i - 1]][0] > base) or (
+            i < len(self.bases) and self.bases[i] < base + size
+        ):
+            raise CudaError(HOST_MEMORY_ALREADY_REGISTERED, f"sim: {base:#x}+{size} overlaps a range it knows")
         bisect.insort(self.bases, base)
         self.ranges[base] = (size, view)
 
