@@ -51,7 +51,7 @@ def nvproxy_cmd(exe: Path, backend: str, name: str, *args: str) -> list[str]:
 
 
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
+    env = dict(kw.pop("env", os.environ))
     env.pop("LD_PRELOAD", None)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=kw.pop("timeout", TIMEOUT), env=env, **kw)
 

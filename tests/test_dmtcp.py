@@ -61,7 +61,7 @@ class Session:
 
     def checkpoint_at_call(self, cmd: list[str], call: int) -> None:
         """Run cmd until its call-th CUDA call, where it checkpoints itself (NVPROXY_CHECKPOINT_AT) and stops;
-        then kill it."""
+        then kill it.  (At the first call the program has no GPU state yet, and the plugin writes no image.)"""
         app = self.launch(cmd, NVPROXY_CHECKPOINT_AT=str(call))
         command = [str(self.bin / "dmtcp_command"), "--coord-port", self.port]
         try:
@@ -75,9 +75,9 @@ class Session:
                 assert time.monotonic() < deadline, "the checkpoint did not finish"
                 time.sleep(0.05)
         finally:
-            self._kill(app, command)
+            self._kill(app, command, gpu_image=call > 1)
 
-    def _kill(self, app: subprocess.Popen, command: list[str]) -> None:
+    def _kill(self, app: subprocess.Popen, command: list[str], gpu_image: bool = True) -> None:
         """dmtcp_command -k, and the program must be gone; DMTCP's and the plugin's images must be there."""
         try:
             subprocess.run([*command, "-k"], env=self.env, capture_output=True, timeout=60)
@@ -86,7 +86,7 @@ class Session:
             if app.poll() is None:
                 app.kill()
         assert list(self.dir.glob("ckpt_*.dmtcp")), "DMTCP wrote no image"
-        assert list(self.dir.glob("nvproxy-*.img")), "the plugin wrote no GPU image beside DMTCP's"
+        assert bool(list(self.dir.glob("nvproxy-*.img"))) == gpu_image, "the plugin's GPU image beside DMTCP's"
 
     def wait_for(self, app: subprocess.Popen, text: str, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -206,6 +206,24 @@ def test_dmtcp_checkpoint_at_a_call(build, backend: str, tmp_path: Path) -> None
     assert r.returncode == 0, r.stderr
     assert session.out.read_text() + r.stdout == reference, r.stderr
     assert "restoring the GPU state" in r.stderr
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("app", ["vector_add", "printf_assert"])
+def test_dmtcp_checkpoint_at_every_call(build, backend: str, app: str, tmp_path: Path) -> None:
+    """Small programs checkpointed at each of their CUDA calls in turn, killed and restarted, print what an
+    uninterrupted run prints: also at a staged cudaMemcpy (which holds checkpoints off until it is done: the
+    self-checkpoint once deadlocked there) and with kernel printf output that the checkpoint's drain brought out
+    before the program's cudaDeviceSynchronize returned (the image carries it; it was once lost)."""
+    exe = build(app)
+    calls, reference = calls_made(nvproxy_cmd(exe, backend, app), tmp_path)
+    assert calls >= 6
+    for call in range(1, calls + 1):
+        session = Session(tmp_path / f"at-{call}")
+        session.checkpoint_at_call(nvproxy_cmd(exe, backend, app), call)
+        r = session.restart()
+        assert r.returncode == 0, f"checkpointed at call {call} of {calls}: {r.stderr}"
+        assert session.out.read_text() + r.stdout == reference, f"checkpointed at call {call} of {calls}: {r.stderr}"
 
 
 MATRIX_ARGS = ("-wA=8192", "-hA=8192", "-wB=8192", "-hB=8192")  # 300 products of 8192x8192 matrices: seconds

@@ -78,10 +78,17 @@ static void set_restore_pending(int on)
     pthread_mutex_unlock(&restore_mu);
 }
 
+/* how deep this thread is in nvp_ckpt_disable: a self-checkpoint (NVPROXY_CHECKPOINT_AT) must wait until 0,
+ * since DMTCP's dmtcp_checkpoint() takes the lock this thread holds (it deadlocked inside a staged cudaMemcpy) */
+static __thread int held;
+
+int nvp_ckpt_held(void) { return held; }
+
 void nvp_ckpt_disable(void)
 {
     if (!dmtcp_plugin_disable_ckpt)
         return;
+    held++;
     for (;;) {
         if (must_wait()) { /* (every call passes here: the mutex only while a restore is on) */
             pthread_mutex_lock(&restore_mu);
@@ -98,8 +105,11 @@ void nvp_ckpt_disable(void)
 
 void nvp_ckpt_enable(void)
 {
-    if (dmtcp_plugin_enable_ckpt)
-        dmtcp_plugin_enable_ckpt();
+    if (!dmtcp_plugin_enable_ckpt)
+        return;
+    dmtcp_plugin_enable_ckpt();
+    if (--held == 0 && nvp_hooks_armed)
+        nvp_call_hooks_released();
 }
 
 int nvp_under_dmtcp(void) { return dmtcp_register_plugin != NULL; }

@@ -170,6 +170,7 @@ cudaError_t nvp_launch(const void *func, dim3 grid, dim3 block, void **args, siz
 /* ---- dmtcp.c / transport.c: checkpointing under DMTCP ---- */
 void nvp_ckpt_disable(void); /* no checkpoint while a call is half done */
 void nvp_ckpt_enable(void);
+int nvp_ckpt_held(void); /* this thread is between nvp_ckpt_disable and _enable */
 int nvp_under_dmtcp(void);
 const char *nvp_restart_devices(void); /* NVPROXY_DEVICES of dmtcp_restart's environment */
 pid_t nvp_real_pid(void);
@@ -177,6 +178,7 @@ char **nvp_env_without_shim(const char *visible); /* environ less LD_PRELOAD etc
 const char *nvp_python(void);                     /* the Python that runs nvproxy */
 extern int nvp_hooks_armed;                       /* NVPROXY_CHECKPOINT_AT / _MIGRATE_AT / _CALLS_OUT set */
 void nvp_call_hooks(void);                        /* count this call; checkpoint or migrate at it (ckpt_at.c) */
+void nvp_call_hooks_released(void);               /* the thread let checkpoints happen again: a deferred one now */
 void nvp_dmtcp_checkpoint_here(void);             /* dmtcp.c: checkpoint now, stop unless restarted */
 int nvp_private_dir(char *out, size_t cap); /* the user's 0700 directory of sockets and handles: 0, or -1 */
 int nvp_unix_connect(const char *path); /* a connected SOCK_STREAM socket, or -1 */          /* not DMTCP's virtual pid: what the proxy sees */

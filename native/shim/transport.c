@@ -603,14 +603,14 @@ static void reshare(struct nvp_host_region *h, void *arg)
     memcpy(q.a, a, sizeof q.a);
     q.seq = atomic_fetch_add(&G.seq, 1) + 1;
     struct iovec iov = {&q, sizeof q};
-    struct nvp_rep rep;
+    struct nvp_reply rep = {0};
     if (write_all(T.fd, &iov, 1, h->fd) != 0) {
         nvp_log("nvproxy: sharing pinned memory at %#llx with the new proxy failed: %s",
                 (unsigned long long)h->base, strerror(errno));
         *failed = 1;
-    } else if (read_all(T.fd, &rep, sizeof rep) != 0 || rep.err) {
+    } else if (recv_reply(&rep) != cudaSuccess || rep.h.err) { /* (it may carry printf text the image held) */
         nvp_log("nvproxy: the new proxy could not map pinned memory at %#llx (error %d)", (unsigned long long)h->base,
-                rep.err);
+                rep.h.err);
         *failed = 1;
     }
 }
@@ -700,16 +700,13 @@ static int replace_proxy(const char *image)
     struct nvp_req q = {.len = sizeof q, .op = NVP_OP_RESTORE_DONE, .flags = NVP_F_REPLY};
     q.seq = atomic_fetch_add(&G.seq, 1) + 1;
     struct iovec iov = {&q, sizeof q};
-    struct nvp_rep done = {0};
-    char text[256];
-    if (write_all(T.fd, &iov, 1, -1) != 0 || read_all(T.fd, &done, sizeof done) != 0 || done.len < sizeof done ||
-        (done.len > sizeof done &&
-         (done.len - sizeof done > sizeof text || read_all(T.fd, text, done.len - sizeof done))) ||
-        done.err) {
+    struct nvp_reply done = {0};
+    /* (recv_reply: the reply carries the kernel printf text the image held, for the program's stdout) */
+    if (write_all(T.fd, &iov, 1, -1) != 0 || recv_reply(&done) != cudaSuccess) {
         G.state = ST_DEAD;
         nvp_log("nvproxy: the new proxy could not finish the restore from %s (error %d); every CUDA call now fails "
                 "with cudaErrorDevicesUnavailable",
-                image, done.err);
+                image, done.h.err);
         return 0;
     }
     return 1;

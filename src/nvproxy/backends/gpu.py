@@ -232,6 +232,12 @@ class GpuBackend:
     def take_text(self) -> bytes:
         return self.capture.take()
 
+    def pending_text(self) -> bytes:
+        return self.capture.peek()
+
+    def put_text(self, text: bytes) -> None:
+        self.capture.put(text)
+
     # ---- host memory ----
     def host_register(self, addr: int, size: int, read_only: bool = False) -> None:
         flags = cd.CU_MEMHOSTREGISTER_PORTABLE | cd.CU_MEMHOSTREGISTER_DEVICEMAP

@@ -279,6 +279,14 @@ class SimBackend:
         self.text.clear()
         return out
 
+    def pending_text(self) -> bytes:
+        return "".join(self.text).encode()
+
+    def put_text(self, text: bytes) -> None:
+        if text:
+            self.text.insert(0, text.decode(errors="replace"))
+            self._text_notify(True)
+
     # ---- host memory ----
     def host_register(self, addr: int, size: int, read_only: bool = False) -> None:
         self.mem.add(addr, size, libc.buffer(addr, size))

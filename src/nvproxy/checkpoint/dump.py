@@ -57,6 +57,8 @@ def describe(state: ProcessState) -> dict[str, Any]:
         **managed_vars.describe(state),
         **ipc.describe(state),
         "peer_grants": sorted([dev, owner] for dev, owner in state.peer_grants),
+        # kernel printf output the drain brought out that no reply has carried to the application yet
+        "printf_text": state.backend.pending_text().hex(),
     }
 
 

@@ -265,6 +265,7 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
             m.close()
         be.device_sync(dev)
         state.set_times_before(dev, before.get(dev, {}))
+    be.put_text(bytes.fromhex(h.get("printf_text", "")))  # (the next reply carries it, as the call it waited for)
     phase("contents")
 
 

@@ -59,6 +59,20 @@ class StdoutCapture:
             with self._lock:
                 self._drain()
 
+    def peek(self) -> bytes:
+        """What waits for the application, left waiting (a checkpoint keeps it in the image)."""
+        libc.flush_stdio()
+        with self._lock:
+            self._drain()
+            return bytes(self._buf)
+
+    def put(self, text: bytes) -> None:
+        """Text a restored image held: ahead of anything the kernels print from now on."""
+        if text:
+            with self._lock:
+                self._buf[:0] = text
+                self.notify(True)
+
     def take(self) -> bytes:
         libc.flush_stdio()
         with self._lock:

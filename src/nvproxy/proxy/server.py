@@ -378,8 +378,9 @@ class Server:
             ch.sock.setblocking(True)
             ch.fast = None
             self.callback_channel = ch
-        ch.reply(((self.backend.device_count(), 1 if self.backend.name == "sim" else 0, os.getpid(),
-                   self.backend.driver_version()), b""), 0)
+        # (no kernel printf text: the shim reads this reply bare, and the text belongs to the program's next call)
+        ch._send(wire.pack_reply(0, 0, (self.backend.device_count(), 1 if self.backend.name == "sim" else 0,
+                                        os.getpid(), self.backend.driver_version()), b"", b""))
 
     # ---- host callbacks: run in the application, in stream order ----
     def run_callback(self, cb_id: int, status: int, keep: bool = False) -> None:
