@@ -65,7 +65,7 @@ class Session:
         app = self.launch(cmd, NVPROXY_CHECKPOINT_AT=str(call))
         command = [str(self.bin / "dmtcp_command"), "--coord-port", self.port]
         try:
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + 60
             while not list(self.dir.glob("ckpt_*.dmtcp")):
                 assert app.poll() is None, f"the program ended before its call {call}: {app.communicate()[1]}"
                 assert time.monotonic() < deadline, "no checkpoint"
