@@ -60,14 +60,19 @@ class Session:
                                 env=dict(self.env, **env), cwd=self.dir)
 
     def checkpoint_at_call(self, cmd: list[str], call: int) -> None:
-        """Run cmd until its call-th CUDA call, where it checkpoints itself (NVPROXY_CHECKPOINT_AT) and stops;
-        then kill it.  (At the first call the program has no GPU state yet, and the plugin writes no image.)"""
+        """Run cmd until its call-th CUDA call, where it waits (NVPROXY_CHECKPOINT_AT); checkpoint it there with
+        dmtcp_command -c, then kill it.  (At the first call a program of one thread has no GPU state yet: the
+        plugin writes no image.)"""
         app = self.launch(cmd, NVPROXY_CHECKPOINT_AT=str(call))
         command = [str(self.bin / "dmtcp_command"), "--coord-port", self.port]
         try:
             deadline = time.monotonic() + 60
-            while not list(self.dir.glob("ckpt_*.dmtcp")):
+            while not list(self.dir.glob("nvproxy-call-reached-*")):
                 assert app.poll() is None, f"the program ended before its call {call}: {app.communicate()[1]}"
+                assert time.monotonic() < deadline, f"call {call} never came"
+                time.sleep(0.02)
+            subprocess.run([*command, "-c"], env=self.env, capture_output=True, timeout=60, check=True)
+            while not list(self.dir.glob("ckpt_*.dmtcp")):
                 assert time.monotonic() < deadline, "no checkpoint"
                 time.sleep(0.05)
             while "RUNNING=yes" not in subprocess.run([*command, "-s"], capture_output=True, text=True,
@@ -75,9 +80,9 @@ class Session:
                 assert time.monotonic() < deadline, "the checkpoint did not finish"
                 time.sleep(0.05)
         finally:
-            self._kill(app, command, gpu_image=call > 1)
+            self._kill(app, command, gpu_image=True if call > 1 else None)
 
-    def _kill(self, app: subprocess.Popen, command: list[str], gpu_image: bool = True) -> None:
+    def _kill(self, app: subprocess.Popen, command: list[str], gpu_image: bool | None = True) -> None:
         """dmtcp_command -k, and the program must be gone; DMTCP's and the plugin's images must be there."""
         try:
             subprocess.run([*command, "-k"], env=self.env, capture_output=True, timeout=60)
@@ -86,7 +91,8 @@ class Session:
             if app.poll() is None:
                 app.kill()
         assert list(self.dir.glob("ckpt_*.dmtcp")), "DMTCP wrote no image"
-        assert bool(list(self.dir.glob("nvproxy-*.img"))) == gpu_image, "the plugin's GPU image beside DMTCP's"
+        if gpu_image is not None:
+            assert bool(list(self.dir.glob("nvproxy-*.img"))) == gpu_image, "the plugin's GPU image beside DMTCP's"
 
     def wait_for(self, app: subprocess.Popen, text: str, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -209,7 +215,7 @@ def test_dmtcp_checkpoint_at_a_call(build, backend: str, tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("app", ["vector_add", "printf_assert"])
+@pytest.mark.parametrize("app", ["vector_add", "printf_assert", "callback_threads"])
 def test_dmtcp_checkpoint_at_every_call(build, backend: str, app: str, tmp_path: Path) -> None:
     """Small programs checkpointed at each of their CUDA calls in turn, killed and restarted, print what an
     uninterrupted run prints: also at a staged cudaMemcpy (which holds checkpoints off until it is done: the

@@ -1,7 +1,8 @@
 /* Hooks that make a mid-run checkpoint of a short program deterministic (the tests of public samples):
- *   NVPROXY_CHECKPOINT_AT=N  under DMTCP, the process checkpoints itself as its Nth CUDA call begins (or right
- *                            after it, where the call holds checkpoints off), then waits to be killed (the test
- *                            restarts it from the images; there it goes on);
+ *   NVPROXY_CHECKPOINT_AT=N  under DMTCP, as its Nth CUDA call begins (or right after it, where the call holds
+ *                            checkpoints off) the thread creates nvproxy-call-reached-<pid> in the checkpoint
+ *                            directory and waits: the test checkpoints (dmtcp_command -c) and kills the program,
+ *                            restarts it from the images, and there the thread goes on;
  *   NVPROXY_MIGRATE_AT=N     `nvproxy migrate` moves it to a new proxy then, and it goes on;
  *   NVPROXY_CALLS_OUT=path   the number of calls made is written there at exit (to choose N).
  * Calls are counted where they enter the shim (nvp_enter); off, this costs one load and branch per call. */
@@ -58,8 +59,8 @@ static void migrate_self(void)
         nvp_log("nvproxy: NVPROXY_MIGRATE_AT: the migration failed; going on with the same proxy");
 }
 
-/* the chosen call came while its thread held checkpoints off (a staged copy, a launch: dmtcp_checkpoint() would
- * wait for that thread's own hold): the checkpoint happens as the hold ends, i.e. right after that call */
+/* the chosen call came while its thread held checkpoints off (a staged copy, a launch: a checkpoint would wait
+ * for that hold to end): the thread waits for it as the hold ends, i.e. right after that call */
 static __thread int deferred;
 
 void nvp_call_hooks_released(void)

@@ -1,7 +1,14 @@
 /* The DMTCP plugin: the same libnvproxy.so, loaded with
  * `dmtcp_launch --with-plugin`.  Without DMTCP nothing here runs.
  *
- *   PRECHECKPOINT  the proxy lets the device's work finish; once every process
+ *   PRESUSPEND     the proxy lets the device's work finish while the application's
+ *                  threads still run: host callbacks (stream callbacks, host nodes)
+ *                  run on them, and one that makes a DMTCP-wrapped call (pthread_create
+ *                  in NVIDIA's simpleCallback) would wait for DMTCP's lock, which
+ *                  the checkpoint holds from here on: a drain only at PRECHECKPOINT
+ *                  waited for it for ever
+ *   PRECHECKPOINT  the proxy lets the device's work finish (what was submitted
+ *                  since PRESUSPEND: little); once every process
  *                  of the computation has (a global barrier: they may share
  *                  device memory), it writes an image of the GPU state into
  *                  DMTCP's checkpoint directory; the shim closes its sockets
@@ -23,15 +30,17 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
-enum { EV_PRECHECKPOINT = 16, EV_RESUME = 17, EV_RESTART = 18, EV_RUNNING = 19 };
+enum { EV_PRESUSPEND = 15, EV_PRECHECKPOINT = 16, EV_RESUME = 17, EV_RESTART = 18, EV_RUNNING = 19 };
 
 struct dmtcp_descriptor {
     const char *api_version, *dmtcp_version, *name, *author, *email, *description;
@@ -45,7 +54,7 @@ extern void dmtcp_plugin_enable_ckpt(void) __attribute__((weak));
 extern void *dmtcp_dlsym(void *handle, const char *symbol) __attribute__((weak));
 extern int dmtcp_get_restart_env(const char *name, char *value, size_t maxlen) __attribute__((weak));
 extern void dmtcp_global_barrier(const char *barrier) __attribute__((weak));
-extern int dmtcp_checkpoint(void) __attribute__((weak));
+extern int dmtcp_get_local_status(int *checkpoints, int *restarts) __attribute__((weak));
 
 /* in application memory, so that DMTCP saves it: where the image went */
 static char image_path[4096];
@@ -78,8 +87,8 @@ static void set_restore_pending(int on)
     pthread_mutex_unlock(&restore_mu);
 }
 
-/* how deep this thread is in nvp_ckpt_disable: a self-checkpoint (NVPROXY_CHECKPOINT_AT) must wait until 0,
- * since DMTCP's dmtcp_checkpoint() takes the lock this thread holds (it deadlocked inside a staged cudaMemcpy) */
+/* how deep this thread is in nvp_ckpt_disable: NVPROXY_CHECKPOINT_AT waits for a checkpoint only at 0 (the
+ * checkpoint waits for the lock this thread holds: it deadlocked inside a staged cudaMemcpy) */
 static __thread int held;
 
 int nvp_ckpt_held(void) { return held; }
@@ -170,6 +179,12 @@ static void hook(int event, void *data)
 {
     (void)data;
     switch (event) {
+    case EV_PRESUSPEND: {
+        const char *ctl = nvp_control_path();
+        if (ctl && control_request(ctl, "{\"cmd\": \"drain\"}") != 0)
+            nvp_log("nvproxy: the proxy could not finish the device's work before the checkpoint");
+        break;
+    }
     case EV_PRECHECKPOINT:
         precheckpoint();
         break;
@@ -200,13 +215,28 @@ static void hook(int event, void *data)
 
 void nvp_dmtcp_checkpoint_here(void)
 {
-    if (!dmtcp_checkpoint) {
+    /* Not dmtcp_checkpoint(): it takes DMTCP's lock exclusively, so while it waits for other threads' calls to
+     * end, a host callback's wrapped call (pthread_create) waits behind it, and a call waiting for that callback
+     * never ends (a deadlock with NVIDIA's simpleCallback).  The thread says where it is and waits, holding
+     * nothing; the checkpoint is requested from outside (dmtcp_command -c), as a user would. */
+    int checkpoints = 0, restarts = 0;
+    const char *dir = dmtcp_get_ckpt_dir ? dmtcp_get_ckpt_dir() : NULL;
+    if (!dmtcp_get_local_status || !dir || dmtcp_get_local_status(&checkpoints, &restarts) != 4 /* DMTCP_IS_PRESENT */) {
         nvp_log("nvproxy: NVPROXY_CHECKPOINT_AT needs DMTCP (nvproxy run --dmtcp)");
         return;
     }
-    if (dmtcp_checkpoint() == 1) /* DMTCP_AFTER_CHECKPOINT: wait to be killed; a restart returns 2 and goes on */
-        for (;;)
-            pause();
+    char path[4200];
+    snprintf(path, sizeof path, "%s/nvproxy-call-reached-%d", dir, (int)nvp_real_pid());
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        nvp_log("nvproxy: NVPROXY_CHECKPOINT_AT: cannot create %s: %s", path, strerror(errno));
+        return;
+    }
+    close(fd);
+    for (int c = checkpoints, r = restarts; r == restarts; dmtcp_get_local_status(&c, &r)) {
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL); /* (after a checkpoint: until killed; after a restart: on) */
+    }
 }
 
 static struct dmtcp_descriptor descriptor = {

@@ -179,7 +179,7 @@ const char *nvp_python(void);                     /* the Python that runs nvprox
 extern int nvp_hooks_armed;                       /* NVPROXY_CHECKPOINT_AT / _MIGRATE_AT / _CALLS_OUT set */
 void nvp_call_hooks(void);                        /* count this call; checkpoint or migrate at it (ckpt_at.c) */
 void nvp_call_hooks_released(void);               /* the thread let checkpoints happen again: a deferred one now */
-void nvp_dmtcp_checkpoint_here(void);             /* dmtcp.c: checkpoint now, stop unless restarted */
+void nvp_dmtcp_checkpoint_here(void);             /* dmtcp.c: announce this call, wait for a checkpoint (and restart) */
 int nvp_private_dir(char *out, size_t cap); /* the user's 0700 directory of sockets and handles: 0, or -1 */
 int nvp_unix_connect(const char *path); /* a connected SOCK_STREAM socket, or -1 */          /* not DMTCP's virtual pid: what the proxy sees */
 const char *nvp_control_path(void); /* the proxy's control socket, NULL before the first call */

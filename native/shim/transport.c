@@ -70,6 +70,7 @@ pid_t nvp_real_pid(void)
 }
 
 static int spawn_proxy(const char *restore_image);
+static int open_channel(int kind, struct nvp_rep *rep_out);
 static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 
 void nvp_log(const char *fmt, ...)
@@ -447,6 +448,22 @@ static int open_channel_locked_init(void)
 }
 
 int nvp_open_channel(int kind, struct nvp_rep *rep_out)
+{
+    /* DMTCP's lock before G.lock: socket() below is a DMTCP wrapper that takes it; had this thread waited for it
+     * there while holding G.lock, a checkpoint would freeze it so, and the plugin's nvp_disconnect_all would wait
+     * for G.lock for ever (seen with tests/apps/callback_threads).  Not while the proxy is still to be started:
+     * DMTCP's fork() takes its lock exclusively, and would wait for this very hold (a process's first call, or
+     * the first after a restart before any GPU state existed; a checkpoint during that start can still hang). */
+    int hold = __atomic_load_n(&G.state, __ATOMIC_ACQUIRE) != ST_INIT;
+    if (hold)
+        nvp_ckpt_disable();
+    int fd = open_channel(kind, rep_out);
+    if (hold)
+        nvp_ckpt_enable();
+    return fd;
+}
+
+static int open_channel(int kind, struct nvp_rep *rep_out)
 {
     pthread_once(&key_once, make_key);
     pthread_mutex_lock(&G.lock);
