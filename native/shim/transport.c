@@ -849,8 +849,10 @@ cudaError_t nvp_enter(void)
 {
     if (nvp_hooks_armed) /* (tests only: a load and a branch otherwise) */
         nvp_call_hooks();
-    cudaError_t e = nvp_connect();
-    return e ? e : nvp_sticky_error();
+    /* a sticky error first, as natively: every call returns it, whatever became of the proxy (after a restart of
+     * a broken context, of which no image could be taken, there is none) */
+    cudaError_t e = nvp_sticky_error();
+    return e ? e : nvp_connect();
 }
 
 int nvp_device_count(void) { return nvp_connect() ? 0 : G.ndev; }

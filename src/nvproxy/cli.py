@@ -29,6 +29,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 127
 
 
+def _hold_application_ranges(image: str) -> None:
+    """A restoring proxy maps the application's pinned host memory at the application's addresses; reserve them
+    before the driver and the libraries take address space (a restart of NVIDIA's simpleStreams found its
+    cudaHostRegister'ed range taken in the new proxy)."""
+    from .checkpoint.image import ImageError, read_header
+    from .proxy import libc
+
+    try:
+        fd, h = read_header(image)
+    except (ImageError, OSError):
+        return  # (the restore reports it)
+    os.close(fd)
+    for addr, size in h.get("host", []):
+        if not libc.hold_for_application(addr, size):
+            print(f"nvproxy: the application's pinned memory at {addr:#x} is taken in this proxy", file=sys.stderr)
+
+
 def cmd_proxy(args: argparse.Namespace) -> int:
     # started from a checkpointer's hook, the signal mask may block nearly everything
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
@@ -48,6 +65,8 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     os.dup2(null, 0)
     os.dup2(null, 1)
     os.close(null)
+    if args.restore:
+        _hold_application_ranges(args.restore)
     from .backends import open_backend
     from .proxy.dispatch import Dispatcher
     from .proxy.server import Server

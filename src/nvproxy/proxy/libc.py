@@ -26,8 +26,25 @@ MAP_NORESERVE, MAP_FIXED_NOREPLACE = 0x4000, 0x100000
 MAP_FAILED = ffi.cast("void *", -1)
 
 
+# application addresses a restoring proxy reserved at its start, before the driver and Python's libraries took
+# address space of their own: [addr, addr+size) -> reserved (hold_for_application)
+_held: dict[int, int] = {}
+
+
+def hold_for_application(addr: int, size: int) -> bool:
+    """Keep [addr, addr+size) free for the application's shared memory, mapped there later (map_fixed)."""
+    if not reserve(addr, size):
+        return False
+    _held[addr] = size
+    return True
+
+
 def map_fixed(fd: int, addr: int, size: int) -> bool:
-    """Map fd at exactly addr; False if something is already mapped there."""
+    """Map fd at exactly addr; False if something is already mapped there (other than a hold of the range)."""
+    if _held.get(addr) == size:
+        del _held[addr]
+        p = _c.mmap(ffi.cast("void *", addr), size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0)
+        return p != MAP_FAILED
     p = _c.mmap(ffi.cast("void *", addr), size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0)
     if p == MAP_FAILED:
         return False

@@ -41,13 +41,13 @@ def _take_fd(ch: Any) -> int:
 def HOST_REGISTER(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     addr, size = a[0], a[1]
     fd = _take_fd(ch)
+    if addr in p.state.host or not libc.map_fixed(fd, addr, size):
+        os.close(fd)  # (and nothing unmapped: what is there is this process's own; unmapping it crashed the proxy)
+        raise CudaError(ALREADY_MAPPED, f"host memory at {addr:#x}+{size}: the address is taken in the proxy")
     try:
-        if addr in p.state.host or not libc.map_fixed(fd, addr, size):
-            raise CudaError(ALREADY_MAPPED)
         p.backend.host_register(addr, size)
     except CudaError:
-        if addr not in p.state.host:
-            libc.unmap(addr, size)
+        libc.unmap(addr, size)
         os.close(fd)
         raise
     p.state.host[addr] = HostRange(size, fd)
