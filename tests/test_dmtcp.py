@@ -214,10 +214,13 @@ def test_dmtcp_checkpoint_at_a_call(build, backend: str, tmp_path: Path) -> None
     assert "restoring the GPU state" in r.stderr
 
 
+OPEN_CALLBACK_BUG = pytest.mark.xfail(strict=True, reason=(
+    "open bug: checkpointed at its call 73 (of about 100), the restarted program waits for ever for a callback's "
+    "thread (sim, DMTCP 4.2); calls 1-72 pass"))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("app", ["vector_add", "printf_assert", pytest.param("callback_threads", marks=pytest.mark.xfail(
-    strict=True, reason="open bug: checkpointed at its call 73 (of about 100), the restarted program waits for ever for "
-    "a callback's thread (sim, DMTCP 4.2); calls 1-72 pass"))])
+@pytest.mark.parametrize("app", ["vector_add", "printf_assert", pytest.param("callback_threads", marks=OPEN_CALLBACK_BUG)])
 def test_dmtcp_checkpoint_at_every_call(build, backend: str, app: str, tmp_path: Path) -> None:
     """Small programs checkpointed at each of their CUDA calls in turn, killed and restarted, print what an
     uninterrupted run prints: also at a staged cudaMemcpy (which holds checkpoints off until it is done: the
