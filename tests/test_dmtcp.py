@@ -220,7 +220,8 @@ OPEN_CALLBACK_BUG = pytest.mark.xfail(strict=True, reason=(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("app", ["vector_add", "printf_assert", pytest.param("callback_threads", marks=OPEN_CALLBACK_BUG)])
+@pytest.mark.parametrize("app", ["vector_add", "printf_assert",
+                                 pytest.param("callback_threads", marks=OPEN_CALLBACK_BUG)])
 def test_dmtcp_checkpoint_at_every_call(build, backend: str, app: str, tmp_path: Path) -> None:
     """Small programs checkpointed at each of their CUDA calls in turn, killed and restarted, print what an
     uninterrupted run prints: also at a staged cudaMemcpy (which holds checkpoints off until it is done: the
