@@ -152,14 +152,20 @@ static int control_request(const char *ctl, const char *json)
     return ok && got > 16 && strstr(rep + 16, "\"ok\": true") ? 0 : -1;
 }
 
+/* the proxy lets the device's work finish (ctl: its control socket; NULL before the first call: nothing to do) */
+static void drain(const char *ctl)
+{
+    if (ctl && control_request(ctl, "{\"cmd\": \"drain\"}") != 0)
+        nvp_log("nvproxy: the proxy could not finish the device's work before the checkpoint");
+}
+
 static void precheckpoint(void)
 {
     const char *ctl = nvp_control_path();
     /* Processes may share device memory (CUDA IPC): each lets its device work finish, and none saves its
      * memory before every one has (another's kernels may still be writing it).  Every process of the
      * computation loads this plugin, so every one passes the barrier, with CUDA or without. */
-    if (ctl && control_request(ctl, "{\"cmd\": \"drain\"}") != 0)
-        nvp_log("nvproxy: the proxy could not finish the device's work before the checkpoint");
+    drain(ctl);
     if (dmtcp_global_barrier)
         dmtcp_global_barrier("nvproxy:drained");
     if (!ctl) /* no CUDA call yet: nothing on the GPU */
@@ -179,12 +185,9 @@ static void hook(int event, void *data)
 {
     (void)data;
     switch (event) {
-    case EV_PRESUSPEND: {
-        const char *ctl = nvp_control_path();
-        if (ctl && control_request(ctl, "{\"cmd\": \"drain\"}") != 0)
-            nvp_log("nvproxy: the proxy could not finish the device's work before the checkpoint");
+    case EV_PRESUSPEND:
+        drain(nvp_control_path());
         break;
-    }
     case EV_PRECHECKPOINT:
         precheckpoint();
         break;

@@ -42,9 +42,12 @@ def hold_for_application(addr: int, size: int) -> bool:
 def map_fixed(fd: int, addr: int, size: int) -> bool:
     """Map fd at exactly addr; False if something is already mapped there (other than a hold of the range)."""
     if _held.get(addr) == size:
+        try:
+            map_over(fd, addr, size, 0)
+        except OSError:
+            return False
         del _held[addr]
-        p = _c.mmap(ffi.cast("void *", addr), size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0)
-        return p != MAP_FAILED
+        return True
     p = _c.mmap(ffi.cast("void *", addr), size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0)
     if p == MAP_FAILED:
         return False
