@@ -39,13 +39,13 @@ static cudaMemAllocNodeParams alloc_params() {  // N ints on device 0
 }
 
 // prints how many nodes the graph lists, instantiates it and lets it go
-static cudaGraphExec_t finish(cudaGraph_t g, const char *what) {
+static cudaGraphExec_t finish(cudaGraph_t g, const char *what, bool keep = false) {
     size_t count = 0;
     CHECK(cudaGraphGetNodes(g, NULL, &count));
     printf("%s: %zu nodes\n", what, count);
     cudaGraphExec_t x;
     CHECK(cudaGraphInstantiate(&x, g, 0));
-    CHECK(cudaGraphDestroy(g));
+    if (!keep) CHECK(cudaGraphDestroy(g));
     return x;
 }
 
@@ -135,8 +135,10 @@ static cudaGraphExec_t built_alloc(int *out, cudaEvent_t ev) {
     return finish(g, "built graph with memory nodes");
 }
 
-// C: A -> while [step_down] -> fill, the conditional node added to the capture's own graph
-static cudaGraphExec_t captured_while(cudaStream_t s, int *counter, int *steps, int *marks) {
+// C: A -> while [step_down] -> fill, the conditional node added to the capture's own graph; the graph is
+// kept (as NVIDIA's graphConditionalNodes keeps it) until the end, so a restore makes it and its executable
+// graph, each with a body graph of its own
+static cudaGraphExec_t captured_while(cudaStream_t s, int *counter, int *steps, int *marks, cudaGraph_t *kept) {
     cudaGraph_t g;
     cudaStreamCaptureStatus st;
     const cudaGraphNode_t *deps;
@@ -169,7 +171,8 @@ static cudaGraphExec_t captured_while(cudaStream_t s, int *counter, int *steps, 
     step_down<<<1, 1, 0, bs>>>(counter, steps, h);
     CHECK(cudaStreamEndCapture(bs, NULL));
     CHECK(cudaStreamDestroy(bs));
-    return finish(g, "captured while graph");
+    *kept = g;
+    return finish(g, "captured while graph", true);
 }
 
 // D: pageable in -> double it -> pageable out
@@ -212,7 +215,8 @@ int main(int argc, char **argv) {
     CHECK(cudaMemset(d, 0, (2 * N + 2 + 32) * sizeof(int)));
     int *outa = d, *outb = d + N, *counter = d + 2 * N, *steps = counter + 1, *marks = counter + 2;
 
-    cudaGraphExec_t xa = captured_alloc(s, outa), xb = built_alloc(outb, ev), xc = captured_while(s, counter, steps, marks);
+    cudaGraph_t gc;
+    cudaGraphExec_t xa = captured_alloc(s, outa), xb = built_alloc(outb, ev), xc = captured_while(s, counter, steps, marks, &gc);
     static int in[N], out[N];
     int *dd;
     CHECK(cudaMalloc(&dd, N * sizeof(int)));
@@ -249,6 +253,7 @@ int main(int argc, char **argv) {
     CHECK(cudaGraphExecDestroy(xa));
     CHECK(cudaGraphExecDestroy(xb));
     CHECK(cudaGraphExecDestroy(xc));
+    CHECK(cudaGraphDestroy(gc));
     CHECK(cudaGraphExecDestroy(xd));
     CHECK(cudaGraphExecDestroy(xe));
     CHECK(cudaFree(dd));

@@ -496,8 +496,9 @@ def _replay_on(p: Any, ch: Any, log: CaptureLog, into: _Into | None) -> tuple[An
             p.table[op](ch, a, payload)
     finally:
         p.state.captures.pop(cid, None)
+        # (made by this replay: a graph restored before it, made the same way, may have a body of that wire id)
         bodies = {k: r.handle for k, r in p.state.graphs.items()
-                  if mine.graph_id and r.body_of == mine.graph_id and k not in saved}
+                  if mine.graph_id and r.body_of == mine.graph_id and saved.get(k) is not r}
         p.state.graphs.clear()
         p.state.graphs.update(saved)
     return s, mine, bodies
