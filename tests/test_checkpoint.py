@@ -88,19 +88,20 @@ def test_migrations_mid_run_change_nothing(build, backend: str, tmp_path: Path) 
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("app", ["vector_add", "printf_assert"])
+@pytest.mark.parametrize("app", ["vector_add", "printf_assert", "printf_assert-assert"])
 def test_migration_at_every_call(build, backend: str, app: str, tmp_path: Path) -> None:
     """Small programs migrated at each of their CUDA calls in turn (NVPROXY_MIGRATE_AT: inside a staged copy,
-    between a kernel's launch and the synchronisation that brings its printf output) print what an
-    uninterrupted run prints."""
-    exe = build(app)
+    between a kernel's launch and the synchronisation that brings its printf output; after a device assert
+    broke the context, whose error the new proxy keeps giving) print what an uninterrupted run prints."""
+    name, *args = app.split("-")
+    exe = build(name)
     count = tmp_path / "calls"
-    reference = run(nvproxy_cmd(exe, backend, app), env=dict(os.environ, NVPROXY_CALLS_OUT=str(count)))
-    assert reference.returncode == 0 and "Test PASSED" in reference.stdout, reference.stderr
+    reference = run(nvproxy_cmd(exe, backend, name, *args), env=dict(os.environ, NVPROXY_CALLS_OUT=str(count)))
+    assert reference.returncode == 0 and ("Test PASSED" in reference.stdout or args), reference.stderr
     calls = int(count.read_text())
-    assert calls >= 6
+    assert calls >= 5
     for call in range(1, calls + 1):
-        r = run(nvproxy_cmd(exe, backend, app), env=dict(os.environ, NVPROXY_MIGRATE_AT=str(call)))
+        r = run(nvproxy_cmd(exe, backend, name, *args), env=dict(os.environ, NVPROXY_MIGRATE_AT=str(call)))
         assert r.returncode == 0 and "the migration failed" not in r.stderr, f"at call {call}: {r.stderr}"
         assert "migrated process" in r.stderr, f"at call {call}: {r.stderr}"
         assert r.stdout == reference.stdout, f"migrated at call {call} of {calls}: {r.stderr}"

@@ -215,24 +215,27 @@ def test_dmtcp_checkpoint_at_a_call(build, backend: str, tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("app", ["vector_add", "printf_assert", "callback_threads"])
+@pytest.mark.parametrize("app", ["vector_add", "printf_assert", "printf_assert-assert", "callback_threads"])
 def test_dmtcp_checkpoint_at_every_call(build, backend: str, app: str, tmp_path: Path,
                                         request: pytest.FixtureRequest) -> None:
     """Small programs checkpointed at each of their CUDA calls in turn, killed and restarted, print what an
     uninterrupted run prints: also at a staged cudaMemcpy (which holds checkpoints off until it is done: the
     self-checkpoint once deadlocked there), with kernel printf output that the checkpoint's drain brought out
     before the program's cudaDeviceSynchronize returned (the image carries it; it was once lost), and with host
-    callbacks that start threads (callback_threads: the drain once waited for them for ever)."""
+    callbacks that start threads (callback_threads: the drain once waited for them for ever), and after a device
+    assert broke the context (the image keeps the error: NVIDIA's simpleAssert once left no image)."""
     if app == "callback_threads" and backend == "sim":  # (not yet run on the GPU)
         request.applymarker(pytest.mark.xfail(strict=True, reason=(
             "open bug: checkpointed at its call 73 (of about 100), the restarted program waits for ever for a "
             "callback's thread (sim, DMTCP 4.2); calls 1-72 pass")))
-    exe = build(app)
-    calls, reference = calls_made(nvproxy_cmd(exe, backend, app), tmp_path)
-    assert calls >= 6
+    name, *args = app.split("-")
+    exe = build(name)
+    cmd = nvproxy_cmd(exe, backend, name, *args)
+    calls, reference = calls_made(cmd, tmp_path)
+    assert calls >= 5
     for call in range(1, calls + 1):
         session = Session(tmp_path / f"at-{call}")
-        session.checkpoint_at_call(nvproxy_cmd(exe, backend, app), call)
+        session.checkpoint_at_call(cmd, call)
         r = session.restart()
         assert r.returncode == 0, f"checkpointed at call {call} of {calls}: {r.stderr}"
         assert session.out.read_text() + r.stdout == reference, f"checkpointed at call {call} of {calls}: {r.stderr}"

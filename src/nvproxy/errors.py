@@ -23,6 +23,8 @@ ILLEGAL_STATE = 401
 STREAM_CAPTURE_UNSUPPORTED = 900
 STREAM_CAPTURE_INVALIDATED = 901
 UNKNOWN = 999
+# errors that leave the context unusable: every later call of the process fails with them
+STICKY = frozenset({700, 702, 710, 714, 715, 716, 717, 718, 719})
 
 
 class CudaError(Exception):

@@ -96,6 +96,8 @@ def dump(state: ProcessState, himg: HostImage) -> dict[str, Any]:
     """Write an image of everything into the host image buffer (the device must be idle).
     Returns statistics; the image is the buffer's first stats["image_bytes"] bytes."""
     t0 = time.monotonic()
+    if state.broken:
+        return _dump_broken(state, himg, t0)
     be = state.backend
     header = describe(state)
     layout = Layout()
@@ -155,6 +157,20 @@ def dump(state: ProcessState, himg: HostImage) -> dict[str, Any]:
     return {"device_bytes": total, "image_bytes": layout.end + len(data), "seconds": seconds,
             "gbps": total / seconds / 1e9 if seconds > 0 else 0.0, "grow_s": t_grow,
             "copy_gbps": total / t_copy / 1e9 if t_copy > 0 else 0.0}
+
+
+def _dump_broken(state: ProcessState, himg: HostImage, t0: float) -> dict[str, Any]:
+    """The image of a context a sticky error left unusable: only the error (and the kernel printf text that came
+    out before it), since nothing on the device can be read or made again; the application restored from it
+    gets that error from every call, as it would have from the native context."""
+    header = {"backend": state.backend.name, "broken": state.broken, "devices": [], "host": [], "regions": [],
+              "printf_text": state.backend.pending_text().hex()}
+    prefix, data = encode_header(header, ALIGN)
+    himg.grow(ALIGN + len(data), register=False)
+    himg.view(ALIGN, len(data))[:] = data
+    himg.view(0, len(prefix))[:] = prefix
+    return {"device_bytes": 0, "image_bytes": ALIGN + len(data), "seconds": time.monotonic() - t0, "gbps": 0.0,
+            "grow_s": 0.0, "copy_gbps": 0.0, "broken": state.broken}
 
 
 def _progress(what: str, done: int, total: int, t0: float) -> None:

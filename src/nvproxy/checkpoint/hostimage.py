@@ -87,8 +87,9 @@ class HostImage:
         if fd is not None:
             self.grow(os.fstat(fd).st_size)
 
-    def grow(self, need: int) -> None:
-        """Map segments until need bytes fit, making their pages and registering them."""
+    def grow(self, need: int, register: bool = True) -> None:
+        """Map segments until need bytes fit, making their pages and (register) registering them (a broken
+        context's image is written without: registering fails there, and nothing is copied from the device)."""
         target = rounded(need)
         if target > RESERVE:
             raise OSError(f"a checkpoint image of {need >> 30} GiB does not fit the host image buffer")
@@ -103,7 +104,7 @@ class HostImage:
                  for start in new for at in range(start, rounded(start + 1), POPULATE_PART)]
         with ThreadPoolExecutor(WRITERS, thread_name_prefix="nvproxy-populate") as pool:
             list(pool.map(lambda p: libc.populate(*p), parts))
-        todo = [start for start in self.starts + new if start not in self.registered]
+        todo = [start for start in self.starts + new if start not in self.registered and register]
         if todo:  # (2 threads registered 1.8x faster than one there; more did not help)
             def register(start: int) -> None:
                 self.backend.activate(self.dev)

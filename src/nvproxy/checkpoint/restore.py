@@ -116,7 +116,10 @@ def restore_image(state: ProcessState, source: str | HostImage, host_fds: dict[i
     phases: dict[str, float] = {}
     try:
         try:
-            _replay(state, img, host_fds, t0, phases, exported)
+            if img.header.get("broken"):
+                _restore_broken(state, img)
+            else:
+                _replay(state, img, host_fds, t0, phases, exported)
             if img.header.get("graphs") or img.header.get("graph_execs") or img.header.get("captures"):
                 if calls is None:
                     raise ImageError("the image holds CUDA graphs, which this restore cannot make again")
@@ -267,6 +270,17 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
         state.set_times_before(dev, before.get(dev, {}))
     be.put_text(bytes.fromhex(h.get("printf_text", "")))  # (the next reply carries it, as the call it waited for)
     phase("contents")
+
+
+def _restore_broken(state: ProcessState, img: Any) -> None:
+    """An image of a context broken by a sticky error (dump._dump_broken): this proxy answers with that error."""
+    h = img.header
+    if h["backend"] != state.backend.name:
+        raise ImageError(f"the image was taken on the {h['backend']} backend; this proxy runs {state.backend.name}")
+    state.broken = int(h["broken"])
+    print(f"nvproxy: {img.what} holds a context that CUDA error {state.broken} left unusable; every CUDA call of "
+          "the application fails with it, as it did before the checkpoint", file=sys.stderr)
+    state.backend.put_text(bytes.fromhex(h.get("printf_text", "")))
 
 
 def _mappings(desc: dict[str, Any]) -> list[tuple[int, int]]:

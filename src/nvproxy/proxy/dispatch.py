@@ -53,11 +53,12 @@ class Dispatcher:
 
     def captures_changed(self) -> None:
         """While a capture is on, C executes nothing, so that Python sees every call, and logs it (so too while
-        the process has __managed__ variables: launches keep them coherent, managed_vars.py)."""
+        the process has __managed__ variables: launches keep them coherent, managed_vars.py; and once its
+        context is broken: every call fails)."""
         on = bool(self.state.captures)
         self.table.update(self._logging if on else self._plain)
         if self.fast is not None:
-            self.fast.set_capturing(on or bool(self.state.managed_vars))
+            self.fast.set_capturing(on or bool(self.state.managed_vars) or bool(self.state.broken))
 
     def per_thread_stream(self, ch: Any) -> Any:
         """The per-thread default stream of the channel's application thread:

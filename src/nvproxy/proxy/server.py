@@ -26,13 +26,16 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import wire
-from ..errors import NOT_SUPPORTED, UNKNOWN, CudaError
+from ..errors import NOT_SUPPORTED, STICKY, UNKNOWN, CudaError
 from . import commands, control, fastpath
 from .handlers import ipc
 
 REQ = wire.REQ
 HDR = REQ.size
 F_REPLY = wire.NVP_F_REPLY
+# what a proxy with a broken context still executes: the shim's reconnection bookkeeping (a restored proxy's
+# context works; a broken one fails them natively)
+BOOKKEEPING = {wire.NVP_OP_HOST_REGISTER, wire.NVP_OP_HOST_UNREGISTER, wire.NVP_OP_SET_DEVICE, wire.NVP_OP_RESTORE_DONE}
 MAX_LEN = HDR + wire.NVP_MAX_PAYLOAD
 SO_PEERCRED_FMT = "3i"
 RECV_BUF = bytearray(1 << 18)  # only the dispatcher thread reads channels
@@ -420,7 +423,10 @@ class Server:
         if ch.closed:
             return
         handler = self.dispatch.table.get(op)
+        broken = self.dispatch.state.broken
         try:
+            if broken and op not in BOOKKEEPING:
+                raise CudaError(broken)
             if handler is None:
                 name = wire.OP_NAMES.get(op, str(op))
                 print(f"nvproxy: unknown operation {name} from thread {ch.tid}", file=sys.stderr)
@@ -477,12 +483,26 @@ class Server:
 
     def quiesce(self) -> None:
         """Everything submitted so far is finished and replied to; later requests wait in the heap."""
-        for dev in list(self.dispatch.state.devices):
-            self.backend.activate(dev)
-            self.backend.device_sync(dev)
+        state = self.dispatch.state
+        for dev in list(state.devices):
+            try:
+                self.backend.activate(dev)
+                self.backend.device_sync(dev)
+            except CudaError as e:  # (its work is over: a checkpoint keeps the error, not the memory)
+                if e.code not in STICKY:
+                    raise
+                self.broke(e.code)
         deadline = time.monotonic() + 60
         while any(ch._pending for ch in self.channels) and time.monotonic() < deadline:
             time.sleep(0.001)
+
+    def broke(self, code: int) -> None:
+        """The context is unusable (a sticky error, or restored from an image of such a context): every request
+        fails with the error, as every call of a native process would, but those that only keep the
+        connection's bookkeeping (reuse of pinned memory, the end of a restore)."""
+        if not self.dispatch.state.broken:
+            self.dispatch.state.broken = code
+            self.dispatch.captures_changed()  # (C executes nothing from now on)
 
     def adopt(self, info: dict[str, Any], blob: bytes, fds: list[int]) -> None:
         """Take over the connections of the proxy that handed over to us."""

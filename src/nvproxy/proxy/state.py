@@ -111,6 +111,7 @@ class ProcessState:
     def __init__(self, backend: Any) -> None:
         self.backend = backend
         self.devices: dict[int, DeviceState] = {}  # devices the application has used
+        self.broken = 0  # the sticky error that left the context unusable (every call fails with it), or 0
         self._props: dict[int, tuple[str, bytes, int, list[int]]] = {}
         self.images: dict[int, bytes] = {}  # module id -> fatbinary
         self.kernel_names: dict[int, tuple[int, str]] = {}  # kernel id -> (module id, name)
