@@ -93,6 +93,17 @@ class Dispatcher:
             self.fast.learn_kernel(ch.dev, kid, k, self.backend.kernel_handle)
         return k
 
+    def device_idle(self, dev: int, most: int = 1 << 30) -> bool:
+        """Has every stream work can be on finished (the legacy stream, the program's streams and
+        per-thread streams)?  Then a synchronisation needs no hand-off to a waiting thread.  False also
+        where there are more than most streams to ask."""
+        be = self.backend
+        streams = [s for d, s in self.state.streams.values() if d == dev]
+        streams += [ch.per_thread[dev] for ch in self.server.channels if dev in ch.per_thread]
+        if len(streams) >= most or not be.stream_query(be.legacy_stream(dev)):
+            return False
+        return all(be.stream_query(s) for s in streams)
+
     def forget(self) -> None:
         """Handles were destroyed or reloaded: the fast path learns them again."""
         if self.fast is not None:

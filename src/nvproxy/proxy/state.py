@@ -157,16 +157,16 @@ class ProcessState:
         self.ipc_event_driver: dict[int, bytes] = {}
         self.ipc_opened_events: dict[int, bytes] = {}
 
-    def free(self, ptr: int) -> None:
+    def free(self, ptr: int, idle: bool = False) -> None:
         """cudaFree: the memory returns to the arena once the device has
-        finished everything submitted before the free, as cudaFree waits for.
-        The wait happens on a reaper thread, so the application's other
+        finished everything submitted before the free, as cudaFree waits for
+        (idle: it has).  The wait happens on a reaper thread, so the application's other
         threads keep going (a thread blocked in cudaFree does not stop them)."""
         d = self.arena_of(ptr)
         if ptr not in d.arena.allocs or ptr in self.freeing:
             raise CudaError(INVALID_VALUE, f"free of {ptr:#x}, not an allocation")
         self.ipc_exports.pop(ptr, None)  # (its IPC handles name nothing now)
-        if not getattr(self.backend, "frees_wait_for_device", True):
+        if idle or not getattr(self.backend, "frees_wait_for_device", True):
             with self.arena_lock:
                 d.arena.free(ptr)
             return

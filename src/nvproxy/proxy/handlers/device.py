@@ -32,7 +32,7 @@ def SET_DEVICE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
 
 def DEVICE_SYNC(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred:
     dev = ch.dev
-    return Deferred(lambda: p.backend.device_sync(dev), lambda: _idle(p, dev) and _synced(p, dev))
+    return Deferred(lambda: p.backend.device_sync(dev), lambda: p.device_idle(dev) and _synced(p, dev))
 
 
 def _synced(p: Any, dev: int) -> bool:
@@ -40,17 +40,6 @@ def _synced(p: Any, dev: int) -> bool:
     the driver write the kernels' printf output."""
     p.backend.device_sync(dev)
     return True
-
-
-def _idle(p: Any, dev: int) -> bool:
-    """Has every stream work can be on finished (the legacy stream, the program's streams and
-    per-thread streams)?  Then the reply needs no hand-off to a waiting thread."""
-    be = p.backend
-    if not be.stream_query(be.legacy_stream(dev)):
-        return False
-    streams = [s for d, s in p.state.streams.values() if d == dev]
-    streams += [ch.per_thread[dev] for ch in p.server.channels if dev in ch.per_thread]
-    return all(be.stream_query(s) for s in streams)
 
 
 def DEVICE_RESET(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:

@@ -24,7 +24,10 @@ def MALLOC(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[i
 
 
 def FREE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
-    p.state.free(a[0])
+    # (an idle device has nothing to wait for: the memory is free for the next cudaMalloc at once, without the
+    # reaper's round trip; 16 MiB malloc+free took 1.4x native through it)
+    st = p.state
+    st.free(a[0], idle=not st.freeing and p.device_idle(st.arena_of(a[0]).index, most=32))
 
 
 def MEM_INFO(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
