@@ -198,6 +198,7 @@ static void hook(int event, void *data)
         restarted = 1;
         set_restore_pending(1);
         nvp_remake_pinned(); /* (threads are frozen until RUNNING) */
+        nvp_callbacks_restarted();
         restart_devices[0] = 0;
         if (dmtcp_get_restart_env && dmtcp_get_restart_env("NVPROXY_DEVICES", restart_devices,
                                                            sizeof restart_devices) != 0)

@@ -157,6 +157,7 @@ cudaError_t nvp_enter_stream(cudaStream_t s, int per_thread_default, int64_t *wi
 /* The callback thread, started on first use. */
 cudaError_t nvp_callbacks_start(void);
 void nvp_callbacks_close(void);
+void nvp_callbacks_restarted(void); /* DMTCP's RESTART: cut-off callback threads' descriptors held again */
 
 /* ---- device.c ---- */
 const struct nvp_device_info *nvp_device_info(int dev);

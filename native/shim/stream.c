@@ -4,6 +4,7 @@
 #include "shim.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <stdlib.h>
@@ -218,7 +219,19 @@ static struct {
     int fd;
     int started;
     int gen; /* the proxy generation the callback channel goes to */
+    /* descriptors of callback threads a checkpoint cut off (+1; 0: none), until the thread closes it */
+    _Atomic int stale[8];
 } CB = {.lock = PTHREAD_MUTEX_INITIALIZER, .fd = -1};
+
+static int null_over(int fd)
+{
+    int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (nul < 0)
+        return -1;
+    int r = dup2(nul, fd);
+    close(nul);
+    return r;
+}
 
 static uint64_t callback_add(int with_status, void *fn, void *data, cudaStream_t s)
 {
@@ -284,6 +297,10 @@ static void *callback_thread(void *arg)
         if (write(fd, &m, sizeof m) != (ssize_t)sizeof m)
             break;
     }
+    for (size_t i = 0; i < sizeof CB.stale / sizeof CB.stale[0]; i++) {
+        int want = fd + 1;
+        atomic_compare_exchange_strong(&CB.stale[i], &want, 0);
+    }
     close(fd);
     return NULL;
 }
@@ -297,14 +314,29 @@ void nvp_callbacks_close(void)
      * and be read, written or closed by the old thread. */
     if (CB.fd >= 0) {
         shutdown(CB.fd, SHUT_RDWR);
-        int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
-        if (nul >= 0) {
-            dup2(nul, CB.fd);
-            close(nul);
+        null_over(CB.fd);
+        for (size_t i = 0; i < sizeof CB.stale / sizeof CB.stale[0]; i++) {
+            int none = 0;
+            if (atomic_compare_exchange_strong(&CB.stale[i], &none, CB.fd + 1))
+                break;
         }
     }
     CB.fd = -1;
     __atomic_store_n(&CB.started, 0, __ATOMIC_RELEASE);
+}
+
+void nvp_callbacks_restarted(void)
+{
+    /* At DMTCP's RESTART event, threads still frozen: DMTCP 4.2 brings back a socket, not the /dev/null that held
+     * a cut-off callback thread's descriptor number (nvp_callbacks_close; seen in tests/apps/callback_threads),
+     * and the thread, resuming in read() there, could end by closing a number the restarted process had since
+     * given to a new channel (a call channel's requests then went down the callback channel, unanswered, and
+     * the program hung).  /dev/null holds the number again: the thread reads its end and closes its own. */
+    for (size_t i = 0; i < sizeof CB.stale / sizeof CB.stale[0]; i++) {
+        int fd = atomic_load(&CB.stale[i]);
+        if (fd)
+            null_over(fd - 1);
+    }
 }
 
 cudaError_t nvp_callbacks_start(void)
