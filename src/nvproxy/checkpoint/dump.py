@@ -164,7 +164,7 @@ def _dump_broken(state: ProcessState, himg: HostImage, t0: float) -> dict[str, A
     out before it), since nothing on the device can be read or made again; the application restored from it
     gets that error from every call, as it would have from the native context."""
     header = {"backend": state.backend.name, "broken": state.broken, "devices": [], "host": [], "regions": [],
-              "printf_text": state.backend.pending_text().hex()}
+              "used": sorted(state.devices), "printf_text": state.backend.pending_text().hex()}
     prefix, data = encode_header(header, ALIGN)
     himg.grow(ALIGN + len(data), register=False)
     himg.view(ALIGN, len(data))[:] = data

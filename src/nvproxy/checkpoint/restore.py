@@ -278,6 +278,10 @@ def _restore_broken(state: ProcessState, img: Any) -> None:
     if h["backend"] != state.backend.name:
         raise ImageError(f"the image was taken on the {h['backend']} backend; this proxy runs {state.backend.name}")
     state.broken = int(h["broken"])
+    for dev in h.get("used", []):  # (contexts all the same: a migration's new proxy registers staging memory)
+        if dev >= state.backend.device_count():
+            raise ImageError(f"the image uses device {dev}; only {state.backend.device_count()} are visible")
+        state.backend.activate(dev)
     print(f"nvproxy: {img.what} holds a context that CUDA error {state.broken} left unusable; every CUDA call of "
           "the application fails with it, as it did before the checkpoint", file=sys.stderr)
     state.backend.put_text(bytes.fromhex(h.get("printf_text", "")))

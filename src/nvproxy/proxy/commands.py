@@ -152,6 +152,8 @@ def prefault_loop(server: Any) -> None:
     """Keep the host image buffer as large as a checkpoint would need (see checkpoint/hostimage.py)."""
     while server.running:
         time.sleep(0.5)
+        if server.dispatch.state.broken:  # (nothing to copy out of a broken context, nor can memory be pinned)
+            continue
         try:
             prefault(server.dispatch.state)
         except RuntimeError:
