@@ -323,16 +323,26 @@ NVP_EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *at
 
 static int pageable(uint64_t p, size_t n) { return !nvp_is_device_ptr(p) && !nvp_host_shared(p, n, NULL); }
 
+/* The piece of a staged copy that one slot carries: a copy smaller than all the slots together is spread over
+ * them (down to 1 MiB pieces), so that the host copy of one piece overlaps the device copy of another (a 4 MiB
+ * copy in one piece did the two one after the other: 1.06-1.15x native pageable on the H200). */
+static size_t piece_of(const struct nvp_staging *s, size_t n)
+{
+    size_t c = (n + (size_t)s->nslots - 1) / (size_t)s->nslots;
+    c = c < (1u << 20) ? (1u << 20) : (c + 4095) & ~(size_t)4095;
+    return c < s->slot_size ? c : s->slot_size;
+}
+
 static cudaError_t staged_h2d(uint64_t dst, const char *src, size_t n, int64_t stream)
 {
     struct nvp_staging *s;
     cudaError_t e = nvp_staging(&s), first = cudaSuccess;
     if (e)
         return e;
-    size_t chunks = (n + s->slot_size - 1) / s->slot_size, waited = 0;
+    size_t piece = piece_of(s, n), chunks = (n + piece - 1) / piece, waited = 0;
     for (size_t k = 0; k < chunks; k++) {
-        size_t slot = k % (size_t)s->nslots, off = k * s->slot_size;
-        size_t len = n - off < s->slot_size ? n - off : s->slot_size;
+        size_t slot = k % (size_t)s->nslots, off = k * piece;
+        size_t len = n - off < piece ? n - off : piece;
         if (k >= (size_t)s->nslots) { /* that slot's previous chunk must be on the device */
             struct nvp_reply r = {0};
             e = nvp_wait_pending(&r);
@@ -365,10 +375,10 @@ static cudaError_t staged_d2h(char *dst, uint64_t src, size_t n, int64_t stream)
     cudaError_t e = nvp_staging(&s), first = cudaSuccess;
     if (e)
         return e;
-    size_t chunks = (n + s->slot_size - 1) / s->slot_size;
+    size_t piece = piece_of(s, n), chunks = (n + piece - 1) / piece;
     size_t sent = 0;
     for (; sent < chunks && sent < (size_t)s->nslots; sent++) {
-        size_t off = sent * s->slot_size, len = n - off < s->slot_size ? n - off : s->slot_size;
+        size_t off = sent * piece, len = n - off < piece ? n - off : piece;
         uint64_t a[NVP_MAX_ARGS] = {src + off, (sent % (size_t)s->nslots) * s->slot_size, len, (uint64_t)stream, 1};
         if ((e = nvp_send_pending(NVP_OP_STAGED_COPY, a)))
             return e;
@@ -378,14 +388,14 @@ static cudaError_t staged_d2h(char *dst, uint64_t src, size_t n, int64_t stream)
         e = nvp_wait_pending(&r);
         if (e == cudaErrorDevicesUnavailable)
             return e;
-        size_t slot = k % (size_t)s->nslots, off = k * s->slot_size;
-        size_t len = n - off < s->slot_size ? n - off : s->slot_size;
+        size_t slot = k % (size_t)s->nslots, off = k * piece;
+        size_t len = n - off < piece ? n - off : piece;
         if (e && !first)
             first = e;
         if (!first)
             nvp_par_memcpy(dst + off, s->base + slot * s->slot_size, len);
         if (sent < chunks) { /* refill the slot just emptied */
-            size_t o2 = sent * s->slot_size, l2 = n - o2 < s->slot_size ? n - o2 : s->slot_size;
+            size_t o2 = sent * piece, l2 = n - o2 < piece ? n - o2 : piece;
             uint64_t a[NVP_MAX_ARGS] = {src + o2, slot * s->slot_size, l2, (uint64_t)stream, 1};
             if ((e = nvp_send_pending(NVP_OP_STAGED_COPY, a)))
                 return e;
@@ -450,6 +460,8 @@ static cudaError_t memcpy_impl(void *dst, const void *src, size_t n, enum cudaMe
         return staged_d2h(dst, s, n, stream);
     uint64_t a[NVP_MAX_ARGS] = {d, s, n, (uint64_t)stream};
     struct nvp_reply r = {0};
+    if (!is_async)
+        nvp_expect_wait(n / 40); /* (ns at 40 GB/s: a little longer than the link takes) */
     return nvp_call(NVP_OP_MEMCPY, a, NULL, 0, is_async ? NULL : &r, -1);
 }
 

@@ -41,6 +41,9 @@ cudaError_t nvp_callv(uint16_t op, const uint64_t a[NVP_MAX_ARGS], const void *p
 /* Pipelined requests: send with a reply pending, collect replies later, in order. */
 cudaError_t nvp_send_pending(uint16_t op, const uint64_t a[NVP_MAX_ARGS]);
 cudaError_t nvp_wait_pending(struct nvp_reply *reply);
+/* the calling thread's next reply will take about ns (a synchronous copy of a known size): spin that long for it
+ * rather than sleep, whose wake-up cost 100 us a copy of 64 MiB on the H200 (0.92x native) */
+void nvp_expect_wait(uint64_t ns);
 
 int nvp_device_count(void);
 /* Bumped each time a new proxy replaces a dead one (NVPROXY_RECOVER). */

@@ -33,6 +33,7 @@
  * cores), long enough to cover a synchronous 16 MiB pinned copy (~310 us at
  * 55 GB/s), whose reply would otherwise pay a wake-up.  NVPROXY_SPIN_US overrides. */
 #define NVP_SPIN_NS 400000
+#define MAX_EXPECTED_NS 200000000ull /* the longest spin a caller's estimate may ask for */
 
 enum { ST_INIT = 0, ST_READY = 1, ST_DEAD = 2, ST_PAUSED = 3 /* checkpoint under way */ };
 
@@ -332,6 +333,9 @@ static int read_all_waiting(int fd, void *buf, size_t n, uint64_t spin);
  * long spins), so the third and later spin no longer than 50 us, much as the CUDA
  * runtime yields instead of spinning when contexts outnumber cores. */
 static int waiting_threads;
+static __thread uint64_t expected_ns; /* the next reply's expected wait (nvp_expect_wait), once */
+
+void nvp_expect_wait(uint64_t ns) { expected_ns = ns < MAX_EXPECTED_NS ? ns : MAX_EXPECTED_NS; }
 
 static int read_all(int fd, void *buf, size_t n)
 {
@@ -342,6 +346,9 @@ static int read_all(int fd, void *buf, size_t n)
     }
     int others = __atomic_fetch_add(&waiting_threads, 1, __ATOMIC_RELAXED);
     uint64_t spin = (uint64_t)(others >= 2 && spin_ns > 50000 ? 50000 : spin_ns);
+    if (others < 2 && spin_ns && expected_ns > spin) /* (a long copy: native waits spinning through it too) */
+        spin = expected_ns;
+    expected_ns = 0;
     int r = read_all_waiting(fd, buf, n, spin);
     __atomic_fetch_sub(&waiting_threads, 1, __ATOMIC_RELAXED);
     return r;
