@@ -35,7 +35,8 @@ static struct {
     atomic_size_t next; /* next part to take */
     atomic_int busy;    /* helpers still copying the current job */
     atomic_ullong posted; /* gen, readable without the mutex (for polling) */
-} P = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER};
+} P = {.use = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER, .go = PTHREAD_COND_INITIALIZER,
+       .done = PTHREAD_COND_INITIALIZER};
 
 static void take_parts(char *dst, const char *src, size_t n, size_t part)
 {
