@@ -90,7 +90,9 @@ class Session:
         finally:
             if app.poll() is None:
                 app.kill()
-        assert list(self.dir.glob("ckpt_*.dmtcp")), "DMTCP wrote no image"
+        if not list(self.dir.glob("ckpt_*.dmtcp")):
+            err = app.stderr.read() if app.stderr else ""
+            raise AssertionError(f"DMTCP wrote no image; the program's stderr (exit status {app.returncode}):\n{err}")
         if gpu_image is not None:
             assert bool(list(self.dir.glob("nvproxy-*.img"))) == gpu_image, "the plugin's GPU image beside DMTCP's"
 

@@ -71,36 +71,10 @@ static pthread_mutex_t restore_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t restore_cv = PTHREAD_COND_INITIALIZER;
 static int restore_pending;
 static pthread_t restorer;
-/* From PRESUSPEND until RESUME or RESTART, application threads wait here too, before a call and after one:
- * the drain must not chase work submitted meanwhile, and a program whose last device work the drain finished
- * must not run on to its exit before DMTCP suspends it (on the H200, NVIDIA's matrixMul ended during such a
- * checkpoint, and DMTCP wrote no image).  Host callbacks run on (the drain waits for them). */
-static int draining;
 
-static int must_wait(int gated)
+static int must_wait(void)
 {
-    if (gated && __atomic_load_n(&draining, __ATOMIC_ACQUIRE) && !nvp_is_callback_thread())
-        return 1;
     return __atomic_load_n(&restore_pending, __ATOMIC_ACQUIRE) && !pthread_equal(restorer, pthread_self());
-}
-
-static void set_draining(int on)
-{
-    pthread_mutex_lock(&restore_mu);
-    __atomic_store_n(&draining, on, __ATOMIC_RELEASE);
-    if (!on)
-        pthread_cond_broadcast(&restore_cv);
-    pthread_mutex_unlock(&restore_mu);
-}
-
-static void wait_while(int gated)
-{
-    if (must_wait(gated)) { /* (every call passes here: the mutex only while a restore or drain is on) */
-        pthread_mutex_lock(&restore_mu);
-        while (must_wait(gated))
-            pthread_cond_wait(&restore_cv, &restore_mu);
-        pthread_mutex_unlock(&restore_mu);
-    }
 }
 
 static void set_restore_pending(int on)
@@ -119,37 +93,33 @@ static __thread int held;
 
 int nvp_ckpt_held(void) { return held; }
 
-/* gated: a call of the program's (it waits while a drain is on); else the shim's own hold, which may come with
- * the shim's locks taken (opening a channel) */
-static void disable(int gated)
+void nvp_ckpt_disable(void)
 {
     if (!dmtcp_plugin_disable_ckpt)
         return;
     held++;
     for (;;) {
-        wait_while(gated && held == 1);
+        if (must_wait()) { /* (every call passes here: the mutex only while a restore is on) */
+            pthread_mutex_lock(&restore_mu);
+            while (must_wait())
+                pthread_cond_wait(&restore_cv, &restore_mu);
+            pthread_mutex_unlock(&restore_mu);
+        }
         dmtcp_plugin_disable_ckpt();
-        if (!must_wait(gated && held == 1)) /* (a restart or a drain can come between the check and the lock) */
+        if (!must_wait()) /* (a restart can come between the check and the lock) */
             return;
         dmtcp_plugin_enable_ckpt();
     }
 }
 
-static void enable(int gated)
+void nvp_ckpt_enable(void)
 {
     if (!dmtcp_plugin_enable_ckpt)
         return;
     dmtcp_plugin_enable_ckpt();
-    if (--held == 0 && gated)
-        wait_while(1); /* (a drain began during the call: the program waits with its result) */
-    if (held == 0 && nvp_hooks_armed)
+    if (--held == 0 && nvp_hooks_armed)
         nvp_call_hooks_released();
 }
-
-void nvp_ckpt_disable(void) { disable(1); }
-void nvp_ckpt_enable(void) { enable(1); }
-void nvp_ckpt_hold(void) { disable(0); }
-void nvp_ckpt_release(void) { enable(0); }
 
 int nvp_under_dmtcp(void) { return dmtcp_register_plugin != NULL; }
 
@@ -216,20 +186,17 @@ static void hook(int event, void *data)
     (void)data;
     switch (event) {
     case EV_PRESUSPEND:
-        set_draining(1);
         drain(nvp_control_path());
         break;
     case EV_PRECHECKPOINT:
         precheckpoint();
         break;
     case EV_RESUME:
-        set_draining(0);
         nvp_reconnect_same_proxy();
         break;
     case EV_RESTART:
         restarted = 1;
         set_restore_pending(1);
-        set_draining(0); /* (the image has it on; threads wait for the restore now) */
         nvp_remake_pinned(); /* (threads are frozen until RUNNING) */
         nvp_callbacks_restarted();
         restart_devices[0] = 0;

@@ -160,7 +160,6 @@ cudaError_t nvp_enter_stream(cudaStream_t s, int per_thread_default, int64_t *wi
 /* The callback thread, started on first use. */
 cudaError_t nvp_callbacks_start(void);
 void nvp_callbacks_close(void);
-int nvp_is_callback_thread(void);   /* the thread that runs host callbacks */
 void nvp_callbacks_restarted(void); /* DMTCP's RESTART: cut-off callback threads' descriptors held again */
 
 /* ---- device.c ---- */
@@ -175,14 +174,6 @@ cudaError_t nvp_launch(const void *func, dim3 grid, dim3 block, void **args, siz
 /* ---- dmtcp.c / transport.c: checkpointing under DMTCP ---- */
 void nvp_ckpt_disable(void); /* no checkpoint while a call is half done */
 void nvp_ckpt_enable(void);
-/* per-thread-stream variants the CUDA headers declare only under CUDA_API_PER_THREAD_DEFAULT_STREAM (capture.c) */
-cudaError_t cudaStreamGetCaptureInfo_ptsz(cudaStream_t s, enum cudaStreamCaptureStatus *status, unsigned long long *id,
-                                          cudaGraph_t *graph, const cudaGraphNode_t **deps,
-                                          const cudaGraphEdgeData **edges, size_t *ndeps);
-cudaError_t cudaStreamUpdateCaptureDependencies_ptsz(cudaStream_t s, cudaGraphNode_t *nodes,
-                                                     const cudaGraphEdgeData *edges, size_t n, unsigned flags);
-void nvp_ckpt_hold(void);    /* the same, for the shim's own work: no wait for a drain (its locks may be taken) */
-void nvp_ckpt_release(void);
 int nvp_ckpt_held(void); /* this thread is between nvp_ckpt_disable and _enable */
 int nvp_under_dmtcp(void);
 const char *nvp_restart_devices(void); /* NVPROXY_DEVICES of dmtcp_restart's environment */
@@ -239,6 +230,12 @@ extern int nvp_captures_on; /* captures begun and not ended: only then may a cud
 /* cudaMallocAsync / cudaFreeAsync on a capturing stream: memory nodes of the capture (1, *err), else 0 */
 int nvp_graph_mem_capture_alloc(void **ptr, size_t size, int dev, cudaStream_t s, int ptds, cudaError_t *err);
 int nvp_graph_mem_capture_free(uint64_t ptr, cudaStream_t s, int ptds, cudaError_t *err);
+/* per-thread-stream variants the CUDA headers declare only under CUDA_API_PER_THREAD_DEFAULT_STREAM (capture.c) */
+cudaError_t cudaStreamGetCaptureInfo_ptsz(cudaStream_t s, enum cudaStreamCaptureStatus *status, unsigned long long *id,
+                                          cudaGraph_t *graph, const cudaGraphNode_t **deps,
+                                          const cudaGraphEdgeData **edges, size_t *ndeps);
+cudaError_t cudaStreamUpdateCaptureDependencies_ptsz(cudaStream_t s, cudaGraphNode_t *nodes,
+                                                     const cudaGraphEdgeData *edges, size_t n, unsigned flags);
 void nvp_graph_mem_hold(uint64_t ptr, int kind, uint64_t id, int host);
 void nvp_graph_mem_pass(int from, uint64_t from_id, int to, uint64_t to_id, int move);
 int nvp_graph_mem_holds(int kind, uint64_t id);

@@ -273,14 +273,9 @@ static int read_full(int fd, void *buf, size_t n)
     return 0;
 }
 
-static __thread int on_callback_thread;
-
-int nvp_is_callback_thread(void) { return on_callback_thread; }
-
 static void *callback_thread(void *arg)
 {
     int fd = (int)(intptr_t)arg;
-    on_callback_thread = 1;
     struct nvp_cb m;
     while (read_full(fd, &m, sizeof m) == 0) {
         pthread_mutex_lock(&CB.lock);

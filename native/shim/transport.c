@@ -463,10 +463,10 @@ int nvp_open_channel(int kind, struct nvp_rep *rep_out)
      * the first after a restart before any GPU state existed; a checkpoint during that start can still hang). */
     int hold = __atomic_load_n(&G.state, __ATOMIC_ACQUIRE) != ST_INIT;
     if (hold)
-        nvp_ckpt_hold();
+        nvp_ckpt_disable();
     int fd = open_channel(kind, rep_out);
     if (hold)
-        nvp_ckpt_release();
+        nvp_ckpt_enable();
     return fd;
 }
 
