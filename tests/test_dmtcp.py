@@ -105,16 +105,33 @@ class Session:
     def checkpoint_and_kill(self, app: subprocess.Popen, kill_command: bool = False) -> None:
         """nvproxy checkpoint --dmtcp then dmtcp_command -k, or dmtcp_command -kc (checkpoint, then kill)."""
         command = [str(self.bin / "dmtcp_command"), "--coord-port", self.port]
+        said = ""
         try:
             if kill_command:
+                # (-kc of a computation not RUNNING, e.g. one still starting, does nothing, and still prints that
+                # it "was checkpointed and killed")
+                status = self.wait_running(command)
                 ck = subprocess.run([*command, "-kc"], env=self.env, capture_output=True, text=True, timeout=300)
+                ck.stdout += f"\n(before: {status})"
             else:
                 ck = subprocess.run([sys.executable, "-m", "nvproxy", "checkpoint", "--dmtcp", "--coord-port",
                                      self.port], env=self.env, capture_output=True, text=True, timeout=300)
             # (dmtcp_command -kc of DMTCP 4.2 exits 2 once the killed computation's coordinator is gone)
-            assert ck.returncode == 0 or "checkpointed and killed" in ck.stdout, ck.stdout + ck.stderr
+            said = ck.stdout + ck.stderr
+            assert ck.returncode == 0 or "checkpointed and killed" in ck.stdout, said
         finally:
-            self._kill(app, command)  # (after -kc: nothing left to kill, the images are checked)
+            try:
+                self._kill(app, command)  # (after -kc: nothing left to kill, the images are checked)
+            except AssertionError as e:
+                raise AssertionError(f"{e}\nthe checkpoint command said: {said}") from None
+
+    def wait_running(self, command: list[str], timeout: float = 30) -> str:
+        """dmtcp_command -s until the computation is RUNNING; returns the last status."""
+        deadline = time.monotonic() + timeout
+        while True:
+            out = subprocess.run([*command, "-s"], capture_output=True, text=True, env=self.env, timeout=30).stdout
+            if "RUNNING=yes" in out or time.monotonic() > deadline:
+                return " ".join(out.split())
 
     def restart(self, *extra: str) -> subprocess.CompletedProcess:
         self._coordinator("--coord-port", self.port)
