@@ -113,6 +113,12 @@ class Session:
                 status = self.wait_running(command)
                 ck = subprocess.run([*command, "-kc"], env=self.env, capture_output=True, text=True, timeout=300)
                 ck.stdout += f"\n(before: {status})"
+                # (-kc returns as the checkpoint begins; the program exits once its image is written: a -k before
+                # that killed it mid-checkpoint, once the drain took seconds)
+                try:
+                    app.wait(timeout=300)
+                except subprocess.TimeoutExpired:
+                    pass
             else:
                 ck = subprocess.run([sys.executable, "-m", "nvproxy", "checkpoint", "--dmtcp", "--coord-port",
                                      self.port], env=self.env, capture_output=True, text=True, timeout=300)
