@@ -329,9 +329,9 @@ void nvp_callbacks_restarted(void)
 {
     /* At DMTCP's RESTART event, threads still frozen: DMTCP 4.2 brings back a socket, not the /dev/null that held
      * a cut-off callback thread's descriptor number (nvp_callbacks_close; seen in tests/apps/callback_threads),
-     * and the thread, resuming in read() there, could end by closing a number the restarted process had since
-     * given to a new channel (a call channel's requests then went down the callback channel, unanswered, and
-     * the program hung).  /dev/null holds the number again: the thread reads its end and closes its own. */
+     * and the thread, resuming in read() there, would wait on that socket, and may close the number later, when
+     * it could belong to a new channel.  /dev/null holds the number again: the thread reads its end at once
+     * and closes its own. */
     for (size_t i = 0; i < sizeof CB.stale / sizeof CB.stale[0]; i++) {
         int fd = atomic_load(&CB.stale[i]);
         if (fd)

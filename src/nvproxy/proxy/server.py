@@ -357,7 +357,8 @@ class Server:
             off += length
             if seq == 0:
                 self._hello(ch, op, flags, tuple(args))
-                if ch.kind == wire.NVP_CHAN_CALLBACK:
+                if ch.kind == wire.NVP_CHAN_CALLBACK:  # (from now on its socket carries only callbacks)
+                    del buf[:off]
                     return True
             else:
                 self.tiebreak += 1
