@@ -49,8 +49,16 @@ class Session:
         self.out = tmp_path / "out.txt"  # a file: DMTCP restores it, a pipe it would not
 
     def _coordinator(self, *args: str) -> None:
-        subprocess.run([str(self.bin / "dmtcp_coordinator"), "--daemon", "--exit-on-last", "--ckptdir",
-                        str(self.dir), *args], check=True, env=self.env, capture_output=True)
+        # (a restart's coordinator takes the port of the one before, which exits once its last process has gone:
+        # on a busy machine that can take a moment, and the new one exits 99 meanwhile)
+        deadline = time.monotonic() + 15
+        while True:
+            r = subprocess.run([str(self.bin / "dmtcp_coordinator"), "--daemon", "--exit-on-last", "--ckptdir",
+                                str(self.dir), *args], env=self.env, capture_output=True)
+            if r.returncode == 0 or time.monotonic() > deadline:
+                r.check_returncode()
+                return
+            time.sleep(0.2)
 
     def launch(self, cmd: list[str], **env: str) -> subprocess.Popen:
         cmd = list(cmd)
