@@ -104,7 +104,7 @@ class HostImage:
                  for start in new for at in range(start, rounded(start + 1), POPULATE_PART)]
         with ThreadPoolExecutor(WRITERS, thread_name_prefix="nvproxy-populate") as pool:
             list(pool.map(lambda p: libc.populate(*p), parts))
-        todo = [start for start in self.starts + new if start not in self.registered and register]
+        todo = [start for start in self.starts + new if start not in self.registered] if register else []
         if todo:  # (2 threads registered 1.8x faster than one there; more did not help)
             def register(start: int) -> None:
                 self.backend.activate(self.dev)

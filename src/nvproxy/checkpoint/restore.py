@@ -150,8 +150,7 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
         mark[0] = now
 
     be = state.backend
-    if h["backend"] != be.name:
-        raise ImageError(f"the image was taken on the {h['backend']} backend; this proxy runs {be.name}")
+    _check_backend(h, be)
     for desc in h["devices"]:
         dev = desc["index"]
         if dev >= be.device_count():
@@ -272,11 +271,15 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
     phase("contents")
 
 
+def _check_backend(h: dict[str, Any], be: Any) -> None:
+    if h["backend"] != be.name:
+        raise ImageError(f"the image was taken on the {h['backend']} backend; this proxy runs {be.name}")
+
+
 def _restore_broken(state: ProcessState, img: Any) -> None:
     """An image of a context broken by a sticky error (dump._dump_broken): this proxy answers with that error."""
     h = img.header
-    if h["backend"] != state.backend.name:
-        raise ImageError(f"the image was taken on the {h['backend']} backend; this proxy runs {state.backend.name}")
+    _check_backend(h, state.backend)
     state.broken = int(h["broken"])
     for dev in h.get("used", []):  # (contexts all the same: a migration's new proxy registers staging memory)
         if dev >= state.backend.device_count():
