@@ -249,20 +249,14 @@ def test_dmtcp_checkpoint_at_a_call(build, backend: str, tmp_path: Path) -> None
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("app", ["vector_add", "printf_assert", "printf_assert-assert", "callback_threads"])
-def test_dmtcp_checkpoint_at_every_call(build, backend: str, app: str, tmp_path: Path,
-                                        request: pytest.FixtureRequest) -> None:
+def test_dmtcp_checkpoint_at_every_call(build, backend: str, app: str, tmp_path: Path) -> None:
     """Small programs checkpointed at each of their CUDA calls in turn, killed and restarted, print what an
     uninterrupted run prints: also at a staged cudaMemcpy (which holds checkpoints off until it is done: the
     self-checkpoint once deadlocked there), with kernel printf output that the checkpoint's drain brought out
     before the program's cudaDeviceSynchronize returned (the image carries it; it was once lost), and with host
-    callbacks that start threads (callback_threads: the drain once waited for them for ever), and after a device
+    callbacks that start threads (callback_threads: the drain once waited for them for ever; and a thread's last
+    request, a callback, was dropped when the thread ended before earlier requests of others ran), and after a device
     assert broke the context (the image keeps the error: NVIDIA's simpleAssert once left no image)."""
-    if app == "callback_threads":  # (intermittent: not strict)
-        request.applymarker(pytest.mark.xfail(strict=False, reason=(
-            "open bug: now and then the restarted program's main thread waits for ever for workloads whose host "
-            "callbacks were due while the checkpoint drained the device: after the restart neither their callbacks "
-            "nor the threads these start are there (sim: at calls 1, 4, 7, 12, 31, 39, 45, 53 in different runs; "
-            "H200: call 2); most restarts pass")))
     name, *args = app.split("-")
     exe = build(name)
     cmd = nvproxy_cmd(exe, backend, name, *args)
@@ -312,20 +306,28 @@ def test_dmtcp_public_sample(nvcc: str, tmp_path: Path, sample: str, args: tuple
     assert "restoring the GPU state" in r.stderr
 
 
-def _one_process_samples() -> list[str]:
+def _samples() -> list[str]:
     from test_public_samples import NAMES
 
-    return [n for n in NAMES if not any(k in n for k in ("IPC", "P2P", "MultiGPU"))]
+    return NAMES
+
+
+TWO_GPU_SAMPLES = ("P2P",)  # (the P2P samples are waived on one GPU; the others run there too)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("sample", _one_process_samples())
+@pytest.mark.parametrize("sample", _samples())
 def test_dmtcp_public_sample_at_a_call(nvcc: str, tmp_path: Path, sample: str) -> None:
-    """NVIDIA's samples (those of one process on one GPU), unmodified, checkpointed under DMTCP halfway through
-    their CUDA calls (NVPROXY_CHECKPOINT_AT: most run for milliseconds, too short to catch by the clock), killed
-    and restarted, print what a native run prints."""
+    """NVIDIA's samples, unmodified, checkpointed under DMTCP halfway through their CUDA calls
+    (NVPROXY_CHECKPOINT_AT: most run for milliseconds, too short to catch by the clock), killed and restarted,
+    print what a native run prints.  Also those of several GPUs (simpleMultiGPU, the P2P ones: peer access is
+    granted again at the restore) and of several processes (simpleIPC, streamOrderedAllocationIPC: each process
+    has its proxy; every process of the computation is checkpointed and restarted, and the memory one exported
+    is mapped again by the others' new proxies)."""
     from test_public_samples import build_sample, stable
 
+    if any(k in sample for k in TWO_GPU_SAMPLES) and gpu_count() < 2:
+        pytest.skip("needs two GPUs (nvidia-smi -L lists fewer)")
     exe = build_sample(nvcc, tmp_path, sample)
     native = run([str(exe)], cwd=tmp_path)
     cmd = [sys.executable, "-m", "nvproxy", "run", "--backend", "gpu", "--", str(exe)]

@@ -170,6 +170,7 @@ class Server:
         self.sock_path = sock_path
         self.sel = selectors.DefaultSelector()
         self.heap: list[tuple[int, int, Channel, int, int, tuple[int, ...], bytes]] = []
+        self.ending: set[Channel] = set()  # channels at their end of file, with requests still in the heap
         self.next_seq = 1
         self.tiebreak = 0
         self.callback_channel: Channel | None = None
@@ -275,7 +276,13 @@ class Server:
                 k = len(cdata) // 4
                 ch.fds.extend(struct.unpack(f"{k}i", cdata[: k * 4]))
         if not n:
-            self._drop(ch)
+            if any(e[2] is ch for e in self.heap):
+                # the thread's last requests (say cudaStreamAddCallback, which has no reply, and then the thread
+                # ended) wait in the heap for earlier ones of other threads: they run first, then it is dropped
+                self.sel.unregister(ch.sock)
+                self.ending.add(ch)
+            else:
+                self._drop(ch)
             return
         ch.rbuf += RECV_VIEW[:n]
         if ch.fast is None:
@@ -419,6 +426,9 @@ class Server:
             if seq == self.next_seq:
                 self.next_seq += 1
             self._execute(ch, op, flags, args, payload)
+        for ch in [c for c in self.ending if not any(e[2] is c for e in heap)]:
+            self.ending.discard(ch)
+            self._drop(ch)
 
     def _execute(self, ch: Channel, op: int, flags: int, args: tuple[int, ...], payload: bytes) -> None:
         if ch.closed:
