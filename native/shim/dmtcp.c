@@ -87,6 +87,47 @@ static void set_restore_pending(int on)
     pthread_mutex_unlock(&restore_mu);
 }
 
+/* From PRESUSPEND until RESUME or RUNNING, work that calls back into the program (host functions, graph
+ * launches) waits before it is submitted.  The PRESUSPEND drain runs the callbacks of what was submitted before
+ * (the program's threads still run); one submitted after it would fall due in PRECHECKPOINT's drain, when the
+ * program's threads (its callback thread too) are frozen: on a GPU the driver waits for that callback, and the
+ * drain for the driver, for ever.  The callback thread itself is not held (the drain may be waiting for it). */
+static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
+static int gate_closed, gate_inflight;
+
+void nvp_callback_gate_enter(void)
+{
+    if (!dmtcp_register_plugin || nvp_ckpt_held()) /* (inside a call that holds checkpoints off: none comes) */
+        return;
+    pthread_mutex_lock(&gate_mu);
+    while (gate_closed && !nvp_on_callback_thread())
+        pthread_cond_wait(&gate_cv, &gate_mu);
+    gate_inflight++;
+    pthread_mutex_unlock(&gate_mu);
+}
+
+void nvp_callback_gate_leave(void)
+{
+    if (!dmtcp_register_plugin || nvp_ckpt_held())
+        return;
+    pthread_mutex_lock(&gate_mu);
+    if (--gate_inflight == 0)
+        pthread_cond_broadcast(&gate_cv);
+    pthread_mutex_unlock(&gate_mu);
+}
+
+static void set_gate(int closed)
+{
+    pthread_mutex_lock(&gate_mu);
+    gate_closed = closed;
+    while (closed && gate_inflight) /* (submissions under way are sent before the drain) */
+        pthread_cond_wait(&gate_cv, &gate_mu);
+    if (!closed)
+        pthread_cond_broadcast(&gate_cv);
+    pthread_mutex_unlock(&gate_mu);
+}
+
 /* how deep this thread is in nvp_ckpt_disable: NVPROXY_CHECKPOINT_AT waits for a checkpoint only at 0 (the
  * checkpoint waits for the lock this thread holds: it deadlocked inside a staged cudaMemcpy) */
 static __thread int held;
@@ -186,6 +227,8 @@ static void hook(int event, void *data)
     (void)data;
     switch (event) {
     case EV_PRESUSPEND:
+        nvp_hold_starts(1);
+        set_gate(1);
         drain(nvp_control_path());
         break;
     case EV_PRECHECKPOINT:
@@ -193,6 +236,8 @@ static void hook(int event, void *data)
         break;
     case EV_RESUME:
         nvp_reconnect_same_proxy();
+        nvp_hold_starts(0);
+        set_gate(0);
         break;
     case EV_RESTART:
         restarted = 1;
@@ -210,6 +255,8 @@ static void hook(int event, void *data)
             if (image_path[0] && nvp_restore_from(image_path) != 0)
                 nvp_log("nvproxy: could not bring the GPU state back from %s", image_path);
             set_restore_pending(0);
+            nvp_hold_starts(0);
+            set_gate(0);
         }
         break;
     default: /* every other event is DMTCP's business */

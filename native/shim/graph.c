@@ -126,6 +126,8 @@ static cudaError_t launch(cudaGraphExec_t exec, cudaStream_t s, int upload, int 
         return cudaErrorInvalidValue;
     /* The callback channel must go to the proxy that gets the launch: no checkpoint (and restart into a new
      * proxy) between the two (a DMTCP restart test lost host-node callbacks that way, now and then). */
+    if (!upload)
+        nvp_callback_gate_enter();
     nvp_ckpt_disable();
     uint64_t a[NVP_MAX_ARGS] = {nvp_handle_id((uint64_t)(uintptr_t)exec), (uint64_t)w, (uint64_t)upload};
     if (!(e = nvp_callbacks_resume()))
@@ -133,6 +135,8 @@ static cudaError_t launch(cudaGraphExec_t exec, cudaStream_t s, int upload, int 
     if (!e && !upload)
         nvp_graph_mem_launched(a[0]);
     nvp_ckpt_enable();
+    if (!upload)
+        nvp_callback_gate_leave();
     return e;
 }
 

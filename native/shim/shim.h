@@ -176,6 +176,11 @@ void nvp_ckpt_disable(void); /* no checkpoint while a call is half done */
 void nvp_ckpt_enable(void);
 int nvp_ckpt_held(void); /* this thread is between nvp_ckpt_disable and _enable */
 int nvp_under_dmtcp(void);
+void nvp_hold_starts(int on);           /* transport.c: no proxy start while a checkpoint is under way */
+void nvp_callback_gate_enter(void);     /* dmtcp.c: before submitting work that calls back (a host function,
+                                           a graph launch): waits while a checkpoint drains the device */
+void nvp_callback_gate_leave(void);
+int nvp_on_callback_thread(void);       /* stream.c: this thread runs host callbacks */
 const char *nvp_restart_devices(void); /* NVPROXY_DEVICES of dmtcp_restart's environment */
 pid_t nvp_real_pid(void);
 char **nvp_env_without_shim(const char *visible); /* environ less LD_PRELOAD etc. (calloc'ed; visible: CUDA_VISIBLE_DEVICES=) */

@@ -273,9 +273,14 @@ static int read_full(int fd, void *buf, size_t n)
     return 0;
 }
 
+static __thread int on_callback_thread;
+
+int nvp_on_callback_thread(void) { return on_callback_thread; }
+
 static void *callback_thread(void *arg)
 {
     int fd = (int)(intptr_t)arg;
+    on_callback_thread = 1;
     struct nvp_cb m;
     while (read_full(fd, &m, sizeof m) == 0) {
         pthread_mutex_lock(&CB.lock);
@@ -388,6 +393,8 @@ uint64_t nvp_host_node_callback(void *fn, void *data)
 
 static cudaError_t host_func_on(int64_t w, int with_status, void *fn, void *data, cudaStream_t s, int hidden)
 {
+    if (!hidden) /* (nvproxy's own host functions come inside a call that holds checkpoints off) */
+        nvp_callback_gate_enter();
     nvp_ckpt_disable(); /* (the channel and the call go to the same proxy: see graph.c's launch) */
     cudaError_t e = nvp_callbacks_start();
     uint64_t id = e ? 0 : callback_add(with_status, fn, data, s);
@@ -397,6 +404,8 @@ static cudaError_t host_func_on(int64_t w, int with_status, void *fn, void *data
     if (!e)
         e = nvp_call(NVP_OP_HOST_FUNC, a, NULL, 0, NULL, -1);
     nvp_ckpt_enable();
+    if (!hidden)
+        nvp_callback_gate_leave();
     return e;
 }
 

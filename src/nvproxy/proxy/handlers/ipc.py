@@ -44,6 +44,7 @@ INVALID_CONTEXT = 201  # cudaErrorDeviceUninitialized: the driver's CUDA_ERROR_I
 MAP_FAILED = 205  # cudaErrorMapBufferObjectFailed
 OPEN_WAIT_S = 5.0  # an exporter being migrated answers again within this
 RESTORE_WAIT_S = 120.0  # a restarted importer waits this long for its exporters' proxies to be back
+LAZY_PEER_ACCESS = 1  # cudaIpcMemLazyEnablePeerAccess
 
 
 @dataclass
@@ -63,6 +64,7 @@ class Import:
 
 
 # ---- the exporter's name: a link to its proxy's control socket ----
+
 def _link(name: int) -> Path:
     from ...launcher import private_dir
 
@@ -187,6 +189,11 @@ def IPC_MEM_OPEN(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[t
     st = p.state
     if exporter == st.ipc_name:
         raise CudaError(INVALID_CONTEXT, "an IPC memory handle of this very process")
+    if dev != ch.dev and a[0] & LAZY_PEER_ACCESS:
+        # the memory lives on another GPU than the caller's: its device reaches it through peer access, as
+        # natively (mapped into this process's arena of the memory's GPU, for that GPU and its peers; two H200s
+        # ran NVIDIA's simpleIPC into an illegal address without it)
+        st.grant_peer(ch.dev, dev)
     imp = st.ipc_imports.get((exporter, base))
     if imp is None:
         imp = Import(dev, 0, 0, None, 0, pid, base, token, exporter)
