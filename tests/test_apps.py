@@ -8,7 +8,7 @@ and through nvproxy on the real device and the two outputs must be identical.
 from __future__ import annotations
 
 import pytest
-from conftest import EXPECTED, nvproxy_cmd, run
+from conftest import EXPECTED, gpu_count, nvproxy_cmd, run
 
 PROGRAMS = [
     ("vector_add", ()),
@@ -48,6 +48,18 @@ def test_sim(build, name: str, args: tuple[str, ...]) -> None:
     assert r.returncode == 0, r.stderr
 
 
+def test_sim_ipc_from_another_device(build, monkeypatch) -> None:
+    """CUDA IPC across modelled devices: the child runs on device 1, opens device 0's memory with
+    cudaIpcMemLazyEnablePeerAccess and a pool with cudaMemPoolSetAccess for its device, and its kernels change
+    them (the sim backend faults a kernel that reaches another device's memory without access, as a GPU does:
+    NVIDIA's simpleIPC hit an illegal address on two H200s before the proxy granted it)."""
+    monkeypatch.setenv("NVPROXY_SIM_DEVICES", "2")
+    exe = build("ipc")
+    r = run(nvproxy_cmd(exe, "sim", "ipc", "other-device"))
+    assert r.stdout == (EXPECTED / "sim" / "ipc.txt").read_text(), r.stderr
+    assert r.returncode == 0, r.stderr
+
+
 def test_sim_two_devices(build, monkeypatch) -> None:
     """Peer access between two modelled devices (NVPROXY_SIM_DEVICES=2): kernels on device 1 use device 0's
     memory, cudaMalloc'd and from its pool, after cudaDeviceEnablePeerAccess and cudaMemPoolSetAccess."""
@@ -67,6 +79,19 @@ def test_gpu_matches_native(build, name: str, args: tuple[str, ...]) -> None:
     assert proxied.stdout == native.stdout, proxied.stderr
     assert proxied.returncode == native.returncode, proxied.stderr
     assert "PASSED" in native.stdout or args, native.stdout
+
+
+@pytest.mark.gpu
+def test_gpu_ipc_from_another_device(build) -> None:
+    """CUDA IPC between processes on two GPUs (the child on device 1 reaches device 0's memory), natively and
+    through nvproxy."""
+    if gpu_count() < 2:
+        pytest.skip("needs two GPUs (nvidia-smi -L lists fewer)")
+    exe = build("ipc")
+    native = run([str(exe), "other-device"])
+    proxied = run(nvproxy_cmd(exe, "gpu", "ipc", "other-device"))
+    assert "Test PASSED" in native.stdout, native.stdout + native.stderr
+    assert proxied.stdout == native.stdout and proxied.returncode == 0, proxied.stderr
 
 
 def test_relocatable_device_code_registers(build) -> None:

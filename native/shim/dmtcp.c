@@ -77,6 +77,16 @@ static int must_wait(void)
     return __atomic_load_n(&restore_pending, __ATOMIC_ACQUIRE) && !pthread_equal(restorer, pthread_self());
 }
 
+void nvp_wait_for_restore(void)
+{
+    if (must_wait()) { /* (a load and a branch, but while a restore is on) */
+        pthread_mutex_lock(&restore_mu);
+        while (must_wait())
+            pthread_cond_wait(&restore_cv, &restore_mu);
+        pthread_mutex_unlock(&restore_mu);
+    }
+}
+
 static void set_restore_pending(int on)
 {
     pthread_mutex_lock(&restore_mu);
@@ -140,12 +150,7 @@ void nvp_ckpt_disable(void)
         return;
     held++;
     for (;;) {
-        if (must_wait()) { /* (every call passes here: the mutex only while a restore is on) */
-            pthread_mutex_lock(&restore_mu);
-            while (must_wait())
-                pthread_cond_wait(&restore_cv, &restore_mu);
-            pthread_mutex_unlock(&restore_mu);
-        }
+        nvp_wait_for_restore();
         dmtcp_plugin_disable_ckpt();
         if (!must_wait()) /* (a restart can come between the check and the lock) */
             return;

@@ -9,7 +9,9 @@
 // imports both, refuses empty export data, changes the memory and frees it.
 // argv[1] = "wait": pause after exporting (checkpoint tests: the exporter is migrated before the child opens);
 // "child-wait": the child pauses after opening (checkpoint tests: the importer or the exporter is migrated, or
-// both are checkpointed and restarted, while it is open); argv[2]: seconds of the pause (3).
+// both are checkpointed and restarted, while it is open); argv[2]: seconds of the pause (3);
+// "other-device": the child runs on device 1 and reaches device 0's memory through the peer access that
+// cudaIpcMemLazyEnablePeerAccess and cudaMemPoolSetAccess give it (as NVIDIA's simpleIPC on two GPUs).
 #include "check.h"
 #include <cstring>
 #include <fcntl.h>
@@ -43,6 +45,8 @@ static unsigned long long fold(const int *p, int n) {
 static int child(int fd, int wait) {
     handles h;
     if (read(fd, &h, sizeof h) != (ssize_t)sizeof h) return 2;
+    int dev = getenv("IPC_CHILD_DEVICE") ? atoi(getenv("IPC_CHILD_DEVICE")) : 0;
+    CHECK(cudaSetDevice(dev));
     int *big, *small, *again;
     CHECK(cudaIpcOpenMemHandle((void **)&big, h.big, cudaIpcMemLazyEnablePeerAccess));
     CHECK(cudaIpcOpenMemHandle((void **)&small, h.small, cudaIpcMemLazyEnablePeerAccess));
@@ -72,7 +76,7 @@ static int child(int fd, int wait) {
     cudaMemPool_t pool;
     CHECK(cudaMemPoolImportFromShareableHandle(&pool, (void *)(intptr_t)h.pool_fd,
                                                cudaMemHandleTypePosixFileDescriptor, 0));
-    cudaMemAccessDesc rw = {{cudaMemLocationTypeDevice, 0}, cudaMemAccessFlagsProtReadWrite};
+    cudaMemAccessDesc rw = {{cudaMemLocationTypeDevice, dev}, cudaMemAccessFlagsProtReadWrite};
     CHECK(cudaMemPoolSetAccess(pool, &rw, 1));
     cudaMemPoolPtrExportData empty;
     memset(&empty, 0, sizeof empty);
@@ -136,6 +140,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
         sleep(atoi(pause_s));
     }
+    if (argc > 1 && !strcmp(argv[1], "other-device")) setenv("IPC_CHILD_DEVICE", "1", 1);
     int fds[2];
     if (pipe(fds)) return 2;
     fflush(stdout);

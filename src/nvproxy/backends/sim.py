@@ -72,8 +72,8 @@ class SimBacking:
 
     granularity = GRANULE
 
-    def __init__(self, mem: SimMemory, capacity: int) -> None:
-        self.mem, self.capacity, self.used = mem, capacity, 0
+    def __init__(self, mem: SimMemory, capacity: int, dev: int) -> None:
+        self.mem, self.capacity, self.used, self.dev = mem, capacity, 0, dev
         self.fds: dict[int, int] = {}  # id(mapping) -> its memfd
 
     def create(self, size: int) -> mmap.mmap:
@@ -102,10 +102,10 @@ class SimBacking:
 
     def map(self, va: int, size: int, handle: object) -> None:
         assert isinstance(handle, mmap.mmap)
-        self.mem.add(va, size, memoryview(handle))
+        self.mem.add(va, size, memoryview(handle), owner=self.dev)
 
     def grant(self, dev: int, mappings: list[tuple[int, int]]) -> None:
-        pass  # (one memory for every modelled device)
+        self.mem.peers.setdefault(self.dev, set()).add(dev)  # (all of this device's mappings, as the driver's)
 
     def unmap(self, va: int, size: int) -> None:
         self.mem.remove(va)
@@ -118,14 +118,18 @@ class SimBacking:
 
 
 class SimMemory:
-    """Every range the modelled device can address: arena mappings, module
-    variables, and host memory registered with it (mapped in this process)."""
+    """Every range the modelled devices can address: arena mappings, module
+    variables, and host memory registered with them (mapped in this process).
+    A device's memory (owner) is reached by kernels of other devices only once
+    they were granted access (peer access, a pool's access, CUDA IPC), as VMM
+    memory on GPUs: there the kernel faults (an illegal address)."""
 
     def __init__(self) -> None:
         self.bases: list[int] = []
-        self.ranges: dict[int, tuple[int, memoryview]] = {}
+        self.ranges: dict[int, tuple[int, memoryview, int | None]] = {}
+        self.peers: dict[int, set[int]] = {}  # device -> other devices its kernels may reach memory of
 
-    def add(self, base: int, size: int, view: memoryview) -> None:
+    def add(self, base: int, size: int, view: memoryview, owner: int | None = None) -> None:
         """Overlapping ranges are refused (the driver's answer for host memory; a sim bug otherwise)."""
         i = bisect.bisect_right(self.bases, base)
         if (i > 0 and self.bases[i - 1] + self.ranges[self.bases[i - 1]][0] > base) or (
@@ -133,21 +137,34 @@ class SimMemory:
         ):
             raise CudaError(HOST_MEMORY_ALREADY_REGISTERED, f"sim: {base:#x}+{size} overlaps a range it knows")
         bisect.insort(self.bases, base)
-        self.ranges[base] = (size, view)
+        self.ranges[base] = (size, view, owner)
 
     def remove(self, base: int) -> None:
         self.bases.remove(base)
         self.ranges[base][1].release()
         del self.ranges[base]
 
-    def view(self, addr: int, n: int) -> memoryview:
+    def view(self, addr: int, n: int, dev: int | None = None) -> memoryview:
+        """dev: a kernel of that device reads or writes it (copies reach every device's memory)."""
         i = bisect.bisect_right(self.bases, addr) - 1
         if i >= 0:
             base = self.bases[i]
-            size, v = self.ranges[base]
+            size, v, owner = self.ranges[base]
             if addr + n <= base + size:
+                if dev is not None and owner is not None and owner != dev and dev not in self.peers.get(owner, ()):
+                    raise CudaError(ILLEGAL_ADDRESS, f"sim: device {dev} has no access to {addr:#x} (device {owner})")
                 return v[addr - base : addr - base + n]
         raise CudaError(ILLEGAL_ADDRESS, f"sim: no device-accessible memory at {addr:#x}+{n}")
+
+
+class DeviceMemory:
+    """SimMemory as one device's kernels see it."""
+
+    def __init__(self, mem: SimMemory, dev: int) -> None:
+        self.mem, self.dev = mem, dev
+
+    def view(self, addr: int, n: int) -> memoryview:
+        return self.mem.view(addr, n, self.dev)
 
 
 @dataclass
@@ -198,6 +215,7 @@ class SimKernel:
     info: fatbin.Kernel
     symbols: dict[str, tuple[int, int]]
     attrs: dict[int, int] = field(default_factory=dict)
+    device: int | None = None  # (its module's)
 
 
 @dataclass
@@ -225,7 +243,7 @@ class SimBackend:
         sim_kernels.load_from_env()
         self.mem = SimMemory()
         self.physical = _sim_devices()  # (a device's uuid says which it is)
-        self.backings = [SimBacking(self.mem, SIM_MEMORY) for _ in self.physical]
+        self.backings = [SimBacking(self.mem, SIM_MEMORY, i) for i in range(len(self.physical))]
         # like the driver, place module variables wherever this process likes: a
         # restored process finds them elsewhere (exercises the proxy's relocation)
         self.globals_space = FreeList(GLOBALS_BASE + (os.getpid() % 1024 << 30), 1 << 30)
@@ -702,7 +720,7 @@ class SimBackend:
         info = mod.parsed.kernels.get(name)
         if info is None:
             raise CudaError(INVALID_DEVICE_FUNCTION, f"sim: no kernel {name} in module")
-        return SimKernel(name, info, mod.globals)
+        return SimKernel(name, info, mod.globals, device=mod.device)
 
     def kernel_info(self, k: SimKernel) -> dict[str, object]:
         return {
@@ -739,7 +757,8 @@ class SimBackend:
         for off, size in k.info.params:
             raw = params[off : off + size]
             args.append(int.from_bytes(raw, "little") if size in (1, 2, 4, 8) else raw)
-        ctx = sim_kernels.KernelContext(self.mem, grid, block, shmem, self._print, k.symbols, self.objects,
+        mem = self.mem if k.device is None else DeviceMemory(self.mem, k.device)
+        ctx = sim_kernels.KernelContext(mem, grid, block, shmem, self._print, k.symbols, self.objects,
                                         self.cond_values)
         try:
             fn(ctx, *args)
