@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -51,9 +52,21 @@ def nvproxy_cmd(exe: Path, backend: str, name: str, *args: str) -> list[str]:
 
 
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    """cmd's output and status.  Past the timeout its whole process group is killed and the test fails with what
+    it printed: a program that starts others (NVIDIA's simpleIPC) left them holding its pipes, and
+    subprocess.run's own timeout then waited for them for ever (two-GPU runs ended with no verdict)."""
     env = dict(kw.pop("env", os.environ))
     env.pop("LD_PRELOAD", None)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=kw.pop("timeout", TIMEOUT), env=env, **kw)
+    timeout = kw.pop("timeout", TIMEOUT)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          start_new_session=True, **kw) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out, err = p.communicate()
+            pytest.fail(f"{' '.join(map(str, cmd))} did not end within {timeout} s; it printed:\n{out}\n{err}")
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
 def gpu_count() -> int:

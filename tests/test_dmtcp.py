@@ -156,9 +156,7 @@ class Session:
 def calls_made(cmd: list[str], tmp_path: Path, cwd: Path | None = None) -> tuple[int, str]:
     """How many CUDA calls cmd makes (NVPROXY_CALLS_OUT), and what it prints."""
     count = tmp_path / "calls.txt"
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=cwd,
-                       env={k: v for k, v in dict(os.environ, NVPROXY_CALLS_OUT=str(count)).items()
-                            if k != "LD_PRELOAD"})
+    r = run(cmd, timeout=300, cwd=cwd, env=dict(os.environ, NVPROXY_CALLS_OUT=str(count)))
     assert r.returncode == 0 and count.exists(), r.stdout + r.stderr
     return int(count.read_text()), r.stdout
 
