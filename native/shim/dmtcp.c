@@ -100,8 +100,8 @@ static void set_restore_pending(int on)
 /* From PRESUSPEND until RESUME or RUNNING, work that calls back into the program (host functions, graph
  * launches) waits before it is submitted.  The PRESUSPEND drain runs the callbacks of what was submitted before
  * (the program's threads still run); one submitted after it would fall due in PRECHECKPOINT's drain, when the
- * program's threads (its callback thread too) are frozen: on a GPU the driver waits for that callback, and the
- * drain for the driver, for ever.  The callback thread itself is not held (the drain may be waiting for it). */
+ * program's threads (its callback thread too) are frozen: on a GPU the driver would wait for that callback, and
+ * the drain for the driver, for ever (on sim the proxy's thread that sends it).  The callback thread itself is not held (the drain may be waiting for it). */
 static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
 static int gate_closed, gate_inflight;
@@ -232,7 +232,6 @@ static void hook(int event, void *data)
     (void)data;
     switch (event) {
     case EV_PRESUSPEND:
-        nvp_hold_starts(1);
         set_gate(1);
         drain(nvp_control_path());
         break;
@@ -241,7 +240,6 @@ static void hook(int event, void *data)
         break;
     case EV_RESUME:
         nvp_reconnect_same_proxy();
-        nvp_hold_starts(0);
         set_gate(0);
         break;
     case EV_RESTART:
@@ -260,7 +258,6 @@ static void hook(int event, void *data)
             if (image_path[0] && nvp_restore_from(image_path) != 0)
                 nvp_log("nvproxy: could not bring the GPU state back from %s", image_path);
             set_restore_pending(0);
-            nvp_hold_starts(0);
             set_gate(0);
         }
         break;

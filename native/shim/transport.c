@@ -47,9 +47,7 @@ static struct {
     pthread_key_t key;
     int trace;
     _Atomic int generation; /* bumped when a new proxy replaces a dead one */
-    int starts_held;        /* a DMTCP checkpoint is under way: no proxy is started (nvp_hold_starts) */
-    pthread_cond_t start_cv;
-} G = {.lock = PTHREAD_MUTEX_INITIALIZER, .start_cv = PTHREAD_COND_INITIALIZER};
+} G = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 struct nvp_thread {
     int fd;
@@ -476,8 +474,6 @@ static int open_channel(int kind, struct nvp_rep *rep_out)
 {
     pthread_once(&key_once, make_key);
     pthread_mutex_lock(&G.lock);
-    while (G.state == ST_INIT && G.starts_held) /* (waiting without G.lock, which the checkpoint takes) */
-        pthread_cond_wait(&G.start_cv, &G.lock);
     for (int i = 0; G.state == ST_PAUSED && i < 120000; i++) { /* a checkpoint or restart is under way */
         pthread_mutex_unlock(&G.lock);
         struct timespec ts = {0, 1000 * 1000};
@@ -789,19 +785,6 @@ void nvp_disconnect_all(void)
     if (G.state == ST_READY)
         G.state = ST_PAUSED;
     atomic_fetch_add(&G.generation, 1); /* the callback thread starts again on next use */
-    pthread_mutex_unlock(&G.lock);
-}
-
-void nvp_hold_starts(int on)
-{
-    /* From DMTCP's PRESUSPEND: the thread starting the proxy holds G.lock until it listens (seconds on a GPU:
-     * the driver starts), and frozen so by the checkpoint it left PRECHECKPOINT waiting for G.lock for ever (a
-     * checkpoint at a program's third call, on the H200).  Taking G.lock here waits for a start under way, while
-     * threads still run; none begins until RESUME or, after a restart, RUNNING. */
-    pthread_mutex_lock(&G.lock);
-    G.starts_held = on;
-    if (!on)
-        pthread_cond_broadcast(&G.start_cv);
     pthread_mutex_unlock(&G.lock);
 }
 
