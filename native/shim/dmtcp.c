@@ -77,7 +77,7 @@ static int must_wait(void)
     return __atomic_load_n(&restore_pending, __ATOMIC_ACQUIRE) && !pthread_equal(restorer, pthread_self());
 }
 
-void nvp_wait_for_restore(void)
+static void wait_for_restore(void)
 {
     if (must_wait()) { /* (a load and a branch, but while a restore is on) */
         pthread_mutex_lock(&restore_mu);
@@ -101,7 +101,8 @@ static void set_restore_pending(int on)
  * launches) waits before it is submitted.  The PRESUSPEND drain runs the callbacks of what was submitted before
  * (the program's threads still run); one submitted after it would fall due in PRECHECKPOINT's drain, when the
  * program's threads (its callback thread too) are frozen: on a GPU the driver would wait for that callback, and
- * the drain for the driver, for ever (on sim the proxy's thread that sends it).  The callback thread itself is not held (the drain may be waiting for it). */
+ * the drain for the driver, for ever (on sim the proxy's thread that sends it).  The callback thread itself is
+ * not held (the drain may be waiting for it). */
 static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
 static int gate_closed, gate_inflight;
@@ -144,13 +145,19 @@ static __thread int held;
 
 int nvp_ckpt_held(void) { return held; }
 
+void nvp_wait_for_restore(void)
+{
+    if (!held) /* (a thread holding DMTCP's lock would keep the restoring thread's fork waiting) */
+        wait_for_restore();
+}
+
 void nvp_ckpt_disable(void)
 {
     if (!dmtcp_plugin_disable_ckpt)
         return;
     held++;
     for (;;) {
-        nvp_wait_for_restore();
+        wait_for_restore();
         dmtcp_plugin_disable_ckpt();
         if (!must_wait()) /* (a restart can come between the check and the lock) */
             return;

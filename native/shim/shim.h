@@ -176,7 +176,7 @@ void nvp_ckpt_disable(void); /* no checkpoint while a call is half done */
 void nvp_ckpt_enable(void);
 int nvp_ckpt_held(void); /* this thread is between nvp_ckpt_disable and _enable */
 int nvp_under_dmtcp(void);
-void nvp_wait_for_restore(void);       /* dmtcp.c: after a restart, until the new proxy is up */
+void nvp_wait_for_restore(void);       /* dmtcp.c: after a restart, until the new proxy is up (holding nothing) */
 void nvp_callback_gate_enter(void);     /* dmtcp.c: before submitting work that calls back (a host function,
                                            a graph launch): waits while a checkpoint drains the device */
 void nvp_callback_gate_leave(void);

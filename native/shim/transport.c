@@ -859,8 +859,7 @@ cudaError_t nvp_enter(void)
     /* After a DMTCP restart, until the new proxy is up: also a thread whose calls fail at once (a broken
      * context), lest it run on to the program's exit while the restoring thread forks the proxy (that exit
      * and DMTCP's fork deadlocked: printf_assert's device assert, checkpointed at its fifth call). */
-    if (!nvp_ckpt_held()) /* (a thread holding DMTCP's lock would keep the restoring thread's fork waiting) */
-        nvp_wait_for_restore();
+    nvp_wait_for_restore();
     /* a sticky error first, as natively: every call returns it, whatever became of the proxy (after a restart of
      * a broken context, of which no image could be taken, there is none) */
     cudaError_t e = nvp_sticky_error();

@@ -64,7 +64,6 @@ class Import:
 
 
 # ---- the exporter's name: a link to its proxy's control socket ----
-
 def _link(name: int) -> Path:
     from ...launcher import private_dir
 
