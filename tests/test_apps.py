@@ -31,6 +31,7 @@ PROGRAMS = [
     ("graph_nodes", ()),
     ("textures", ()),
     ("ipc", ()),
+    ("ipc_order", ()),
     ("graph_cond", ()),
     ("graph_capture", ()),
     ("managed_vars", ()),

@@ -134,6 +134,16 @@ NVP_EXPORT cudaError_t cudaStreamQuery_ptsz(cudaStream_t s)
     return e == cudaErrorNotReady ? e : nvp_ret(e);
 }
 
+/* Another process orders its work after an interprocess event's record or wait by when the call returned
+ * (NVIDIA's simpleIPC: record, then a CPU barrier, then the other process waits).  Each process has its own
+ * proxy, so such a call returns only once its proxy has issued it: posted, the other proxy could go first. */
+static int interprocess(cudaEvent_t ev)
+{
+    struct nvp_event_rec rec;
+    return !nvp_handle_get(NVP_H_EVENT, (uint64_t)(uintptr_t)ev, &rec, sizeof rec) &&
+           (rec.flags & cudaEventInterprocess);
+}
+
 static cudaError_t stream_wait_event(cudaStream_t s, cudaEvent_t ev, unsigned flags, int per_thread)
 {
     cudaError_t e = nvp_enter();
@@ -145,7 +155,8 @@ static cudaError_t stream_wait_event(cudaStream_t s, cudaEvent_t ev, unsigned fl
     if (flags & ~(unsigned)cudaEventWaitExternal)
         return nvp_ret(cudaErrorInvalidValue);
     uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w, (uint64_t)we, flags};
-    return nvp_ret(nvp_call(NVP_OP_STREAM_WAIT_EVENT, a, NULL, 0, NULL, -1));
+    struct nvp_reply r = {0};
+    return nvp_ret(nvp_call(NVP_OP_STREAM_WAIT_EVENT, a, NULL, 0, interprocess(ev) ? &r : NULL, -1));
 }
 
 NVP_EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned int flags)
@@ -542,7 +553,8 @@ static cudaError_t event_record(cudaEvent_t ev, cudaStream_t s, unsigned flags, 
     rec.recorded = 1;
     nvp_handle_set(NVP_H_EVENT, (uint64_t)(uintptr_t)ev, &rec, sizeof rec);
     uint64_t a[NVP_MAX_ARGS] = {(uint64_t)we, (uint64_t)w, flags};
-    return nvp_ret(nvp_call(NVP_OP_EVENT_RECORD, a, NULL, 0, NULL, -1));
+    struct nvp_reply r = {0};
+    return nvp_ret(nvp_call(NVP_OP_EVENT_RECORD, a, NULL, 0, (rec.flags & cudaEventInterprocess) ? &r : NULL, -1));
 }
 
 NVP_EXPORT cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) { return event_record(ev, s, 0, 0); }
