@@ -2,9 +2,10 @@
  *   NVPROXY_CHECKPOINT_AT=N  under DMTCP, as its Nth CUDA call begins (or right after it, where the call holds
  *                            checkpoints off) the thread creates nvproxy-call-reached-<pid> in the checkpoint
  *                            directory and waits: the test checkpoints (dmtcp_command -c) and kills the program,
- *                            restarts it from the images, and there the thread goes on;
+ *                            restarts it from the images, and there the thread goes on (in a computation of
+ *                            several processes, the first to reach its Nth call: dmtcp.c);
  *   NVPROXY_MIGRATE_AT=N     `nvproxy migrate` moves it to a new proxy then, and it goes on;
- *   NVPROXY_CALLS_OUT=path   the number of calls made is written there at exit (to choose N).
+ *   NVPROXY_CALLS_OUT=path   the number of calls made is added there at exit, a line per process (to choose N).
  * Calls are counted where they enter the shim (nvp_enter); off, this costs one load and branch per call. */
 #include "shim.h"
 
@@ -32,7 +33,7 @@ __attribute__((destructor)) static void write_count(void)
 {
     if (!calls_out || !*calls_out)
         return;
-    FILE *f = fopen(calls_out, "w");
+    FILE *f = fopen(calls_out, "a"); /* (a line per process: a program's children inherit the setting) */
     if (f) {
         fprintf(f, "%ld\n", atomic_load(&calls));
         fclose(f);

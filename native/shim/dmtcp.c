@@ -201,7 +201,7 @@ static int control_request(const char *ctl, const char *json)
         got += (size_t)r;
     }
     rep[got] = 0;
-    close(fd);
+    nvp_close_private(fd);
     return ok && got > 16 && strstr(rep + 16, "\"ok\": true") ? 0 : -1;
 }
 
@@ -286,8 +286,16 @@ void nvp_dmtcp_checkpoint_here(void)
         return;
     }
     char path[4200];
+    /* one process of the computation waits: the first to reach its call.  The others (a program's children,
+     * which inherit the setting, and those it starts after the checkpoint or the restart) go on, or they would
+     * wait for a checkpoint that never comes (NVIDIA's simpleIPC) */
+    snprintf(path, sizeof path, "%s/nvproxy-call-claimed", dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return;
+    close(fd);
     snprintf(path, sizeof path, "%s/nvproxy-call-reached-%d", dir, (int)nvp_real_pid());
-    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
     if (fd < 0) {
         nvp_log("nvproxy: NVPROXY_CHECKPOINT_AT: cannot create %s: %s", path, strerror(errno));
         return;

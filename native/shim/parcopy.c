@@ -2,7 +2,12 @@
  * on several threads.  One core copies 8-12 GB/s on the GPU machine while the
  * device link takes 55 GB/s, so a staged copy done by the calling thread alone
  * is no faster than the runtime's own pageable copy; split over a few helper
- * threads (and overlapped with the device copy of the previous slot) it is.
+ * threads (and overlapped with the device copies of other parts) it is.
+ *
+ * A job is a region cut into parts.  Parts become copyable as the caller says
+ * (nvp_par_ready: to the host as each device-to-host piece arrives), and the
+ * caller learns which are done (nvp_par_done: to the device as soon as they
+ * are), so both directions overlap the host copy with the device copy.
  *
  * The helpers start on the first large copy, block every signal (the
  * application's handlers stay on its own threads), and are gone in a forked
@@ -18,41 +23,54 @@
 #include <time.h>
 #include <unistd.h>
 
-#define PART_MIN (512u << 10) /* below this a thread's wake-up costs more than it copies */
+#define PART_MIN (256u << 10) /* below this a thread's wake-up costs more than it copies */
 #define MAX_THREADS 8
 #define SPIN_NS 200000 /* helpers poll this long for the next job before sleeping: copies come in runs */
 
 static struct {
     pthread_mutex_t use; /* one parallel copy at a time; others copy alone */
     pthread_mutex_t mu;
-    pthread_cond_t go, done;
+    pthread_cond_t go, finished;
     int threads; /* helpers running */
     int wanted;  /* copying threads, the caller included (0: not decided yet) */
     uint64_t gen;
     char *dst;
     const char *src;
-    size_t n, part;
-    atomic_size_t next; /* next part to take */
-    atomic_int busy;    /* helpers still copying the current job */
+    size_t n, part, nparts;
+    atomic_size_t next;   /* next part to take */
+    atomic_size_t ready;  /* parts below this may be taken */
+    atomic_int busy;      /* helpers still on the current job */
     atomic_ullong posted; /* gen, readable without the mutex (for polling) */
+    atomic_uchar done[NVP_PAR_MAX_PARTS];
 } P = {.use = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER, .go = PTHREAD_COND_INITIALIZER,
-       .done = PTHREAD_COND_INITIALIZER};
-
-static void take_parts(char *dst, const char *src, size_t n, size_t part)
-{
-    for (;;) {
-        size_t i = atomic_fetch_add(&P.next, 1), off = i * part;
-        if (off >= n)
-            return;
-        memcpy(dst + off, src + off, n - off < part ? n - off : part);
-    }
-}
+       .finished = PTHREAD_COND_INITIALIZER};
 
 static uint64_t now_ns(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+/* Take the next part if it is ready: its index, or nparts when none is left, or -1 when the next is not ready */
+static long take(void)
+{
+    size_t i = atomic_load(&P.next);
+    for (;;) {
+        if (i >= P.nparts)
+            return (long)P.nparts;
+        if (i >= atomic_load(&P.ready))
+            return -1;
+        if (atomic_compare_exchange_weak(&P.next, &i, i + 1))
+            return (long)i;
+    }
+}
+
+static void copy_part(size_t i)
+{
+    size_t off = i * P.part, len = P.n - off < P.part ? P.n - off : P.part;
+    memcpy(P.dst + off, P.src + off, len);
+    atomic_store_explicit(&P.done[i], 1, memory_order_release);
 }
 
 static void *helper(void *arg)
@@ -67,14 +85,14 @@ static void *helper(void *arg)
         while (P.gen == seen)
             pthread_cond_wait(&P.go, &P.mu);
         seen = P.gen;
-        char *dst = P.dst;
-        const char *src = P.src;
-        size_t n = P.n, part = P.part;
         pthread_mutex_unlock(&P.mu);
-        take_parts(dst, src, n, part);
+        for (long i; (i = take()) != (long)P.nparts;)
+            if (i >= 0)
+                copy_part((size_t)i);
+        /* (else spin: the caller makes the next part ready within a device copy's time, or ends the job) */
         if (atomic_fetch_sub(&P.busy, 1) == 1) {
             pthread_mutex_lock(&P.mu);
-            pthread_cond_signal(&P.done);
+            pthread_cond_signal(&P.finished);
             pthread_mutex_unlock(&P.mu);
         }
     }
@@ -100,42 +118,83 @@ static void start_helpers(void)
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
-void nvp_par_memcpy(void *dst, const void *src, size_t n)
+size_t nvp_par_part(size_t n)
 {
-    if (n < 2 * PART_MIN || pthread_mutex_trylock(&P.use) != 0) {
-        memcpy(dst, src, n);
-        return;
-    }
+    size_t part = (n + NVP_PAR_MAX_PARTS - 1) / NVP_PAR_MAX_PARTS;
+    part = part < PART_MIN ? PART_MIN : part;
+    return (part + 4095) & ~(size_t)4095;
+}
+
+size_t nvp_par_begin(void *dst, const void *src, size_t n, size_t part, size_t ready)
+{
+    if (!part || n < 2 * part || (n + part - 1) / part > NVP_PAR_MAX_PARTS || pthread_mutex_trylock(&P.use) != 0)
+        return 0;
     if (!P.wanted)
         start_helpers();
     if (!P.threads) {
         pthread_mutex_unlock(&P.use);
-        memcpy(dst, src, n);
-        return;
+        return 0;
     }
-    size_t parts = (size_t)P.threads + 1, part = (n + parts - 1) / parts;
-    if (part < PART_MIN)
-        part = PART_MIN;
-    part = (part + 4095) & ~(size_t)4095;
+    size_t nparts = (n + part - 1) / part;
     pthread_mutex_lock(&P.mu);
     P.dst = dst;
     P.src = src;
     P.n = n;
     P.part = part;
+    P.nparts = nparts;
+    for (size_t i = 0; i < nparts; i++)
+        atomic_store_explicit(&P.done[i], 0, memory_order_relaxed);
     atomic_store(&P.next, 0);
+    atomic_store(&P.ready, ready < nparts ? ready : nparts);
     atomic_store(&P.busy, P.threads);
     P.gen++;
     atomic_store(&P.posted, P.gen);
     pthread_cond_broadcast(&P.go);
     pthread_mutex_unlock(&P.mu);
-    take_parts(dst, src, n, part);
+    return nparts;
+}
+
+void nvp_par_ready(size_t parts) { atomic_store(&P.ready, parts < P.nparts ? parts : P.nparts); }
+
+int nvp_par_done(size_t i) { return atomic_load_explicit(&P.done[i], memory_order_acquire); }
+
+int nvp_par_help(void)
+{
+    long i = take();
+    if (i < 0 || i >= (long)P.nparts)
+        return 0;
+    copy_part((size_t)i);
+    return 1;
+}
+
+void nvp_par_end(int abandon)
+{
+    if (abandon) /* (a device copy failed: what is not taken yet is not copied) */
+        atomic_store(&P.next, P.nparts);
+    else
+        nvp_par_ready(P.nparts);
+    while (nvp_par_help())
+        ;
     for (uint64_t until = now_ns() + SPIN_NS; atomic_load(&P.busy) && now_ns() < until;)
         ;
     pthread_mutex_lock(&P.mu);
     while (atomic_load(&P.busy))
-        pthread_cond_wait(&P.done, &P.mu);
+        pthread_cond_wait(&P.finished, &P.mu);
     pthread_mutex_unlock(&P.mu);
     pthread_mutex_unlock(&P.use);
+}
+
+void nvp_par_memcpy(void *dst, const void *src, size_t n)
+{
+    size_t part = nvp_par_part(n);
+    size_t parts = P.threads ? (size_t)P.threads + 1 : 4; /* (a part per thread: fewer hand-overs) */
+    if (n / parts > part)
+        part = ((n + parts - 1) / parts + 4095) & ~(size_t)4095;
+    if (!nvp_par_begin(dst, src, n, part, (size_t)-1)) {
+        memcpy(dst, src, n);
+        return;
+    }
+    nvp_par_end(0);
 }
 
 void nvp_parcopy_after_fork(void)
@@ -143,7 +202,7 @@ void nvp_parcopy_after_fork(void)
     pthread_mutex_init(&P.use, NULL);
     pthread_mutex_init(&P.mu, NULL);
     pthread_cond_init(&P.go, NULL);
-    pthread_cond_init(&P.done, NULL);
+    pthread_cond_init(&P.finished, NULL);
     P.threads = P.wanted = 0;
     atomic_store(&P.busy, 0);
 }

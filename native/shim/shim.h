@@ -64,6 +64,15 @@ cudaError_t nvp_staging(struct nvp_staging **out);
 cudaError_t nvp_enter(void);
 /* ---- parcopy.c ---- */
 void nvp_par_memcpy(void *dst, const void *src, size_t n); /* memcpy on several threads when large */
+#define NVP_PAR_MAX_PARTS 128
+size_t nvp_par_part(size_t n); /* a good part size for a job of n bytes */
+/* a job of n bytes in parts of `part`, the first `ready` of them copyable now: how many parts (0: no job, the
+ * caller copies alone; only one job at a time) */
+size_t nvp_par_begin(void *dst, const void *src, size_t n, size_t part, size_t ready);
+void nvp_par_ready(size_t parts); /* parts below this are copyable now */
+int nvp_par_done(size_t i);       /* part i has been copied */
+int nvp_par_help(void);           /* the caller copies a ready part: 1, or 0 if none is ready */
+void nvp_par_end(int abandon);    /* copy the rest (none, if abandon) and wait for the helpers */
 void nvp_parcopy_after_fork(void);
 /* Print one line to stderr naming a call nvproxy does not support. */
 cudaError_t nvp_unsupported(const char *call);
@@ -190,7 +199,8 @@ void nvp_call_hooks(void);                        /* count this call; checkpoint
 void nvp_call_hooks_released(void);               /* the thread let checkpoints happen again: a deferred one now */
 void nvp_dmtcp_checkpoint_here(void);             /* dmtcp.c: announce this call, wait for a checkpoint (and restart) */
 int nvp_private_dir(char *out, size_t cap); /* the user's 0700 directory of sockets and handles: 0, or -1 */
-int nvp_unix_connect(const char *path); /* a connected SOCK_STREAM socket, or -1 */          /* not DMTCP's virtual pid: what the proxy sees */
+int nvp_unix_connect(const char *path); /* a connected SOCK_STREAM socket DMTCP does not see, or -1 */
+int nvp_close_private(int fd);          /* closes what nvp_unix_connect made */
 const char *nvp_control_path(void); /* the proxy's control socket, NULL before the first call */
 void nvp_disconnect_all(void);      /* close every channel (before a checkpoint) */
 void nvp_reconnect_same_proxy(void);

@@ -2,6 +2,7 @@
  * thread, request/reply framing, and turning a lost proxy into a clear error. */
 #include "shim.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -104,7 +105,7 @@ static void thread_exit(void *arg)
         }
     pthread_mutex_unlock(&G.lock);
     if (T.fd >= 0)
-        close(T.fd);
+        nvp_close_private(T.fd);
     T.fd = -1;
     if (T.stg.base)
         munmap(T.stg.base, (size_t)T.stg.slot_size * (size_t)T.stg.nslots);
@@ -121,7 +122,7 @@ static void after_fork_child(void)
     threads = NULL;
     atomic_store(&G.seq, 0); /* the new proxy expects the sequence from 1 */
     if (T.fd >= 0)
-        close(T.fd);
+        nvp_close_private(T.fd);
     T.fd = -1;
     T.stg.base = NULL;
 }
@@ -139,7 +140,7 @@ static cudaError_t mark_dead(const char *why)
     if (getenv("NVPROXY_RECOVER") && *getenv("NVPROXY_RECOVER")) {
         /* nvp_callv starts a new proxy from the image and tries again */
         if (T.fd >= 0)
-            close(T.fd);
+            nvp_close_private(T.fd);
         T.fd = -1;
         return cudaErrorDevicesUnavailable;
     }
@@ -152,7 +153,7 @@ static cudaError_t mark_dead(const char *why)
                 "cudaErrorDevicesUnavailable",
                 why);
     if (T.fd >= 0)
-        close(T.fd);
+        nvp_close_private(T.fd);
     T.fd = -1;
     return cudaErrorDevicesUnavailable;
 }
@@ -176,19 +177,63 @@ int nvp_private_dir(char *out, size_t cap)
     return 0;
 }
 
-int nvp_unix_connect(const char *path)
+/* libc's socket, connect and close, past DMTCP's wrappers (which also catch syscall()).  DMTCP lists the
+ * descriptors that the program makes, and the plugin closes its channels in PRECHECKPOINT, where DMTCP's close
+ * wrapper keeps no books: DMTCP then gave the stale entry's number to a shared-memory file of the program's own
+ * that it opened for its checkpoint, closed that file as the old socket, and at RESUME remapped the program's
+ * segment through whatever was there: mmap failed (ENODEV) and the program died (NVIDIA's simpleIPC, whose
+ * segment came after its first CUDA call).  The proxy's channels are nvproxy's business: DMTCP never sees them.
+ * (The callback channel stays DMTCP's: a checkpoint puts /dev/null over it, never closes it, and DMTCP keeps
+ * its number taken across a restart until the old callback thread has let go of it.) */
+static struct {
+    int (*socket)(int, int, int);
+    int (*connect)(int, const struct sockaddr *, socklen_t);
+    int (*close)(int);
+} LC;
+static pthread_once_t lc_once = PTHREAD_ONCE_INIT;
+
+static void lc_init(void)
 {
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    void *h = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+    LC.socket = h ? (int (*)(int, int, int))dlsym(h, "socket") : NULL;
+    LC.connect = h ? (int (*)(int, const struct sockaddr *, socklen_t))dlsym(h, "connect") : NULL;
+    LC.close = h ? (int (*)(int))dlsym(h, "close") : NULL;
+    if (!LC.socket || !LC.connect || !LC.close) { /* (not glibc: there is no DMTCP either) */
+        LC.socket = socket;
+        LC.connect = connect;
+        LC.close = close;
+    }
+}
+
+int nvp_close_private(int fd)
+{
+    pthread_once(&lc_once, lc_init);
+    return LC.close(fd);
+}
+
+static int unix_connect(const char *path, int private)
+{
+    pthread_once(&lc_once, lc_init);
+    int (*sock)(int, int, int) = private ? LC.socket : socket;
+    int (*conn)(int, const struct sockaddr *, socklen_t) = private ? LC.connect : connect;
+    int fd = sock(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -1;
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-        close(fd);
+    if (conn(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        int e = errno;
+        if (private)
+            LC.close(fd);
+        else
+            close(fd);
+        errno = e;
         return -1;
     }
     return fd;
 }
+
+int nvp_unix_connect(const char *path) { return unix_connect(path, 1); }
 
 char **nvp_env_without_shim(const char *visible)
 {
@@ -493,13 +538,15 @@ static int open_channel(int kind, struct nvp_rep *rep_out)
             return -1;
         }
     } else {
-        fd = nvp_unix_connect(G.sock);
+        fd = unix_connect(G.sock, kind != NVP_CHAN_CALLBACK);
     }
     pthread_mutex_unlock(&G.lock);
     struct nvp_rep rep;
     if (fd < 0 || hello(fd, kind, &rep) != 0) {
-        if (fd >= 0)
+        if (fd >= 0 && kind == NVP_CHAN_CALLBACK)
             close(fd);
+        else if (fd >= 0)
+            nvp_close_private(fd);
         return -1;
     }
     pthread_mutex_lock(&G.lock);
@@ -528,7 +575,7 @@ cudaError_t nvp_connect(void)
     if (T.fd >= 0 && T.gen == atomic_load(&G.generation))
         return cudaSuccess;
     if (T.fd >= 0) { /* a new proxy replaced the one this channel went to */
-        close(T.fd);
+        nvp_close_private(T.fd);
         T.fd = -1;
         drop_staging();
     }
@@ -697,7 +744,7 @@ static int replace_proxy(const char *image)
     struct nvp_rep rep;
     if (!ok || fd < 0 || hello(fd, NVP_CHAN_CALL, &rep) != 0) {
         if (fd >= 0)
-            close(fd);
+            nvp_close_private(fd);
         G.state = ST_DEAD;
         nvp_log("nvproxy: no new proxy from %s; every CUDA call now fails with cudaErrorDevicesUnavailable", image);
         return 0;
@@ -708,7 +755,7 @@ static int replace_proxy(const char *image)
     atomic_fetch_add(&G.generation, 1);
     drop_staging();
     if (T.fd >= 0)
-        close(T.fd);
+        nvp_close_private(T.fd);
     T.fd = fd;
     T.gen = atomic_load(&G.generation);
     int failed = 0;
@@ -774,7 +821,7 @@ void nvp_disconnect_all(void)
     pthread_mutex_lock(&G.lock);
     for (struct nvp_thread *t = threads; t; t = t->next) {
         if (t->fd >= 0)
-            close(t->fd);
+            nvp_close_private(t->fd);
         t->fd = -1;
         if (t->stg.base)
             munmap(t->stg.base, (size_t)t->stg.slot_size * (size_t)t->stg.nslots);

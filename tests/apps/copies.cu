@@ -82,6 +82,20 @@ int main() {
     printf("pitch>=width: %s, 2D: [3][7]=%d [36][499]=%d [36][500]=%08x memset=%08x\n",
            pitch >= w * sizeof(int) ? "yes" : "no", out2d[3][7], out2d[36][499], out2d[36][500], probe[0]);
 
+    // pageable copies of the sizes that take each path of nvproxy's staging (one piece, the whole in parts
+    // copied by helper threads while the device copies others, slots in turn), at odd sizes and offsets
+    const size_t sizes[] = {4096 + 12, (300 << 10) + 4, 512 << 10, (1 << 20) + 20, (4 << 20) - 4, 7654324,
+                            16 << 20, 32 << 20, (32 << 20) + 4, 40000004};
+    char *src = (char *)pageable, *dst = (char *)back;
+    bad = 0;
+    for (size_t sz : sizes) {
+        memset(dst, 0, sz + 8);
+        CHECK(cudaMemcpy((char *)d2 + 4, src + 8, sz, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(dst + 4, (char *)d2 + 4, sz, cudaMemcpyDeviceToHost));
+        if (memcmp(dst + 4, src + 8, sz) || dst[3] || dst[sz + 4]) bad++;
+    }
+    printf("pageable sizes: %zu sizes, mismatches=%d\n", sizeof sizes / sizeof sizes[0], bad);
+
     CHECK(cudaFreeHost(pin)); CHECK(cudaFreeHost(pin2)); CHECK(cudaFree(d)); CHECK(cudaFree(d2)); CHECK(cudaFree(img));
     CHECK(cudaStreamDestroy(s));
     free(pageable); free(back); free(reg);
