@@ -232,6 +232,21 @@ def test_dmtcp_restarts_processes_sharing_device_memory(build, backend: str, tmp
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_dmtcp_keeps_the_programs_shared_memory(build, backend: str, tmp_path: Path) -> None:
+    """A program's own POSIX shared-memory segment, made after its first CUDA call, is mapped with its contents
+    when the program resumes after a checkpoint and after a restart (DMTCP once reused the number of the shim's
+    closed socket for it, and died remapping it at resume: NVIDIA's simpleIPC)."""
+    exe = build("shm_segment")
+    cmd = nvproxy_cmd(exe, backend, "shm_segment")
+    (calls,), reference = calls_made(cmd, tmp_path)
+    session = Session(tmp_path / "dmtcp")
+    session.checkpoint_at_call(cmd, calls // 2)
+    r = session.restart()
+    assert r.returncode == 0, r.stderr
+    assert session.out.read_text() + r.stdout == reference, r.stderr
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_dmtcp_checkpoint_at_a_call(build, backend: str, tmp_path: Path) -> None:
     """A program checkpointed at a chosen call (half of the CUDA calls it makes; NVPROXY_CHECKPOINT_AT), killed
     and restarted prints what an uninterrupted run prints: deterministic, even for a program that runs for
