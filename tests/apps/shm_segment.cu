@@ -5,6 +5,7 @@
 // descriptor number, and DMTCP's resume failed to map the segment again.)
 #include "check.h"
 #include <cstring>
+#include <ctime>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -12,9 +13,9 @@
 int main() {
     int count = 0;
     CHECK(cudaGetDeviceCount(&count));
-    char name[64];
-    snprintf(name, sizeof name, "/nvproxy-test-segment-%d", (int)getpid());
-    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    char name[64];  // (under DMTCP every run's first pid is 40000)
+    snprintf(name, sizeof name, "/nvproxy-test-segment-%d-%ld", (int)getpid(), (long)clock());
+    int fd = shm_open(name, O_RDWR | O_CREAT, 0600);
     if (fd < 0 || ftruncate(fd, 4096) != 0) return 2;
     char *seg = (char *)mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (seg == MAP_FAILED) return 2;
