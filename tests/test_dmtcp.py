@@ -67,11 +67,11 @@ class Session:
         return subprocess.Popen(cmd, stdout=open(self.out, "w"), stderr=subprocess.PIPE, text=True,
                                 env=dict(self.env, **env), cwd=self.dir)
 
-    def checkpoint_at_call(self, cmd: list[str], call: int) -> None:
+    def checkpoint_at_call(self, cmd: list[str], call: int, **env: str) -> None:
         """Run cmd until its call-th CUDA call, where it waits (NVPROXY_CHECKPOINT_AT); checkpoint it there with
         dmtcp_command -c, then kill it.  (At the first call a program of one thread has no GPU state yet: the
         plugin writes no image.)"""
-        app = self.launch(cmd, NVPROXY_CHECKPOINT_AT=str(call))
+        app = self.launch(cmd, NVPROXY_CHECKPOINT_AT=str(call), **env)
         command = [str(self.bin / "dmtcp_command"), "--coord-port", self.port]
         try:
             deadline = time.monotonic() + 60
@@ -346,12 +346,14 @@ def test_dmtcp_public_sample_at_a_call(nvcc: str, tmp_path: Path, sample: str) -
     native = run([str(exe)], cwd=tmp_path)
     cmd = [sys.executable, "-m", "nvproxy", "run", "--backend", "gpu", "--", str(exe)]
     calls, _out = calls_made(cmd, tmp_path, cwd=tmp_path)
-    # several processes: late in the busiest one's calls, where they all run (the first to reach that call takes
-    # the checkpoint: at half its calls that was the parent, alone, before it started the others; two calls from
-    # the end a child had ended, and DMTCP cannot bring back an exited child its parent still waits for)
-    at = max(calls) - 3 if len(calls) > 1 else max(2, calls[0] // 2)
     session = Session(tmp_path)
-    session.checkpoint_at_call(cmd, at)
+    if len(calls) > 1:
+        # several processes (the parent ends last): in the middle of its children's calls, where all of them run
+        # (half the parent's calls came before it started them; late in a child's, its sibling had ended, and
+        # DMTCP cannot bring back an exited child its parent still waits for)
+        session.checkpoint_at_call(cmd, max(2, min(calls[:-1]) // 2), NVPROXY_CHECKPOINT_IN="child")
+    else:
+        session.checkpoint_at_call(cmd, max(2, calls[0] // 2))
     r = session.restart()
     assert r.returncode == native.returncode, r.stdout + r.stderr
     whole = session.out.read_text() + r.stdout

@@ -4,6 +4,7 @@
  *                            directory and waits: the test checkpoints (dmtcp_command -c) and kills the program,
  *                            restarts it from the images, and there the thread goes on (in a computation of
  *                            several processes, the first to reach its Nth call: dmtcp.c);
+ *                            NVPROXY_CHECKPOINT_IN=child: only in the processes the program starts;
  *   NVPROXY_MIGRATE_AT=N     `nvproxy migrate` moves it to a new proxy then, and it goes on;
  *   NVPROXY_CALLS_OUT=path   the number of calls made is added there at exit, a line per process (to choose N).
  * Calls are counted where they enter the shim (nvp_enter); off, this costs one load and branch per call. */
@@ -12,10 +13,12 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 static long checkpoint_at, migrate_at;
+static int only_children;
 static const char *calls_out;
 static atomic_long calls;
 int nvp_hooks_armed;
@@ -24,6 +27,11 @@ __attribute__((constructor)) static void read_settings(void)
 {
     const char *c = getenv("NVPROXY_CHECKPOINT_AT"), *m = getenv("NVPROXY_MIGRATE_AT");
     checkpoint_at = c && *c ? atol(c) : 0;
+    /* NVPROXY_CHECKPOINT_IN=child: only in the processes the program starts (they have proxies of their own), so
+     * that the checkpoint comes while all of them run (NVIDIA's simpleIPC: its children's middle, after the parent
+     * started them; a count of the parent's calls comes before that, or after a child ended) */
+    const char *in = getenv("NVPROXY_CHECKPOINT_IN");
+    only_children = in && !strcmp(in, "child");
     migrate_at = m && *m ? atol(m) : 0;
     calls_out = getenv("NVPROXY_CALLS_OUT");
     nvp_hooks_armed = checkpoint_at > 0 || migrate_at > 0 || (calls_out && *calls_out);
@@ -72,10 +80,17 @@ void nvp_call_hooks_released(void)
     }
 }
 
+/* the process nvproxy run started (the others are its descendants, with proxies of their own) */
+static int launched_process(void)
+{
+    const char *owner = getenv("NVPROXY_OWNER_PID");
+    return owner && atoi(owner) == (int)nvp_real_pid();
+}
+
 void nvp_call_hooks(void)
 {
     long n = atomic_fetch_add(&calls, 1) + 1;
-    if (n == checkpoint_at) {
+    if (n == checkpoint_at && !(only_children && launched_process())) {
         if (nvp_ckpt_held())
             deferred = 1;
         else
