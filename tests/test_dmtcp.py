@@ -99,7 +99,7 @@ class Session:
             if app.poll() is None:
                 app.kill()
         if not list(self.dir.glob("ckpt_*.dmtcp")):
-            err = app.stderr.read() if app.stderr else ""
+            err = app.stderr.read() if app.stderr and not app.stderr.closed else ""
             raise AssertionError(f"DMTCP wrote no image; the program's stderr (exit status {app.returncode}):\n{err}")
         if gpu_image is not None:
             assert bool(list(self.dir.glob("nvproxy-*.img"))) == gpu_image, "the plugin's GPU image beside DMTCP's"

@@ -86,10 +86,12 @@ static void *helper(void *arg)
             pthread_cond_wait(&P.go, &P.mu);
         seen = P.gen;
         pthread_mutex_unlock(&P.mu);
-        for (long i; (i = take()) != (long)P.nparts;)
+        for (long i; (i = take()) != (long)P.nparts;) {
             if (i >= 0)
                 copy_part((size_t)i);
-        /* (else spin: the caller makes the next part ready within a device copy's time, or ends the job) */
+            else /* (the caller makes the next part ready within a device copy's time, or ends the job) */
+                nvp_cpu_relax();
+        }
         if (atomic_fetch_sub(&P.busy, 1) == 1) {
             pthread_mutex_lock(&P.mu);
             pthread_cond_signal(&P.finished);
