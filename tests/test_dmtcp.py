@@ -232,6 +232,23 @@ def test_dmtcp_restarts_processes_sharing_device_memory(build, backend: str, tmp
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_dmtcp_restarts_parent_and_child_at_a_childs_call(build, backend: str, tmp_path: Path) -> None:
+    """Two processes that share device memory and an interprocess event (tests/apps/ipc_order), checkpointed
+    together in the middle of the child's calls (NVPROXY_CHECKPOINT_IN=child), killed and restarted, print what
+    an uninterrupted run prints: both come back, with the memory the child opened from the parent."""
+    exe = build("ipc_order")
+    cmd = nvproxy_cmd(exe, backend, "ipc_order", "400")
+    calls, reference = calls_made(cmd, tmp_path)
+    assert len(calls) == 2, calls
+    session = Session(tmp_path / "dmtcp")
+    session.checkpoint_at_call(cmd, calls[0] // 2, NVPROXY_CHECKPOINT_IN="child")
+    assert len(list(session.dir.glob("ckpt_*.dmtcp"))) == 2, "both processes in the checkpoint"
+    r = session.restart()
+    assert r.returncode == 0, r.stderr
+    assert session.out.read_text() + r.stdout == reference, r.stderr
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_dmtcp_keeps_the_programs_shared_memory(build, backend: str, tmp_path: Path) -> None:
     """A program's own POSIX shared-memory segment, made after its first CUDA call, is mapped with its contents
     when the program resumes after a checkpoint and after a restart (DMTCP once reused the number of the shim's
