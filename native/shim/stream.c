@@ -46,6 +46,15 @@ int64_t nvp_event_wire(cudaEvent_t e)
     return (int64_t)nvp_handle_id(h) + WIRE_ID_BASE;
 }
 
+/* nvp_event_wire and the event's record, in one lookup */
+static int64_t event_wire_rec(cudaEvent_t e, struct nvp_event_rec *rec)
+{
+    uint64_t h = (uint64_t)(uintptr_t)e;
+    if (nvp_handle_get(NVP_H_EVENT, h, rec, sizeof *rec) != 0)
+        return -1;
+    return (int64_t)nvp_handle_id(h) + WIRE_ID_BASE;
+}
+
 /* ---- streams ---- */
 
 static cudaError_t stream_create(cudaStream_t *ps, unsigned flags, int priority)
@@ -136,12 +145,11 @@ NVP_EXPORT cudaError_t cudaStreamQuery_ptsz(cudaStream_t s)
 
 /* Another process orders its work after an interprocess event's record or wait by when the call returned
  * (NVIDIA's simpleIPC: record, then a CPU barrier, then the other process waits).  Each process has its own
- * proxy, so such a call returns only once its proxy has issued it: posted, the other proxy could go first. */
-static int interprocess(cudaEvent_t ev)
+ * proxy, so such a call returns only once its proxy has issued it (a reply): posted, the other proxy could go
+ * first. */
+static struct nvp_reply *reply_if_interprocess(const struct nvp_event_rec *rec, struct nvp_reply *r)
 {
-    struct nvp_event_rec rec;
-    return !nvp_handle_get(NVP_H_EVENT, (uint64_t)(uintptr_t)ev, &rec, sizeof rec) &&
-           (rec.flags & cudaEventInterprocess);
+    return (rec->flags & cudaEventInterprocess) ? r : NULL;
 }
 
 static cudaError_t stream_wait_event(cudaStream_t s, cudaEvent_t ev, unsigned flags, int per_thread)
@@ -149,14 +157,15 @@ static cudaError_t stream_wait_event(cudaStream_t s, cudaEvent_t ev, unsigned fl
     cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
-    int64_t w = nvp_stream_wire(s, per_thread), we = nvp_event_wire(ev);
+    struct nvp_event_rec rec;
+    int64_t w = nvp_stream_wire(s, per_thread), we = event_wire_rec(ev, &rec);
     if (w < 0 || we < 0)
         return nvp_ret(cudaErrorInvalidResourceHandle);
     if (flags & ~(unsigned)cudaEventWaitExternal)
         return nvp_ret(cudaErrorInvalidValue);
     uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w, (uint64_t)we, flags};
     struct nvp_reply r = {0};
-    return nvp_ret(nvp_call(NVP_OP_STREAM_WAIT_EVENT, a, NULL, 0, interprocess(ev) ? &r : NULL, -1));
+    return nvp_ret(nvp_call(NVP_OP_STREAM_WAIT_EVENT, a, NULL, 0, reply_if_interprocess(&rec, &r), -1));
 }
 
 NVP_EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned int flags)
@@ -545,16 +554,15 @@ static cudaError_t event_record(cudaEvent_t ev, cudaStream_t s, unsigned flags, 
     cudaError_t e = nvp_enter();
     if (e)
         return nvp_ret(e);
-    int64_t w = nvp_stream_wire(s, per_thread), we = nvp_event_wire(ev);
+    struct nvp_event_rec rec;
+    int64_t w = nvp_stream_wire(s, per_thread), we = event_wire_rec(ev, &rec);
     if (w < 0 || we < 0)
         return nvp_ret(cudaErrorInvalidResourceHandle);
-    struct nvp_event_rec rec;
-    nvp_handle_get(NVP_H_EVENT, (uint64_t)(uintptr_t)ev, &rec, sizeof rec);
     rec.recorded = 1;
     nvp_handle_set(NVP_H_EVENT, (uint64_t)(uintptr_t)ev, &rec, sizeof rec);
     uint64_t a[NVP_MAX_ARGS] = {(uint64_t)we, (uint64_t)w, flags};
     struct nvp_reply r = {0};
-    return nvp_ret(nvp_call(NVP_OP_EVENT_RECORD, a, NULL, 0, (rec.flags & cudaEventInterprocess) ? &r : NULL, -1));
+    return nvp_ret(nvp_call(NVP_OP_EVENT_RECORD, a, NULL, 0, reply_if_interprocess(&rec, &r), -1));
 }
 
 NVP_EXPORT cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) { return event_record(ev, s, 0, 0); }

@@ -217,6 +217,15 @@ int nvp_close_private(int fd)
     return LC.close(fd);
 }
 
+/* a descriptor unix_connect made: private (past DMTCP) or DMTCP's */
+static void close_connected(int fd, int private)
+{
+    if (private)
+        nvp_close_private(fd);
+    else
+        close(fd);
+}
+
 static int unix_connect(const char *path, int private)
 {
     pthread_once(&lc_once, lc_init);
@@ -229,10 +238,7 @@ static int unix_connect(const char *path, int private)
     snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
     if (conn(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
         int e = errno;
-        if (private)
-            LC.close(fd);
-        else
-            close(fd);
+        close_connected(fd, private);
         errno = e;
         return -1;
     }
@@ -534,11 +540,13 @@ static int open_channel_locked_init(void)
 
 int nvp_open_channel(int kind, struct nvp_rep *rep_out)
 {
-    /* DMTCP's lock before G.lock: socket() below is a DMTCP wrapper that takes it; had this thread waited for it
-     * there while holding G.lock, a checkpoint would freeze it so, and the plugin's nvp_disconnect_all would wait
-     * for G.lock for ever (seen with tests/apps/callback_threads).  Not while the proxy is still to be started:
-     * DMTCP's fork() takes its lock exclusively, and would wait for this very hold (a process's first call, or
-     * the first after a restart before any GPU state existed; a checkpoint during that start can still hang). */
+    /* DMTCP's lock before G.lock: the callback channel's socket() is a DMTCP wrapper that takes it (the call
+     * channels' sockets bypass DMTCP: unix_connect); had this thread waited for it there while holding G.lock, a
+     * checkpoint would freeze it so, and the plugin's nvp_disconnect_all would wait for G.lock for ever (seen with
+     * tests/apps/callback_threads).  Not while the proxy is still to be started: that start once went through
+     * DMTCP's fork(), which takes the lock exclusively and waited for this very hold (a process's first call, or
+     * the first after a restart before any GPU state existed).  The start no longer uses DMTCP's fork
+     * (raw_fork); whether the hold could now cover it too is untried. */
     int hold = __atomic_load_n(&G.state, __ATOMIC_ACQUIRE) != ST_INIT;
     if (hold)
         nvp_ckpt_disable();
@@ -576,10 +584,8 @@ static int open_channel(int kind, struct nvp_rep *rep_out)
     pthread_mutex_unlock(&G.lock);
     struct nvp_rep rep;
     if (fd < 0 || hello(fd, kind, &rep) != 0) {
-        if (fd >= 0 && kind == NVP_CHAN_CALLBACK)
-            close(fd);
-        else if (fd >= 0)
-            nvp_close_private(fd);
+        if (fd >= 0)
+            close_connected(fd, kind != NVP_CHAN_CALLBACK);
         return -1;
     }
     pthread_mutex_lock(&G.lock);
@@ -937,8 +943,9 @@ cudaError_t nvp_enter(void)
     if (nvp_hooks_armed) /* (tests only: a load and a branch otherwise) */
         nvp_call_hooks();
     /* After a DMTCP restart, until the new proxy is up: also a thread whose calls fail at once (a broken
-     * context), lest it run on to the program's exit while the restoring thread forks the proxy (that exit
-     * and DMTCP's fork deadlocked: printf_assert's device assert, checkpointed at its fifth call). */
+     * context), lest it run on to the program's exit while the restoring thread starts the proxy (that exit
+     * and DMTCP's fork deadlocked when the start went through DMTCP's fork: printf_assert's device assert,
+     * checkpointed at its fifth call). */
     nvp_wait_for_restore();
     /* a sticky error first, as natively: every call returns it, whatever became of the proxy (after a restart of
      * a broken context, of which no image could be taken, there is none) */
