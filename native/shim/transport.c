@@ -56,10 +56,23 @@ struct nvp_thread {
     int gen;
     int broken; /* the last call failed in transport, not in CUDA */
     struct nvp_staging stg;
-    struct nvp_thread *next; /* all threads with a channel, for a checkpoint to close */
+    uint64_t stg_addr, stg_ino; /* the proxy's address of the staging buffer; its memfd's inode */
+    struct nvp_thread *next;    /* all threads with a channel, for a checkpoint to close */
 };
 static __thread struct nvp_thread T = {.fd = -1, .dev = 0};
 static struct nvp_thread *threads; /* under G.lock */
+
+/* Staging buffers of threads that ended, still mapped here and registered in the proxy, for the next thread: the
+ * proxy unregistering one waited for the device while it held the driver, so a kernel spinning until another
+ * thread's call hung for ever (multithread.cu, two GPUs).  As many as threads ever ran at once. */
+struct spare_staging {
+    struct nvp_staging stg;
+    uint64_t addr, ino;
+    int gen;
+    struct spare_staging *next;
+};
+static struct spare_staging *spares; /* under G.lock */
+#define STAGING_BYTES ((size_t)NVP_STAGE_SLOT * NVP_STAGE_SLOTS)
 
 extern pid_t dmtcp_virtual_to_real_pid(pid_t virtual_pid) __attribute__((weak));
 
@@ -103,12 +116,18 @@ static void thread_exit(void *arg)
             *p = T.next;
             break;
         }
+    struct spare_staging *sp = T.stg.base && T.gen == atomic_load(&G.generation) ? malloc(sizeof *sp) : NULL;
+    if (sp) { /* (before the channel closes: the proxy hands it over either way) */
+        *sp = (struct spare_staging){T.stg, T.stg_addr, T.stg_ino, T.gen, spares};
+        spares = sp;
+        T.stg.base = NULL;
+    }
     pthread_mutex_unlock(&G.lock);
     if (T.fd >= 0)
         nvp_close_private(T.fd);
     T.fd = -1;
     if (T.stg.base)
-        munmap(T.stg.base, (size_t)T.stg.slot_size * (size_t)T.stg.nslots);
+        munmap(T.stg.base, STAGING_BYTES);
     T.stg.base = NULL;
 }
 
@@ -125,6 +144,12 @@ static void after_fork_child(void)
         nvp_close_private(T.fd);
     T.fd = -1;
     T.stg.base = NULL;
+    while (spares) { /* the parent's proxy's buffers */
+        struct spare_staging *sp = spares;
+        spares = sp->next;
+        munmap(sp->stg.base, STAGING_BYTES);
+        free(sp);
+    }
 }
 
 static void make_key(void)
@@ -605,7 +630,7 @@ static int open_channel(int kind, struct nvp_rep *rep_out)
 static void drop_staging(void)
 {
     if (T.stg.base)
-        munmap(T.stg.base, (size_t)T.stg.slot_size * (size_t)T.stg.nslots);
+        munmap(T.stg.base, STAGING_BYTES);
     T.stg.base = NULL;
 }
 
@@ -960,6 +985,37 @@ int nvp_backend_is_sim(void) { return G.backend == 1; }
 int nvp_current_device(void) { return T.dev; }
 void nvp_set_current_device(int dev) { T.dev = dev; }
 
+/* a spare staging buffer the proxy still knows, handed to this thread; 0: none (or a transport error in *err) */
+static int reuse_spare(cudaError_t *err)
+{
+    for (;;) {
+        pthread_mutex_lock(&G.lock);
+        struct spare_staging *sp = spares;
+        if (sp)
+            spares = sp->next;
+        pthread_mutex_unlock(&G.lock);
+        if (!sp)
+            return 0;
+        int ok = 0;
+        if (sp->gen == atomic_load(&G.generation)) {
+            uint64_t a[NVP_MAX_ARGS] = {STAGING_BYTES, sp->addr, sp->ino};
+            struct nvp_reply r = {0};
+            *err = nvp_call(NVP_OP_STAGING, a, NULL, 0, &r, -1);
+            ok = !*err && r.h.r[0] == sp->addr; /* (0: another proxy's, met after a migration) */
+        }
+        if (ok) {
+            T.stg = sp->stg;
+            T.stg_addr = sp->addr;
+            T.stg_ino = sp->ino;
+        } else {
+            munmap(sp->stg.base, STAGING_BYTES);
+        }
+        free(sp);
+        if (ok || *err)
+            return ok;
+    }
+}
+
 cudaError_t nvp_staging(struct nvp_staging **out)
 {
     if (T.stg.base) {
@@ -969,11 +1025,18 @@ cudaError_t nvp_staging(struct nvp_staging **out)
     cudaError_t e = nvp_connect();
     if (e)
         return e;
-    size_t size = (size_t)NVP_STAGE_SLOT * NVP_STAGE_SLOTS;
+    if (reuse_spare(&e)) {
+        *out = &T.stg;
+        return cudaSuccess;
+    }
+    if (e)
+        return e;
+    size_t size = STAGING_BYTES;
     int fd = nvp_memfd("nvproxy-staging");
     if (fd < 0)
         return cudaErrorMemoryAllocation;
-    if (ftruncate(fd, (off_t)size) != 0) {
+    struct stat st;
+    if (ftruncate(fd, (off_t)size) != 0 || fstat(fd, &st) != 0) {
         close(fd);
         return cudaErrorMemoryAllocation;
     }
@@ -993,6 +1056,8 @@ cudaError_t nvp_staging(struct nvp_staging **out)
     T.stg.base = p;
     T.stg.slot_size = NVP_STAGE_SLOT;
     T.stg.nslots = NVP_STAGE_SLOTS;
+    T.stg_addr = r.h.r[0];
+    T.stg_ino = (uint64_t)st.st_ino;
     *out = &T.stg;
     return cudaSuccess;
 }

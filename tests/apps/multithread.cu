@@ -3,6 +3,10 @@
 // another thread, still making CUDA calls, releases it through mapped memory.
 // If a blocked thread stalled the others, this program would never end.
 // (No cudaMalloc/cudaFree while the kernel spins: cudaFree waits for the device.)
+// The releasing worker goes on only once the other workers' threads have ended:
+// under nvproxy their channels close while the kernel spins (the proxy once
+// unregistered their staging memory then, which waited for the device while it
+// held the driver, and the releasing worker's next call never returned).
 #include "check.h"
 #include <pthread.h>
 #include <unistd.h>
@@ -24,6 +28,8 @@ static int *waited;
 static const int T = 4, N = 1 << 14, ITERS = 50;
 static int results[T];
 static int *bufs[T];
+static int ended;  // workers done (all but the releasing one)
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void *blocked(void *) {
     cudaStream_t s;
@@ -44,8 +50,21 @@ static void *worker(void *arg) {
     CHECK(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, s));
     CHECK(cudaStreamSynchronize(s));
     results[id] = h[0];
+    if (id != T - 1) {
+        CHECK(cudaStreamDestroy(s));
+        pthread_mutex_lock(&lock);
+        ended++;
+        pthread_mutex_unlock(&lock);
+        return nullptr;
+    }
+    for (int done = 0; done < T - 1; usleep(1000)) {
+        pthread_mutex_lock(&lock);
+        done = ended;
+        pthread_mutex_unlock(&lock);
+    }
+    usleep(300000);  // (their threads' ends have reached the proxy by now)
     CHECK(cudaStreamDestroy(s));
-    if (id == T - 1) *flag = 1;  // release the blocked thread's kernel
+    *flag = 1;  // release the blocked thread's kernel
     return nullptr;
 }
 

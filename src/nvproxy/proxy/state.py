@@ -128,6 +128,9 @@ class ProcessState:
         self.kernel_attrs: dict[int, dict[int, int]] = {}  # kernel id -> cudaFuncAttribute -> value
         self.limits: dict[int, dict[int, int]] = {}  # device -> cudaLimit -> value
         self.host: dict[int, HostRange] = {}  # address -> registered range
+        # staging buffers of channels that are gone, still registered: a new thread's channel takes one
+        # (unregistering waits for the device, and stalled the driver behind a spinning kernel)
+        self.spare_staging: dict[int, HostRange] = {}
         self.arena_lock = threading.Lock()  # the dispatcher allocates, the reaper frees
         self.freeing: set[int] = set()
         self._reaped = threading.Condition()  # notified when a free reached the arena

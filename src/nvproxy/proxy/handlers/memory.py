@@ -72,7 +72,11 @@ def HOST_UNREGISTER(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None
 
 
 def STAGING(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
+    """A channel's staging buffer: a new memfd, or (a[1], a[2]: its address here and the memfd's inode) one that
+    a thread which ended left behind (reply 0: not known here, the shim sends a new one)."""
     size = a[0]
+    if len(a) > 1 and a[1]:
+        return (_reuse_staging(p, ch, size, a[1], a[2]),), b""
     fd = _take_fd(ch)
     try:
         addr = libc.map_anywhere(fd, size)
@@ -80,11 +84,34 @@ def STAGING(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[
         os.close(fd)
         raise CudaError(MEMORY_ALLOCATION) from None
     p.backend.host_register(addr, size)
+    _attach_staging(p, ch, addr, HostRange(size, fd, ch))
+    return (addr,), b""
+
+
+def _attach_staging(p: Any, ch: Any, addr: int, r: HostRange) -> None:
     if ch.staging is not None:
         release_staging(p, ch)
-    _set_staging(ch, (addr, size))
-    p.state.host[addr] = HostRange(size, fd, ch)
-    return (addr,), b""
+    r.channel = ch
+    _set_staging(ch, (addr, r.size))
+    p.state.host[addr] = r
+
+
+def _reuse_staging(p: Any, ch: Any, size: int, addr: int, ino: int) -> int:
+    st = p.state
+    r = st.spare_staging.get(addr)
+    old = None
+    if r is None:  # its thread's channel may not have been seen closing yet: the shim is done with it
+        r = st.host.get(addr)
+        old = r.channel if r is not None else None
+        if old is None or old is ch or getattr(old, "staging", None) != (addr, r.size):
+            return 0
+    if r.size != size or os.fstat(r.fd).st_ino != ino:  # (another proxy's buffer, met after a migration)
+        return 0
+    if old is not None:
+        _set_staging(old, None)
+    st.spare_staging.pop(addr, None)
+    _attach_staging(p, ch, addr, r)
+    return addr
 
 
 def _set_staging(ch: Any, staging: tuple[int, int] | None) -> None:
@@ -102,24 +129,15 @@ def adopt_staging(p: Any, ch: Any, fd: int, size: int) -> None:
 
 
 def release_staging(p: Any, ch: Any) -> None:
-    """A channel's thread is gone.  Every staged copy of it was waited for, so
-    nothing can still use the buffer: no device synchronisation, which would
-    stall the dispatcher behind a long kernel (and deadlock a kernel that
-    waits for another thread).  Unregistering goes to the background too."""
+    """A channel's thread is gone (or took another buffer).  Every staged copy of it was waited for, so nothing
+    still uses the buffer; it stays registered for the next thread: unregistering waits for the device and holds
+    the driver meanwhile (a kernel spinning until another thread's call would never end)."""
     addr, size = ch.staging
     _set_staging(ch, None)
     r = p.state.host.pop(addr, None)
-
-    def release() -> None:
-        try:
-            p.backend.host_unregister(addr, size)
-        except CudaError:
-            pass
-        libc.unmap(addr, size)
-        if r is not None:
-            os.close(r.fd)
-
-    p.state.later(ch.dev, release)
+    if r is not None:
+        r.channel = None
+        p.state.spare_staging[addr] = r
 
 
 def copy_ring(p: Any, ch: Any) -> list[Any]:
