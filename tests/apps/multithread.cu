@@ -3,10 +3,11 @@
 // another thread, still making CUDA calls, releases it through mapped memory.
 // If a blocked thread stalled the others, this program would never end.
 // (No cudaMalloc/cudaFree while the kernel spins: cudaFree waits for the device.)
-// The releasing worker goes on only once the other workers' threads have ended:
-// under nvproxy their channels close while the kernel spins (the proxy once
-// unregistered their staging memory then, which waited for the device while it
-// held the driver, and the releasing worker's next call never returned).
+// The releasing worker goes on only once the other workers' threads have ended,
+// so that under nvproxy their channels close while the kernel spins: the proxy
+// once unregistered their staging memory then, cuMemHostUnregister waits for
+// running kernels, and in 1 of 4 runs on two GPUs the releasing worker's
+// cudaStreamDestroy never returned (the arrangement did not force that hang).
 #include "check.h"
 #include <pthread.h>
 #include <unistd.h>
