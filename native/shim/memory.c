@@ -117,12 +117,18 @@ NVP_EXPORT cudaError_t cudaMemGetInfo(size_t *free_, size_t *total)
 
 static _Atomic uint64_t host_cursor = HOST_ARENA_BASE;
 
+/* host_sharing_held: the shim's list of shared host memory and the proxy's change together, with checkpoints
+ * held off.  A restart shares again what the list holds; memory the proxy had (so the image too) but the list
+ * not yet, checkpointed between the two, was not shared with the new proxy, and its cudaFreeHost failed with
+ * cudaErrorHostMemoryNotRegistered (callback_threads under DMTCP at its call 27, on the GPU). */
 static cudaError_t share_with_proxy(int fd, uint64_t base, uint64_t size, unsigned flags)
 {
     uint64_t a[NVP_MAX_ARGS] = {base, size, flags};
     struct nvp_reply r = {0};
     return nvp_call(NVP_OP_HOST_REGISTER, a, NULL, 0, &r, fd);
 }
+
+static cudaError_t host_alloc(void **pHost, size_t size, unsigned flags, int kind);
 
 cudaError_t nvp_host_alloc(void **pHost, size_t size, unsigned flags, int kind)
 {
@@ -135,6 +141,15 @@ cudaError_t nvp_host_alloc(void **pHost, size_t size, unsigned flags, int kind)
         *pHost = NULL;
         return cudaSuccess;
     }
+    nvp_ckpt_disable(); /* from the memfd to the list (see host_sharing_held) */
+    e = host_alloc(pHost, size, flags, kind);
+    nvp_ckpt_enable();
+    return e;
+}
+
+static cudaError_t host_alloc(void **pHost, size_t size, unsigned flags, int kind)
+{
+    cudaError_t e;
     uint64_t len = (size + page_size() - 1) / page_size() * page_size();
     int fd = nvp_memfd("nvproxy-pinned");
     if (fd < 0 || ftruncate(fd, (off_t)len) != 0) {
@@ -205,12 +220,16 @@ NVP_EXPORT cudaError_t cudaFreeHost(void *ptr)
 
 cudaError_t nvp_host_free(const struct nvp_host_region *h)
 {
+    nvp_ckpt_disable(); /* (see host_sharing_held) */
     nvp_host_remove(h->user, NULL);
     cudaError_t e = unregister_in_proxy(h->base); /* (the proxy waits for the devices first) */
+    nvp_ckpt_enable();
     munmap((void *)(uintptr_t)h->base, h->size);
     close(h->fd);
     return e;
 }
+
+static cudaError_t host_register(uint64_t user, size_t size, unsigned int flags);
 
 NVP_EXPORT cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags)
 {
@@ -225,6 +244,14 @@ NVP_EXPORT cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int fla
             return nvp_ret(cudaErrorHostMemoryAlreadyRegistered);
     if (nvp_host_shared(user + size - 1, 1, NULL))
         return nvp_ret(cudaErrorHostMemoryAlreadyRegistered);
+    nvp_ckpt_disable(); /* from the memfd to the list (see host_sharing_held) */
+    e = host_register(user, size, flags);
+    nvp_ckpt_enable();
+    return nvp_ret(e);
+}
+
+static cudaError_t host_register(uint64_t user, size_t size, unsigned int flags)
+{
     uint64_t base = user & ~(page_size() - 1);
     uint64_t len = (user + size - base + page_size() - 1) / page_size() * page_size();
     /* Move the pages into a memfd, in place: same address, same contents,
@@ -233,24 +260,24 @@ NVP_EXPORT cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int fla
     if (fd < 0 || ftruncate(fd, (off_t)len) != 0) {
         if (fd >= 0)
             close(fd);
-        return nvp_ret(cudaErrorMemoryAllocation);
+        return cudaErrorMemoryAllocation;
     }
     void *tmp = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (tmp == MAP_FAILED) {
         close(fd);
-        return nvp_ret(cudaErrorMemoryAllocation);
+        return cudaErrorMemoryAllocation;
     }
     memcpy(tmp, (void *)(uintptr_t)base, len);
     void *p = mmap((void *)(uintptr_t)base, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
     munmap(tmp, len);
     if (p == MAP_FAILED) {
         close(fd);
-        return nvp_ret(cudaErrorInvalidValue);
+        return cudaErrorInvalidValue;
     }
-    e = share_with_proxy(fd, base, len, flags);
+    cudaError_t e = share_with_proxy(fd, base, len, flags);
     if (e) {
         close(fd);
-        return nvp_ret(e == cudaErrorAlreadyMapped ? cudaErrorHostMemoryAlreadyRegistered : e);
+        return e == cudaErrorAlreadyMapped ? cudaErrorHostMemoryAlreadyRegistered : e;
     }
     struct nvp_host_region h = {base, len, user, size, NVP_HOST_REGISTERED, flags, fd};
     nvp_host_add(&h);
@@ -263,15 +290,18 @@ NVP_EXPORT cudaError_t cudaHostUnregister(void *ptr)
     if (e)
         return nvp_ret(e);
     struct nvp_host_region h;
-    if (!ptr || nvp_host_remove((uint64_t)(uintptr_t)ptr, &h) != 0)
-        return nvp_ret(cudaErrorHostMemoryNotRegistered);
-    if (h.kind != NVP_HOST_REGISTERED) {
+    nvp_ckpt_disable(); /* (see host_sharing_held) */
+    if (!ptr || nvp_host_remove((uint64_t)(uintptr_t)ptr, &h) != 0) {
+        e = cudaErrorHostMemoryNotRegistered;
+    } else if (h.kind != NVP_HOST_REGISTERED) {
         nvp_host_add(&h);
-        return nvp_ret(cudaErrorHostMemoryNotRegistered);
+        e = cudaErrorHostMemoryNotRegistered;
+    } else { /* the pages stay where they are (shared memory now, same contents) */
+        close(h.fd);
+        e = unregister_in_proxy(h.base);
     }
-    /* the pages stay where they are (shared memory now, same contents) */
-    close(h.fd);
-    return nvp_ret(unregister_in_proxy(h.base));
+    nvp_ckpt_enable();
+    return nvp_ret(e);
 }
 
 NVP_EXPORT cudaError_t cudaHostGetDevicePointer(void **pDevice, void *pHost, unsigned int flags)
