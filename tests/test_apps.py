@@ -36,6 +36,7 @@ PROGRAMS = [
     ("graph_capture", ()),
     ("managed_vars", ()),
     ("p2p", ()),
+    ("thread_churn", ()),
 ]
 IDS = ["-".join((n, *a)) for n, a in PROGRAMS]
 

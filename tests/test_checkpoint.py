@@ -366,3 +366,50 @@ def test_arrays_and_texture_objects_survive_migration(build, backend: str) -> No
     """CUDA arrays come back with their contents, and texture and surface objects with the values the
     program's kernels hold (one destroyed between others left a gap the restore must keep)."""
     migrate_mid_run(build, backend, "textures", ("8",), "step 2:")
+
+
+def staging_buffers(proxy_pid: int) -> int:
+    """The threads' staging memfds the proxy holds (mapped and registered)."""
+    n = 0
+    for fd in Path(f"/proc/{proxy_pid}/fd").iterdir():
+        try:
+            n += "nvproxy-staging" in os.readlink(fd)
+        except OSError:
+            pass
+    return n
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_staging_buffers_outlive_threads_until_a_checkpoint(build, backend: str, tmp_path: Path) -> None:
+    """A thread that ends leaves its staging buffer registered for the next one (unregistering waits for running
+    kernels: in the background it once hung a program whose kernel waited for a later call, multithread.cu on two
+    GPUs): rounds of three threads keep at most three buffers, not more each round; a checkpoint, with the device
+    idle, lets the spare ones go (the main thread keeps its own), and the program's output is unchanged."""
+    from nvproxy.launcher import find_proxy
+
+    exe = build("thread_churn")
+    app = subprocess.Popen(nvproxy_cmd(exe, backend, "thread_churn", "4", str(tmp_path)), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    assert app.stdout is not None
+    try:
+        lines, held = [], []
+        for r in range(4):
+            (tmp_path / f"go-{r}").touch()
+            lines.append(app.stdout.readline())
+            proxy = find_proxy(app.pid)[0]
+            held.append(staging_buffers(proxy))
+            if r == 1:
+                time.sleep(0.5)  # (the proxy sees the round's channels close: their buffers become spare ones)
+                c = nvproxy("checkpoint", str(app.pid), "-o", str(tmp_path / "img"))
+                assert c.returncode == 0, c.stdout + c.stderr
+                held.append(staging_buffers(proxy))
+        (tmp_path / "go-end").touch()
+        out, err = app.communicate(timeout=120)
+    finally:
+        if app.poll() is None:
+            app.kill()
+    # the main thread's and one to three of the workers' (one may take the buffer of one that ended in the same
+    # round); after the checkpoint only the main thread's
+    assert held[2] == 1 and all(2 <= n <= 4 for n in held[:2] + held[3:]), (held, err)
+    assert "".join(lines) + out == (APPS / "expected" / "sim" / "thread_churn.txt").read_text(), err
+    assert app.returncode == 0, err

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import gpu_count, nvproxy_cmd, run
+from conftest import EXPECTED, gpu_count, nvproxy_cmd, run
 
 BACKENDS = ["sim", pytest.param("gpu", marks=pytest.mark.gpu)]
 
@@ -261,6 +261,42 @@ def test_dmtcp_keeps_the_programs_shared_memory(build, backend: str, tmp_path: P
     r = session.restart()
     assert r.returncode == 0, r.stderr
     assert session.out.read_text() + r.stdout == reference, r.stderr
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dmtcp_checkpoint_lets_go_of_staging_buffers(build, backend: str, tmp_path: Path) -> None:
+    """The plugin drops every thread's staging buffer at a checkpoint (DMTCP would save them) and the proxy lets
+    go of its side with the device idle: a program that goes on after checkpoints holds at most as many as its
+    threads use, not as many more each checkpoint, and prints what it prints without them."""
+    from test_checkpoint import staging_buffers
+
+    from nvproxy.launcher import find_proxy
+
+    exe = build("thread_churn")
+    session = Session(tmp_path / "dmtcp")
+    app = session.launch(nvproxy_cmd(exe, backend, "thread_churn", "4", str(tmp_path)))
+    held = []
+    try:
+        for r in range(4):
+            (tmp_path / f"go-{r}").touch()
+            session.wait_for(app, f"round {r}:")
+            held.append(staging_buffers(find_proxy(app.pid)[0]))
+            if r == 1:
+                time.sleep(0.5)  # (the proxy sees the round's channels close)
+                c = subprocess.run([sys.executable, "-m", "nvproxy", "checkpoint", "--dmtcp", "--coord-port",
+                                    session.port], env=session.env, capture_output=True, text=True, timeout=300)
+                assert c.returncode == 0, c.stdout + c.stderr
+                held.append(staging_buffers(find_proxy(app.pid)[0]))
+        (tmp_path / "go-end").touch()
+        _out, err = app.communicate(timeout=120)
+    finally:
+        if app.poll() is None:
+            app.kill()
+    # the main thread's (until the checkpoint) and one to three of the workers' (one may take the buffer of one
+    # that ended in the same round); none right after the checkpoint
+    assert held[2] == 0 and all(1 <= n <= 4 for n in held[:2] + held[3:]), (held, session.out.read_text() + err)
+    assert session.out.read_text() == (EXPECTED / "sim" / "thread_churn.txt").read_text(), err
+    assert app.returncode == 0, err
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

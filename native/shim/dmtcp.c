@@ -228,7 +228,8 @@ static void precheckpoint(void)
         dir = dmtcp_get_ckpt_dir ? dmtcp_get_ckpt_dir() : ".";
     snprintf(image_path, sizeof image_path, "%s/nvproxy-%d.img", dir && *dir ? dir : ".", (int)nvp_real_pid());
     char json[4400];
-    snprintf(json, sizeof json, "{\"cmd\": \"checkpoint\", \"image\": \"%s\"}", image_path);
+    /* (disconnect: the proxy lets go of the channels' staging buffers, which nvp_disconnect_all drops here) */
+    snprintf(json, sizeof json, "{\"cmd\": \"checkpoint\", \"image\": \"%s\", \"disconnect\": true}", image_path);
     if (control_request(ctl, json) != 0)
         nvp_log("nvproxy: the proxy could not write %s; a restart will lose the GPU state", image_path);
     nvp_disconnect_all();

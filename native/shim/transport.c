@@ -74,6 +74,16 @@ struct spare_staging {
 static struct spare_staging *spares; /* under G.lock */
 #define STAGING_BYTES ((size_t)NVP_STAGE_SLOT * NVP_STAGE_SLOTS)
 
+static void drop_spares(void) /* (G.lock held, or a forked child's only thread) */
+{
+    while (spares) {
+        struct spare_staging *sp = spares;
+        spares = sp->next;
+        munmap(sp->stg.base, STAGING_BYTES);
+        free(sp);
+    }
+}
+
 extern pid_t dmtcp_virtual_to_real_pid(pid_t virtual_pid) __attribute__((weak));
 
 /* DMTCP gives the application virtual pids (and wraps even syscall(SYS_getpid));
@@ -144,12 +154,7 @@ static void after_fork_child(void)
         nvp_close_private(T.fd);
     T.fd = -1;
     T.stg.base = NULL;
-    while (spares) { /* the parent's proxy's buffers */
-        struct spare_staging *sp = spares;
-        spares = sp->next;
-        munmap(sp->stg.base, STAGING_BYTES);
-        free(sp);
-    }
+    drop_spares(); /* the parent's proxy's buffers */
 }
 
 static void make_key(void)
@@ -888,10 +893,11 @@ void nvp_disconnect_all(void)
             nvp_close_private(t->fd);
         t->fd = -1;
         if (t->stg.base)
-            munmap(t->stg.base, (size_t)t->stg.slot_size * (size_t)t->stg.nslots);
+            munmap(t->stg.base, STAGING_BYTES);
         t->stg.base = NULL;
     }
     threads = NULL;
+    drop_spares(); /* (the proxy let go of them in the checkpoint) */
     nvp_callbacks_close();
     if (G.state == ST_READY)
         G.state = ST_PAUSED;

@@ -25,7 +25,7 @@ def handle(server: Any, conn: socket.socket, msg: dict[str, Any]) -> bool:
     """Run one command; True when a thread answers later (conn is then its)."""
     cmd = msg.get("cmd")
     if cmd == "checkpoint":
-        checkpoint(server, conn, msg["image"])
+        checkpoint(server, conn, msg["image"], bool(msg.get("disconnect")))
         return True
     if cmd == "usage":
         st = server.dispatch.state
@@ -56,14 +56,19 @@ def handle(server: Any, conn: socket.socket, msg: dict[str, Any]) -> bool:
     return False
 
 
-def _dump(server: Any) -> tuple[hostimage.HostImage, dict[str, Any]]:
+def _dump(server: Any, disconnect: bool = False) -> tuple[hostimage.HostImage, dict[str, Any]]:
     """Stop at a cut, let the device drain and copy everything into the host
-    image buffer.  Returns the buffer, still locked, and the statistics."""
+    image buffer.  Returns the buffer, still locked, and the statistics.
+    The idle device is the time to unregister spare staging buffers (and, where the application's shim drops its
+    channels after this checkpoint, theirs: disconnect): unregistering waits for running kernels."""
+    from .handlers.memory import drop_staging  # (handlers import the server, which imports this)
+
     state = server.dispatch.state
     t0 = time.monotonic()
     himg = hostimage.locked(state)
     try:
         server.quiesce()
+        drop_staging(server.dispatch, server.channels if disconnect else ())
         stats = dump(state, himg)
     except BaseException:
         hostimage.after_checkpoint(state, himg)
@@ -72,10 +77,10 @@ def _dump(server: Any) -> tuple[hostimage.HostImage, dict[str, Any]]:
     return himg, stats
 
 
-def checkpoint(server: Any, conn: socket.socket, path: str) -> None:
+def checkpoint(server: Any, conn: socket.socket, path: str, disconnect: bool = False) -> None:
     """The application goes on as soon as the device memory is in the buffer;
     a thread writes the file from it and then answers."""
-    himg, stats = _dump(server)
+    himg, stats = _dump(server, disconnect)
 
     def persist() -> None:
         try:

@@ -105,6 +105,7 @@ class HostRange:
     size: int
     fd: int  # kept open: a restore into a new proxy maps it again
     channel: object | None = None  # staging buffers belong to a channel
+    dev: int = 0  # (a spare staging buffer: the device whose context registered it)
 
 
 class ProcessState:

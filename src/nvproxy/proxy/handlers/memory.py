@@ -136,8 +136,26 @@ def release_staging(p: Any, ch: Any) -> None:
     _set_staging(ch, None)
     r = p.state.host.pop(addr, None)
     if r is not None:
-        r.channel = None
+        r.channel, r.dev = None, ch.dev
         p.state.spare_staging[addr] = r
+
+
+def drop_staging(p: Any, channels: Any = ()) -> None:
+    """Unregister and unmap the spare staging buffers, and those of channels (whose threads' shim is about to drop
+    them: DMTCP's checkpoint).  Only while the device is idle and the application held: a checkpoint."""
+    for ch in channels:
+        if ch.staging is not None:
+            release_staging(p, ch)
+    st = p.state
+    while st.spare_staging:
+        addr, r = st.spare_staging.popitem()
+        try:
+            p.backend.activate(r.dev)
+            p.backend.host_unregister(addr, r.size)
+        except CudaError:
+            pass
+        libc.unmap(addr, r.size)
+        os.close(r.fd)
 
 
 def copy_ring(p: Any, ch: Any) -> list[Any]:
