@@ -155,10 +155,17 @@ class HostImage:
 
         atomic_file(path, write)
 
-    def close(self) -> None:
+    def unpin(self) -> None:
+        """Unregister every segment (the pages stay, for the file to be written from).  Only while the device
+        is idle and the application held: cuMemHostUnregister waits for running kernels, and holds the driver
+        meanwhile (docs/architecture.md)."""
         self.backend.activate(self.dev)
         for start in sorted(self.registered):
             self.backend.host_unregister(self.base + start, rounded(start + 1) - start)
+        self.registered.clear()
+
+    def close(self) -> None:
+        self.unpin()
         libc.unmap(self.base, RESERVE)
         os.close(self.fd)
         self.starts, self.registered, self.capacity = [], set(), 0
@@ -184,6 +191,13 @@ def locked(state: Any) -> HostImage:
         if not himg.closed:
             return himg
         himg.lock.release()
+
+
+def before_release(himg: HostImage) -> None:
+    """The checkpoint's copies are done and the application not yet let go: a buffer that after_checkpoint will
+    close is unregistered now, while nothing runs on the device."""
+    if mode() == "transient":
+        himg.unpin()
 
 
 def after_checkpoint(state: Any, himg: HostImage) -> None:

@@ -70,6 +70,7 @@ def _dump(server: Any, disconnect: bool = False) -> tuple[hostimage.HostImage, d
         server.quiesce()
         drop_staging(server.dispatch, server.channels if disconnect else ())
         stats = dump(state, himg)
+        hostimage.before_release(himg)
     except BaseException:
         hostimage.after_checkpoint(state, himg)
         raise
