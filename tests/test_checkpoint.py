@@ -384,7 +384,8 @@ def test_staging_buffers_outlive_threads_until_a_checkpoint(build, backend: str,
     """A thread that ends leaves its staging buffer registered for the next one (unregistering waits for running
     kernels: in the background it once hung a program whose kernel waited for a later call, multithread.cu on two
     GPUs): rounds of three threads keep at most three buffers, not more each round; a checkpoint, with the device
-    idle, lets the spare ones go (the main thread keeps its own), and the program's output is unchanged."""
+    idle, lets the spare ones go (the main thread keeps its own), and after a migration too the program's output
+    is unchanged."""
     from nvproxy.launcher import find_proxy
 
     exe = build("thread_churn")
@@ -403,6 +404,9 @@ def test_staging_buffers_outlive_threads_until_a_checkpoint(build, backend: str,
                 c = nvproxy("checkpoint", str(app.pid), "-o", str(tmp_path / "img"))
                 assert c.returncode == 0, c.stdout + c.stderr
                 held.append(staging_buffers(proxy))
+            if r == 2:  # the shim's spare buffers are the old proxy's: the new one refuses them, fresh ones come
+                m = nvproxy("migrate", str(app.pid))
+                assert m.returncode == 0, m.stdout + m.stderr
         (tmp_path / "go-end").touch()
         out, err = app.communicate(timeout=120)
     finally:
