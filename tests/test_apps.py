@@ -37,6 +37,7 @@ PROGRAMS = [
     ("managed_vars", ()),
     ("p2p", ()),
     ("thread_churn", ()),
+    ("pinned_at_checkpoint", ()),
 ]
 IDS = ["-".join((n, *a)) for n, a in PROGRAMS]
 

@@ -264,6 +264,23 @@ def test_dmtcp_keeps_the_programs_shared_memory(build, backend: str, tmp_path: P
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_dmtcp_checkpoint_waits_for_a_pinned_allocation(build, backend: str, tmp_path: Path) -> None:
+    """A checkpoint while another thread is inside cudaHostAlloc, held there (NVPROXY_TEST_PAUSE_MS) after the
+    proxy registered the memory and before the shim listed it, waits for that call: the restart shares the memory
+    with the new proxy again.  (It came in between: the restart did not share it, and cudaFreeHost failed with
+    cudaErrorHostMemoryNotRegistered, seen with callback_threads checkpointed at its call 27 on the GPU.)"""
+    exe = build("pinned_at_checkpoint")
+    cmd = nvproxy_cmd(exe, backend, "pinned_at_checkpoint")
+    reference = run(cmd)
+    assert reference.returncode == 0, reference.stdout + reference.stderr
+    session = Session(tmp_path / "dmtcp")
+    session.checkpoint_at_call(cmd, 3, NVPROXY_TEST_PAUSE_MS="800")  # (the main thread's call 3 comes at 200 ms)
+    r = session.restart()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert session.out.read_text() + r.stdout == reference.stdout, r.stderr
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_dmtcp_checkpoint_lets_go_of_staging_buffers(build, backend: str, tmp_path: Path) -> None:
     """The plugin drops every thread's staging buffer at a checkpoint (DMTCP would save them) and the proxy lets
     go of its side with the device idle: a program that goes on after checkpoints holds at most as many as its

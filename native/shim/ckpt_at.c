@@ -7,6 +7,8 @@
  *                            NVPROXY_CHECKPOINT_IN=child: only in the processes the program starts;
  *   NVPROXY_MIGRATE_AT=N     `nvproxy migrate` moves it to a new proxy then, and it goes on;
  *   NVPROXY_CALLS_OUT=path   the number of calls made is added there at exit, a line per process (to choose N).
+ *   NVPROXY_TEST_PAUSE_MS=n  cudaHostAlloc sleeps n ms once the proxy has the memory, before the shim lists it
+ *                            (a checkpoint must not come in between: tests/apps/pinned_at_checkpoint.cu).
  * Calls are counted where they enter the shim (nvp_enter); off, this costs one load and branch per call. */
 #include "shim.h"
 
@@ -15,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static long checkpoint_at, migrate_at;
@@ -98,4 +101,17 @@ void nvp_call_hooks(void)
     }
     if (n == migrate_at)
         migrate_self();
+}
+
+void nvp_test_pause(void)
+{
+    static long ms = -1;
+    if (ms < 0) {
+        const char *v = getenv("NVPROXY_TEST_PAUSE_MS");
+        ms = v && *v ? atol(v) : 0;
+    }
+    if (ms > 0) {
+        struct timespec t = {ms / 1000, ms % 1000 * 1000000};
+        nanosleep(&t, NULL);
+    }
 }

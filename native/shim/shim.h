@@ -204,6 +204,7 @@ extern int nvp_hooks_armed;                       /* NVPROXY_CHECKPOINT_AT / _MI
 void nvp_call_hooks(void);                        /* count this call; checkpoint or migrate at it (ckpt_at.c) */
 void nvp_call_hooks_released(void);               /* the thread let checkpoints happen again: a deferred one now */
 void nvp_dmtcp_checkpoint_here(void);             /* dmtcp.c: announce this call, wait for a checkpoint (and restart) */
+void nvp_test_pause(void); /* NVPROXY_TEST_PAUSE_MS: a test holds cudaHostAlloc between proxy and list */
 int nvp_private_dir(char *out, size_t cap); /* the user's 0700 directory of sockets and handles: 0, or -1 */
 int nvp_unix_connect(const char *path); /* a connected SOCK_STREAM socket DMTCP does not see, or -1 */
 int nvp_close_private(int fd);          /* closes what nvp_unix_connect made */
