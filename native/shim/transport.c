@@ -120,19 +120,22 @@ int nvp_trace_enabled(void) { return G.trace; }
 static void thread_exit(void *arg)
 {
     (void)arg;
+    struct spare_staging *sp = T.stg.base ? malloc(sizeof *sp) : NULL; /* (not under the lock) */
     pthread_mutex_lock(&G.lock);
     for (struct nvp_thread **p = &threads; *p; p = &(*p)->next)
         if (*p == &T) {
             *p = T.next;
             break;
         }
-    struct spare_staging *sp = T.stg.base && T.gen == atomic_load(&G.generation) ? malloc(sizeof *sp) : NULL;
-    if (sp) { /* (before the channel closes: the proxy hands it over either way) */
+    /* (listed before the channel closes: the proxy hands it over either way) */
+    if (sp && T.gen == atomic_load(&G.generation)) {
         *sp = (struct spare_staging){T.stg, T.stg_addr, T.stg_ino, T.gen, spares};
         spares = sp;
+        sp = NULL;
         T.stg.base = NULL;
     }
     pthread_mutex_unlock(&G.lock);
+    free(sp);
     if (T.fd >= 0)
         nvp_close_private(T.fd);
     T.fd = -1;
