@@ -121,6 +121,9 @@ static void thread_exit(void *arg)
 {
     (void)arg;
     struct spare_staging *sp = T.stg.base ? malloc(sizeof *sp) : NULL; /* (not under the lock) */
+    /* Checkpoints held off while G.lock is held: DMTCP freezes threads anywhere outside such a hold, and the
+     * plugin's nvp_disconnect_all would then wait for G.lock for ever (as in open_channel). */
+    nvp_ckpt_disable();
     pthread_mutex_lock(&G.lock);
     for (struct nvp_thread **p = &threads; *p; p = &(*p)->next)
         if (*p == &T) {
@@ -135,6 +138,7 @@ static void thread_exit(void *arg)
         T.stg.base = NULL;
     }
     pthread_mutex_unlock(&G.lock);
+    nvp_ckpt_enable();
     free(sp);
     if (T.fd >= 0)
         nvp_close_private(T.fd);
@@ -659,6 +663,7 @@ cudaError_t nvp_connect(void)
     T.fd = fd;
     T.gen = atomic_load(&G.generation);
     pthread_setspecific(G.key, &T);
+    nvp_ckpt_disable(); /* (see thread_exit) */
     pthread_mutex_lock(&G.lock);
     int known = 0;
     for (struct nvp_thread *t = threads; t; t = t->next)
@@ -668,6 +673,7 @@ cudaError_t nvp_connect(void)
         threads = &T;
     }
     pthread_mutex_unlock(&G.lock);
+    nvp_ckpt_enable();
     if (T.dev != 0) {
         uint64_t a[NVP_MAX_ARGS] = {(uint64_t)T.dev, ~0ull};
         return nvp_call(NVP_OP_SET_DEVICE, a, NULL, 0, NULL, -1);
