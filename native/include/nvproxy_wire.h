@@ -74,7 +74,8 @@
 #define NVP_OP_CACHE_CONFIG 37    /* a0 0 device set, 1 device get, 2 func set; a1 value, a2 kernel -> r0 */
 #define NVP_OP_PEER 38            /* a0 0 can-access, 1 enable, 2 disable; a1 peer, a2 flags, a3 device -> r0 */
 #define NVP_OP_STAGED_COPY 39     /* a0 device/registered address, a1 staging offset, a2 bytes, a3 stream, a4 dir (0 H2D, 1 D2H) */
-#define NVP_OP_STAGING 40         /* a0 size; memfd passed with SCM_RIGHTS -> r0 proxy-side address */
+#define NVP_OP_STAGING 40         /* a0 size; memfd passed with SCM_RIGHTS -> r0 proxy-side address; or a1 a spare
+                                   * buffer's proxy-side address, a2 its memfd's inode (no fd) -> r0 a1, or 0 */
 #define NVP_OP_FLUSH 41           /* no-op with a reply: collects pending async errors and printf text */
 #define NVP_OP_STREAM_ATTR 42     /* a0 stream, a1 cudaStreamAttrID, a2 0 set (payload: the 64-byte value) / 1 get (-> payload) */
 #define NVP_OP_RESET_PERSISTING_L2 43 /* cudaCtxResetPersistingL2Cache on the current device */

@@ -103,7 +103,7 @@ def _reuse_staging(p: Any, ch: Any, size: int, addr: int, ino: int) -> int:
     if r is None:  # its thread's channel may not have been seen closing yet: the shim is done with it
         r = st.host.get(addr)
         old = r.channel if r is not None else None
-        if old is None or old is ch or getattr(old, "staging", None) != (addr, r.size):
+        if old is None or old is ch or old.staging != (addr, r.size):
             return 0
     if r.size != size or os.fstat(r.fd).st_ino != ino:  # (another proxy's buffer, met after a migration)
         return 0
