@@ -5,6 +5,7 @@
  *                            restarts it from the images, and there the thread goes on (in a computation of
  *                            several processes, the first to reach its Nth call: dmtcp.c);
  *                            NVPROXY_CHECKPOINT_IN=child: only in the processes the program starts;
+ *                            NVPROXY_CHECKPOINT_WAITERS=k: the first k processes to reach their Nth calls wait;
  *   NVPROXY_MIGRATE_AT=N     `nvproxy migrate` moves it to a new proxy then, and it goes on;
  *   NVPROXY_CALLS_OUT=path   the number of calls made is added there at exit, a line per process (to choose N).
  *   NVPROXY_TEST_PAUSE_MS=n  cudaHostAlloc sleeps n ms once the proxy has the memory, before the shim lists it

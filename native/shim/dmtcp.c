@@ -287,11 +287,18 @@ void nvp_dmtcp_checkpoint_here(void)
         return;
     }
     char path[4200];
-    /* one process of the computation waits: the first to reach its call.  The others (a program's children,
-     * which inherit the setting, and those it starts after the checkpoint or the restart) go on, or they would
-     * wait for a checkpoint that never comes (NVIDIA's simpleIPC) */
-    snprintf(path, sizeof path, "%s/nvproxy-call-claimed", dir);
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    /* NVPROXY_CHECKPOINT_WAITERS processes of the computation wait (1 unless set): the first to reach their
+     * calls.  The others (a program's children, which inherit the setting, and those it starts after the
+     * checkpoint or the restart) go on, or they would wait for a checkpoint that never comes (NVIDIA's simpleIPC).
+     * Several: all of a program's children, lest one still be receiving a descriptor another process sends
+     * (DMTCP's drain of a socket's buffer reads its data and drops the descriptors passed with it: NVIDIA's
+     * streamOrderedAllocationIPC, a pool's shareable handle) */
+    const char *w = getenv("NVPROXY_CHECKPOINT_WAITERS");
+    int waiters = w && atoi(w) > 1 ? atoi(w) : 1, fd = -1;
+    for (int i = 0; i < waiters && fd < 0; i++) {
+        snprintf(path, sizeof path, "%s/nvproxy-call-claimed-%d", dir, i);
+        fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    }
     if (fd < 0)
         return;
     close(fd);

@@ -580,16 +580,13 @@ int nvp_open_channel(int kind, struct nvp_rep *rep_out)
     /* DMTCP's lock before G.lock: the callback channel's socket() is a DMTCP wrapper that takes it (the call
      * channels' sockets bypass DMTCP: unix_connect); had this thread waited for it there while holding G.lock, a
      * checkpoint would freeze it so, and the plugin's nvp_disconnect_all would wait for G.lock for ever (seen with
-     * tests/apps/callback_threads).  Not while the proxy is still to be started: that start once went through
-     * DMTCP's fork(), which takes the lock exclusively and waited for this very hold (a process's first call, or
-     * the first after a restart before any GPU state existed).  The start no longer uses DMTCP's fork
-     * (raw_fork); whether the hold could now cover it too is untried. */
-    int hold = __atomic_load_n(&G.state, __ATOMIC_ACQUIRE) != ST_INIT;
-    if (hold)
-        nvp_ckpt_disable();
+     * tests/apps/callback_threads).  Also while the proxy is still to be started (its start is a raw fork that
+     * DMTCP's lock does not see): a checkpoint that froze a thread halfway through its HELLO let it go on after
+     * the restart over a descriptor number that no longer named its socket (callback_threads checkpointed at its
+     * first call on a GPU: "lost the proxy (no connection)"). */
+    nvp_ckpt_disable();
     int fd = open_channel(kind, rep_out);
-    if (hold)
-        nvp_ckpt_enable();
+    nvp_ckpt_enable();
     return fd;
 }
 
@@ -646,11 +643,9 @@ static void drop_staging(void)
     T.stg.base = NULL;
 }
 
-cudaError_t nvp_connect(void)
+static cudaError_t connect_held(void)
 {
-    if (T.fd >= 0 && T.gen == atomic_load(&G.generation))
-        return cudaSuccess;
-    if (T.fd >= 0) { /* a new proxy replaced the one this channel went to */
+    if (T.fd >= 0) { /* a new proxy replaced the one this channel went to (NVPROXY_RECOVER) */
         nvp_close_private(T.fd);
         T.fd = -1;
         drop_staging();
@@ -663,7 +658,6 @@ cudaError_t nvp_connect(void)
     T.fd = fd;
     T.gen = atomic_load(&G.generation);
     pthread_setspecific(G.key, &T);
-    nvp_ckpt_disable(); /* (see thread_exit) */
     pthread_mutex_lock(&G.lock);
     int known = 0;
     for (struct nvp_thread *t = threads; t; t = t->next)
@@ -673,12 +667,24 @@ cudaError_t nvp_connect(void)
         threads = &T;
     }
     pthread_mutex_unlock(&G.lock);
-    nvp_ckpt_enable();
     if (T.dev != 0) {
         uint64_t a[NVP_MAX_ARGS] = {(uint64_t)T.dev, ~0ull};
         return nvp_call(NVP_OP_SET_DEVICE, a, NULL, 0, NULL, -1);
     }
     return cudaSuccess;
+}
+
+cudaError_t nvp_connect(void)
+{
+    if (T.fd >= 0 && T.gen == atomic_load(&G.generation))
+        return cudaSuccess;
+    /* Opened and listed under one hold (and G.lock, see thread_exit): a checkpoint in between left a channel that
+     * nvp_disconnect_all could not see; after the restart its stale number named another thread's new channel,
+     * which this thread then closed as its own (NVIDIA's simpleCallback on a GPU: "Bad file descriptor"). */
+    nvp_ckpt_disable();
+    cudaError_t e = connect_held();
+    nvp_ckpt_enable();
+    return e;
 }
 
 static cudaError_t send_req(uint16_t op, uint16_t flags, const uint64_t a[NVP_MAX_ARGS], const void *p1,
