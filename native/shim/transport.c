@@ -138,11 +138,14 @@ static void thread_exit(void *arg)
         T.stg.base = NULL;
     }
     pthread_mutex_unlock(&G.lock);
-    nvp_ckpt_enable();
-    free(sp);
+    /* closed inside the hold too: once unlisted, a channel that a checkpoint came upon stays open through it, and
+     * after a restart its number named another thread's new channel, which this close then cut (callback_threads
+     * checkpointed at its ninth call on a GPU: "lost the proxy (Bad file descriptor)") */
     if (T.fd >= 0)
         nvp_close_private(T.fd);
     T.fd = -1;
+    nvp_ckpt_enable();
+    free(sp);
     if (T.stg.base)
         munmap(T.stg.base, STAGING_BYTES);
     T.stg.base = NULL;
