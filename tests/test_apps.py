@@ -38,6 +38,7 @@ PROGRAMS = [
     ("p2p", ()),
     ("thread_churn", ()),
     ("pinned_at_checkpoint", ()),
+    ("pinned_fds", ()),
 ]
 IDS = ["-".join((n, *a)) for n, a in PROGRAMS]
 

@@ -221,12 +221,20 @@ NVP_EXPORT cudaError_t cudaFreeHost(void *ptr)
 
 cudaError_t nvp_host_free(const struct nvp_host_region *h)
 {
+    /* The table's entry, not the caller's copy, whose memfd a restart in between may have replaced (the old
+     * number can name another thread's channel by then: see remake_memfd); closed inside the hold for the
+     * same reason. */
     nvp_ckpt_disable(); /* (see host_sharing_held) */
-    nvp_host_remove(h->user, NULL);
-    cudaError_t e = unregister_in_proxy(h->base); /* (the proxy waits for the devices first) */
+    struct nvp_host_region now;
+    if (nvp_host_remove(h->user, &now) != 0) { /* (another thread freed it meanwhile) */
+        nvp_ckpt_enable();
+        return cudaErrorInvalidValue;
+    }
+    cudaError_t e = unregister_in_proxy(now.base); /* (the proxy waits for the devices first) */
+    if (now.fd >= 0)
+        close(now.fd);
     nvp_ckpt_enable();
-    munmap((void *)(uintptr_t)h->base, h->size);
-    close(h->fd);
+    munmap((void *)(uintptr_t)now.base, now.size);
     return e;
 }
 
@@ -298,7 +306,8 @@ NVP_EXPORT cudaError_t cudaHostUnregister(void *ptr)
         nvp_host_add(&h);
         e = cudaErrorHostMemoryNotRegistered;
     } else { /* the pages stay where they are (shared memory now, same contents) */
-        close(h.fd);
+        if (h.fd >= 0)
+            close(h.fd);
         e = unregister_in_proxy(h.base);
     }
     nvp_ckpt_enable();

@@ -773,11 +773,17 @@ static void reshare(struct nvp_host_region *h, void *arg)
     }
 }
 
-/* After a restart the memfds behind pinned memory may not be what they were:
- * put the (restored) contents into fresh ones, at the same addresses. */
+/* After a restart the memfds behind pinned memory are gone (DMTCP 4.2 brings back the mappings, not the
+ * descriptors: the old numbers name nothing, or whatever was opened since): put the restored contents into fresh
+ * ones, at the same addresses.  The old numbers are forgotten, never closed: closing one closed the fresh memfd
+ * of another region that had taken that number, and a thread's channel that took it next was closed by that
+ * region's cudaFreeHost (callback_threads checkpointed with eight pinned buffers on a GPU: "lost the proxy (Bad
+ * file descriptor)"). */
 static void remake_memfd(struct nvp_host_region *h, void *arg)
 {
     (void)arg;
+    int old = h->fd;
+    h->fd = -1;
     int fd = nvp_memfd("nvproxy-pinned");
     if (fd < 0 || ftruncate(fd, (off_t)h->size) != 0)
         goto fail;
@@ -789,11 +795,9 @@ static void remake_memfd(struct nvp_host_region *h, void *arg)
     munmap(tmp, h->size);
     if (p == MAP_FAILED)
         goto fail;
-    if (h->fd >= 0 && h->fd != fd)
-        close(h->fd);
     h->fd = fd;
     if (nvp_trace_enabled())
-        nvp_log("nvproxy: pinned memory at %#llx now in memfd %d", (unsigned long long)h->base, fd);
+        nvp_log("nvproxy: pinned memory at %#llx now in memfd %d (was %d)", (unsigned long long)h->base, fd, old);
     return;
 fail:
     if (fd >= 0)
