@@ -547,13 +547,20 @@ static int open_channel_locked_init(void)
     int fd = -1;
     if (env && *env && owner && atoi(owner) == (int)nvp_real_pid()) {
         snprintf(G.sock, sizeof G.sock, "%s", env);
-        fd = nvp_unix_connect(G.sock);
+        const char *pp = getenv("NVPROXY_PROXY_PID");
+        G.proxy_pid = pp ? atoi(pp) : 0;
+        /* (a proxy that `nvproxy run` started listens before its path appears; still, a refusal is tried again
+         * for up to 5 s: a migration at the program's first connecting call saw one on a busy machine) */
+        for (int i = 0; (fd = nvp_unix_connect(G.sock)) < 0 && i < 500; i++) {
+            if (errno != ECONNREFUSED && errno != ENOENT && errno != EAGAIN)
+                break;
+            struct timespec ts = {0, 10 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
         if (fd < 0) {
             nvp_log("nvproxy: cannot connect to the proxy at %s: %s", G.sock, strerror(errno));
             return -1;
         }
-        const char *pp = getenv("NVPROXY_PROXY_PID");
-        G.proxy_pid = pp ? atoi(pp) : 0;
     } else {
         if (spawn_proxy(NULL) != 0) {
             nvp_log("nvproxy: could not start a proxy (%s)", strerror(errno));

@@ -181,14 +181,12 @@ class Server:
         self.handed_over = False
         self.writer: threading.Thread | None = None  # writing a checkpoint file from the host image
         if listener is None:
-            listener = self._bind(sock_path)
-            listener.listen(64)
+            listener = self._listen(sock_path, 64)
         self.listener = listener
         self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, self._accept)
         self.ctl_path = f"{sock_path}.{os.getpid()}.ctl"
-        self.ctl = self._bind(self.ctl_path)
-        self.ctl.listen(4)
+        self.ctl = self._listen(self.ctl_path, 4)
         self.sel.register(self.ctl, selectors.EVENT_READ, self._control)
         try:
             self.owner_fd = os.pidfd_open(owner_pid)
@@ -199,16 +197,22 @@ class Server:
         threading.Thread(target=commands.prefault_loop, args=(self,), name="nvproxy-prefault", daemon=True).start()
 
     @staticmethod
-    def _bind(path: str) -> socket.socket:
+    def _listen(path: str, backlog: int) -> socket.socket:
+        """A socket listening at path, 0600, before the name appears: whoever sees the path can connect (`nvproxy
+        run` waits for it, and an application's first connect, between the bind and the listen, was refused on
+        a busy machine)."""
+        tmp = f"{path}.{os.getpid()}.tmp"
         old = os.umask(0o077)
         try:
-            if os.path.exists(path):
-                os.unlink(path)
+            if os.path.exists(tmp):
+                os.unlink(tmp)
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.bind(path)
+            s.bind(tmp)
+            os.chmod(tmp, 0o600)
+            s.listen(backlog)
+            os.replace(tmp, path)
         finally:
             os.umask(old)
-        os.chmod(path, 0o600)
         return s
 
     @staticmethod
