@@ -139,8 +139,8 @@ static void thread_exit(void *arg)
     }
     pthread_mutex_unlock(&G.lock);
     /* closed inside the hold too: once unlisted, a channel that a checkpoint came upon stays open through it, and
-     * after a restart its number named another thread's new channel, which this close then cut (callback_threads
-     * checkpointed at its ninth call on a GPU: "lost the proxy (Bad file descriptor)") */
+     * after a restart its number may name another thread's new channel, which this close would cut (found by
+     * reading, while chasing "lost the proxy (Bad file descriptor)" after restarts on GPUs: see remake_memfd) */
     if (T.fd >= 0)
         nvp_close_private(T.fd);
     T.fd = -1;
@@ -591,9 +591,10 @@ int nvp_open_channel(int kind, struct nvp_rep *rep_out)
      * channels' sockets bypass DMTCP: unix_connect); had this thread waited for it there while holding G.lock, a
      * checkpoint would freeze it so, and the plugin's nvp_disconnect_all would wait for G.lock for ever (seen with
      * tests/apps/callback_threads).  Also while the proxy is still to be started (its start is a raw fork that
-     * DMTCP's lock does not see): a checkpoint that froze a thread halfway through its HELLO let it go on after
-     * the restart over a descriptor number that no longer named its socket (callback_threads checkpointed at its
-     * first call on a GPU: "lost the proxy (no connection)"). */
+     * DMTCP's lock does not see): a checkpoint that froze a thread halfway through its HELLO would let it go on
+     * after the restart over a descriptor number that no longer names its socket (found by reading, after
+     * callback_threads checkpointed at its first call on a GPU said "lost the proxy (no connection)"; not
+     * seen again since). */
     nvp_ckpt_disable();
     int fd = open_channel(kind, rep_out);
     nvp_ckpt_enable();
@@ -688,9 +689,9 @@ cudaError_t nvp_connect(void)
 {
     if (T.fd >= 0 && T.gen == atomic_load(&G.generation))
         return cudaSuccess;
-    /* Opened and listed under one hold (and G.lock, see thread_exit): a checkpoint in between left a channel that
-     * nvp_disconnect_all could not see; after the restart its stale number named another thread's new channel,
-     * which this thread then closed as its own (NVIDIA's simpleCallback on a GPU: "Bad file descriptor"). */
+    /* Opened and listed under one hold (and G.lock, see thread_exit): a checkpoint in between would leave a
+     * channel that nvp_disconnect_all cannot see, and after the restart its stale number may name another
+     * thread's new channel, which this thread would close as its own (found by reading). */
     nvp_ckpt_disable();
     cudaError_t e = connect_held();
     nvp_ckpt_enable();
