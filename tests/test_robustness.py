@@ -60,10 +60,28 @@ def test_dead_proxy_is_a_clear_error_not_a_hang(build, backend: str) -> None:
     assert "nvproxy: lost the proxy" in err
 
 
+def test_proxy_socket_listens_before_its_path_appears(tmp_path) -> None:
+    """Whoever sees a proxy's socket path can connect at once (`nvproxy run` waits only for the path; a first
+    connect between the bind and the listen was refused on a busy GPU machine)."""
+    from nvproxy.proxy.listen import listen_at
+
+    path = str(tmp_path / "p.sock")
+    listener = listen_at(path, 4)
+    try:
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert os.listdir(tmp_path) == ["p.sock"]  # (the temporary name is gone)
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.connect(path)  # (nobody accepts yet: the backlog takes it)
+        c.close()
+    finally:
+        listener.close()
+
+
 def test_proxy_is_private_and_exits_with_its_application(build) -> None:
     p = start_waiting_app(build, "sim")
     pid, sock = proxy_of(p.pid)
     assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(f"{sock}.{pid}.ctl").st_mode) == 0o600
     assert stat.S_IMODE(os.stat(os.path.dirname(sock)).st_mode) == 0o700
     # another process (this one) is refused
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

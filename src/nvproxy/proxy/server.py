@@ -29,6 +29,7 @@ from .. import wire
 from ..errors import NOT_SUPPORTED, STICKY, UNKNOWN, CudaError
 from . import commands, control, fastpath
 from .handlers import ipc
+from .listen import listen_at
 
 REQ = wire.REQ
 HDR = REQ.size
@@ -181,12 +182,12 @@ class Server:
         self.handed_over = False
         self.writer: threading.Thread | None = None  # writing a checkpoint file from the host image
         if listener is None:
-            listener = self._listen(sock_path, 64)
+            listener = listen_at(sock_path, 64)
         self.listener = listener
         self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, self._accept)
         self.ctl_path = f"{sock_path}.{os.getpid()}.ctl"
-        self.ctl = self._listen(self.ctl_path, 4)
+        self.ctl = listen_at(self.ctl_path, 4)
         self.sel.register(self.ctl, selectors.EVENT_READ, self._control)
         try:
             self.owner_fd = os.pidfd_open(owner_pid)
@@ -195,25 +196,6 @@ class Server:
             print(f"nvproxy: application {owner_pid} is not running", file=sys.stderr)
             self.running = False
         threading.Thread(target=commands.prefault_loop, args=(self,), name="nvproxy-prefault", daemon=True).start()
-
-    @staticmethod
-    def _listen(path: str, backlog: int) -> socket.socket:
-        """A socket listening at path, 0600, before the name appears: whoever sees the path can connect (`nvproxy
-        run` waits for it, and an application's first connect, between the bind and the listen, was refused on
-        a busy machine)."""
-        tmp = f"{path}.{os.getpid()}.tmp"
-        old = os.umask(0o077)
-        try:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.bind(tmp)
-            os.chmod(tmp, 0o600)
-            s.listen(backlog)
-            os.replace(tmp, path)
-        finally:
-            os.umask(old)
-        return s
 
     @staticmethod
     def _accept_from(listener: socket.socket) -> tuple[socket.socket, int, int] | None:
