@@ -96,6 +96,7 @@ pid_t nvp_real_pid(void)
 
 static int spawn_proxy(const char *restore_image);
 static int open_channel(int kind, struct nvp_rep *rep_out);
+static void drop_staging(void);
 static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 
 void nvp_log(const char *fmt, ...)
@@ -146,9 +147,7 @@ static void thread_exit(void *arg)
     T.fd = -1;
     nvp_ckpt_enable();
     free(sp);
-    if (T.stg.base)
-        munmap(T.stg.base, STAGING_BYTES);
-    T.stg.base = NULL;
+    drop_staging();
 }
 
 static void after_fork_child(void)
