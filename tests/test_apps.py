@@ -52,6 +52,17 @@ def test_sim(build, name: str, args: tuple[str, ...]) -> None:
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.parametrize("name", ["copies", "multithread", "streams_events"])
+def test_sim_threads_that_sleep_for_replies(build, monkeypatch, name: str) -> None:
+    """NVPROXY_SPIN_US=0: every thread sleeps in poll(2) at once instead of spinning on its reply mailbox, so
+    the proxy's fast path must find it asleep and answer over the socket (nvproxy_wire.h, struct nvp_mailbox)."""
+    monkeypatch.setenv("NVPROXY_SPIN_US", "0")
+    exe = build(name)
+    r = run(nvproxy_cmd(exe, "sim", name))
+    assert r.stdout == (EXPECTED / "sim" / f"{name}.txt").read_text(), r.stderr
+    assert r.returncode == 0, r.stderr
+
+
 def test_sim_ipc_from_another_device(build, monkeypatch) -> None:
     """CUDA IPC across modelled devices: the child runs on device 1, opens device 0's memory with
     cudaIpcMemLazyEnablePeerAccess and a pool with cudaMemPoolSetAccess for its device, and its kernels change

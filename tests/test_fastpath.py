@@ -67,9 +67,10 @@ class Driver:
         return 0
 
 
-def req(op: int, seq: int, *a: int, payload: bytes = b"", reply: bool = False) -> bytes:
+def req(op: int, seq: int, *a: int, payload: bytes = b"", reply: bool = False, mailbox: bool = False) -> bytes:
     args = list(a) + [0] * (8 - len(a))
-    return wire.REQ.pack(wire.REQ.size + len(payload), op, 1 if reply else 0, seq, *args) + payload
+    flags = (wire.NVP_F_REPLY if reply else 0) | (wire.NVP_F_MAILBOX if mailbox else 0)
+    return wire.REQ.pack(wire.REQ.size + len(payload), op, flags, seq, *args) + payload
 
 
 def launch_req(seq: int, kernel: int = 1, stream: int = 0, payload: bytes = b"", coop: bool = False) -> bytes:
@@ -164,6 +165,30 @@ def test_replies_that_must_wait_go_to_python(setup) -> None:
     assert fast.run(chan, bytearray(req(wire.NVP_OP_FLUSH, 3, reply=True)), 3)[0] == fastpath.REPLY
     assert chan.wait_kind == fastpath.WAIT_NONE
     assert replies(peer) == []
+
+
+def test_replies_through_the_mailbox_only_where_the_thread_spins_for_it(setup) -> None:
+    """The reply mailbox (struct nvp_mailbox): a flagged request's reply lands there while it is empty; a thread
+    asleep in poll (SLEEPING), a reply not read yet (FULL) or an unflagged request get the socket, and the
+    mailbox is left as it was."""
+    fast, drv, chan, peer = setup
+    mb = wire.ffi.new("struct nvp_mailbox *")
+    chan.mailbox = ffi.cast("void *", int(wire.ffi.cast("uintptr_t", mb)))
+    drv.fail_launch = 719
+    buf = bytearray(launch_req(1) + req(wire.NVP_OP_STREAM_SYNC, 2, 3, reply=True, mailbox=True))
+    assert fast.run(chan, buf, 1) == (fastpath.MORE, len(buf), 3)
+    assert mb.state == wire.NVP_MB_FULL
+    assert (mb.rep.len, mb.rep.err, mb.rep.async_err, mb.rep.text_len) == (wire.REP.size, 0, 719, 0)
+    assert chan.async_err == 0
+    assert replies(peer) == []
+    seq = 3
+    for state, flagged in ((wire.NVP_MB_EMPTY, False), (wire.NVP_MB_SLEEPING, True), (wire.NVP_MB_FULL, True)):
+        mb.state, mb.rep.err = state, -1
+        assert fast.run(chan, bytearray(req(wire.NVP_OP_FLUSH, seq, reply=True, mailbox=flagged)), seq)[0] == \
+            fastpath.MORE
+        seq += 1
+        assert [r[1] for r in replies(peer)] == [0]
+        assert (mb.state, mb.rep.err) == (state, -1)
 
 
 def test_queries_report_not_ready(setup) -> None:

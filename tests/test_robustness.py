@@ -227,3 +227,26 @@ def test_malformed_messages_close_only_that_channel(tmp_path: Path) -> None:
         proxy.kill()
         _, err = proxy.communicate()
     assert "malformed message" in err
+
+
+def test_proxy_takes_only_a_reply_mailbox_that_cannot_shrink(capfd) -> None:
+    """A reply mailbox is application memory the proxy writes to: a memfd the application could shrink would
+    kill the proxy (SIGBUS) at its next reply, so only one sealed against shrinking is mapped."""
+    import fcntl
+
+    from nvproxy.proxy import libc, mailbox
+
+    loose = os.memfd_create("loose")
+    os.ftruncate(loose, mailbox.SIZE)
+    assert mailbox.attach(loose, 7) is None
+    assert "thread 7 sent an unusable reply mailbox" in capfd.readouterr().err
+    with pytest.raises(OSError):
+        os.fstat(loose)  # closed
+    sealed = os.memfd_create("sealed", os.MFD_ALLOW_SEALING)
+    os.ftruncate(sealed, mailbox.SIZE)
+    fcntl.fcntl(sealed, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    mb = mailbox.attach(sealed, 8)
+    assert mb is not None
+    libc.buffer(mb.addr, 4)[:] = b"full"
+    assert os.pread(sealed, 4, 0) == b"full"  # the application's page itself
+    mb.close()

@@ -58,6 +58,7 @@ struct nvpf_chan {
     int exclusive;      /* the process's only calling thread: nobody else waits while C spins */
     int async_err;      /* first failure of an asynchronous call, for the next reply */
     uint64_t staging_base, staging_size;
+    void *mailbox; /* the thread's struct nvp_mailbox (nvproxy_wire.h), mapped here, or NULL */
     void *per_thread[NVPF_MAX_DEV]; /* the thread's per-thread default stream per device */
     void *copy_events[NVPF_COPY_EVENTS];
     uint32_t copy_next;

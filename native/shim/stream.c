@@ -13,7 +13,7 @@
 
 #define WIRE_ID_BASE 16 /* wire ids 0 and 2 are the legacy and per-thread streams */
 
-int nvp_open_channel(int kind, struct nvp_rep *rep);
+int nvp_open_channel(int kind, struct nvp_rep *rep, struct nvp_mailbox **mb);
 
 cudaError_t nvp_enter_stream(cudaStream_t s, int per_thread_default, int64_t *wire)
 {
@@ -372,7 +372,7 @@ cudaError_t nvp_callbacks_start(void)
         return cudaSuccess;
     }
     /* first use, or a new proxy replaced the one the old thread served */
-    CB.fd = nvp_open_channel(NVP_CHAN_CALLBACK, NULL);
+    CB.fd = nvp_open_channel(NVP_CHAN_CALLBACK, NULL, NULL);
     pthread_t t;
     if (CB.fd < 0 || pthread_create(&t, NULL, callback_thread, (void *)(intptr_t)CB.fd) != 0) {
         pthread_mutex_unlock(&CB.lock);

@@ -35,6 +35,7 @@
  * 55 GB/s), whose reply would otherwise pay a wake-up.  NVPROXY_SPIN_US overrides. */
 #define NVP_SPIN_NS 400000
 #define MAX_EXPECTED_NS 200000000ull /* the longest spin a caller's estimate may ask for */
+#define MAILBOX_RECV_EVERY_NS 5000 /* how often a thread spinning on its mailbox also tries its socket */
 
 enum { ST_INIT = 0, ST_READY = 1, ST_DEAD = 2, ST_PAUSED = 3 /* checkpoint under way */ };
 
@@ -57,6 +58,9 @@ struct nvp_thread {
     int broken; /* the last call failed in transport, not in CUDA */
     struct nvp_staging stg;
     uint64_t stg_addr, stg_ino; /* the proxy's address of the staging buffer; its memfd's inode */
+    struct nvp_mailbox *mb;     /* where the proxy may leave this channel's replies (nvproxy_wire.h), or NULL */
+    int unread;                 /* replies asked for (nvp_send_pending) and not read yet */
+    int first_by_mailbox;       /* the first of those may come through the mailbox */
     struct nvp_thread *next;    /* all threads with a channel, for a checkpoint to close */
 };
 static __thread struct nvp_thread T = {.fd = -1, .dev = 0};
@@ -95,8 +99,9 @@ pid_t nvp_real_pid(void)
 }
 
 static int spawn_proxy(const char *restore_image);
-static int open_channel(int kind, struct nvp_rep *rep_out);
+static int open_channel(int kind, struct nvp_rep *rep_out, struct nvp_mailbox **mb_out);
 static void drop_staging(void);
+static void drop_mailbox(void);
 static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 
 void nvp_log(const char *fmt, ...)
@@ -148,6 +153,7 @@ static void thread_exit(void *arg)
     nvp_ckpt_enable();
     free(sp);
     drop_staging();
+    drop_mailbox();
 }
 
 static void after_fork_child(void)
@@ -163,7 +169,8 @@ static void after_fork_child(void)
         nvp_close_private(T.fd);
     T.fd = -1;
     T.stg.base = NULL;
-    drop_spares(); /* the parent's proxy's buffers */
+    drop_mailbox(); /* (shared with the parent's channel: never written here) */
+    drop_spares();  /* the parent's proxy's buffers */
 }
 
 static void make_key(void)
@@ -449,7 +456,7 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static int read_all_waiting(int fd, void *buf, size_t n, uint64_t spin);
+static int read_all_waiting(int fd, void *buf, size_t n, uint64_t spin, struct nvp_mailbox *mb);
 
 /* Threads waiting for replies at once: with more than two, spinning threads would
  * take the cores the proxy needs (launch storms of 16 threads ran 1.5x slower with
@@ -460,7 +467,8 @@ static __thread uint64_t expected_ns; /* the next reply's expected wait (nvp_exp
 
 void nvp_expect_wait(uint64_t ns) { expected_ns = ns < MAX_EXPECTED_NS ? ns : MAX_EXPECTED_NS; }
 
-static int read_all(int fd, void *buf, size_t n)
+/* Read exactly n bytes; a reply header (mb given) may instead come through the mailbox. */
+static int read_from(int fd, void *buf, size_t n, struct nvp_mailbox *mb)
 {
     static int64_t spin_ns = -1;
     if (spin_ns < 0) {
@@ -472,18 +480,44 @@ static int read_all(int fd, void *buf, size_t n)
     if (others < 2 && spin_ns && expected_ns > spin) /* (a long copy: native waits spinning through it too) */
         spin = expected_ns;
     expected_ns = 0;
-    int r = read_all_waiting(fd, buf, n, spin);
+    int r = read_all_waiting(fd, buf, n, spin, mb);
     __atomic_fetch_sub(&waiting_threads, 1, __ATOMIC_RELAXED);
     return r;
 }
 
-static int read_all_waiting(int fd, void *buf, size_t n, uint64_t spin)
+static int read_all(int fd, void *buf, size_t n) { return read_from(fd, buf, n, NULL); }
+
+/* The reply the proxy left in the mailbox, if there is one. */
+static int from_mailbox(struct nvp_mailbox *mb, void *buf)
+{
+    if (__atomic_load_n(&mb->state, __ATOMIC_ACQUIRE) != NVP_MB_FULL)
+        return 0;
+    memcpy(buf, &mb->rep, sizeof mb->rep);
+    __atomic_store_n(&mb->state, NVP_MB_EMPTY, __ATOMIC_RELEASE);
+    return 1;
+}
+
+static int read_all_waiting(int fd, void *buf, size_t n, uint64_t spin, struct nvp_mailbox *mb)
 {
     char *p = buf;
-    /* Most replies come within tens of microseconds: poll the socket for a
-     * short while before sleeping in poll(2), which costs a wake-up. */
-    uint64_t spin_until = now_ns() + spin;
-    while (n > 0 && now_ns() < spin_until) {
+    int sleeping = 0;
+    if (n != sizeof mb->rep)
+        mb = NULL;
+    /* Most replies come within tens of microseconds: poll the socket (and the
+     * mailbox) for a short while before sleeping in poll(2), which costs a wake-up. */
+    uint64_t t = now_ns(), spin_until = t + spin, next_recv = t;
+    while (n > 0 && (t = now_ns()) < spin_until) {
+        if (mb && p == (char *)buf) {
+            if (from_mailbox(mb, buf))
+                return 0;
+            /* (a reply through the socket comes from Python, tens of microseconds away: a recv(2) per turn
+             * would only delay seeing the mailbox) */
+            if (t < next_recv) {
+                nvp_cpu_relax();
+                continue;
+            }
+            next_recv = t + MAILBOX_RECV_EVERY_NS;
+        }
         ssize_t r = recv(fd, p, n, MSG_DONTWAIT);
         if (r > 0) {
             p += r;
@@ -495,6 +529,14 @@ static int read_all_waiting(int fd, void *buf, size_t n, uint64_t spin)
             return -1;
         }
     }
+    if (n > 0 && mb && p == (char *)buf) { /* from now on the proxy must write to the socket, which wakes us */
+        uint32_t empty = NVP_MB_EMPTY;
+        if (!__atomic_compare_exchange_n(&mb->state, &empty, NVP_MB_SLEEPING, 0, __ATOMIC_SEQ_CST,
+                                         __ATOMIC_SEQ_CST))
+            return from_mailbox(mb, buf) ? 0 : -1; /* (it came meanwhile) */
+        sleeping = 1;
+    }
+    int rc = 0;
     while (n > 0) {
         struct pollfd pf = {.fd = fd, .events = POLLIN};
         int pr = poll(&pf, 1, NVP_LIVENESS_MS);
@@ -503,33 +545,70 @@ static int read_all_waiting(int fd, void *buf, size_t n, uint64_t spin)
         if (pr < 0) {
             if (errno == EINTR)
                 continue;
-            return -1;
+            rc = -1;
+            break;
         }
         ssize_t r = recv(fd, p, n, 0);
         if (r == 0) {
             errno = EPIPE; /* EOF: the proxy closed */
-            return -1;
+            rc = -1;
+            break;
         }
         if (r < 0) {
             if (errno == EINTR || errno == EAGAIN)
                 continue;
-            return -1;
+            rc = -1;
+            break;
         }
         p += r;
         n -= (size_t)r;
     }
-    return 0;
+    if (sleeping)
+        __atomic_store_n(&mb->state, NVP_MB_EMPTY, __ATOMIC_RELEASE);
+    return rc;
 }
 
-static int hello(int fd, int kind, struct nvp_rep *rep)
+/* A mailbox for a new call channel (nvproxy_wire.h), and its memfd for the HELLO; NULL where none can be made
+ * (the channel's replies then all come over its socket).  Sealed against shrinking: a proxy that touched a page
+ * beyond the end of a shrunken file would die of SIGBUS. */
+static struct nvp_mailbox *new_mailbox(int *fd_out)
+{
+    *fd_out = -1;
+    const char *off = getenv("NVPROXY_MAILBOX"); /* 0: every reply over the socket (to compare) */
+    if (off && !strcmp(off, "0"))
+        return NULL;
+    int fd = nvp_memfd_sealable("nvproxy-mailbox");
+    if (fd < 0)
+        return NULL;
+    void *p = MAP_FAILED;
+    if (ftruncate(fd, NVP_MAILBOX_BYTES) == 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0)
+        p = mmap(NULL, NVP_MAILBOX_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        close(fd);
+        return NULL;
+    }
+    *fd_out = fd;
+    return p;
+}
+
+static void drop_mailbox(void)
+{
+    if (T.mb)
+        munmap(T.mb, NVP_MAILBOX_BYTES);
+    T.mb = NULL;
+}
+
+/* mbfd: a mailbox's memfd for the proxy, or -1 */
+static int hello(int fd, int kind, struct nvp_rep *rep, int mbfd)
 {
     struct nvp_req h = {.len = sizeof h, .op = NVP_OP_HELLO, .flags = NVP_F_REPLY, .seq = 0};
     h.a[0] = (uint64_t)nvp_real_pid();
     h.a[1] = (uint64_t)syscall(SYS_gettid);
     h.a[2] = NVP_PROTO_VERSION;
     h.a[3] = (uint64_t)kind;
+    h.a[4] = mbfd >= 0 ? NVP_HELLO_MAILBOX : 0;
     struct iovec iov = {&h, sizeof h};
-    if (write_all(fd, &iov, 1, -1) != 0)
+    if (write_all(fd, &iov, 1, mbfd) != 0)
         return -1;
     if (read_all(fd, rep, sizeof *rep) != 0)
         return -1;
@@ -584,7 +663,7 @@ static int open_channel_locked_init(void)
     return fd;
 }
 
-int nvp_open_channel(int kind, struct nvp_rep *rep_out)
+int nvp_open_channel(int kind, struct nvp_rep *rep_out, struct nvp_mailbox **mb_out)
 {
     /* DMTCP's lock before G.lock: the callback channel's socket() is a DMTCP wrapper that takes it (the call
      * channels' sockets bypass DMTCP: unix_connect); had this thread waited for it there while holding G.lock, a
@@ -595,12 +674,12 @@ int nvp_open_channel(int kind, struct nvp_rep *rep_out)
      * callback_threads checkpointed at its first call on a GPU said "lost the proxy (no connection)"; not
      * seen again since). */
     nvp_ckpt_disable();
-    int fd = open_channel(kind, rep_out);
+    int fd = open_channel(kind, rep_out, mb_out);
     nvp_ckpt_enable();
     return fd;
 }
 
-static int open_channel(int kind, struct nvp_rep *rep_out)
+static int open_channel(int kind, struct nvp_rep *rep_out, struct nvp_mailbox **mb_out)
 {
     pthread_once(&key_once, make_key);
     pthread_mutex_lock(&G.lock);
@@ -627,7 +706,16 @@ static int open_channel(int kind, struct nvp_rep *rep_out)
     }
     pthread_mutex_unlock(&G.lock);
     struct nvp_rep rep;
-    if (fd < 0 || hello(fd, kind, &rep) != 0) {
+    int mbfd = -1;
+    struct nvp_mailbox *mb = fd >= 0 && mb_out ? new_mailbox(&mbfd) : NULL;
+    int ok = fd >= 0 && hello(fd, kind, &rep, mbfd) == 0;
+    if (mbfd >= 0)
+        close(mbfd); /* (the proxy has its own descriptor now; the mapping stays) */
+    if (mb_out)
+        *mb_out = ok ? mb : NULL;
+    if (!ok) {
+        if (mb)
+            munmap(mb, NVP_MAILBOX_BYTES);
         if (fd >= 0)
             close_connected(fd, kind != NVP_CHAN_CALLBACK);
         return -1;
@@ -660,12 +748,16 @@ static cudaError_t connect_held(void)
         T.fd = -1;
         drop_staging();
     }
+    drop_mailbox(); /* (the old channel's: a checkpoint closed it, or a new proxy replaced its proxy) */
     if (G.state == ST_DEAD)
         return cudaErrorDevicesUnavailable;
-    int fd = nvp_open_channel(NVP_CHAN_CALL, NULL);
+    struct nvp_mailbox *mb;
+    int fd = nvp_open_channel(NVP_CHAN_CALL, NULL, &mb);
     if (fd < 0)
         return mark_dead("no connection");
     T.fd = fd;
+    T.mb = mb;
+    T.unread = 0;
     T.gen = atomic_load(&G.generation);
     pthread_setspecific(G.key, &T);
     pthread_mutex_lock(&G.lock);
@@ -721,9 +813,10 @@ static cudaError_t send_req(uint16_t op, uint16_t flags, const uint64_t a[NVP_MA
     return cudaSuccess;
 }
 
-static cudaError_t recv_reply(struct nvp_reply *r)
+/* mailbox: the request was marked NVP_F_MAILBOX */
+static cudaError_t recv_reply_from(struct nvp_reply *r, int mailbox)
 {
-    if (read_all(T.fd, &r->h, sizeof r->h) != 0)
+    if (read_from(T.fd, &r->h, sizeof r->h, mailbox ? T.mb : NULL) != 0)
         return mark_dead(strerror(errno));
     if (r->h.len < sizeof r->h || r->h.text_len > r->h.len - sizeof r->h)
         return mark_dead("malformed reply");
@@ -757,6 +850,8 @@ static cudaError_t recv_reply(struct nvp_reply *r)
         nvp_set_sticky((cudaError_t)r->h.err);
     return (cudaError_t)r->h.err;
 }
+
+static cudaError_t recv_reply(struct nvp_reply *r) { return recv_reply_from(r, 0); }
 
 /* ---- recovery (NVPROXY_RECOVER=image): a new proxy from the last image ---- */
 
@@ -812,7 +907,13 @@ fail:
     nvp_log("nvproxy: pinned memory at %#llx could not be made shareable again", (unsigned long long)h->base);
 }
 
-int nvp_memfd(const char *what)
+static int named_memfd(const char *what, unsigned flags);
+
+int nvp_memfd(const char *what) { return named_memfd(what, MFD_CLOEXEC); }
+
+int nvp_memfd_sealable(const char *what) { return named_memfd(what, MFD_CLOEXEC | MFD_ALLOW_SEALING); }
+
+static int named_memfd(const char *what, unsigned flags)
 {
     /* A name of its own for every memfd: DMTCP tells shared mappings apart by their
      * file's name, and restored every "/memfd:nvproxy-pinned (deleted)" mapping of a
@@ -821,7 +922,7 @@ int nvp_memfd(const char *what)
     static unsigned long long serial;
     char name[64];
     snprintf(name, sizeof name, "%s-%d-%llu", what, (int)getpid(), __atomic_add_fetch(&serial, 1, __ATOMIC_RELAXED));
-    return memfd_create(name, MFD_CLOEXEC);
+    return memfd_create(name, flags);
 }
 
 /* Start a new proxy from image and make this thread's channel go to it.
@@ -840,7 +941,18 @@ static int replace_proxy(const char *image)
         nanosleep(&ts, NULL);
     }
     struct nvp_rep rep;
-    if (!ok || fd < 0 || hello(fd, NVP_CHAN_CALL, &rep) != 0) {
+    int mbfd = -1;
+    drop_mailbox();
+    struct nvp_mailbox *mb = ok && fd >= 0 ? new_mailbox(&mbfd) : NULL;
+    ok = ok && fd >= 0 && hello(fd, NVP_CHAN_CALL, &rep, mbfd) == 0;
+    if (mbfd >= 0)
+        close(mbfd);
+    T.unread = 0;
+    if (ok)
+        T.mb = mb;
+    else if (mb)
+        munmap(mb, NVP_MAILBOX_BYTES);
+    if (!ok) {
         if (fd >= 0)
             nvp_close_private(fd);
         G.state = ST_DEAD;
@@ -969,9 +1081,10 @@ cudaError_t nvp_callv(uint16_t op, const uint64_t a[NVP_MAX_ARGS], const void *p
         T.broken = 0;
         cudaError_t e = nvp_connect();
         if (!e) {
-            e = send_req(op, reply ? NVP_F_REPLY : 0, a, p1, l1, p2, l2, fd);
+            int mailbox = reply && T.mb && !T.unread; /* (no earlier reply can be on its way) */
+            e = send_req(op, reply ? NVP_F_REPLY | (mailbox ? NVP_F_MAILBOX : 0) : 0, a, p1, l1, p2, l2, fd);
             if (!e && reply)
-                e = recv_reply(reply);
+                e = recv_reply_from(reply, mailbox);
         }
         if (T.broken && attempt == 0 && recover(gen))
             continue; /* once more, to the new proxy */
@@ -993,10 +1106,22 @@ cudaError_t nvp_send_pending(uint16_t op, const uint64_t a[NVP_MAX_ARGS])
     cudaError_t e = nvp_connect();
     if (e)
         return e;
-    return send_req(op, NVP_F_REPLY, a, NULL, 0, NULL, 0, -1);
+    int mailbox = T.mb && !T.unread; /* (the earliest reply still to read: none can come before it) */
+    if (!(e = send_req(op, NVP_F_REPLY | (mailbox ? NVP_F_MAILBOX : 0), a, NULL, 0, NULL, 0, -1))) {
+        T.first_by_mailbox = T.unread ? T.first_by_mailbox : mailbox;
+        T.unread++;
+    }
+    return e;
 }
 
-cudaError_t nvp_wait_pending(struct nvp_reply *reply) { return recv_reply(reply); }
+cudaError_t nvp_wait_pending(struct nvp_reply *reply)
+{
+    int mailbox = T.unread > 0 && T.first_by_mailbox;
+    T.first_by_mailbox = 0;
+    if (T.unread > 0)
+        T.unread--;
+    return recv_reply_from(reply, mailbox);
+}
 
 cudaError_t nvp_enter(void)
 {

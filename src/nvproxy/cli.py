@@ -130,7 +130,7 @@ def _adopt(args: argparse.Namespace, backend, dispatch):
     if not info.get("ok"):
         print(f"nvproxy migrate: the running proxy refused: {info.get('error')}", file=sys.stderr)
         return None
-    n_chan_fds = sum(1 + (1 if d["staging"] else 0) for d in info["channels"])
+    n_chan_fds = sum(1 + bool(d["staging"]) + bool(d.get("mailbox")) for d in info["channels"])
     at = 2 + n_chan_fds + len(info["host"])
     host_fds = dict(zip(info["host"], fds[2 + n_chan_fds : at], strict=True))
     exported = dict(zip(info["ipc_exported"], fds[at:-1], strict=True))  # (CUDA IPC: the memory itself)

@@ -128,11 +128,14 @@ def hand_over(server: Any, conn: socket.socket, image: str | None) -> None:
         raw = b"".join(pending[ch]) + bytes(ch.rbuf)
         st = state.host.get(ch.staging[0]) if ch.staging else None
         descs.append({"tid": ch.tid, "kind": ch.kind, "dev": ch.dev, "async_err": ch.async_err,
-                      "pending": [len(blob), len(raw)], "staging": ch.staging[1] if st else 0})
+                      "pending": [len(blob), len(raw)], "staging": ch.staging[1] if st else 0,
+                      "mailbox": ch.mailbox is not None})
         blob += raw
         fds.append(ch.sock.fileno())
         if st:
             fds.append(st.fd)
+        if ch.mailbox is not None:
+            fds.append(ch.mailbox.fd)
     host = sorted((a, r) for a, r in state.host.items() if r.channel is None)
     fds += [r.fd for _a, r in host]
     # the memory the application exported through CUDA IPC: the new proxy maps the same memory (others use it)

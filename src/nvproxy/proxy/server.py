@@ -27,7 +27,7 @@ from typing import Any
 
 from .. import wire
 from ..errors import NOT_SUPPORTED, STICKY, UNKNOWN, CudaError
-from . import commands, control, fastpath
+from . import commands, control, fastpath, mailbox
 from .handlers import ipc
 from .listen import listen_at
 
@@ -97,6 +97,7 @@ class Channel:
         self._pending = 0
         self.closed = False
         self.fast: Any = None  # its struct nvpf_chan, where the native fast path runs
+        self.mailbox: mailbox.Mailbox | None = None
 
     # ---- replies, always in request order ----
     def _build(self, result: Any, err: int) -> bytes:
@@ -152,8 +153,15 @@ class Channel:
                 # and that reply must not overtake this one
                 self._pending -= 1
 
+    def set_mailbox(self, mb: mailbox.Mailbox | None) -> None:
+        mailbox.plug(self.fast, mb)
+        if self.mailbox is not None:
+            self.mailbox.close()
+        self.mailbox = mb
+
     def close(self) -> None:
         self.closed = True
+        self.set_mailbox(None)
         if self._waits is not None:
             self._waits.put(None)
         for fd in self.fds:
@@ -365,6 +373,12 @@ class Server:
             self._drop(ch)
             return
         ch.tid, ch.kind = a[1], a[3]
+        if a[4] & wire.NVP_HELLO_MAILBOX and ch.fds:
+            fd = ch.fds.popleft()
+            if ch.kind == wire.NVP_CHAN_CALL:
+                ch.set_mailbox(mailbox.attach(fd, ch.tid))
+            else:
+                os.close(fd)
         if ch.kind == wire.NVP_CHAN_CALL:
             self.calling_threads += 1
         if ch.kind == wire.NVP_CHAN_CALLBACK:
@@ -513,6 +527,8 @@ class Server:
                 from .handlers.memory import adopt_staging
 
                 adopt_staging(self.dispatch, ch, next(it), d["staging"])
+            if d.get("mailbox"):
+                ch.set_mailbox(mailbox.attach(next(it), ch.tid))
             off, n = d["pending"]
             ch.rbuf += blob[off : off + n]
             if ch.kind == wire.NVP_CHAN_CALLBACK:
