@@ -395,9 +395,9 @@ static cudaError_t collect(size_t sent, cudaError_t first)
 
 static cudaError_t whole_h2d(const struct nvp_staging *s, uint64_t dst, const char *src, size_t n, int64_t stream)
 {
-    size_t part = nvp_par_part(n), nparts = nvp_par_begin(s->base, src, n, part, (size_t)-1);
+    size_t part = nvp_par_part(n), nparts = nvp_par_begin(s->base, src, n, part, (size_t)-1, 1);
     if (!nparts) { /* (the helpers are busy with another thread's copy) */
-        memcpy(s->base, src, n);
+        nvp_copy_for_dma(s->base, src, n);
         cudaError_t e = send_staged(dst, 0, n, stream, 0);
         return e ? e : collect(1, cudaSuccess);
     }
@@ -432,7 +432,7 @@ static cudaError_t whole_d2h(const struct nvp_staging *s, char *dst, uint64_t sr
     }
     if (e)
         return e == cudaErrorDevicesUnavailable ? e : collect(requests, e);
-    size_t nparts = nvp_par_begin(dst, s->base, n, part, 0);
+    size_t nparts = nvp_par_begin(dst, s->base, n, part, 0, 0);
     for (size_t k = 0; k < requests; k++) {
         struct nvp_reply r = {0};
         e = nvp_wait_pending(&r);
@@ -474,7 +474,7 @@ static cudaError_t staged_h2d(uint64_t dst, const char *src, size_t n, int64_t s
             if (e == cudaErrorDevicesUnavailable)
                 return e;
         }
-        nvp_par_memcpy(s->base + slot * s->slot_size, src + off, len);
+        nvp_par_memcpy(s->base + slot * s->slot_size, src + off, len, 1);
         uint64_t a[NVP_MAX_ARGS] = {dst + off, slot * s->slot_size, len, (uint64_t)stream, 0};
         e = nvp_send_pending(NVP_OP_STAGED_COPY, a);
         if (e)
@@ -517,7 +517,7 @@ static cudaError_t staged_d2h(char *dst, uint64_t src, size_t n, int64_t stream)
         if (e && !first)
             first = e;
         if (!first)
-            nvp_par_memcpy(dst + off, s->base + slot * s->slot_size, len);
+            nvp_par_memcpy(dst + off, s->base + slot * s->slot_size, len, 0);
         if (sent < chunks) { /* refill the slot just emptied */
             size_t o2 = sent * piece, l2 = n - o2 < piece ? n - o2 : piece;
             uint64_t a[NVP_MAX_ARGS] = {src + o2, slot * s->slot_size, l2, (uint64_t)stream, 1};

@@ -63,12 +63,14 @@ cudaError_t nvp_staging(struct nvp_staging **out);
 /* The common entry check of a runtime call: a proxy to talk to, no sticky error. */
 cudaError_t nvp_enter(void);
 /* ---- parcopy.c ---- */
-void nvp_par_memcpy(void *dst, const void *src, size_t n); /* memcpy on several threads when large */
+/* memcpy on several threads when large; for_dma: into staging memory a DMA reads next (nvp_copy_for_dma) */
+void nvp_par_memcpy(void *dst, const void *src, size_t n, int for_dma);
+void nvp_copy_for_dma(void *dst, const void *src, size_t n); /* memcpy with streaming stores (parcopy.c) */
 #define NVP_PAR_MAX_PARTS 128
 size_t nvp_par_part(size_t n); /* a good part size for a job of n bytes */
 /* a job of n bytes in parts of `part`, the first `ready` of them copyable now: how many parts (0: no job, the
  * caller copies alone; only one job at a time) */
-size_t nvp_par_begin(void *dst, const void *src, size_t n, size_t part, size_t ready);
+size_t nvp_par_begin(void *dst, const void *src, size_t n, size_t part, size_t ready, int for_dma);
 void nvp_par_ready(size_t parts); /* parts below this are copyable now */
 int nvp_par_done(size_t i);       /* part i has been copied */
 int nvp_par_help(void);           /* the caller copies a ready part: 1, or 0 if none is ready */
