@@ -281,3 +281,56 @@ def test_graph_launches_once_taught(setup) -> None:
     fast.set_capturing(True)  # while a capture is on, Python sees (and logs) everything
     assert fast.run(chan, bytearray(req(wire.NVP_OP_GRAPH_LAUNCH, 2, 9, 3, 0)), 2)[:2] == (fastpath.PYTHON, 0)
     fast.set_capturing(False)
+
+
+def _post(mb, msg: bytes, timeout: float = 5.0) -> None:
+    """What the shim does (transport.c post): a request into the mailbox's slot, once the proxy has it open."""
+    import time
+
+    end = time.monotonic() + timeout
+    while mb.slot != wire.NVP_SLOT_OPEN:
+        assert time.monotonic() < end, "the slot never opened"
+    ffi.memmove(wire.ffi.cast("uint8_t *", mb.req), msg, len(msg))
+    mb.slot_len = len(msg)
+    mb.slot = wire.NVP_SLOT_POSTED
+
+
+def test_serve_takes_requests_posted_in_the_mailbox(setup) -> None:
+    """The mailbox's request slot: C opens it while it serves, executes what is posted there in seq order
+    (replying through the mailbox too), leaves a request it cannot execute to Python, and closes it."""
+    fast, drv, chan, _peer = setup
+    mb = wire.ffi.new("struct nvp_mailbox *")
+    chan.mailbox = ffi.cast("void *", int(wire.ffi.cast("uintptr_t", mb)))
+
+    def thread() -> None:
+        _post(mb, launch_req(1))
+        _post(mb, req(wire.NVP_OP_STREAM_SYNC, 2, 3, reply=True, mailbox=True))
+        while mb.state != wire.NVP_MB_FULL:
+            pass
+        _post(mb, launch_req(3, kernel=99))  # never taught: Python's
+
+    t = threading.Thread(target=thread)
+    t.start()
+    why, left, seq = fast.serve(chan, bytearray(1 << 16), 0, 1, 2_000_000, 5_000_000)
+    t.join()
+    assert (why, left, seq) == (fastpath.PYTHON, 0, 3)
+    assert fast.side(chan) == launch_req(3, kernel=99)
+    assert drv.calls[0][0] == "launch" and drv.calls[-1] == ("stream_sync", STREAM)
+    assert (mb.state, mb.rep.err) == (wire.NVP_MB_FULL, 0)
+    assert mb.slot == wire.NVP_SLOT_CLOSED
+
+
+def test_a_posted_request_out_of_turn_goes_to_python(setup) -> None:
+    """A request posted before an earlier one (of this or another thread) arrived stays posted until C stops
+    polling, then goes to Python with the rest, which runs it in its turn."""
+    fast, drv, chan, _peer = setup
+    mb = wire.ffi.new("struct nvp_mailbox *")
+    chan.mailbox = ffi.cast("void *", int(wire.ffi.cast("uintptr_t", mb)))
+    t = threading.Thread(target=_post, args=(mb, launch_req(7)))
+    t.start()
+    why, left, seq = fast.serve(chan, bytearray(1 << 16), 0, 5, 20_000, 5_000_000)
+    t.join()
+    assert (why, left, seq) == (fastpath.PYTHON, 0, 5)
+    assert fast.side(chan) == launch_req(7) and chan.side_len == 0
+    assert drv.calls == []
+    assert mb.slot == wire.NVP_SLOT_CLOSED

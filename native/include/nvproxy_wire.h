@@ -241,10 +241,28 @@ struct nvp_rep {
 #define NVP_MB_EMPTY 0
 #define NVP_MB_SLEEPING 1
 #define NVP_MB_FULL 2
+/* The mailbox's request slot goes the other way, for one request of up to NVP_MB_REQ_MAX bytes (no descriptors):
+ * the proxy opens it (CLOSED -> OPEN) while its C loop polls it, that is while it serves the process's only
+ * calling thread (nvpf_serve); the thread writes a request there and moves OPEN -> POSTED by compare-and-swap
+ * (finding it CLOSED, it writes to the socket); the proxy takes the request and moves POSTED -> OPEN, and closes
+ * the slot when it stops polling (a request still POSTED then goes to Python with it).  Requests keep their seq,
+ * so one that comes through the slot before an earlier one through the socket is still executed after it.  The
+ * thread counts what it writes to the socket in sent, so the polling proxy reads the socket only when there is
+ * something (and every 50 us besides). */
+#define NVP_SLOT_CLOSED 0
+#define NVP_SLOT_OPEN 1
+#define NVP_SLOT_POSTED 2
+#define NVP_MB_REQ_MAX 3968
 struct nvp_mailbox {
     uint32_t state;
     uint32_t pad;
     struct nvp_rep rep;
+    uint8_t pad2[8];
+    uint32_t slot;     /* NVP_SLOT_* */
+    uint32_t slot_len; /* the posted request's bytes */
+    uint32_t sent;     /* requests the thread wrote to the socket (a proxy polling the slot reads it only then) */
+    uint8_t pad3[52];
+    uint8_t req[3968]; /* NVP_MB_REQ_MAX */
 };
 
 /* Device properties as the runtime builds them: the shim fills

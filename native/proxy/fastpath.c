@@ -434,11 +434,50 @@ EXPORT int nvpf_run(struct nvpf_chan *ch, const uint8_t *buf, size_t len, uint64
     return why;
 }
 
-EXPORT int nvpf_serve(struct nvpf_chan *ch, uint8_t *buf, size_t cap, size_t *len, uint64_t *next_seq,
-                      unsigned idle_us, unsigned budget_us)
+/* The request in the mailbox's slot, copied out (len bytes), the slot open again; 0 if none is posted. */
+#define SOCKET_POLL_NS 50000 /* with a mailbox: how often the loop reads the socket though `sent` did not move */
+
+static inline void cpu_relax(void)
 {
-    long start = now_ns(), last = start;
-    ch->nfds = 0;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static uint32_t take_posted(struct nvp_mailbox *mb, uint8_t *out)
+{
+    if (__atomic_load_n(&mb->slot, __ATOMIC_ACQUIRE) != NVP_SLOT_POSTED)
+        return 0;
+    uint32_t n = mb->slot_len; /* (the application's memory: a bad length gives Python a malformed message) */
+    n = n > NVP_MB_REQ_MAX ? NVP_MB_REQ_MAX : n < sizeof(struct nvp_req) ? sizeof(struct nvp_req) : n;
+    memcpy(out, mb->req, n);
+    __atomic_store_n(&mb->slot, NVP_SLOT_OPEN, __ATOMIC_RELEASE);
+    return n;
+}
+
+/* Stop polling the slot; a request still posted goes to Python, after any already in side (one C left for Python,
+ * which reopened the slot for the next before it knew: so side holds two at most). */
+static int close_slot(struct nvpf_chan *ch, int why)
+{
+    struct nvp_mailbox *mb = ch->mailbox;
+    uint32_t open = NVP_SLOT_OPEN;
+    if (mb && !__atomic_compare_exchange_n(&mb->slot, &open, NVP_SLOT_CLOSED, 0, __ATOMIC_SEQ_CST,
+                                           __ATOMIC_SEQ_CST)) {
+        ch->side_len += take_posted(mb, ch->side + ch->side_len);
+        __atomic_store_n(&mb->slot, NVP_SLOT_CLOSED, __ATOMIC_RELEASE);
+        if (why != NVPF_REPLY && why != NVPF_FDS)
+            why = NVPF_PYTHON;
+    }
+    return why;
+}
+
+static int serve(struct nvpf_chan *ch, uint8_t *buf, size_t cap, size_t *len, uint64_t *next_seq, unsigned idle_us,
+                 unsigned budget_us)
+{
+    long start = now_ns(), last = start, next_recv = 0;
+    struct nvp_mailbox *mb = ch->mailbox;
+    uint32_t seen = mb ? __atomic_load_n(&mb->sent, __ATOMIC_ACQUIRE) - 1 : 0; /* (read the socket at once) */
+    static _Alignas(16) uint8_t posted[NVP_MB_REQ_MAX];
     for (;;) {
         if (*len) {
             size_t used = 0;
@@ -453,9 +492,35 @@ EXPORT int nvpf_serve(struct nvpf_chan *ch, uint8_t *buf, size_t cap, size_t *le
             if (*len == cap) /* a message larger than the buffer: Python's grows */
                 return NVPF_PYTHON;
         }
+        /* the slot's request, when it is the next to run (an earlier one may still be in the socket) */
+        uint64_t seq;
+        if (mb && !*len && __atomic_load_n(&mb->slot, __ATOMIC_ACQUIRE) == NVP_SLOT_POSTED &&
+            (memcpy(&seq, mb->req + offsetof(struct nvp_req, seq), sizeof seq), seq == *next_seq)) {
+            uint32_t n = take_posted(mb, posted);
+            size_t used = 0;
+            int why = nvpf_run(ch, posted, n, next_seq, &used);
+            last = now_ns();
+            if (used < n) { /* Python's to execute */
+                memcpy(ch->side, posted, n);
+                ch->side_len = n;
+                return NVPF_PYTHON;
+            }
+            if (why != NVPF_MORE)
+                return why;
+            continue;
+        }
         long t = now_ns();
         if (t - last > (long)idle_us * 1000 || t - start > (long)budget_us * 1000)
             return NVPF_IDLE;
+        if (mb) { /* (small requests come through the slot: a recvmsg(2) per turn would delay them) */
+            uint32_t sent = __atomic_load_n(&mb->sent, __ATOMIC_ACQUIRE);
+            if (sent == seen && t < next_recv) {
+                cpu_relax();
+                continue;
+            }
+            seen = sent;
+            next_recv = t + SOCKET_POLL_NS;
+        }
         union {
             struct cmsghdr h;
             char space[CMSG_SPACE(sizeof(int) * NVPF_MAX_FDS)];
@@ -472,6 +537,8 @@ EXPORT int nvpf_serve(struct nvpf_chan *ch, uint8_t *buf, size_t cap, size_t *le
         }
         *len += (size_t)r;
         last = now_ns();
+        next_recv = 0; /* (the rest of a long message may follow) */
+        seen--;
         for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
             if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
                 continue;
@@ -482,4 +549,14 @@ EXPORT int nvpf_serve(struct nvpf_chan *ch, uint8_t *buf, size_t cap, size_t *le
         if (ch->nfds)
             return NVPF_FDS;
     }
+}
+
+EXPORT int nvpf_serve(struct nvpf_chan *ch, uint8_t *buf, size_t cap, size_t *len, uint64_t *next_seq,
+                      unsigned idle_us, unsigned budget_us)
+{
+    ch->nfds = 0;
+    ch->side_len = 0;
+    if (ch->mailbox)
+        __atomic_store_n(&((struct nvp_mailbox *)ch->mailbox)->slot, NVP_SLOT_OPEN, __ATOMIC_RELEASE);
+    return close_slot(ch, serve(ch, buf, cap, len, next_seq, idle_us, budget_us));
 }

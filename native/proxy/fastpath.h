@@ -69,6 +69,10 @@ struct nvpf_chan {
     /* out, with NVPF_FDS */
     int nfds;
     int fds[NVPF_MAX_FDS];
+    /* out, from nvpf_serve: requests (two at most, one after the other) the thread had posted in its mailbox's
+     * slot that C did not execute (Python executes them, in seq order) */
+    uint32_t side_len;
+    uint8_t side[7936]; /* 2 * NVP_MB_REQ_MAX */
 };
 
 int nvpf_init(const struct nvpf_driver *drv, unsigned spin_us, unsigned exclusive_spin_us);

@@ -133,6 +133,13 @@ class FastPath:
             ffi.release(view)
         return why, int(self._consumed[0]), int(self._seq[0])
 
+    @staticmethod
+    def side(chan: Any) -> bytes:
+        """The request nvpf_serve left for Python from the thread's mailbox (chan.side_len bytes); clears it."""
+        msg = bytes(ffi.buffer(chan.side, chan.side_len))
+        chan.side_len = 0
+        return msg
+
     def waiter(self, chan: Any) -> Any:
         """For a reply C left to Python: a function that waits as the call must, or None (reply at once)."""
         kind, h = chan.wait_kind, chan.wait_handle

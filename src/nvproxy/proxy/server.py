@@ -319,6 +319,8 @@ class Server:
                 ch.reply(None, fc.reply_err)
             else:
                 ch.defer(Deferred(wait))
+        if fc.side_len:  # requests the thread posted in its mailbox, for Python (their seq puts them in place)
+            self._side(ch, fast.side(fc))
         return why
 
     def _fast_run(self, ch: Channel) -> bool:
@@ -340,6 +342,20 @@ class Server:
                 ch.reply(None, fc.reply_err)
             else:
                 ch.defer(Deferred(wait))
+
+    def _side(self, ch: Channel, msgs: bytes) -> None:
+        off = 0
+        while off < len(msgs):
+            length, op, flags, seq, *args = REQ.unpack_from(msgs, off)
+            if length < HDR or off + length > len(msgs) or seq == 0:
+                print(f"nvproxy: malformed message in the mailbox of thread {ch.tid}; closing its channel",
+                      file=sys.stderr)
+                self._drop(ch)
+                return
+            self.tiebreak += 1
+            heapq.heappush(self.heap, (seq, self.tiebreak, ch, op, flags, tuple(args), msgs[off + HDR : off + length]))
+            off += length
+        self._execute_ready()
 
     def _consume(self, ch: Channel, one: bool = False) -> bool:
         """Parse ch's complete messages (one only if one) into the heap; whether any was."""
