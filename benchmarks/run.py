@@ -1,8 +1,9 @@
 """Run the microbenchmarks natively and through nvproxy, alternating, and write
 medians, nvproxy/native ratios, a markdown table and plots.
 
-    python benchmarks/run.py [--quick] [--reps N] [--backend gpu|sim] [--out DIR]
-(also `nvproxy bench`).  Ratios are the figures to read: the machines are noisy.
+    python benchmarks/run.py [--quick] [--reps N] [--backend gpu|sim] [--out DIR] [--variant NAME:VAR=VALUE,...]
+(also `nvproxy bench`).  Ratios are the figures to read: the machines are noisy.  A variant is nvproxy once more
+with other environment settings, in the same rounds (an A/B: `--variant sockets:NVPROXY_MAILBOX=0`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--native", action=argparse.BooleanOptionalAction, default=None,
                     help="also run natively (default: only with a GPU backend)")
     ap.add_argument("--out", default="bench-results")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME:VAR=VALUE,...",
+                    help="also run nvproxy with these environment settings, as column NAME (repeatable)")
     ap.add_argument("--checkpoint-sizes",
                     help="device memory to checkpoint and restore, e.g. 1,4,16,32 (GiB) or 8M (default: "
                          "1,4,16,32 on a GPU, 8M with --quick; 'none' skips)")
@@ -60,13 +63,15 @@ def main(argv: list[str] | None = None) -> int:
         proxied = [sys.executable, "-m", "nvproxy", "run", "--backend", backend,
                    "--sim-kernels", str(HERE / "microbench_sim.py"), "--", str(exe), *extra]
         samples: dict[tuple[str, int, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+        variants = [parse_variant(v) for v in args.variant]
         for rep in range(args.reps):
-            modes = [("native", [str(exe), *extra]), ("nvproxy", proxied)] if native else [("nvproxy", proxied)]
+            modes = [("native", [str(exe), *extra], env)] if native else []
+            modes += [("nvproxy", proxied, env)] + [(name, proxied, {**env, **more}) for name, more in variants]
             if rep % 2:
                 modes.reverse()  # alternate which goes first
-            for mode, cmd in modes:
+            for mode, cmd, mode_env in modes:
                 print(f"[{rep + 1}/{args.reps}] {mode}", file=sys.stderr, flush=True)
-                for rec in run_once(cmd, env):
+                for rec in run_once(cmd, mode_env):
                     samples[(rec["bench"], rec["param"], rec["unit"])][mode].append(rec["value"])
         ckpt_sizes = args.checkpoint_sizes or ("8M" if args.quick else "1,4,16,32" if backend == "gpu" else "none")
         if ckpt_sizes != "none":
@@ -78,18 +83,34 @@ def main(argv: list[str] | None = None) -> int:
             row[mode] = statistics.median(vals)
         if "native" in row and row["native"]:
             row["ratio"] = row["nvproxy"] / row["native"]
+            for name, _env in variants:
+                if name in row:
+                    row[f"{name}_ratio"] = row[name] / row["native"]
         rows.append(row)
-    (out / "results.json").write_text(json.dumps({"backend": backend, "reps": args.reps, "rows": rows}, indent=1))
-    lines = ["| benchmark | size | unit | native | nvproxy | nvproxy/native |", "|---|---:|---|---:|---:|---:|"]
+    (out / "results.json").write_text(json.dumps({"backend": backend, "reps": args.reps, "rows": rows,
+                                                  "variants": dict(variants)}, indent=1))
+    names = [name for name, _env in variants]
+    head = "| benchmark | size | unit | native | nvproxy | " + "".join(f"{n} | " for n in names) + "nvproxy/native |"
+    lines = [head + "".join(f" {n}/native |" for n in names), "|---|---:|---|" + "---:|" * (3 + 2 * len(names))]
     for r in rows:
         by_bytes = r["unit"] in ("GB/s", "s") or r["bench"] == "malloc_free"
         size = _size(r["param"]) if by_bytes else str(r["param"] or "")
         lines.append(f"| {r['bench']} | {size} | {r['unit']} | {_f(r.get('native'))} | {_f(r.get('nvproxy'))} | "
-                     f"{_f(r.get('ratio'))} |")
+                     + "".join(f"{_f(r.get(n))} | " for n in names) + f"{_f(r.get('ratio'))} |"
+                     + "".join(f" {_f(r.get(f'{n}_ratio'))} |" for n in names))
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     _plots(rows, out)
     return 0
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, str]]:
+    """"NAME:VAR=VALUE,VAR2=VALUE2" -> (NAME, {VAR: VALUE, ...})."""
+    name, _, settings = text.partition(":")
+    env = dict(kv.split("=", 1) for kv in settings.split(",") if kv)
+    if not name or name in ("native", "nvproxy") or not env or not all(env):
+        raise SystemExit(f"--variant {text!r}: expected NAME:VAR=VALUE[,VAR=VALUE...] (NAME not native/nvproxy)")
+    return name, env
 
 
 def _checkpoint_rows(samples: dict, td: Path, backend: str, sizes: str) -> None:

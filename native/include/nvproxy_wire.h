@@ -248,7 +248,7 @@ struct nvp_rep {
  * the slot when it stops polling (a request still POSTED then goes to Python with it).  Requests keep their seq,
  * so one that comes through the slot before an earlier one through the socket is still executed after it.  The
  * thread counts what it writes to the socket in sent, so the polling proxy reads the socket only when there is
- * something (and every 50 us besides). */
+ * something (and every 50 us besides); the proxy counts its replies on the socket in replied, for the same. */
 #define NVP_SLOT_CLOSED 0
 #define NVP_SLOT_OPEN 1
 #define NVP_SLOT_POSTED 2
@@ -261,7 +261,8 @@ struct nvp_mailbox {
     uint32_t slot;     /* NVP_SLOT_* */
     uint32_t slot_len; /* the posted request's bytes */
     uint32_t sent;     /* requests the thread wrote to the socket (a proxy polling the slot reads it only then) */
-    uint8_t pad3[52];
+    uint32_t replied;  /* replies the proxy wrote to the socket (a thread spinning on the mailbox reads it then) */
+    uint8_t pad3[48];
     uint8_t req[3968]; /* NVP_MB_REQ_MAX */
 };
 

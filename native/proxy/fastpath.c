@@ -254,6 +254,8 @@ static int reply(struct nvpf_chan *ch, int err)
     ssize_t n = send(ch->fd, &r, sizeof r, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n == (ssize_t)sizeof r) {
         ch->async_err = 0;
+        if (mb)
+            __atomic_fetch_add(&mb->replied, 1, __ATOMIC_RELEASE);
         return DONE;
     }
     if (n <= 0)
@@ -271,6 +273,8 @@ static int reply(struct nvpf_chan *ch, int err)
             break;
     }
     ch->async_err = 0;
+    if (mb)
+        __atomic_fetch_add(&mb->replied, 1, __ATOMIC_RELEASE);
     return DONE;
 }
 

@@ -74,7 +74,7 @@ static long take(void)
  * the CPU had just written with memcpy (its lines dirty in the CPU's caches) ran at 21-22 GB/s instead of the
  * 37-38 GB/s of memory written long before; after SSE2 streaming stores, which leave nothing in the caches, at
  * 37 GB/s, and the copy itself was no slower than memcpy's (13.9-17.2 GB/s on one thread; 256-bit streaming
- * stores ran at 6.3-7.0 there, flushing each line after memcpy at 4.6-5.3).  (.diag probe, session 14.) */
+ * stores ran at 6.3-7.0 there, flushing each line after memcpy at 4.6-5.3: benchmarks/probes). */
 void nvp_copy_for_dma(void *dst, const void *src, size_t n)
 {
 #if defined(__x86_64__)

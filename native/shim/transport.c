@@ -35,7 +35,7 @@
  * 55 GB/s), whose reply would otherwise pay a wake-up.  NVPROXY_SPIN_US overrides. */
 #define NVP_SPIN_NS 400000
 #define MAX_EXPECTED_NS 200000000ull /* the longest spin a caller's estimate may ask for */
-#define MAILBOX_RECV_EVERY_NS 5000 /* how often a thread spinning on its mailbox also tries its socket */
+#define MAILBOX_RECV_EVERY_NS 50000 /* how often a thread spinning on its mailbox tries its socket unasked */
 
 enum { ST_INIT = 0, ST_READY = 1, ST_DEAD = 2, ST_PAUSED = 3 /* checkpoint under way */ };
 
@@ -506,16 +506,19 @@ static int read_all_waiting(int fd, void *buf, size_t n, uint64_t spin, struct n
     /* Most replies come within tens of microseconds: poll the socket (and the
      * mailbox) for a short while before sleeping in poll(2), which costs a wake-up. */
     uint64_t t = now_ns(), spin_until = t + spin, next_recv = t;
+    uint32_t replied = mb ? __atomic_load_n(&mb->replied, __ATOMIC_ACQUIRE) : 0; /* (then a first recv below) */
     while (n > 0 && (t = now_ns()) < spin_until) {
         if (mb && p == (char *)buf) {
             if (from_mailbox(mb, buf))
                 return 0;
-            /* (a reply through the socket comes from Python, tens of microseconds away: a recv(2) per turn
-             * would only delay seeing the mailbox) */
-            if (t < next_recv) {
+            /* the socket only when the proxy says it wrote there (a recv(2) per turn would delay seeing the
+             * mailbox), and now and then besides */
+            uint32_t now = __atomic_load_n(&mb->replied, __ATOMIC_ACQUIRE);
+            if (now == replied && t < next_recv) {
                 nvp_cpu_relax();
                 continue;
             }
+            replied = now;
             next_recv = t + MAILBOX_RECV_EVERY_NS;
         }
         ssize_t r = recv(fd, p, n, MSG_DONTWAIT);

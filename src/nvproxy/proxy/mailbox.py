@@ -17,11 +17,20 @@ from . import fastpath, libc
 SIZE = wire.NVP_MAILBOX_BYTES
 
 
+REPLIED = wire.ffi.offsetof("struct nvp_mailbox", "replied")
+
+
 class Mailbox:
     """The mapped page and its memfd (kept: a migration hands it to the new proxy)."""
 
     def __init__(self, fd: int, addr: int) -> None:
         self.fd, self.addr = fd, addr
+        self._replied = libc.ffi.cast("volatile uint32_t *", addr + REPLIED)
+
+    def replied(self) -> None:
+        """A reply went over the socket: the thread, spinning on the mailbox, reads its socket now.  (Python's
+        waiter threads and C may count at once; a count lost so still changes the value, which is all it reads.)"""
+        self._replied[0] = (self._replied[0] + 1) & 0xFFFFFFFF
 
     def close(self) -> None:
         libc.unmap(self.addr, SIZE)

@@ -114,6 +114,9 @@ class Channel:
                 self.sock.sendall(data)
             except OSError:
                 self.closed = True
+            mb = self.mailbox
+            if mb is not None:
+                mb.replied()
 
     def reply(self, result: Any, err: int) -> None:
         if self._pending == 0:
@@ -154,10 +157,11 @@ class Channel:
                 self._pending -= 1
 
     def set_mailbox(self, mb: mailbox.Mailbox | None) -> None:
-        mailbox.plug(self.fast, mb)
-        if self.mailbox is not None:
-            self.mailbox.close()
-        self.mailbox = mb
+        with self._send_lock:  # (a waiter thread's reply counts in the old one: not once it is unmapped)
+            mailbox.plug(self.fast, mb)
+            old, self.mailbox = self.mailbox, mb
+        if old is not None:
+            old.close()
 
     def close(self) -> None:
         self.closed = True
