@@ -283,15 +283,16 @@ def test_graph_launches_once_taught(setup) -> None:
     fast.set_capturing(False)
 
 
-def _post(mb, msg: bytes, timeout: float = 5.0) -> None:
-    """What the shim does (transport.c post): a request into the mailbox's slot, once the proxy has it open."""
+def _post(mb, msg: bytes, timeout: float = 5.0, length: int | None = None) -> None:
+    """What the shim does (transport.c post): a request into the mailbox's slot, once the proxy has it open
+    (length: another slot_len than the message's)."""
     import time
 
     end = time.monotonic() + timeout
     while mb.slot != wire.NVP_SLOT_OPEN:
         assert time.monotonic() < end, "the slot never opened"
     ffi.memmove(wire.ffi.cast("uint8_t *", mb.req), msg, len(msg))
-    mb.slot_len = len(msg)
+    mb.slot_len = len(msg) if length is None else length
     mb.slot = wire.NVP_SLOT_POSTED
 
 
@@ -334,3 +335,33 @@ def test_a_posted_request_out_of_turn_goes_to_python(setup) -> None:
     assert fast.side(chan) == launch_req(7) and chan.side_len == 0
     assert drv.calls == []
     assert mb.slot == wire.NVP_SLOT_CLOSED
+
+
+def test_a_damaged_posted_request_reaches_python_as_malformed(setup, capsys) -> None:
+    """The slot is the application's memory: a length past the slot is cut to it, a damaged header goes to Python,
+    which closes that thread's channel (and only that)."""
+    from types import SimpleNamespace
+
+    from nvproxy.proxy.dispatch import Dispatcher  # noqa: F401  (the server's import order, as the proxy's)
+    from nvproxy.proxy.server import Server
+
+    fast, drv, chan, _peer = setup
+    mb = wire.ffi.new("struct nvp_mailbox *")
+    chan.mailbox = ffi.cast("void *", int(wire.ffi.cast("uintptr_t", mb)))
+    bad = struct.pack("<IHHQ", 5, wire.NVP_OP_LAUNCH, 0, 1) + b"\0" * 64  # impossible length, seq 1
+
+    t = threading.Thread(target=_post, args=(mb, bad), kwargs={"length": 1 << 30})
+    t.start()
+    why, _left, seq = fast.serve(chan, bytearray(1 << 16), 0, 1, 20_000, 5_000_000)
+    t.join()
+    side = fast.side(chan)
+    assert (why, seq, len(side)) == (fastpath.PYTHON, 1, wire.NVP_MB_REQ_MAX) and side.startswith(bad)
+    assert drv.calls == []
+    dropped = []
+    server = SimpleNamespace(heap=[], tiebreak=0, _drop=dropped.append, _execute_ready=lambda: None)
+    ch = SimpleNamespace(tid=7)
+    Server._side(server, ch, side)
+    assert dropped == [ch] and server.heap == []
+    assert "malformed message in the mailbox of thread 7" in capsys.readouterr().err
+    Server._side(server, ch, launch_req(2) + launch_req(3))  # two whole requests: both go to the heap, in order
+    assert [e[0] for e in sorted(server.heap)] == [2, 3]
