@@ -250,3 +250,22 @@ def test_proxy_takes_only_a_reply_mailbox_that_cannot_shrink(capfd) -> None:
     libc.buffer(mb.addr, 4)[:] = b"full"
     assert os.pread(sealed, 4, 0) == b"full"  # the application's page itself
     mb.close()
+
+
+def test_proxy_raises_its_descriptor_limit() -> None:
+    """Each application thread costs the proxy a socket and a mailbox memfd: it takes the hard limit of open files
+    rather than a soft 1024."""
+    import resource
+
+    from nvproxy.cli import _more_descriptors
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = 256 if hard == resource.RLIM_INFINITY else min(256, hard)
+    if low == hard:
+        pytest.skip(f"the hard limit of open files here is {hard}: nothing to raise")
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+        _more_descriptors()
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == (1 << 20 if hard == resource.RLIM_INFINITY else hard)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

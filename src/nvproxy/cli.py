@@ -46,9 +46,24 @@ def _hold_application_ranges(image: str) -> None:
             print(f"nvproxy: the application's pinned memory at {addr:#x} is taken in this proxy", file=sys.stderr)
 
 
+def _more_descriptors() -> None:
+    """Up to the hard limit of open files: every application thread's channel holds a socket and its mailbox's
+    memfd here (and a staging memfd once it copies pageable memory), and 1024 is a common soft limit."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 1 << 20 if hard == resource.RLIM_INFINITY else hard  # (1 << 20: Linux's default fs.nr_open)
+    if soft != resource.RLIM_INFINITY and want > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError):
+            pass  # (kept as it was)
+
+
 def cmd_proxy(args: argparse.Namespace) -> int:
     # started from a checkpointer's hook, the signal mask may block nearly everything
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    _more_descriptors()
     log = os.environ.get("NVPROXY_PROXY_LOG")
     if log:  # the proxy's own messages to a file rather than the application's stderr
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
