@@ -299,4 +299,17 @@ struct nvp_param {
 };
 /* CDEF-END */
 
+/* For a side spinning on a mailbox (the thread for its reply, the proxy for the slot): whether to read its socket
+ * now, that is whether the other side's count of socket writes (*count: replied or sent) moved since *seen, or
+ * `every` ns went by since the last read. */
+static inline int nvp_socket_due(const uint32_t *count, uint32_t *seen, uint64_t now, uint64_t *next, uint64_t every)
+{
+    uint32_t c = __atomic_load_n(count, __ATOMIC_ACQUIRE);
+    if (c == *seen && now < *next)
+        return 0;
+    *seen = c;
+    *next = now + every;
+    return 1;
+}
+
 #endif

@@ -478,7 +478,8 @@ static int close_slot(struct nvpf_chan *ch, int why)
 static int serve(struct nvpf_chan *ch, uint8_t *buf, size_t cap, size_t *len, uint64_t *next_seq, unsigned idle_us,
                  unsigned budget_us)
 {
-    long start = now_ns(), last = start, next_recv = 0;
+    long start = now_ns(), last = start;
+    uint64_t next_recv = 0;
     struct nvp_mailbox *mb = ch->mailbox;
     uint32_t seen = mb ? __atomic_load_n(&mb->sent, __ATOMIC_ACQUIRE) - 1 : 0; /* (read the socket at once) */
     static _Alignas(16) uint8_t posted[NVP_MB_REQ_MAX];
@@ -516,14 +517,10 @@ static int serve(struct nvpf_chan *ch, uint8_t *buf, size_t cap, size_t *len, ui
         long t = now_ns();
         if (t - last > (long)idle_us * 1000 || t - start > (long)budget_us * 1000)
             return NVPF_IDLE;
-        if (mb) { /* (small requests come through the slot: a recvmsg(2) per turn would delay them) */
-            uint32_t sent = __atomic_load_n(&mb->sent, __ATOMIC_ACQUIRE);
-            if (sent == seen && t < next_recv) {
-                cpu_relax();
-                continue;
-            }
-            seen = sent;
-            next_recv = t + SOCKET_POLL_NS;
+        /* (small requests come through the slot: a recvmsg(2) per turn would delay them) */
+        if (mb && !nvp_socket_due(&mb->sent, &seen, (uint64_t)t, &next_recv, SOCKET_POLL_NS)) {
+            cpu_relax();
+            continue;
         }
         union {
             struct cmsghdr h;

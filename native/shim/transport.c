@@ -513,13 +513,10 @@ static int read_all_waiting(int fd, void *buf, size_t n, uint64_t spin, struct n
                 return 0;
             /* the socket only when the proxy says it wrote there (a recv(2) per turn would delay seeing the
              * mailbox), and now and then besides */
-            uint32_t now = __atomic_load_n(&mb->replied, __ATOMIC_ACQUIRE);
-            if (now == replied && t < next_recv) {
+            if (!nvp_socket_due(&mb->replied, &replied, t, &next_recv, MAILBOX_RECV_EVERY_NS)) {
                 nvp_cpu_relax();
                 continue;
             }
-            replied = now;
-            next_recv = t + MAILBOX_RECV_EVERY_NS;
         }
         ssize_t r = recv(fd, p, n, MSG_DONTWAIT);
         if (r > 0) {
