@@ -365,3 +365,19 @@ def test_a_damaged_posted_request_reaches_python_as_malformed(setup, capsys) -> 
     assert "malformed message in the mailbox of thread 7" in capsys.readouterr().err
     Server._side(server, ch, launch_req(2) + launch_req(3))  # two whole requests: both go to the heap, in order
     assert [e[0] for e in sorted(server.heap)] == [2, 3]
+
+
+def test_what_follows_a_posted_request_goes_to_python_alone(setup) -> None:
+    """A slot whose length runs past its request: the request runs once, and only the bytes after it go to Python
+    (which finds them malformed)."""
+    fast, drv, chan, _peer = setup
+    mb = wire.ffi.new("struct nvp_mailbox *")
+    chan.mailbox = ffi.cast("void *", int(wire.ffi.cast("uintptr_t", mb)))
+    msg = launch_req(1) + b"\xee" * 40
+    t = threading.Thread(target=_post, args=(mb, msg))
+    t.start()
+    why, _left, seq = fast.serve(chan, bytearray(1 << 16), 0, 1, 20_000, 5_000_000)
+    t.join()
+    assert (why, seq) == (fastpath.PYTHON, 2)
+    assert fast.side(chan) == b"\xee" * 40
+    assert [c[0] for c in drv.calls] == ["launch"]

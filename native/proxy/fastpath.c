@@ -438,7 +438,6 @@ EXPORT int nvpf_run(struct nvpf_chan *ch, const uint8_t *buf, size_t len, uint64
     return why;
 }
 
-/* The request in the mailbox's slot, copied out (len bytes), the slot open again; 0 if none is posted. */
 #define SOCKET_POLL_NS 50000 /* with a mailbox: how often the loop reads the socket though `sent` did not move */
 
 static inline void cpu_relax(void)
@@ -448,6 +447,7 @@ static inline void cpu_relax(void)
 #endif
 }
 
+/* The request in the mailbox's slot, copied out (its length), the slot open again; 0 if none is posted. */
 static uint32_t take_posted(struct nvp_mailbox *mb, uint8_t *out)
 {
     if (__atomic_load_n(&mb->slot, __ATOMIC_ACQUIRE) != NVP_SLOT_POSTED)
@@ -505,10 +505,10 @@ static int serve(struct nvpf_chan *ch, uint8_t *buf, size_t cap, size_t *len, ui
             size_t used = 0;
             int why = nvpf_run(ch, posted, n, next_seq, &used);
             last = now_ns();
-            if (used < n) { /* Python's to execute */
-                memcpy(ch->side, posted, n);
-                ch->side_len = n;
-                return NVPF_PYTHON;
+            if (used < n) { /* Python's to execute (what was executed stays out of it) */
+                memcpy(ch->side, posted + used, n - used);
+                ch->side_len = (uint32_t)(n - used);
+                return why == NVPF_REPLY ? why : NVPF_PYTHON;
             }
             if (why != NVPF_MORE)
                 return why;
