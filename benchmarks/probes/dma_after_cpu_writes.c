@@ -3,6 +3,7 @@
  *   gcc -O2 -mavx2 -mclflushopt -mclwb -I/usr/local/cuda/include -o dma dma_after_cpu_writes.c -lcuda */
 #define _GNU_SOURCE
 #include "probe.h"
+#include "../../native/shim/stream_copy.h"
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -27,21 +28,6 @@ static void nt_copy(void *dst, const void *src, size_t n)
     _mm_sfence();
 }
 
-static void nt_copy_sse(void *dst, const void *src, size_t n)
-{
-    char *d = dst;
-    const char *s = src;
-    for (size_t i = 0; i < n; i += 64) {
-        __m128i a = _mm_loadu_si128((const __m128i *)(s + i)), b = _mm_loadu_si128((const __m128i *)(s + i + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32)), e = _mm_loadu_si128((const __m128i *)(s + i + 48));
-        _mm_stream_si128((__m128i *)(d + i), a);
-        _mm_stream_si128((__m128i *)(d + i + 16), b);
-        _mm_stream_si128((__m128i *)(d + i + 32), c);
-        _mm_stream_si128((__m128i *)(d + i + 48), e);
-    }
-    _mm_sfence();
-}
-
 static void copy_flush(void *dst, const void *src, size_t n, int wb)
 {
     memcpy(dst, src, n);
@@ -56,14 +42,7 @@ static void copy_flush(void *dst, const void *src, size_t n, int wb)
 
 int main(void)
 {
-    CUdevice dev;
-    CUcontext ctx;
-    CUstream st;
-    CK(cuInit(0));
-    CK(cuDeviceGet(&dev, 0));
-    CK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    CK(cuCtxSetCurrent(ctx));
-    CK(cuStreamCreate(&st, 0));
+    CUstream st = probe_start();
     size_t max = 4 << 20;
     int fd = memfd_create("p", 0);
     if (ftruncate(fd, (off_t)max))
@@ -90,7 +69,7 @@ int main(void)
                 else if (v == 2)
                     nt_copy(pin, s, n);
                 else if (v == 3)
-                    nt_copy_sse(pin, s, n);
+                    nvp_stream_copy(pin, s, n); /* (the shim's own loop) */
                 else if (v >= 4)
                     copy_flush(pin, s, n, v == 5);
                 double t1 = now_us();

@@ -1,4 +1,4 @@
-/* What the probes share: a driver-call check, a clock, a median's comparison. */
+/* What the probes share: a driver-call check, a clock, a median's comparison, device 0's context. */
 #ifndef PROBE_H
 #define PROBE_H
 #include <cuda.h>
@@ -26,5 +26,19 @@ static inline int cmpd(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
+}
+
+/* Device 0's primary context, made current, and a stream on it. */
+static inline CUstream probe_start(void)
+{
+    CUdevice dev;
+    CUcontext ctx;
+    CUstream st;
+    CK(cuInit(0));
+    CK(cuDeviceGet(&dev, 0));
+    CK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CK(cuCtxSetCurrent(ctx));
+    CK(cuStreamCreate(&st, CU_STREAM_DEFAULT));
+    return st;
 }
 #endif

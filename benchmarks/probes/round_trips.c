@@ -122,13 +122,7 @@ static void sockprobe(void)
 int main(void)
 {
     sockprobe();
-    CUdevice dev;
-    CUcontext ctx;
-    CK(cuInit(0));
-    CK(cuDeviceGet(&dev, 0));
-    CK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    CK(cuCtxSetCurrent(ctx));
-    CK(cuStreamCreate(&st, CU_STREAM_DEFAULT));
+    st = probe_start();
     size_t maxn = 64 << 20;
     void *hal;
     CK(cuMemHostAlloc(&hal, maxn, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));

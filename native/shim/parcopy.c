@@ -14,12 +14,10 @@
  * child, which starts its own.  NVPROXY_COPY_THREADS sets how many threads
  * copy (the caller included; 1 turns this off). */
 #include "shim.h"
+#include "stream_copy.h"
 
 #include <pthread.h>
 #include <signal.h>
-#if defined(__x86_64__)
-#include <emmintrin.h>
-#endif
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,36 +75,15 @@ static long take(void)
  * stores ran at 6.3-7.0 there, flushing each line after memcpy at 4.6-5.3: benchmarks/probes). */
 void nvp_copy_for_dma(void *dst, const void *src, size_t n)
 {
-#if defined(__x86_64__)
     static int on = -1; /* NVPROXY_STREAM_STORES=0: plain memcpy (to compare) */
     if (on < 0) {
         const char *v = getenv("NVPROXY_STREAM_STORES");
         on = !(v && !strcmp(v, "0"));
     }
-    if (!on) {
+    if (on)
+        nvp_stream_copy(dst, src, n);
+    else
         memcpy(dst, src, n);
-        return;
-    }
-    char *d = dst;
-    const char *s = src;
-    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
-    head = head < n ? head : n;
-    memcpy(d, s, head);
-    d += head, s += head, n -= head;
-    size_t body = n & ~(size_t)63;
-    for (size_t i = 0; i < body; i += 64) {
-        __m128i a = _mm_loadu_si128((const __m128i *)(s + i)), b = _mm_loadu_si128((const __m128i *)(s + i + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32)), e = _mm_loadu_si128((const __m128i *)(s + i + 48));
-        _mm_stream_si128((__m128i *)(d + i), a);
-        _mm_stream_si128((__m128i *)(d + i + 16), b);
-        _mm_stream_si128((__m128i *)(d + i + 32), c);
-        _mm_stream_si128((__m128i *)(d + i + 48), e);
-    }
-    _mm_sfence(); /* (streaming stores are weakly ordered: all of them land before the DMA is asked for) */
-    memcpy(d + body, s + body, n - body);
-#else
-    memcpy(dst, src, n);
-#endif
 }
 
 static void copy_part(size_t i)

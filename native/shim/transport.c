@@ -617,6 +617,24 @@ static int hello(int fd, int kind, struct nvp_rep *rep, int mbfd)
     return 0;
 }
 
+/* The HELLO of a new channel, with a new mailbox for it where mb_out is given (*mb_out: NULL if none could be
+ * made, or the HELLO failed).  0, or -1. */
+static int greet(int fd, int kind, struct nvp_rep *rep, struct nvp_mailbox **mb_out)
+{
+    int mbfd = -1;
+    struct nvp_mailbox *mb = mb_out ? new_mailbox(&mbfd) : NULL;
+    int r = hello(fd, kind, rep, mbfd);
+    if (mbfd >= 0)
+        close(mbfd); /* (the proxy has its own descriptor now; the mapping stays) */
+    if (r != 0 && mb) {
+        munmap(mb, NVP_MAILBOX_BYTES);
+        mb = NULL;
+    }
+    if (mb_out)
+        *mb_out = mb;
+    return r;
+}
+
 static int open_channel_locked_init(void)
 {
     /* the first channel of the process: find or start the proxy */
@@ -706,16 +724,9 @@ static int open_channel(int kind, struct nvp_rep *rep_out, struct nvp_mailbox **
     }
     pthread_mutex_unlock(&G.lock);
     struct nvp_rep rep;
-    int mbfd = -1;
-    struct nvp_mailbox *mb = fd >= 0 && mb_out ? new_mailbox(&mbfd) : NULL;
-    int ok = fd >= 0 && hello(fd, kind, &rep, mbfd) == 0;
-    if (mbfd >= 0)
-        close(mbfd); /* (the proxy has its own descriptor now; the mapping stays) */
     if (mb_out)
-        *mb_out = ok ? mb : NULL;
-    if (!ok) {
-        if (mb)
-            munmap(mb, NVP_MAILBOX_BYTES);
+        *mb_out = NULL;
+    if (fd < 0 || greet(fd, kind, &rep, mb_out) != 0) {
         if (fd >= 0)
             close_connected(fd, kind != NVP_CHAN_CALLBACK);
         return -1;
@@ -994,18 +1005,9 @@ static int replace_proxy(const char *image)
         nanosleep(&ts, NULL);
     }
     struct nvp_rep rep;
-    int mbfd = -1;
     drop_mailbox();
-    struct nvp_mailbox *mb = ok && fd >= 0 ? new_mailbox(&mbfd) : NULL;
-    ok = ok && fd >= 0 && hello(fd, NVP_CHAN_CALL, &rep, mbfd) == 0;
-    if (mbfd >= 0)
-        close(mbfd);
     T.unread = 0;
-    if (ok)
-        T.mb = mb;
-    else if (mb)
-        munmap(mb, NVP_MAILBOX_BYTES);
-    if (!ok) {
+    if (!ok || fd < 0 || greet(fd, NVP_CHAN_CALL, &rep, &T.mb) != 0) {
         if (fd >= 0)
             nvp_close_private(fd);
         G.state = ST_DEAD;
