@@ -1,6 +1,6 @@
 """Builds the two native libraries (plain C, no Python inside, no link against
 libcuda or libcudart; only the CUDA headers are needed): the LD_PRELOAD shim,
-and the proxy's native part (fast path, checksums), which Python loads
+and the proxy's native part (fast path, checksums, image file loading), which Python loads
 with cffi."""
 
 import os
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent
 SHIM = "nvproxy._native.libnvproxy"
 FAST = "nvproxy._native.libnvproxy_fast"
 HEADERS = [ROOT / "native" / "include" / "nvproxy_wire.h", ROOT / "native" / "proxy" / "fastpath.h",
-           ROOT / "native" / "proxy" / "checksum.h"]
+           ROOT / "native" / "proxy" / "checksum.h", ROOT / "native" / "proxy" / "fileload.h"]
 
 
 def cuda_include() -> str:
@@ -64,6 +64,7 @@ fast = Extension(
     sources=sorted(str(p.relative_to(ROOT)) for p in (ROOT / "native" / "proxy").glob("*.c")),
     include_dirs=["native/include", "native/proxy"],
     extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra", "-fvisibility=hidden"],
+    libraries=["pthread"],
 )
 
 setup(ext_modules=[shim, fast], cmdclass={"build_ext": BuildShim})

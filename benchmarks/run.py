@@ -127,14 +127,15 @@ def _checkpoint_rows(samples: dict, td: Path, backend: str, sizes: str) -> None:
             continue
         print(f"checkpoint {mib} MiB", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory() as images:
-            row = ckpt_run.measure(exe, mib, Path(images), backend)
+            row = ckpt_run.measure(exe, mib, Path(images), backend, 5.0 if backend == "gpu" else 0.5)
         if backend == "gpu":
             row.update(ckpt_run._cuda_checkpoint(exe, mib))
         if not row["verified"]:
             raise RuntimeError(f"checkpoint benchmark of {mib} MiB: the memory did not verify: {row}")
         size = mib << 20
         for bench, ours, theirs in (("ckpt_dump", "ckpt_copy_gbps", "cuda_checkpoint_suspend_gbps"),
-                                    ("ckpt_restore", "restore_gbps", "cuda_checkpoint_resume_gbps")):
+                                    ("ckpt_restore", "restore_gbps", "cuda_checkpoint_resume_gbps"),
+                                    ("ckpt_restore_file", "file_restore_gbps", "cuda_checkpoint_resume_gbps")):
             if row.get(ours) is not None:
                 samples[(bench, size, "GB/s")]["nvproxy"].append(row[ours])
             if row.get(theirs):
@@ -198,7 +199,8 @@ def _plots(rows: list[dict], out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out / "latency.png", dpi=120)
     if any(r["bench"] == "ckpt_dump" for r in rows):
-        fig, ax = lines(rows, ("ckpt_dump", "ckpt_restore"), {"native": "driver checkpoint", "nvproxy": "nvproxy"},
+        fig, ax = lines(rows, ("ckpt_dump", "ckpt_restore", "ckpt_restore_file"),
+                        {"native": "driver checkpoint", "nvproxy": "nvproxy"},
                         scale=2**30)
         ax.set_xlabel("GiB of device memory")
         ax.set_title("checkpoint: device memory out (dump) and back (restore)")

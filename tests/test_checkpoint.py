@@ -107,7 +107,8 @@ def test_migration_at_every_call(build, backend: str, app: str, tmp_path: Path) 
         assert r.stdout == reference.stdout, f"migrated at call {call} of {calls}: {r.stderr}"
 
 
-def test_damaged_image_is_refused(build, tmp_path: Path) -> None:
+@pytest.mark.parametrize("read", ["map", "bounce"])
+def test_damaged_image_is_refused(build, tmp_path: Path, read: str) -> None:
     exe = build("ckpt_steps")
     app = subprocess.Popen(nvproxy_cmd(exe, "sim", "ckpt_steps", "8", "100"), stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
@@ -139,7 +140,8 @@ try:
 except Exception as e:
     print(type(e).__name__, e)
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, NVPROXY_RESTORE_READ=read))
     assert "ImageError" in r.stdout and "checksum mismatch" in r.stdout, r.stdout + r.stderr
 
 

@@ -95,11 +95,15 @@ EXPORT uint64_t nvp_xxh64(const void *data, size_t len, uint64_t seed)
     return finish(v, seed, len, p, (const unsigned char *)data + len);
 }
 
-EXPORT uint64_t nvp_pread_xxh64(int fd, void *dst, size_t len, int64_t off, size_t piece, size_t *got)
+void nvp_xxh64_start(struct nvp_xxh64_state *s)
+{
+    *s = (struct nvp_xxh64_state){{P1 + P2, P2, 0, -P1}, 0};
+}
+
+size_t nvp_pread_xxh64_part(struct nvp_xxh64_state *s, int fd, void *dst, size_t len, int64_t off, size_t piece)
 {
     /* Each piece is summed right after it was read, while it is still in the cache: a
-     * separate pass over a whole chunk would read it from memory once more. */
-    uint64_t v[4] = {P1 + P2, P2, 0, -P1};
+     * separate pass over the whole part would read it from memory once more. */
     unsigned char *p = dst;
     piece = piece < 32 ? 32 : piece / 32 * 32;
     size_t done = 0;
@@ -109,15 +113,19 @@ EXPORT uint64_t nvp_pread_xxh64(int fd, void *dst, size_t len, int64_t off, size
             ssize_t r = pread(fd, p + done + have, want - have, (off_t)(off + (int64_t)(done + have)));
             if (r < 0 && errno == EINTR)
                 continue;
-            if (r <= 0) {
-                *got = done + have;
-                return 0;
-            }
+            if (r <= 0)
+                return done + have;
             have += (size_t)r;
         }
-        stripes(v, p + done, want);
+        stripes(s->v, p + done, want); /* (only the last piece of the last part may leave a tail: finished later) */
         done += want;
     }
-    *got = len;
-    return finish(v, 0, len, p + len / 32 * 32, p + len);
+    s->len += len;
+    return len;
+}
+
+uint64_t nvp_xxh64_end(const struct nvp_xxh64_state *s, const void *last, size_t n)
+{
+    const unsigned char *end = (const unsigned char *)last + n;
+    return finish(s->v, 0, s->len, end - n % 32, end);
 }

@@ -9,7 +9,17 @@
 
 /* CDEF-BEGIN */
 uint64_t nvp_xxh64(const void *data, size_t len, uint64_t seed);
-/* pread len bytes of fd at off into dst, piece bytes at a time, and return their XXH64
- * (seed 0); *got: the bytes read (fewer: end of file or an error, and the result is 0). */
-uint64_t nvp_pread_xxh64(int fd, void *dst, size_t len, int64_t off, size_t piece, size_t *got);
 /* CDEF-END */
+
+/* XXH64 (seed 0) of data that arrives by pread in parts (fileload.c): every part but the last a multiple of
+ * 32 bytes long. */
+struct nvp_xxh64_state {
+    uint64_t v[4];
+    uint64_t len;
+};
+void nvp_xxh64_start(struct nvp_xxh64_state *s);
+/* pread len bytes of fd at off into dst, piece bytes at a time, each piece summed while it is still in the
+ * cache; returns the bytes read (fewer: the end of the file, or an error) */
+size_t nvp_pread_xxh64_part(struct nvp_xxh64_state *s, int fd, void *dst, size_t len, int64_t off, size_t piece);
+/* the sum, the last part being the n bytes at last (still where they were read to) */
+uint64_t nvp_xxh64_end(const struct nvp_xxh64_state *s, const void *last, size_t n);

@@ -24,12 +24,4 @@ def checksum_at(addr: int, n: int) -> int:
     return int(_lib.nvp_xxh64(ffi.cast("void *", addr), n, 0))
 
 
-READ_PIECE = 256 << 10  # summed while still in the cache (a core's L2)
-
-
-def pread_checksum(fd: int, addr: int, n: int, off: int) -> tuple[int, int]:
-    """Read n bytes of fd at off into this process's memory at addr, summing them on the way:
-    (checksum, bytes read); fewer bytes read (the end of the file) make the checksum 0."""
-    got = ffi.new("size_t *")
-    crc = int(_lib.nvp_pread_xxh64(fd, ffi.cast("void *", addr), n, off, READ_PIECE, got))
-    return crc, int(got[0])
+READ_PIECE = 256 << 10  # an image file is read and summed this much at a time, while it is in a core's L2

@@ -175,6 +175,7 @@ def _dump_broken(state: ProcessState, himg: HostImage, t0: float) -> dict[str, A
 
 def _progress(what: str, done: int, total: int, t0: float) -> None:
     el = max(time.monotonic() - t0, 1e-9)
+    done = min(done, total)  # (a restore's count may include module variables, which the total leaves out)
     bar = "#" * int(30 * done / total)
     print(f"\rnvproxy {what}: [{bar:<30}] {done >> 20}/{total >> 20} MiB {done / el / 1e9:.1f} GB/s",
           end="\n" if done == total else "", file=sys.stderr, flush=True)

@@ -22,22 +22,19 @@ from .dump import PROGRESS_OVER, _progress
 from .hostimage import HostImage
 from .image import ImageError, parse_header, read_header
 
-BOUNCE_FROM = 8 << 30  # (H200, tmpfs image: 4 GiB mapped 0.56-0.65 s, bounced 0.68-0.80; 16 GiB 2.6-3.3 s / 2.1-2.2)
 
-
-def read_mode(device_bytes: int) -> str:
-    """How an image file is read: NVPROXY_RESTORE_READ (map, bounce), by default mapping smaller
-    images (registering their pages costs less than copying them) and bouncing larger ones."""
-    mode = os.environ.get("NVPROXY_RESTORE_READ", "auto")
-    if mode in ("map", "bounce"):
-        return mode
-    return "bounce" if device_bytes >= BOUNCE_FROM else "map"
+def read_mode() -> str:
+    """How an image file is read: through bounce slots by the native loader (16 GiB from tmpfs at 21-23 GB/s
+    on the H200, 4 GiB at 13.5 including making device memory), or with NVPROXY_RESTORE_READ=map mapped and
+    registered, its pages going to the device as they are (registering them made that 5.5 GB/s at 4 GiB,
+    9.4 at 16)."""
+    mode = os.environ.get("NVPROXY_RESTORE_READ", "bounce")
+    return mode if mode in ("map", "bounce") else "bounce"
 
 
 class _FileImage:
-    """An image file: mapped and registered, so that its pages go to the device as they
-    are, or (larger images, NVPROXY_RESTORE_READ=bounce, or where registering it fails) read through
-    pinned bounce slots."""
+    """An image file: read through pinned bounce slots, or (NVPROXY_RESTORE_READ=map) mapped and
+    registered, so that its pages go to the device as they are (where registering it fails: bounce slots)."""
 
     def __init__(self, path: str) -> None:
         self.what = path
@@ -48,8 +45,9 @@ class _FileImage:
     def read(self, off: int, n: int) -> bytes:
         return os.pread(self.fd, n, off)
 
-    def loader(self, m: transfer.Mover) -> tuple[Any, Any]:
-        if self.mapped is None and read_mode(self.device_bytes()) == "map":
+    def loader(self, m: transfer.Mover, progress: Callable[[int], None] | None) -> tuple[Any, Any, Any]:
+        """(load, finish, close); progress(bytes loaded by this loader so far), if given, is called now and then."""
+        if self.mapped is None and read_mode() == "map":
             try:
                 self.mapped = transfer.MappedFile(m.backend, m.dev, self.fd)
             except (OSError, CudaError) as e:
@@ -57,17 +55,9 @@ class _FileImage:
         if self.mapped is not None:
             mf = self.mapped
             return (lambda va, n, off, crcs, what: transfer.host_to_device(m, mf, va, n, off, crcs, what)), (
-                lambda: None)
-        b = transfer.Bounce(m, self.device_bytes())
-        fl = self.reader = transfer.FileLoader(b, self.fd)
-
-        def done() -> None:
-            try:
-                fl.finish()
-            finally:
-                b.close()
-
-        return fl.load, done
+                lambda: None), (lambda: None)
+        fl = self.reader = transfer.FileLoader(m, self.fd, self.device_bytes(), progress)
+        return fl.load, fl.finish, fl.close
 
     def device_bytes(self) -> int:
         return sum(r["size"] for r in self.header["regions"] if r["kind"] in ("mem", "var"))
@@ -94,9 +84,9 @@ class _MemoryImage:
             return b""
         return bytes(self.himg.view(off, n))
 
-    def loader(self, m: transfer.Mover) -> tuple[Any, Any]:
+    def loader(self, m: transfer.Mover, progress: Callable[[int], None] | None) -> tuple[Any, Any, Any]:
         return (lambda va, n, off, crcs, what: transfer.host_to_device(m, self.himg, va, n, off, crcs, what)), (
-            lambda: None)
+            lambda: None), (lambda: None)
 
     def close(self) -> None:
         pass
@@ -167,7 +157,9 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
         free, _t = be.mem_info(dev)
         if need > free:
             raise ImageError(f"device {dev} has {free >> 20} MiB free; the image needs {need >> 20} MiB")
+        phase("device_checks")
         d = state.device(dev)
+        phase("device_context")
         if d.arena.base != desc["arena_base"]:
             raise ImageError(f"device {dev}'s arena landed at {d.arena.base:#x}, not {desc['arena_base']:#x}")
         for peer, owner in h.get("peer_grants", []):  # (its memory is mapped for them too)
@@ -237,7 +229,9 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
     for desc in h["devices"]:
         dev = desc["index"]
         m = transfer.Mover(be, dev)
-        load, cleanup = img.loader(m)
+        load, finish, close = img.loader(m, (lambda n, base=done: _progress("restore", base + n, total, t0))
+                                   if total > PROGRESS_OVER else None)
+        loads_later = isinstance(img, _FileImage) and img.mapped is None  # (its load() only lists chunks)
         try:
             for r in h["regions"]:
                 if r.get("dev") != dev:
@@ -247,7 +241,7 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
                 elif r["kind"] == "mem":
                     load(r["va"], r["size"], r["offset"], r["crcs"], f"memory {r['va']:#x}")
                     done += r["size"]
-                    if total > PROGRESS_OVER:
+                    if total > PROGRESS_OVER and not loads_later:
                         _progress("restore", done, total, t0)
                 elif r["kind"] == "var":
                     va, n = be.global_get(state.module(dev, r["module"]), r["name"])
@@ -262,13 +256,17 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
                         raise ImageError(f"CUDA array {r['id']}: checksum mismatch; the image is damaged")
                     rec = state.arrays[r["id"]]
                     be.array_write(rec.handle, rec.shape(), data)
+            phase("contents")
+            finish()
+            phase("contents_loaded")
         finally:
-            cleanup()
+            close()
             m.close()
         be.device_sync(dev)
+        phase("contents_let_go")
         state.set_times_before(dev, before.get(dev, {}))
     be.put_text(bytes.fromhex(h.get("printf_text", "")))  # (the next reply carries it, as the call it waited for)
-    phase("contents")
+    phase("contents_let_go")
 
 
 def _check_backend(h: dict[str, Any], be: Any) -> None:

@@ -7,7 +7,7 @@
   as pinned memory piece by piece, ahead of the copies (no copy on the host:
   the file's page-cache or tmpfs pages go to the device as they are).
 - FileLoader: from an image file, through pinned bounce slots, reading and
-  verifying on the pool while earlier chunks go to the device.
+  verifying on native threads while earlier chunks go to the device.
 Every chunk's checksum is verified before the chunk reaches the device."""
 
 from __future__ import annotations
@@ -15,14 +15,13 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import deque
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from ..errors import CudaError
 from ..proxy import libc
-from .checksum import checksum_at, pread_checksum
+from . import fileload
+from .checksum import READ_PIECE, checksum_at
 from .image import CHUNK, ImageError
 
 SLOTS = 16
@@ -183,26 +182,22 @@ class MappedFile:
 
 
 class Bounce:
-    """Up to SLOTS pinned chunks, for images that come from a file.  Their pages are new
-    (2-3 GB/s to make in the H200's VM as 4 KiB pages; huge pages where the kernel gives them), so slots
-    are made and registered on MAKERS
-    threads of their own, and each is handed out as soon as it is made.  A slot whose
-    chunk is being copied to the device comes back once its event says the copy is
-    done: only the thread that takes slots ever waits for a copy (an event wait spins,
-    and spinning threads took the CPUs the reads needed)."""
+    """Pinned bounce slots of SLOT bytes, for images that come from a file: enough for every reader
+    to read into one while earlier pieces go to the device.  Their pages are new (what a fresh
+    proxy is slowest to get: 1 GiB of 64 MiB slots took 1-2 s to make in the H200's VM while
+    an image was read), so there are few, made and registered on MAKERS threads of their own
+    while the loader runs, which uses each slot once its state says it is made."""
 
     MAKERS = 2  # (populating and registering new memory ran at 8 GB/s on one thread there, 22 on two)
+    SLOT = 4 << 20  # (16 GiB from tmpfs: 1 MiB slots 0.77 s, 4 MiB 0.59-0.67, 16 MiB 0.68: H200, 40 slots each)
 
-    def __init__(self, m: Mover, image_bytes: int) -> None:
-        """image_bytes: no more slots than the image has chunks (new pinned memory costs 0.35 s per GiB there)."""
+    def __init__(self, m: Mover, image_bytes: int, readers: int) -> None:
+        """image_bytes: no more slots than the image has pieces."""
         self.m = m
-        self.slots = max(2, min(SLOTS, -(-image_bytes // CHUNK)))
-        self.size = self.slots * CHUNK
+        self.slots = max(2, min(2 * readers + 8, -(-image_bytes // self.SLOT)))
+        self.size = self.slots * self.SLOT
         self.addr, self._base, self._mapped = libc.map_private_huge(self.size)
-        self._cond = threading.Condition()
-        self._free: list[int] = []  # made and unused
-        self._copying: deque[int] = deque()  # in a copy to the device, whose event is m.events[slot]
-        self._made = 0
+        self.state = fileload.slot_states(self.slots)
         self.registered: list[int] = []
         self.failed: BaseException | None = None
         self._makers = [threading.Thread(target=self._make, args=(k,), name="nvproxy-bounce", daemon=True)
@@ -211,118 +206,92 @@ class Bounce:
             t.start()
 
     def _make(self, first: int) -> None:
+        mine = range(first, self.slots, self.MAKERS)
+        made = 0
         try:
             self.m.backend.activate(self.m.dev)
-            for i in range(first, self.slots, self.MAKERS):
+            for i in mine:
                 if self.failed is not None:
                     break
-                libc.populate(self.slot(i), CHUNK)
-                self.m.backend.host_register(self.slot(i), CHUNK)
-                with self._cond:
-                    self.registered.append(i)
-                    self._free.append(i)
-                    self._cond.notify()
-        except BaseException as e:  # (reported to whoever waits for a slot)
+                libc.populate(self.slot(i), self.SLOT)
+                self.m.backend.host_register(self.slot(i), self.SLOT)
+                self.registered.append(i)
+                self.state[i] = fileload.SLOT_READY
+                made += 1
+        except BaseException as e:  # (the loader goes on with the slots made, or reports that none could be)
             self.failed = e
         finally:
-            with self._cond:
-                self._made += 1
-                self._cond.notify_all()
+            for i in mine[made:]:
+                self.state[i] = fileload.SLOT_FAILED
 
     def slot(self, i: int) -> int:
-        return self.addr + i * CHUNK
-
-    def take(self) -> int:
-        """A slot to fill: a free one, else the one whose copy began first, once that copy is done."""
-        with self._cond:
-            while not self._free and not self._copying:
-                if self._made == self.MAKERS and not self.registered:
-                    raise ImageError(f"pinned bounce memory for the restore could not be made: {self.failed}")
-                self._cond.wait()
-            if self._free:
-                return self._free.pop()
-            i = self._copying.popleft()
-        self.m.backend.event_sync(self.m.events[i])
-        return i
-
-    def copying(self, i: int) -> None:
-        """Slot i's copy to the device was issued (and its event recorded after it)."""
-        with self._cond:
-            self._copying.append(i)
-            self._cond.notify()
-
-    def give(self, i: int) -> None:
-        """Slot i was not used after all."""
-        with self._cond:
-            self._free.append(i)
-            self._cond.notify()
+        return self.addr + i * self.SLOT
 
     def close(self) -> None:
         self.failed = self.failed or ImageError("closed")
         for t in self._makers:
             t.join()
-        self.m.sync()
-        self.m.backend.activate(self.m.dev)
+        self.m.backend.activate(self.m.dev)  # (no copy from a slot is still running: the loader waited for all)
         for i in self.registered:
-            self.m.backend.host_unregister(self.slot(i), CHUNK)
+            self.m.backend.host_unregister(self.slot(i), self.SLOT)
         libc.unmap(self._base, self._mapped)
 
 
+READERS = min(16, os.cpu_count() or 4)
+
+
 class FileLoader:
-    """Regions of an image file to the device through the bounce slots.  Each chunk is
-    one task on the pool: read the chunk into its slot and sum it (pread of a tmpfs file
-    into pinned memory ran at 4 GB/s on one thread, 34 on sixteen there), check the sum
-    and issue its copy to the device.  Chunks go in any order, so one slow read holds up
-    nothing but itself.  load() returns with chunks in flight; finish() waits for all."""
+    """Regions of an image file to the device through bounce slots, by the native loader
+    (fileload.py): READERS threads read and sum chunks into free slots, a piece at a time (pread
+    of a tmpfs file into pinned memory ran at 4 GB/s on one thread, 34 on sixteen there), and this
+    thread issues the pieces' copies.  load() lists a region's chunks; finish() moves them all."""
 
-    def __init__(self, b: Bounce, fd: int) -> None:
-        self.b, self.fd = b, fd
-        self.moves: list[Future] = []
-        self.failed = False
-        self.spent = {"slot_wait": 0.0, "read_and_sum": 0.0}
-        self._spent_lock = threading.Lock()  # (the moving threads add to it)
-
-    def _move(self, i: int, at: int, n: int, va: int, crc: int, what: str, k: int) -> None:
-        m, be = self.b.m, self.b.m.backend
-        t0 = time.monotonic()
-        try:
-            got_crc, got = pread_checksum(self.fd, self.b.slot(i), n, at)
-            if got != n:
-                raise ImageError(f"{what}: the image is truncated")
-            if got_crc != crc:
-                raise ImageError(f"{what}: checksum mismatch in chunk {k}; the image is damaged")
-            be.activate(m.dev)
-            s = m.streams[i % len(m.streams)]
-            be.memcpy(va, self.b.slot(i), n, s)
-            be.event_record(m.events[i], s, 0)
-        except BaseException:
-            self.failed = True
-            self.b.give(i)
-            raise
-        self.b.copying(i)
-        with self._spent_lock:  # (summed over the threads: where a restore's time goes)
-            self.spent["read_and_sum"] += time.monotonic() - t0
+    def __init__(self, m: Mover, fd: int, image_bytes: int, progress: Callable[[int], None] | None = None) -> None:
+        self.b = Bounce(m, image_bytes, READERS)
+        self.fd, self.progress = fd, progress
+        self.events = [m.backend.event_create(m.dev, _DISABLE_TIMING) for _ in range(self.b.slots)]
+        self.chunks: list[tuple[int, int, int, int]] = []  # (file offset, device address, size, checksum)
+        self.names: list[tuple[str, int]] = []  # (region, chunk in it): for messages
+        self.spent: dict[str, float] = {}
 
     def load(self, va: int, size: int, file_off: int, crcs: list[int], what: str) -> None:
         chunks = _chunks(size)
         if len(chunks) != len(crcs):
             raise ImageError(f"{what}: the image lists {len(crcs)} chunks, the region has {len(chunks)}")
         for k, (off, n) in enumerate(chunks):
-            if self.failed:
-                break  # (finish() reports why)
-            t = time.monotonic()
-            i = self.b.take()
-            self.spent["slot_wait"] += time.monotonic() - t
-            self.moves.append(self.b.m.pool.submit(self._move, i, file_off + off, n, va + off, crcs[k], what, k))
+            self.chunks.append((file_off + off, va + off, n, crcs[k]))
+            self.names.append((what, k))
 
     def finish(self) -> None:
-        try:
-            for f in self.moves:
-                f.result()
-            self.b.m.sync()
-        except CudaError as e:
-            raise ImageError(f"copying the image to the device failed (CUDA error {e.code})") from None
-        finally:  # (after a failure: no task may still be writing a slot when the slots go)
-            for f in self.moves:
-                f.cancel()
-            wait(self.moves)
+        m, be = self.b.m, self.b.m.backend
+        be.activate(m.dev)
+        t = time.monotonic()
+        r = fileload.run(self.fd, self.chunks, self.b.addr, self.b.SLOT, self.b.state,
+                         [be.handle_value(e) for e in self.events], [be.handle_value(s) for s in m.streams],
+                         be.fast_driver(), READERS, READ_PIECE, self.progress)
+        self.spent = {"load": time.monotonic() - t, "read_and_sum": r.read_s, "slot_wait": r.slot_wait_s,
+                      "copies_in_flight": r.flight_s}
+        what, k = self.names[r.bad_chunk] if r.bad_chunk >= 0 else ("the image", 0)
+        if r.why == fileload.SHORT:
+            raise ImageError(f"{what}: the image is truncated")
+        if r.why == fileload.MISMATCH:
+            raise ImageError(f"{what}: checksum mismatch in chunk {k}; the image is damaged")
+        if r.why == fileload.CUDA:
+            raise ImageError(f"copying the image to the device failed (CUDA error {r.err})")
+        if r.why == fileload.NO_SLOTS:
+            raise ImageError(f"pinned bounce memory for the restore could not be made: {self.b.failed}")
+        if r.why != fileload.OK:
+            raise ImageError(f"reading the image: no reader thread could start ({os.strerror(r.err)})")
+
+    def close(self) -> None:
+        """After finish(), or instead of it: the slots go, on a thread of their own (unregistering 640 MiB of
+        pinned memory took 0.95 s once on the H200's VM, 0.006 s another time: the restore need not wait)."""
+        b, events = self.b, self.events
+        self.events = []
+
+        def let_go() -> None:
+            b.close()
+            for e in events:
+                b.m.backend.event_destroy(e)
+
+        threading.Thread(target=let_go, name="nvproxy-bounce-close", daemon=True).start()

@@ -1,0 +1,187 @@
+"""The native image-file loader (native/proxy/fileload.c) against a driver double
+whose copies happen only when their event is asked about: a slot used again before
+its copy was done would put the wrong bytes on the "device", and these tests see it.
+(Restores from image files on the sim backend and the GPU run the same code.)"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from nvproxy.checkpoint import fileload
+from nvproxy.checkpoint.checksum import checksum
+from nvproxy.checkpoint.fileload import ffi
+
+NOT_READY = 600
+SLOT = 1024  # (chunks are up to four slots long: read and copied a slot at a time)
+
+
+class Driver:
+    """Copies wait in their stream until an event recorded after them is queried (the second time) or synced."""
+
+    def __init__(self, fail_copy_at: int = -1) -> None:
+        self.queued: dict[int, list[tuple[int, int, int]]] = {}
+        self.events: dict[int, tuple[list[tuple[int, int, int]], int]] = {}  # event -> (copies, queries left)
+        self.copies: list[tuple[int, int, int]] = []
+        self.fail_copy_at = fail_copy_at
+        self.lock = threading.Lock()
+        self._cbs = []
+        template = ffi.new("struct nvpl_load *")
+        impl = {"memcpy_async": self.memcpy, "event_record": self.record, "event_query": self.query,
+                "event_sync": self.sync}
+        self.table = {}
+        for name, fn in impl.items():
+            cb = ffi.callback(ffi.typeof(getattr(template, name)), fn)
+            self._cbs.append(cb)
+            self.table[name] = int(ffi.cast("uintptr_t", cb))
+
+    def memcpy(self, dst: int, src: int, n: int, stream: object) -> int:
+        with self.lock:
+            if len(self.copies) == self.fail_copy_at:
+                return 700  # (an illegal address, say)
+            self.copies.append((dst, src, n))
+            self.queued.setdefault(int(ffi.cast("uintptr_t", stream)), []).append((dst, src, n))
+        return 0
+
+    def record(self, event: object, stream: object, _flags: int) -> int:
+        with self.lock:
+            self.events[int(ffi.cast("uintptr_t", event))] = (self.queued.pop(int(ffi.cast("uintptr_t", stream)),
+                                                                                []), 1)
+        return 0
+
+    def _complete(self, e: int) -> None:
+        for dst, src, n in self.events.pop(e, ([], 0))[0]:
+            ctypes.memmove(dst, src, n)
+
+    def query(self, event: object) -> int:
+        e = int(ffi.cast("uintptr_t", event))
+        with self.lock:
+            copies, left = self.events.get(e, ([], 0))
+            if left > 0:
+                self.events[e] = (copies, left - 1)
+                return NOT_READY
+            self._complete(e)
+        return 0
+
+    def sync(self, event: object) -> int:
+        with self.lock:
+            self._complete(int(ffi.cast("uintptr_t", event)))
+        return 0
+
+
+class Setup:
+    def __init__(self, tmp_path: Path, nchunks: int = 40, nslots: int = 3) -> None:
+        rng = random.Random(7)
+        self.sizes = [rng.choice([4 * SLOT, SLOT, 3000, 1, 33]) for _ in range(nchunks)]
+        self.data = bytes(rng.getrandbits(8) for _ in range(sum(self.sizes) + 512))
+        self.path = tmp_path / "image"
+        self.path.write_bytes(self.data)
+        self.device = ctypes.create_string_buffer(len(self.data))
+        self.slots = ctypes.create_string_buffer(nslots * SLOT)
+        self.states = fileload.slot_states(nslots)
+        self.nslots = nslots
+        base = ctypes.addressof(self.device)
+        self.chunks = []
+        off = 256  # (file offsets and device addresses differ: each chunk must go to its own place)
+        for n in self.sizes:
+            self.chunks.append((off, base + off - 256, n, checksum(self.data[off : off + n])))
+            off += n
+
+    def run(self, driver: Driver, readers: int = 4, **kw: object) -> fileload.Outcome:
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            return fileload.run(fd, self.chunks, ctypes.addressof(self.slots), SLOT, self.states,
+                                [0x1000 + i for i in range(self.nslots)], [0x5000, 0x5001], driver.table,
+                                readers, 256, **kw)  # type: ignore[arg-type]
+        finally:
+            os.close(fd)
+
+    def on_device(self) -> bytes:
+        return self.device.raw[: sum(self.sizes)]
+
+    def expected(self) -> bytes:
+        return self.data[256 : 256 + sum(self.sizes)]
+
+
+@pytest.mark.parametrize("readers", [1, 4])
+def test_every_chunk_lands_in_its_place(tmp_path: Path, readers: int) -> None:
+    s = Setup(tmp_path)
+    for i in range(s.nslots):
+        s.states[i] = fileload.SLOT_READY
+    seen: list[int] = []
+    d = Driver()
+    r = s.run(d, readers, progress=seen.append)
+    assert (r.why, r.bad_chunk) == (fileload.OK, -1)
+    assert s.on_device() == s.expected()
+    assert len(d.copies) == sum(-(-n // SLOT) for n in s.sizes)
+    assert seen[-1] == sum(s.sizes)
+
+
+def test_slots_made_while_it_runs_and_one_that_failed(tmp_path: Path) -> None:
+    """Slots become usable as their makers finish; a slot that could not be made is left alone."""
+    s = Setup(tmp_path, nslots=4)
+    s.states[3] = fileload.SLOT_FAILED
+
+    def make() -> None:
+        for i in range(3):
+            time.sleep(0.05)
+            s.states[i] = fileload.SLOT_READY
+
+    t = threading.Thread(target=make)
+    t.start()
+    d = Driver()
+    r = s.run(d)
+    t.join()
+    assert r.why == fileload.OK
+    assert s.on_device() == s.expected()
+    used = {src for _dst, src, _n in d.copies}
+    assert ctypes.addressof(s.slots) + 3 * SLOT not in used
+    assert r.slot_wait_s > 0.04
+
+
+def test_a_damaged_chunk_is_named_and_its_last_piece_never_copied(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
+    for i in range(s.nslots):
+        s.states[i] = fileload.SLOT_READY
+    k = next(i for i, n in enumerate(s.sizes) if n > 2 * SLOT)
+    off, va, n, crc = s.chunks[k]
+    s.chunks[k] = (off, va, n, crc ^ 1)
+    d = Driver()
+    r = s.run(d)
+    assert (r.why, r.bad_chunk) == (fileload.MISMATCH, k)
+    assert all(dst != va + n - SLOT for dst, _src, _n in d.copies)
+
+
+def test_a_file_that_ends_early(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
+    for i in range(s.nslots):
+        s.states[i] = fileload.SLOT_READY
+    off, va, n, crc = s.chunks[-1]
+    s.chunks[-1] = (len(s.data) - 10, va, n + 100, crc)
+    r = s.run(Driver())
+    assert (r.why, r.bad_chunk) == (fileload.SHORT, len(s.chunks) - 1)
+
+
+def test_no_slot_could_be_made(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
+    for i in range(s.nslots):
+        s.states[i] = fileload.SLOT_FAILED
+    d = Driver()
+    r = s.run(d)
+    assert r.why == fileload.NO_SLOTS and d.copies == []
+
+
+def test_a_failed_copy_stops_the_load(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
+    for i in range(s.nslots):
+        s.states[i] = fileload.SLOT_READY
+    d = Driver(fail_copy_at=5)
+    r = s.run(d)
+    assert (r.why, r.err) == (fileload.CUDA, 700)
+    assert len(d.copies) == 5
