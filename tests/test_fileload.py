@@ -6,6 +6,7 @@ its copy was done would put the wrong bytes on the "device", and these tests see
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import random
 import threading
@@ -165,7 +166,16 @@ def test_a_file_that_ends_early(tmp_path: Path) -> None:
     off, va, n, crc = s.chunks[-1]
     s.chunks[-1] = (len(s.data) - 10, va, n + 100, crc)
     r = s.run(Driver())
-    assert (r.why, r.bad_chunk) == (fileload.SHORT, len(s.chunks) - 1)
+    assert (r.why, r.err, r.bad_chunk) == (fileload.SHORT, 0, len(s.chunks) - 1)
+
+
+def test_a_read_that_fails_is_told_from_an_end_of_file(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
+    for i in range(s.nslots):
+        s.states[i] = fileload.SLOT_READY
+    s.path = tmp_path  # (a directory: pread fails with EISDIR)
+    r = s.run(Driver())
+    assert (r.why, r.err) == (fileload.SHORT, errno.EISDIR)
 
 
 def test_no_slot_could_be_made(tmp_path: Path) -> None:

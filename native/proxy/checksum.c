@@ -100,8 +100,10 @@ void nvp_xxh64_start(struct nvp_xxh64_state *s)
     *s = (struct nvp_xxh64_state){{P1 + P2, P2, 0, -P1}, 0};
 }
 
-size_t nvp_pread_xxh64_part(struct nvp_xxh64_state *s, int fd, void *dst, size_t len, int64_t off, size_t piece)
+size_t nvp_pread_xxh64_part(struct nvp_xxh64_state *s, int fd, void *dst, size_t len, int64_t off, size_t piece,
+                            int *err)
 {
+    *err = 0;
     /* Each piece is summed right after it was read, while it is still in the cache: a
      * separate pass over the whole part would read it from memory once more. */
     unsigned char *p = dst;
@@ -113,8 +115,10 @@ size_t nvp_pread_xxh64_part(struct nvp_xxh64_state *s, int fd, void *dst, size_t
             ssize_t r = pread(fd, p + done + have, want - have, (off_t)(off + (int64_t)(done + have)));
             if (r < 0 && errno == EINTR)
                 continue;
-            if (r <= 0)
+            if (r <= 0) {
+                *err = r < 0 ? errno : 0;
                 return done + have;
+            }
             have += (size_t)r;
         }
         stripes(s->v, p + done, want); /* (only the last piece of the last part may leave a tail: finished later) */

@@ -19,7 +19,8 @@ struct nvp_xxh64_state {
 };
 void nvp_xxh64_start(struct nvp_xxh64_state *s);
 /* pread len bytes of fd at off into dst, piece bytes at a time, each piece summed while it is still in the
- * cache; returns the bytes read (fewer: the end of the file, or an error) */
-size_t nvp_pread_xxh64_part(struct nvp_xxh64_state *s, int fd, void *dst, size_t len, int64_t off, size_t piece);
+ * cache; returns the bytes read (fewer: the end of the file, *err 0, or an error, *err its errno) */
+size_t nvp_pread_xxh64_part(struct nvp_xxh64_state *s, int fd, void *dst, size_t len, int64_t off, size_t piece,
+                            int *err);
 /* the sum, the last part being the n bytes at last (still where they were read to) */
 uint64_t nvp_xxh64_end(const struct nvp_xxh64_state *s, const void *last, size_t n);

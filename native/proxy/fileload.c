@@ -82,13 +82,14 @@ static void read_chunk(struct run *r, uint32_t c, double *read_s, double *wait_s
         uint64_t n = ch->size - at < l->slot_size ? ch->size - at : l->slot_size;
         void *dst = (void *)(uintptr_t)(l->slots + (uint64_t)slot * l->slot_size);
         double t = now_s();
-        size_t got = nvp_pread_xxh64_part(&sum, l->fd, dst, n, ch->file_off + (int64_t)at, l->piece);
+        int err;
+        size_t got = nvp_pread_xxh64_part(&sum, l->fd, dst, n, ch->file_off + (int64_t)at, l->piece, &err);
         int last = at + n == ch->size;
         uint64_t crc = got == n && last ? nvp_xxh64_end(&sum, dst, n) : 0;
         *read_s += now_s() - t;
         pthread_mutex_lock(&r->mu);
         if (got != n || (last && crc != ch->crc)) {
-            fail(r, got != n ? NVPL_SHORT : NVPL_MISMATCH, 0, c);
+            fail(r, got != n ? NVPL_SHORT : NVPL_MISMATCH, err, c);
             give_slot(r, (uint32_t)slot);
             return;
         }

@@ -20,7 +20,7 @@
 
 /* CDEF-BEGIN */
 #define NVPL_OK 0
-#define NVPL_SHORT 1    /* the file ends inside a chunk */
+#define NVPL_SHORT 1    /* the file ends inside a chunk (err 0), or reading it failed (err: the errno) */
 #define NVPL_MISMATCH 2 /* a chunk's checksum differs from the image's */
 #define NVPL_CUDA 3     /* a copy or an event failed: err is the CUDA error */
 #define NVPL_NO_SLOTS 4 /* no slot could be made */

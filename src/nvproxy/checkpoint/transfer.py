@@ -273,7 +273,8 @@ class FileLoader:
                       "copies_in_flight": r.flight_s}
         what, k = self.names[r.bad_chunk] if r.bad_chunk >= 0 else ("the image", 0)
         if r.why == fileload.SHORT:
-            raise ImageError(f"{what}: the image is truncated")
+            raise ImageError(f"{what}: reading the image failed ({os.strerror(r.err)})" if r.err
+                             else f"{what}: the image is truncated")
         if r.why == fileload.MISMATCH:
             raise ImageError(f"{what}: checksum mismatch in chunk {k}; the image is damaged")
         if r.why == fileload.CUDA:
