@@ -376,7 +376,7 @@ static size_t piece_of(const struct nvp_staging *s, size_t n) { return n < s->sl
 static cudaError_t send_staged(uint64_t dev, size_t off, size_t len, int64_t stream, int to_host)
 {
     uint64_t a[NVP_MAX_ARGS] = {dev, off, len, (uint64_t)stream, (uint64_t)to_host};
-    return nvp_send_pending(NVP_OP_STAGED_COPY, a);
+    return nvp_send_pending(NVP_OP_STAGED_COPY, a, 0);
 }
 
 /* the replies to `sent` requests (all are read: the stream of replies stays framed); the first error */
@@ -478,7 +478,7 @@ static cudaError_t staged_h2d(uint64_t dst, const char *src, size_t n, int64_t s
          * which may stay in the cache, copied 256 MiB - 1 GiB at 27-29 GB/s against 20-21 with streaming stores) */
         nvp_par_memcpy(s->base + slot * s->slot_size, src + off, len, chunks == 1);
         uint64_t a[NVP_MAX_ARGS] = {dst + off, slot * s->slot_size, len, (uint64_t)stream, 0};
-        e = nvp_send_pending(NVP_OP_STAGED_COPY, a);
+        e = nvp_send_pending(NVP_OP_STAGED_COPY, a, chunks == 1);
         if (e)
             return e;
     }
@@ -506,7 +506,7 @@ static cudaError_t staged_d2h(char *dst, uint64_t src, size_t n, int64_t stream)
     for (; sent < chunks && sent < (size_t)s->nslots; sent++) {
         size_t off = sent * piece, len = n - off < piece ? n - off : piece;
         uint64_t a[NVP_MAX_ARGS] = {src + off, (sent % (size_t)s->nslots) * s->slot_size, len, (uint64_t)stream, 1};
-        if ((e = nvp_send_pending(NVP_OP_STAGED_COPY, a)))
+        if ((e = nvp_send_pending(NVP_OP_STAGED_COPY, a, chunks == 1)))
             return e;
     }
     for (size_t k = 0; k < chunks; k++) {
@@ -523,7 +523,7 @@ static cudaError_t staged_d2h(char *dst, uint64_t src, size_t n, int64_t stream)
         if (sent < chunks) { /* refill the slot just emptied */
             size_t o2 = sent * piece, l2 = n - o2 < piece ? n - o2 : piece;
             uint64_t a[NVP_MAX_ARGS] = {src + o2, slot * s->slot_size, l2, (uint64_t)stream, 1};
-            if ((e = nvp_send_pending(NVP_OP_STAGED_COPY, a)))
+            if ((e = nvp_send_pending(NVP_OP_STAGED_COPY, a, 0)))
                 return e;
             sent++;
         }

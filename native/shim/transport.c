@@ -1156,13 +1156,13 @@ cudaError_t nvp_call(uint16_t op, const uint64_t a[NVP_MAX_ARGS], const void *pa
     return nvp_callv(op, a, payload, plen, NULL, 0, reply, fd);
 }
 
-cudaError_t nvp_send_pending(uint16_t op, const uint64_t a[NVP_MAX_ARGS])
+cudaError_t nvp_send_pending(uint16_t op, const uint64_t a[NVP_MAX_ARGS], int alone)
 {
     cudaError_t e = nvp_connect();
     if (e)
         return e;
     int mailbox = T.mb && !T.unread; /* (the earliest reply still to read: none can come before it) */
-    if (!(e = send_req(op, NVP_F_REPLY | (mailbox ? NVP_F_MAILBOX : 0), a, NULL, 0, NULL, 0, -1, 0))) {
+    if (!(e = send_req(op, NVP_F_REPLY | (mailbox ? NVP_F_MAILBOX : 0), a, NULL, 0, NULL, 0, -1, alone && mailbox))) {
         T.first_by_mailbox = T.unread ? T.first_by_mailbox : mailbox;
         T.unread++;
     }
