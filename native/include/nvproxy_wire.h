@@ -299,6 +299,13 @@ struct nvp_param {
 };
 /* CDEF-END */
 
+static inline void nvp_cpu_relax(void) /* (in a spin loop: lets a sibling hyperthread run) */
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
 /* For a side spinning on a mailbox (the thread for its reply, the proxy for the slot): whether to read its socket
  * now, that is whether the other side's count of socket writes (*count: replied or sent) moved since *seen, or
  * `every` ns went by since the last read. */

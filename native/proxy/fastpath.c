@@ -440,13 +440,6 @@ EXPORT int nvpf_run(struct nvpf_chan *ch, const uint8_t *buf, size_t len, uint64
 
 #define SOCKET_POLL_NS 50000 /* with a mailbox: how often the loop reads the socket though `sent` did not move */
 
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
-
 /* The request in the mailbox's slot, copied out (its length), the slot open again; 0 if none is posted. */
 static uint32_t take_posted(struct nvp_mailbox *mb, uint8_t *out)
 {
@@ -519,7 +512,7 @@ static int serve(struct nvpf_chan *ch, uint8_t *buf, size_t cap, size_t *len, ui
             return NVPF_IDLE;
         /* (small requests come through the slot: a recvmsg(2) per turn would delay them) */
         if (mb && !nvp_socket_due(&mb->sent, &seen, (uint64_t)t, &next_recv, SOCKET_POLL_NS)) {
-            cpu_relax();
+            nvp_cpu_relax();
             continue;
         }
         union {

@@ -168,9 +168,9 @@ static void copy_loop(struct run *r, uint8_t *adopted, uint32_t *flight, double 
             void *s = l->streams[issued++ % l->nstreams];
             rc = l->memcpy_async(l->chunks[j->chunk].va + j->at, l->slots + j->slot * l->slot_size, j->n, s);
             if (!rc)
-                rc = l->event_record(l->events[grab[i].slot], s, 0);
-            flight[(head + nflight++) % l->nslots] = grab[i].slot; /* (after a failure too: it is waited for) */
-            issued_at[grab[i].slot] = now_s();
+                rc = l->event_record(l->events[j->slot], s, 0);
+            flight[(head + nflight++) % l->nslots] = j->slot; /* (after a failure too: it is waited for) */
+            issued_at[j->slot] = now_s();
         }
         uint32_t retired = 0;
         while (!rc && nflight) {

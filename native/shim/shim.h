@@ -76,12 +76,6 @@ void nvp_par_ready(size_t parts); /* parts below this are copyable now */
 int nvp_par_done(size_t i);       /* part i has been copied */
 int nvp_par_help(void);           /* the caller copies a ready part: 1, or 0 if none is ready */
 void nvp_par_end(int abandon);    /* copy the rest (none, if abandon) and wait for the helpers */
-static inline void nvp_cpu_relax(void) /* (in a spin loop: lets a sibling hyperthread run) */
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
 void nvp_parcopy_after_fork(void);
 /* Print one line to stderr naming a call nvproxy does not support. */
 cudaError_t nvp_unsupported(const char *call);

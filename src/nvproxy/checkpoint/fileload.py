@@ -13,10 +13,11 @@ import cffi
 from .. import wire
 from ..proxy.fastpath import library_path
 
+_CDEF = wire.cdef_block(wire.header_text("fileload.h", "proxy"))
 ffi = cffi.FFI()
-ffi.cdef(wire.cdef_block(wire.header_text("fileload.h", "proxy")))
+ffi.cdef(_CDEF)
 _lib = ffi.dlopen(str(library_path()))
-C = wire.defines(wire.cdef_block(wire.header_text("fileload.h", "proxy")), "NVPL_")
+C = wire.defines(_CDEF, "NVPL_")
 OK, SHORT, MISMATCH, CUDA, NO_SLOTS, THREADS = (C[f"NVPL_{k}"] for k in
                                                 ("OK", "SHORT", "MISMATCH", "CUDA", "NO_SLOTS", "THREADS"))
 SLOT_MAKING, SLOT_READY, SLOT_FAILED = C["NVPL_SLOT_MAKING"], C["NVPL_SLOT_READY"], C["NVPL_SLOT_FAILED"]

@@ -7,8 +7,10 @@
   as pinned memory piece by piece, ahead of the copies (no copy on the host:
   the file's page-cache or tmpfs pages go to the device as they are).
 - FileLoader: from an image file, through pinned bounce slots, reading and
-  verifying on native threads while earlier chunks go to the device.
-Every chunk's checksum is verified before the chunk reaches the device."""
+  verifying on native threads while earlier pieces go to the device.
+Every chunk's checksum is verified before the chunk reaches the device, except through
+the FileLoader, where a chunk's sum is known once its last piece is read (a mismatch then
+fails the restore, which never lets the application go on)."""
 
 from __future__ import annotations
 
