@@ -147,6 +147,10 @@ def measure(exe: Path, mib: int, td: Path, backend: str, settle: float = 5.0) ->
         fs = float(from_file.group(2))
         row.update(file_restore_s=fs, file_restore_gbps=int(from_file.group(1)) * 2**20 / max(fs, 1e-3) / 1e9,
                    file_restore_read=read_mode())
+        recovered = re.search(r"a new proxy started and restored \S+ in ([\d.]+) s", stderr)
+        if recovered:  # what the application waited: the proxy's start, its restore, the hand-over
+            rs = float(recovered.group(1))
+            row.update(file_recover_s=rs, file_recover_gbps=int(from_file.group(1)) * 2**20 / max(rs, 1e-3) / 1e9)
         phases = re.search(r"from \S+ in [\d.]+ s \([\d.]+ GB/s; s per phase: ([^)]*)\)", stderr)
         fallback = [line for line in stderr.splitlines() if "bounce buffers" in line]
         if fallback:

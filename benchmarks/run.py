@@ -135,10 +135,11 @@ def _checkpoint_rows(samples: dict, td: Path, backend: str, sizes: str) -> None:
         size = mib << 20
         for bench, ours, theirs in (("ckpt_dump", "ckpt_copy_gbps", "cuda_checkpoint_suspend_gbps"),
                                     ("ckpt_restore", "restore_gbps", "cuda_checkpoint_resume_gbps"),
-                                    ("ckpt_restore_file", "file_restore_gbps", "cuda_checkpoint_resume_gbps")):
+                                    ("ckpt_restore_file", "file_restore_gbps", "cuda_checkpoint_resume_gbps"),
+                                    ("ckpt_recover_file", "file_recover_gbps", None)):
             if row.get(ours) is not None:
                 samples[(bench, size, "GB/s")]["nvproxy"].append(row[ours])
-            if row.get(theirs):
+            if theirs and row.get(theirs):
                 samples[(bench, size, "GB/s")]["native"].append(row[theirs])
         samples[("ckpt_stopped", size, "s")]["nvproxy"].append(row.get("ckpt_stopped_s", 0.0))
         samples[("ckpt_file", size, "s")]["nvproxy"].append(row.get("ckpt_file_s", 0.0))
@@ -199,7 +200,7 @@ def _plots(rows: list[dict], out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out / "latency.png", dpi=120)
     if any(r["bench"] == "ckpt_dump" for r in rows):
-        fig, ax = lines(rows, ("ckpt_dump", "ckpt_restore", "ckpt_restore_file"),
+        fig, ax = lines(rows, ("ckpt_dump", "ckpt_restore", "ckpt_restore_file", "ckpt_recover_file"),
                         {"native": "driver checkpoint", "nvproxy": "nvproxy"},
                         scale=2**30)
         ax.set_xlabel("GiB of device memory")

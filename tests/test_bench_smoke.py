@@ -19,7 +19,7 @@ def test_bench_smoke(nvcc: str, tmp_path: Path) -> None:
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert {row["bench"] for row in rows} >= {"launch_empty", "launch_sync", "malloc_free", "h2d_pageable",
                                               "async_4streams", "launch_storm", "ckpt_dump", "ckpt_restore",
-                                              "ckpt_restore_file"}
+                                              "ckpt_restore_file", "ckpt_recover_file"}
     # the variant (an A/B of the transport) ran the same microbenchmarks
     assert all("sockets" in row for row in rows if row["bench"] in ("launch_empty", "h2d_pageable"))
     table = (tmp_path / "results.md").read_text()

@@ -993,15 +993,16 @@ static int named_memfd(const char *what, unsigned flags)
  * Called with G.lock held. */
 static int replace_proxy(const char *image)
 {
+    uint64_t t0 = now_ns();
     int ok = spawn_proxy(image) == 0;
     int fd = -1;
-    for (int i = 0; ok && i < 12000 && fd < 0; i++) { /* restoring the image can take a while */
+    for (int i = 0; ok && i < 120000 && fd < 0; i++) { /* restoring the image can take a while (2 min at most) */
         fd = nvp_unix_connect(G.sock);
         if (fd >= 0)
             break;
         if (kill(G.proxy_pid, 0) != 0 && errno == ESRCH)
             ok = 0;
-        struct timespec ts = {0, 10 * 1000 * 1000};
+        struct timespec ts = {0, 1000 * 1000}; /* (the socket appears once the restore is done) */
         nanosleep(&ts, NULL);
     }
     struct nvp_rep rep;
@@ -1045,6 +1046,7 @@ static int replace_proxy(const char *image)
                 image, done.h.err);
         return 0;
     }
+    nvp_log("nvproxy: a new proxy started and restored %s in %.3f s", image, (double)(now_ns() - t0) / 1e9);
     return 1;
 }
 

@@ -29,21 +29,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 127
 
 
-def _hold_application_ranges(image: str) -> None:
+def _hold_application_ranges(image: str) -> list[int]:
     """A restoring proxy maps the application's pinned host memory at the application's addresses; reserve them
     before the driver and the libraries take address space (a restart of NVIDIA's simpleStreams found its
-    cudaHostRegister'ed range taken in the new proxy)."""
+    cudaHostRegister'ed range taken in the new proxy).  The devices the image uses."""
     from .checkpoint.image import ImageError, read_header
     from .proxy import libc
 
     try:
         fd, h = read_header(image)
     except (ImageError, OSError):
-        return  # (the restore reports it)
+        return []  # (the restore reports it)
     os.close(fd)
     for addr, size in h.get("host", []):
         if not libc.hold_for_application(addr, size):
             print(f"nvproxy: the application's pinned memory at {addr:#x} is taken in this proxy", file=sys.stderr)
+    return [int(d["index"]) for d in h.get("devices", []) if isinstance(d, dict) and "index" in d]
 
 
 def _more_descriptors() -> None:
@@ -81,7 +82,12 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     os.dup2(null, 1)
     os.close(null)
     if args.restore:
-        _hold_application_ranges(args.restore)
+        devices = _hold_application_ranges(args.restore)
+        backend_name = args.backend or os.environ.get("NVPROXY_BACKEND") or "auto"
+        if devices and backend_name != "sim" and os.environ.get("NVPROXY_EARLY_CONTEXT", "1") != "0":
+            from .backends import warmup
+
+            warmup.start(devices)  # (while the modules below load)
     from .backends import open_backend
     from .proxy.dispatch import Dispatcher
     from .proxy.server import Server
