@@ -13,6 +13,7 @@ from conftest import EXPECTED, gpu_count, nvproxy_cmd, run
 PROGRAMS = [
     ("vector_add", ()),
     ("copies", ()),
+    ("posted_copies", ()),
     ("streams_events", ()),
     ("callbacks", ()),
     ("multithread", ()),
@@ -52,7 +53,7 @@ def test_sim(build, name: str, args: tuple[str, ...]) -> None:
     assert r.returncode == 0, r.stderr
 
 
-@pytest.mark.parametrize("name", ["copies", "multithread", "streams_events"])
+@pytest.mark.parametrize("name", ["copies", "posted_copies", "multithread", "streams_events"])
 def test_sim_threads_that_sleep_for_replies(build, monkeypatch, name: str) -> None:
     """NVPROXY_SPIN_US=0: every thread sleeps in poll(2) at once instead of spinning on its reply mailbox, so
     the proxy's fast path must find it asleep and answer over the socket (nvproxy_wire.h, struct nvp_mailbox)."""

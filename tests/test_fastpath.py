@@ -25,6 +25,7 @@ class Driver:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
         self.busy = False
+        self.pending: set[int] = set()  # handles whose queries say NOT_READY (until synced)
         self.fail_launch = 0
         self._cbs = []
         template = ffi.new("struct nvpf_driver *")
@@ -34,9 +35,9 @@ class Driver:
             "memcpy_async": lambda d, s, n, st: self._rec("memcpy", d, s, n, self.h(st)),
             "memset_async": lambda d, v, n, st: self._rec("memset", d, v, n, self.h(st)),
             "event_record": lambda e, s, f: self._rec("record", self.h(e), self.h(s), f),
-            "event_query": lambda e: NOT_READY if self.busy else self._rec("event_query", self.h(e)),
-            "event_sync": lambda e: self._rec("event_sync", self.h(e)),
-            "stream_query": lambda s: NOT_READY if self.busy else self._rec("stream_query", self.h(s)),
+            "event_query": lambda e: self._query("event_query", self.h(e)),
+            "event_sync": lambda e: self._sync("event_sync", self.h(e)),
+            "stream_query": lambda s: self._query("stream_query", self.h(s)),
             "stream_sync": lambda s: self._rec("stream_sync", self.h(s)),
             "stream_wait_event": lambda s, e, f: self._rec("wait_event", self.h(s), self.h(e), f),
             "graph_launch": lambda x, s: self._rec("graph_launch", self.h(x), self.h(s)),
@@ -54,6 +55,13 @@ class Driver:
     def _rec(self, *call) -> int:
         self.calls.append(call)
         return 0
+
+    def _query(self, what: str, h: int) -> int:
+        return NOT_READY if self.busy or h in self.pending else self._rec(what, h)
+
+    def _sync(self, what: str, h: int) -> int:
+        self.pending.discard(h)
+        return self._rec(what, h)
 
     def launch(self, f, gx, gy, gz, bx, by, bz, shmem, s, params, extra) -> int:
         data = b""
@@ -88,7 +96,8 @@ def setup():
     fast.forget_all()
     fast.set_text_fd(-1)
     fast.set_text_pending(False)
-    fast.set_translating(False)
+    fast.lib.nvpf_set_translating(0)  # (C's state outlives a FastPath: an earlier test may have set it)
+    fast.set_capturing(False)
     fast.learn_kernel(0, 1, KERNEL, lambda k: (k, [0, 8]))
     fast.learn_stream(3, STREAM, int)
     fast.learn_event(4, EVENT, int)
@@ -381,3 +390,62 @@ def test_what_follows_a_posted_request_goes_to_python_alone(setup) -> None:
     assert (why, seq) == (fastpath.PYTHON, 2)
     assert fast.side(chan) == b"\xee" * 40
     assert [c[0] for c in drv.calls] == ["launch"]
+
+
+def test_posted_copies_answer_before_their_dma_ends(setup) -> None:
+    """A posted host-to-device copy (NVP_OP_STAGED_COPY, a5 its number) is answered once issued: at once for
+    cudaMemcpyAsync, for cudaMemcpy once the streams it waits for are idle, else once done.  Which are done goes
+    to the mailbox's posted_done, oldest first; a fence answers once they are; a copy from the device is put after
+    those still in flight (it may land where they read)."""
+    fast, drv, chan, peer = setup
+    mb = wire.ffi.new("struct nvp_mailbox *")
+    chan.mailbox = ffi.cast("void *", int(wire.ffi.cast("uintptr_t", mb)))
+    chan.staging_base, chan.staging_size = 0x100000, 1 << 20
+    for i in range(fastpath.COPY_EVENTS):
+        chan.copy_events[i] = ffi.cast("void *", 0xA000 + i)
+    asynchronous = wire.CONSTANTS["NVP_STAGED_ASYNC"]
+
+    def posted(seq: int, num: int, flags: int = 0, off: int = 0) -> bytearray:
+        return bytearray(req(wire.NVP_OP_STAGED_COPY, seq, 0x2000, off, 4096, 3, 0, num, flags, reply=True))
+
+    def fence(seq: int, upto: int) -> bytearray:
+        return bytearray(req(wire.NVP_OP_STAGED_FENCE, seq, upto, reply=True))
+
+    assert fast.run(chan, posted(1, 1, asynchronous), 1)[:2] == (fastpath.PYTHON, 0)  # no ring of events yet
+    for i in range(fastpath.POSTED):
+        chan.posted_events[i] = ffi.cast("void *", 0xB000 + i)
+    chan.posted_dev = 0
+    assert fast.run(chan, posted(1, 1), 1)[:2] == (fastpath.PYTHON, 0)  # which streams a cudaMemcpy waits for?
+    drv.pending = {0xB000}  # (its DMA runs on)
+    assert fast.run(chan, posted(1, 1, asynchronous), 1)[::2] == (fastpath.MORE, 2)
+    assert drv.calls == [("memcpy", 0x2000, 0x100000, 4096, STREAM), ("record", 0xB000, STREAM, 0)]
+    fast.set_sync_streams(0, [0, STREAM])
+    drv.calls.clear()
+    assert fast.run(chan, posted(2, 2, off=8192), 2)[::2] == (fastpath.MORE, 3)
+    assert drv.calls == [("stream_query", 0), ("stream_query", STREAM),
+                         ("memcpy", 0x2000, 0x100000 + 8192, 4096, STREAM), ("record", 0xB001, STREAM, 0)]
+    assert [r[1] for r in replies(peer)] == [0, 0] and mb.posted_done == 0
+    drv.pending = {0xB001}
+    assert fast.run(chan, fence(3, 1), 3)[::2] == (fastpath.MORE, 4)  # the first is done: published
+    assert mb.posted_done == 1 and [r[1] for r in replies(peer)] == [0]
+    assert fast.run(chan, fence(4, 2), 4)[:2] == (fastpath.PYTHON, 0)  # still running: a waiter thread waits
+    wait = fast.posted_fence(chan, 2)
+    assert wait is not None and mb.posted_done == 1
+    wait()
+    assert mb.posted_done == 2 and ("event_sync", 0xB001) in drv.calls
+    # the streams a cudaMemcpy waits for stay busy: answered once the copy is done
+    drv.calls.clear()
+    drv.pending = {STREAM}
+    assert fast.run(chan, posted(4, 3), 4)[::2] == (fastpath.MORE, 5)
+    assert drv.calls[-3:] == [("record", 0xB002, STREAM, 0), ("event_query", 0xB002), ("event_sync", 0xB002)]
+    # a copy from the device after one still in flight waits for it on the device
+    drv.pending = {0xB003}
+    drv.calls.clear()
+    buf = posted(5, 4, asynchronous) + bytearray(req(wire.NVP_OP_STAGED_COPY, 6, 0x3000, 0, 4096, 3, 1, reply=True))
+    assert fast.run(chan, buf, 5)[::2] == (fastpath.MORE, 7)
+    assert drv.calls[:4] == [("event_query", 0xB002), ("memcpy", 0x2000, 0x100000, 4096, STREAM),
+                             ("record", 0xB003, STREAM, 0), ("wait_event", STREAM, 0xB003, 0)]
+    assert ("memcpy", 0x100000, 0x3000, 4096, STREAM) in drv.calls
+    assert mb.posted_done == 3
+    fast.posted_drain(chan)  # (a staging buffer changing hands)
+    assert mb.posted_done == 4 and chan.posted_count == 0

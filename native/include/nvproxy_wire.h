@@ -75,7 +75,13 @@
 #define NVP_OP_STREAM_PRIORITY_RANGE 36 /* -> r0 least, r1 greatest (as int32) */
 #define NVP_OP_CACHE_CONFIG 37    /* a0 0 device set, 1 device get, 2 func set; a1 value, a2 kernel -> r0 */
 #define NVP_OP_PEER 38            /* a0 0 can-access, 1 enable, 2 disable; a1 peer, a2 flags, a3 device -> r0 */
-#define NVP_OP_STAGED_COPY 39     /* a0 device/registered address, a1 staging offset, a2 bytes, a3 stream, a4 dir (0 H2D, 1 D2H) */
+#define NVP_OP_STAGED_COPY 39     /* a0 device/registered address, a1 staging offset, a2 bytes, a3 stream, a4 dir (0 H2D, 1 D2H),
+                                     a5 posted number (0: none), a6 NVP_STAGED_*.  A posted (host-to-device) copy
+                                     may be answered once it is issued, before its DMA ends: at once for
+                                     cudaMemcpyAsync, for cudaMemcpy once every stream it waits for was idle (as the
+                                     runtime's pageable copy returns once the bytes are staged).  The mailbox's
+                                     posted_done says which posted copies are done; their staging may be reused. */
+#define NVP_STAGED_ASYNC 1        /* a6: cudaMemcpyAsync (no stream need be idle) */
 #define NVP_OP_STAGING 40         /* a0 size; memfd passed with SCM_RIGHTS -> r0 proxy-side address; or a1 a spare
                                    * buffer's proxy-side address, a2 its memfd's inode (no fd) -> r0 a1, or 0 */
 #define NVP_OP_FLUSH 41           /* no-op with a reply: collects pending async errors and printf text */
@@ -115,7 +121,8 @@
                                       payload: their u32 node ids */
 #define NVP_OP_CAPTURE_DEPS 70   /* a0 stream, a1 flags, a2 dependencies; payload: their u32 node ids */
 #define NVP_OP_MANAGED_VAR 71    /* a0 module id, a1 the application's copy, a2 size; payload: the variable's name */
-#define NVP_OP_COUNT 72
+#define NVP_OP_STAGED_FENCE 72    /* a0 posted number: reply once every posted copy up to it is done */
+#define NVP_OP_COUNT 73
 
 /* node bodies (little-endian, packed as listed) */
 #define NVP_NODE_KERNEL 1 /* u32 kernel id, u32 grid[3], u32 block[3], u32 shmem, u32 param bytes; params */
@@ -262,7 +269,8 @@ struct nvp_mailbox {
     uint32_t slot_len; /* the posted request's bytes */
     uint32_t sent;     /* requests the thread wrote to the socket (a proxy polling the slot reads it only then) */
     uint32_t replied;  /* replies the proxy wrote to the socket (a thread spinning on the mailbox reads it then) */
-    uint8_t pad3[48];
+    uint64_t posted_done; /* every posted staged copy numbered up to this is done (the proxy writes it) */
+    uint8_t pad3[40];
     uint8_t req[3968]; /* NVP_MB_REQ_MAX */
 };
 

@@ -148,12 +148,25 @@ EXPORT void nvpf_learn_graph_exec(uint64_t id, void *handle)
         e->handle = handle;
 }
 
+static void *sync_streams[NVPF_MAX_DEV][NVPF_SYNC_STREAMS];
+static int nsync[NVPF_MAX_DEV]; /* -1 - n: unknown (so that zero-initialised means unknown) */
+
 EXPORT void nvpf_forget_all(void)
 {
     map_clear(&kernels);
     map_clear(&streams);
     map_clear(&events);
     map_clear(&execs);
+    memset(nsync, 0, sizeof nsync);
+}
+
+EXPORT void nvpf_set_sync_streams(int dev, void **handles, int n)
+{
+    if (dev < 0 || dev >= NVPF_MAX_DEV)
+        return;
+    if (n > 0 && n <= NVPF_SYNC_STREAMS)
+        memcpy(sync_streams[dev], handles, (size_t)n * sizeof *handles);
+    nsync[dev] = n < 0 ? 0 : n + 1;
 }
 
 EXPORT void nvpf_set_text_fd(int fd) { text_fd = fd; }
@@ -216,6 +229,100 @@ static int done_soon(int (*query)(void *), void *h, long limit_ns)
         if (now_ns() > end)
             return 0;
     }
+}
+
+/* ---- posted copies ---- */
+
+EXPORT void nvpf_posted_publish(struct nvpf_chan *ch, uint64_t n)
+{
+    struct nvp_mailbox *mb = ch->mailbox;
+    if (!mb)
+        return;
+    uint64_t cur = __atomic_load_n(&mb->posted_done, __ATOMIC_ACQUIRE);
+    while (cur < n && !__atomic_compare_exchange_n(&mb->posted_done, &cur, n, 0, __ATOMIC_RELEASE,
+                                                   __ATOMIC_ACQUIRE))
+        ; /* (C and a Python waiter thread may both publish: the larger stays) */
+}
+
+static void *posted_event(const struct nvpf_chan *ch, uint32_t k) { return ch->posted_events[k % NVPF_POSTED]; }
+
+static void posted_pop(struct nvpf_chan *ch)
+{
+    uint64_t n = ch->posted_num[ch->posted_first % NVPF_POSTED];
+    ch->posted_first++;
+    ch->posted_count--;
+    nvpf_posted_publish(ch, n);
+}
+
+EXPORT void nvpf_posted_advance(struct nvpf_chan *ch)
+{
+    /* (a failed query counts as done: the failure is the context's, and every later call reports it) */
+    while (ch->posted_count && D.event_query(posted_event(ch, ch->posted_first)) != ERR_NOT_READY)
+        posted_pop(ch);
+}
+
+EXPORT int nvpf_posted_drain(struct nvpf_chan *ch)
+{
+    int first = 0;
+    while (ch->posted_count) {
+        int rc = D.event_sync(posted_event(ch, ch->posted_first));
+        first = first ? first : rc;
+        posted_pop(ch);
+    }
+    return first;
+}
+
+EXPORT int nvpf_posted_order(struct nvpf_chan *ch, void *stream)
+{
+    for (uint32_t i = 0; i < ch->posted_count; i++) {
+        int rc = D.stream_wait_event(stream, posted_event(ch, ch->posted_first + i), 0);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+EXPORT int nvpf_posted_events(struct nvpf_chan *ch, uint64_t upto, void **out)
+{
+    int n = 0;
+    for (uint32_t i = 0; i < ch->posted_count && ch->posted_num[(ch->posted_first + i) % NVPF_POSTED] <= upto; i++)
+        out[n++] = posted_event(ch, ch->posted_first + i);
+    return n;
+}
+
+/* Are the posted copies up to number upto done?  Spins up to limit_ns for them. */
+static int posted_done_soon(struct nvpf_chan *ch, uint64_t upto, long limit_ns)
+{
+    long end = now_ns() + limit_ns;
+    for (;;) {
+        nvpf_posted_advance(ch);
+        if (!ch->posted_count || ch->posted_num[ch->posted_first % NVPF_POSTED] > upto)
+            return 1;
+        if (now_ns() > end)
+            return 0;
+        nvp_cpu_relax();
+    }
+}
+
+/* Has every stream a synchronous copy on dev waits for finished its work?  Spins up to limit_ns for them: the
+ * runtime's pageable copy waits so, then returns before its DMA ends.  -1: C does not know those streams. */
+static int sync_idle_soon(int dev, long limit_ns)
+{
+    if (dev < 0 || dev >= NVPF_MAX_DEV || !nsync[dev])
+        return -1;
+    int n = nsync[dev] - 1;
+    if (n > NVPF_SYNC_STREAMS)
+        return 0;
+    long end = now_ns() + limit_ns;
+    for (int i = 0; i < n;) {
+        if (D.stream_query(sync_streams[dev][i]) != ERR_NOT_READY)
+            i++; /* (a failed query: the copy itself reports the failure) */
+        else if (now_ns() > end)
+            return 0;
+        else
+            nvp_cpu_relax();
+    }
+    return 1;
 }
 
 static int text_waiting(void)
@@ -325,6 +432,33 @@ static int launch(struct nvpf_chan *ch, const struct nvp_req *q, const uint8_t *
     return DONE;
 }
 
+/* A posted host-to-device copy: answered as soon as it is issued (cudaMemcpyAsync), or once the streams a
+ * synchronous copy waits for are idle; else once it is done, as other staged copies are. */
+static int posted_copy(struct nvpf_chan *ch, uint64_t dst, uint64_t host, uint64_t n, void *s, uint64_t num,
+                       int is_async)
+{
+    if (!ch->posted_events[0] || ch->posted_dev != ch->dev)
+        return TO_PYTHON; /* (Python makes the ring of events on this device) */
+    int early = 1;
+    if (!is_async && (early = sync_idle_soon(ch->dev, ch->exclusive ? exclusive_spin_ns : spin_ns)) < 0)
+        return TO_PYTHON; /* (Python tells C the streams) */
+    if (ch->posted_count == NVPF_POSTED) { /* (the shim keeps fewer in flight: not reached) */
+        int rc = D.event_sync(posted_event(ch, ch->posted_first));
+        posted_pop(ch);
+        if (rc)
+            return reply(ch, rc);
+    }
+    int rc = D.memcpy_async(dst, host, (size_t)n, s);
+    if (rc)
+        return reply(ch, rc);
+    uint32_t k = ch->posted_first + ch->posted_count;
+    if ((rc = D.event_record(posted_event(ch, k), s, 0)))
+        return reply(ch, rc);
+    ch->posted_num[k % NVPF_POSTED] = num;
+    ch->posted_count++;
+    return early ? reply(ch, 0) : wait_then_reply(ch, NVPF_WAIT_EVENT, posted_event(ch, k));
+}
+
 static int execute(struct nvpf_chan *ch, const struct nvp_req *q, const uint8_t *payload, size_t plen)
 {
     int wants_reply = q->flags & NVP_F_REPLY;
@@ -370,12 +504,19 @@ static int execute(struct nvpf_chan *ch, const struct nvp_req *q, const uint8_t 
         }
         return rc ? reply(ch, rc) : wait_then_reply(ch, NVPF_WAIT_STREAM, s);
     case NVP_OP_STAGED_COPY: {
-        uint64_t off = q->a[1], n = q->a[2];
+        uint64_t off = q->a[1], n = q->a[2], posted = q->a[4] ? 0 : q->a[5];
         void *ev = ch->copy_events[ch->copy_next % NVPF_COPY_EVENTS];
         if (translating || !wants_reply || !ch->staging_base || !ev || off > ch->staging_size ||
             n > ch->staging_size - off || !stream_of(ch, q->a[3], &s))
             return TO_PYTHON; /* Python also reports the errors */
         uint64_t host = ch->staging_base + off;
+        if (ch->posted_count)
+            nvpf_posted_advance(ch);
+        if (posted)
+            return posted_copy(ch, q->a[0], host, n, s, posted, q->a[6] & NVP_STAGED_ASYNC);
+        /* (after the posted copies still in flight: this one may land where they read) */
+        if (ch->posted_count && (rc = nvpf_posted_order(ch, s)))
+            return reply(ch, rc);
         rc = q->a[4] ? D.memcpy_async(host, q->a[0], (size_t)n, s) : D.memcpy_async(q->a[0], host, (size_t)n, s);
         if (rc)
             return reply(ch, rc);
@@ -384,6 +525,11 @@ static int execute(struct nvpf_chan *ch, const struct nvp_req *q, const uint8_t 
             return reply(ch, rc);
         return wait_then_reply(ch, NVPF_WAIT_EVENT, ev);
     }
+    case NVP_OP_STAGED_FENCE:
+        if (!wants_reply || !posted_done_soon(ch, q->a[0], ch->exclusive ? exclusive_spin_ns : spin_ns))
+            return TO_PYTHON; /* (Python's waiter thread waits for the rest) */
+        nvpf_posted_publish(ch, q->a[0]);
+        return reply(ch, 0);
     case NVP_OP_STREAM_SYNC:
         if (!wants_reply || !stream_of(ch, q->a[0], &s))
             return TO_PYTHON;

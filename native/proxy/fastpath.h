@@ -19,6 +19,8 @@
 /* CDEF-BEGIN */
 #define NVPF_MAX_DEV 64
 #define NVPF_COPY_EVENTS 8
+#define NVPF_POSTED 32       /* a channel's posted copies in flight, at most (the shim keeps fewer) */
+#define NVPF_SYNC_STREAMS 64 /* streams a synchronous copy waits for, at most, that C asks itself */
 
 /* why nvpf_run returned */
 #define NVPF_MORE 0   /* every complete message is done */
@@ -62,6 +64,13 @@ struct nvpf_chan {
     void *per_thread[NVPF_MAX_DEV]; /* the thread's per-thread default stream per device */
     void *copy_events[NVPF_COPY_EVENTS];
     uint32_t copy_next;
+    /* posted host-to-device copies in flight (NVP_OP_STAGED_COPY), oldest first: entry k has number
+     * posted_num[k % NVPF_POSTED] and is done once posted_events[k % NVPF_POSTED] is (a ring Python makes on
+     * posted_dev; none: NULL) */
+    void *posted_events[NVPF_POSTED];
+    uint64_t posted_num[NVPF_POSTED];
+    uint32_t posted_first, posted_count;
+    int posted_dev;
     /* out, with NVPF_REPLY */
     int wait_kind;
     int reply_err;
@@ -85,6 +94,17 @@ void nvpf_forget_all(void);
 void nvpf_set_translating(int on);
 void nvpf_set_capturing(int on); /* a stream capture is on: every call goes to Python, which logs it */
 void nvpf_set_text_pending(int on);
+/* The streams a synchronous pageable copy on dev waits for (the legacy stream, blocking streams, per-thread
+ * streams): n < 0 unknown (C leaves such copies to Python, which tells it), n > NVPF_SYNC_STREAMS too many to ask
+ * (C waits for the copy instead). */
+void nvpf_set_sync_streams(int dev, void **streams, int n);
+/* Posted copies: mark those done (oldest first) and publish it; wait for them all; order a stream after them;
+ * their events up to number upto (out: NVPF_POSTED at most), for a wait elsewhere; publish that up to n are done. */
+void nvpf_posted_advance(struct nvpf_chan *ch);
+int nvpf_posted_drain(struct nvpf_chan *ch);
+int nvpf_posted_order(struct nvpf_chan *ch, void *stream);
+int nvpf_posted_events(struct nvpf_chan *ch, uint64_t upto, void **out);
+void nvpf_posted_publish(struct nvpf_chan *ch, uint64_t n);
 int nvpf_run(struct nvpf_chan *ch, const uint8_t *buf, size_t len, uint64_t *next_seq, size_t *consumed);
 /* The channel of a process's only calling thread, served from C: receive,
  * execute and reply in a loop, with no trip through Python's event loop per

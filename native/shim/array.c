@@ -207,7 +207,7 @@ static cudaError_t staged(const struct side *lin, const struct side *arr, int to
 {
     struct nvp_staging *st;
     cudaError_t e = nvp_staging(&st);
-    if (e)
+    if (e || (e = nvp_posted_quiet(st)))
         return e;
     if (w > st->slot_size)
         return nvp_unsupported("a pageable copy of CUDA array rows longer than a staging slot");

@@ -55,12 +55,28 @@ int nvp_backend_is_sim(void);
 int nvp_current_device(void);
 void nvp_set_current_device(int dev);
 /* Per-thread staging buffer for pageable copies (created on first use). */
+#define NVP_POSTED_MAX 16 /* posted copies in flight per thread, at most (the proxy keeps room for more) */
+struct nvp_posted {
+    uint64_t num;
+    size_t off, len;
+};
 struct nvp_staging {
     char *base;
     size_t slot_size;
     int nslots;
+    /* Posted host-to-device copies (NVP_OP_STAGED_COPY): answered before their DMA ended, so their bytes stay
+     * in the buffer until the proxy says they are done.  Numbered per channel from 1; in flight oldest first. */
+    uint64_t posted, posted_known; /* numbers handed out; every one up to posted_known is done */
+    size_t ring_at;                /* where the next one goes (they take the buffer round as a ring) */
+    unsigned pfirst, pcount;
+    struct nvp_posted pq[NVP_POSTED_MAX];
 };
 cudaError_t nvp_staging(struct nvp_staging **out);
+/* May this thread's copies be posted (it has a mailbox, where the proxy says which are done)?  What it says. */
+int nvp_posting(void);
+uint64_t nvp_posted_done(void);
+/* Before the staging buffer is written where a posted copy may still be read: wait for them (memory.c) */
+cudaError_t nvp_posted_quiet(struct nvp_staging *s);
 /* The common entry check of a runtime call: a proxy to talk to, no sticky error. */
 cudaError_t nvp_enter(void);
 /* ---- parcopy.c ---- */

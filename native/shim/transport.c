@@ -745,12 +745,34 @@ static int open_channel(int kind, struct nvp_rep *rep_out, struct nvp_mailbox **
     return fd;
 }
 
+/* A staging buffer taken by this thread: what its last owner posted is the proxy's business (it waits for
+ * those copies before it hands the buffer over); this channel's posted copies are numbered from 1. */
+static void posted_reset(struct nvp_staging *s)
+{
+    s->posted = s->posted_known = 0;
+    s->ring_at = 0;
+    s->pfirst = s->pcount = 0;
+}
+
 static void drop_staging(void)
 {
     if (T.stg.base)
         munmap(T.stg.base, STAGING_BYTES);
     T.stg.base = NULL;
+    posted_reset(&T.stg);
 }
+
+int nvp_posting(void)
+{
+    static int on = -1; /* NVPROXY_POSTED_COPIES=0: every staged copy is answered once done (to compare) */
+    if (on < 0) {
+        const char *v = getenv("NVPROXY_POSTED_COPIES");
+        on = !(v && !strcmp(v, "0"));
+    }
+    return on && T.mb;
+}
+
+uint64_t nvp_posted_done(void) { return T.mb ? __atomic_load_n(&T.mb->posted_done, __ATOMIC_ACQUIRE) : 0; }
 
 static cudaError_t connect_held(void)
 {
@@ -1093,6 +1115,7 @@ void nvp_disconnect_all(void)
         if (t->stg.base)
             munmap(t->stg.base, STAGING_BYTES);
         t->stg.base = NULL;
+        posted_reset(&t->stg);
     }
     threads = NULL;
     drop_spares(); /* (the proxy let go of them in the checkpoint) */
@@ -1222,6 +1245,7 @@ static int reuse_spare(cudaError_t *err)
         }
         if (ok) {
             T.stg = sp->stg;
+            posted_reset(&T.stg);
             T.stg_addr = sp->addr;
             T.stg_ino = sp->ino;
         } else {
@@ -1273,6 +1297,7 @@ cudaError_t nvp_staging(struct nvp_staging **out)
     T.stg.base = p;
     T.stg.slot_size = NVP_STAGE_SLOT;
     T.stg.nslots = NVP_STAGE_SLOTS;
+    posted_reset(&T.stg);
     T.stg_addr = r.h.r[0];
     T.stg_ino = (uint64_t)st.st_ino;
     *out = &T.stg;

@@ -22,6 +22,7 @@ class Dispatcher:
         self.server: Any = None
         self.pending_graphs: dict[str, Any] | None = None  # (graphs.defer_restore)
         self.fast: fastpath.FastPath | None = None
+        self._sync_taught: set[int] = set()  # devices whose sync streams C knows (teach_sync_streams)
         driver = getattr(backend, "fast_driver", None)
         if driver is not None and fastpath.enabled():
             self.fast = fastpath.FastPath(driver(), spin_us=int(SPIN_S * 1e6))
@@ -70,6 +71,7 @@ class Dispatcher:
                 s = ch.per_thread[dev] = self.backend.stream_create(dev, 0, 0)
                 if ch.fast is not None and dev < fastpath.MAX_DEV:
                     ch.fast.per_thread[dev] = fastpath.ffi.cast("void *", self.backend.handle_value(s))
+                self.sync_streams_changed()
             return s
 
         return get
@@ -104,10 +106,32 @@ class Dispatcher:
             return False
         return all(be.stream_query(s) for s in streams)
 
+    def teach_sync_streams(self, dev: int) -> None:
+        """Tell C which streams a synchronous pageable copy on dev waits for, as the runtime's does: the legacy
+        stream (NULL, as C names it), the program's blocking streams and every thread's per-thread stream (not
+        non-blocking streams: measured on the H200, a pageable cudaMemcpy waited 20 ms for a kernel on the
+        legacy or a blocking stream and none for one on a non-blocking stream)."""
+        if self.fast is None or dev in self._sync_taught:
+            return
+        st, be = self.state, self.backend
+        streams = [s for w, (d, s) in st.streams.items() if d == dev and not st.stream_args.get(w, (0, 0))[0] & 1]
+        if self.server is not None:
+            streams += [ch.per_thread[dev] for ch in self.server.channels if dev in ch.per_thread]
+        self.fast.set_sync_streams(dev, [0] + [be.handle_value(s) for s in streams])
+        self._sync_taught.add(dev)
+
+    def sync_streams_changed(self) -> None:
+        """A stream came or went: C asks Python again which streams a synchronous copy waits for."""
+        if self.fast is not None:
+            for dev in self._sync_taught:
+                self.fast.set_sync_streams(dev, None)
+        self._sync_taught.clear()
+
     def forget(self) -> None:
         """Handles were destroyed or reloaded: the fast path learns them again."""
         if self.fast is not None:
             self.fast.forget_all()
+        self._sync_taught.clear()  # (forgotten in C too)
 
     def channel_closed(self, ch: Any) -> None:
         if ch.staging is not None:

@@ -30,6 +30,7 @@ IDLE, CLOSED, FDS = CONSTANTS["NVPF_IDLE"], CONSTANTS["NVPF_CLOSED"], CONSTANTS[
 WAIT_NONE, WAIT_STREAM, WAIT_EVENT = (CONSTANTS[f"NVPF_WAIT_{k}"] for k in ("NONE", "STREAM", "EVENT"))
 MAX_DEV = CONSTANTS["NVPF_MAX_DEV"]
 COPY_EVENTS = CONSTANTS["NVPF_COPY_EVENTS"]
+POSTED = CONSTANTS["NVPF_POSTED"]
 DRIVER_FIELDS = ("launch", "launch_cooperative", "memcpy_async", "memset_async", "event_record", "event_query",
                  "event_sync", "stream_query", "stream_sync", "stream_wait_event", "graph_launch")
 
@@ -108,6 +109,48 @@ class FastPath:
 
     def set_text_pending(self, on: bool) -> None:
         self.lib.nvpf_set_text_pending(int(on))
+
+    def set_sync_streams(self, dev: int, handles: list[int] | None) -> None:
+        """The streams a synchronous pageable copy on dev waits for (handle values), or None: not known."""
+        if dev >= MAX_DEV:
+            return
+        if handles is None:
+            self.lib.nvpf_set_sync_streams(dev, ffi.NULL, -1)
+        else:
+            arr = ffi.new("void *[]", [ffi.cast("void *", h) for h in handles] or [ffi.NULL])
+            self.lib.nvpf_set_sync_streams(dev, arr, len(handles))
+
+    # ---- posted copies (a channel's host-to-device copies answered before their DMA ended) ----
+    def posted_order(self, chan: Any, stream: int) -> None:
+        """The next work on stream (a handle value) goes after the channel's posted copies still in flight."""
+        self.lib.nvpf_posted_advance(chan)
+        if chan.posted_count:
+            rc = self.lib.nvpf_posted_order(chan, ffi.cast("void *", stream))
+            if rc:
+                raise CudaError(rc)
+
+    def posted_drain(self, chan: Any) -> None:
+        """Wait for the channel's posted copies (its staging buffer is about to change hands)."""
+        self.lib.nvpf_posted_drain(chan)
+
+    def posted_fence(self, chan: Any, upto: int) -> Callable[[], None] | None:
+        """For NVP_OP_STAGED_FENCE: None if the posted copies up to upto are done (published), else a wait for
+        them, for a waiter thread, which publishes it."""
+        self.lib.nvpf_posted_advance(chan)
+        out = ffi.new("void *[]", POSTED)
+        handles = [out[i] for i in range(self.lib.nvpf_posted_events(chan, upto, out))]
+        if not handles:
+            self.lib.nvpf_posted_publish(chan, upto)
+            return None
+
+        def wait() -> None:
+            for h in handles:  # (an event since recorded again for a later copy: waited for longer, no harm)
+                rc = self.drv.event_sync(h)
+                if rc:
+                    raise CudaError(rc)
+            self.lib.nvpf_posted_publish(chan, upto)
+
+        return wait
 
     # ---- running ----
     def run(self, chan: Any, buf: bytearray, next_seq: int) -> tuple[int, int, int]:

@@ -92,6 +92,7 @@ class Channel:
         self.copy_events: list[Any] = []  # (of the ring of the current device, in copy_rings)
         self.copy_rings: dict[int, list[Any]] = {}
         self.copy_event_next = 0
+        self.posted_rings: dict[int, list[Any]] = {}  # (memory.posted_ring)
         self._send_lock = threading.Lock()
         self._waits: queue.SimpleQueue[Any] | None = None
         self._pending = 0

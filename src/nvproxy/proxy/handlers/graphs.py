@@ -441,6 +441,7 @@ class _ReplayChannel:
     copy_events: list[Any] = field(default_factory=list)
     copy_rings: dict[int, list[Any]] = field(default_factory=dict)
     copy_event_next: int = 0
+    posted_rings: dict[int, list[Any]] = field(default_factory=dict)
 
 
 _Into = tuple[Any, list[Any], int, dict[int, Any], dict[Any, Any]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ... import wire
 from ...errors import (
     ALREADY_MAPPED,
     HOST_MEMORY_NOT_REGISTERED,
@@ -108,6 +109,7 @@ def _reuse_staging(p: Any, ch: Any, size: int, addr: int, ino: int) -> int:
     if r.size != size or os.fstat(r.fd).st_ino != ino:  # (another proxy's buffer, met after a migration)
         return 0
     if old is not None:
+        _posted_drain(p, old)
         _set_staging(old, None)
     st.spare_staging.pop(addr, None)
     _attach_staging(p, ch, addr, r)
@@ -133,6 +135,7 @@ def release_staging(p: Any, ch: Any) -> None:
     still uses the buffer; it stays registered for the next thread: unregistering waits for the device and holds
     the driver meanwhile (a kernel spinning until another thread's call would never end)."""
     addr, size = ch.staging
+    _posted_drain(p, ch)
     _set_staging(ch, None)
     r = p.state.host.pop(addr, None)
     if r is not None:
@@ -184,6 +187,30 @@ def _copy_event(p: Any, ch: Any) -> Any:
     return ch.copy_events[(i - 1) % COPY_EVENTS]
 
 
+def _posted_drain(p: Any, ch: Any) -> None:
+    """The channel's staging buffer changes hands: its posted copies must have read it.  (They are small and
+    the host waits for them here, holding the dispatcher: a thread's end, a buffer taken over.)"""
+    if ch.fast is not None and p.fast is not None:
+        p.fast.posted_drain(ch.fast)
+
+
+def posted_ring(p: Any, ch: Any) -> None:
+    """C's ring of events marking the channel's posted copies done, on its current device (switched only once
+    the copies in flight on the last device are done: C waits for those copies meanwhile)."""
+    fc = ch.fast
+    if fc is None or (fc.posted_events[0] != fastpath.ffi.NULL and fc.posted_dev == ch.dev):
+        return
+    p.fast.lib.nvpf_posted_advance(fc)
+    if fc.posted_count:
+        return
+    ring = ch.posted_rings.get(ch.dev)
+    if ring is None:
+        ring = ch.posted_rings[ch.dev] = [p.backend.event_create(ch.dev, 2) for _ in range(fastpath.POSTED)]
+    for i, e in enumerate(ring):
+        fc.posted_events[i] = fastpath.ffi.cast("void *", p.backend.handle_value(e))
+    fc.posted_dev = ch.dev
+
+
 def STAGED_COPY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred:
     dev_addr, off, n, wire_stream, to_host = p.state.translate(a[0]), a[1], a[2], a[3], a[4]
     if ch.staging is None or off + n > ch.staging[1]:
@@ -192,6 +219,14 @@ def STAGED_COPY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred
     s = p.stream(ch, wire_stream)
     if p.capturing(s):  # a graph would copy the staging slot, not the application's memory
         raise CudaError(STREAM_CAPTURE_UNSUPPORTED, "a pageable copy in a stream capture")
+    if ch.fast is not None:
+        # A posted copy (a[5]) comes here when C lacks what it needs: taught now, C takes the next.  This one is
+        # answered once done, as every staged copy Python does (the shim learns so from a fence, or from C).
+        if a[5] and not to_host:
+            posted_ring(p, ch)
+            if not a[6] & wire.CONSTANTS["NVP_STAGED_ASYNC"]:
+                p.teach_sync_streams(ch.dev)
+        p.fast.posted_order(ch.fast, p.backend.handle_value(s))  # (it may land where they still read)
     if to_host:
         p.backend.memcpy(host, dev_addr, n, s)
     else:
@@ -199,6 +234,15 @@ def STAGED_COPY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred
     e = _copy_event(p, ch)
     p.backend.event_record(e, s, 0)
     return Deferred(lambda: p.backend.event_sync(e), lambda: p.backend.event_query(e))
+
+
+def STAGED_FENCE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred | None:
+    """Every posted copy of the channel up to number a[0] is done once this is answered (without the fast path
+    no copy is posted: Python answers each once done)."""
+    if ch.fast is None or p.fast is None:
+        return None
+    wait = p.fast.posted_fence(ch.fast, a[0])
+    return None if wait is None else Deferred(wait)
 
 
 def MEMCPY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred:

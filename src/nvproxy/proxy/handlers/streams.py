@@ -17,6 +17,8 @@ def _signed(x: int) -> int:
 def STREAM_CREATE(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     p.state.streams[a[0]] = (ch.dev, p.backend.stream_create(ch.dev, a[1], _signed(a[2])))
     p.state.stream_args[a[0]] = (a[1], _signed(a[2]))
+    if not a[1] & 1:  # (a blocking stream: a synchronous copy waits for it too)
+        p.sync_streams_changed()
 
 
 def STREAM_DESTROY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
