@@ -442,6 +442,8 @@ static int posted_copy(struct nvpf_chan *ch, uint64_t dst, uint64_t host, uint64
     int early = 1;
     if (!is_async && (early = sync_idle_soon(ch->dev, ch->exclusive ? exclusive_spin_ns : spin_ns)) < 0)
         return TO_PYTHON; /* (Python tells C the streams) */
+    if (early && !is_async && ch->posted_count)
+        nvpf_posted_advance(ch); /* (those the streams were busy with are done: the shim may reuse their place) */
     if (ch->posted_count == NVPF_POSTED) { /* (the shim keeps fewer in flight: not reached) */
         int rc = D.event_sync(posted_event(ch, ch->posted_first));
         posted_pop(ch);

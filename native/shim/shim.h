@@ -65,9 +65,9 @@ struct nvp_staging {
     size_t slot_size;
     int nslots;
     /* Posted host-to-device copies (NVP_OP_STAGED_COPY): answered before their DMA ended, so their bytes stay
-     * in the buffer until the proxy says they are done.  Numbered per channel from 1; in flight oldest first. */
+     * in the buffer until the proxy says they are done.  Numbered per channel from 1; those in flight, oldest
+     * first. */
     uint64_t posted, posted_known; /* numbers handed out; every one up to posted_known is done */
-    size_t ring_at;                /* where the next one goes (they take the buffer round as a ring) */
     unsigned pfirst, pcount;
     struct nvp_posted pq[NVP_POSTED_MAX];
 };

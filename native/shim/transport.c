@@ -750,7 +750,6 @@ static int open_channel(int kind, struct nvp_rep *rep_out, struct nvp_mailbox **
 static void posted_reset(struct nvp_staging *s)
 {
     s->posted = s->posted_known = 0;
-    s->ring_at = 0;
     s->pfirst = s->pcount = 0;
 }
 

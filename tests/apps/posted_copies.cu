@@ -32,8 +32,8 @@ int main() {
     int *dflag;
     CHECK(cudaHostGetDevicePointer((void **)&dflag, flag, 0));
 
-    // 1. back to back, sizes 1 B - 300 KiB, the host buffer rewritten after each call: ~9 times round the
-    //    staging buffer
+    // 1. back to back, sizes 1 B - 300 KiB, the host buffer rewritten after each call (staging places come
+    //    round again as the copies end)
     size_t at = 0, total = 0;
     int copies = 0;
     for (unsigned k = 0; total < (300u << 20); k++) {
