@@ -47,6 +47,18 @@ def _hold_application_ranges(image: str) -> list[int]:
     return [int(d["index"]) for d in h.get("devices", []) if isinstance(d, dict) and "index" in d]
 
 
+def _since_exec() -> float:
+    """Seconds since this process began (to 10 ms): what starting the interpreter, importing and the driver's
+    initialisation took before a restore (0 where /proc cannot say)."""
+    try:
+        with open("/proc/self/stat") as f:
+            start = int(f.read().rsplit(")", 1)[1].split()[19])  # (field 22, starttime, in clock ticks)
+        with open("/proc/uptime") as f:
+            return max(0.0, float(f.read().split()[0]) - start / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def _more_descriptors() -> None:
     """Up to the hard limit of open files: every application thread's channel holds a socket and its mailbox's
     memfd here (and a staging memfd once it copies pageable memory), and 1024 is a common soft limit."""
@@ -103,8 +115,10 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         from .checkpoint.restore import restore_image
         from .proxy.handlers import graphs, ipc
 
+        started = _since_exec()
         try:
             stats = restore_image(dispatch.state, args.restore, None, functools.partial(graphs.defer_restore, dispatch))
+            stats["phases"] = {"proxy_start": started, **stats["phases"]}
         except (ImageError, OSError) as e:
             print(f"nvproxy: cannot recover from {args.restore}: {e}", file=sys.stderr)
             return 1
