@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 from ... import wire
@@ -48,9 +47,6 @@ def HOST_REGISTER(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     fd = _take_fd(ch)
     if addr in p.state.host or not libc.map_fixed(fd, addr, size):
         os.close(fd)  # (and nothing unmapped: what is there is this process's own; unmapping it crashed the proxy)
-        if addr not in p.state.host:  # (the proxy's own mappings, the driver's among them: say so, it is rare)
-            print(f"nvproxy: cannot share host memory at {addr:#x}+{size:#x}: the proxy has something mapped there; "
-                  "the call fails with cudaErrorHostMemoryAlreadyRegistered", file=sys.stderr)
         raise CudaError(ALREADY_MAPPED, f"host memory at {addr:#x}+{size}: the address is taken in the proxy")
     try:
         p.backend.host_register(addr, size)
