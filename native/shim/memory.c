@@ -286,7 +286,14 @@ static cudaError_t host_register(uint64_t user, size_t size, unsigned int flags)
     cudaError_t e = share_with_proxy(fd, base, len, flags);
     if (e) {
         close(fd);
-        return e == cudaErrorAlreadyMapped ? cudaErrorHostMemoryAlreadyRegistered : e;
+        if (e != cudaErrorAlreadyMapped)
+            return e;
+        /* (the proxy must map it at the same address, and its own mappings, the driver's among them, hold some of
+         * it: rare, and not what the error says, so say it) */
+        nvp_log("nvproxy: cudaHostRegister: [%#llx, +%#llx) is taken in the proxy's address space; returning "
+                "cudaErrorHostMemoryAlreadyRegistered",
+                (unsigned long long)base, (unsigned long long)len);
+        return cudaErrorHostMemoryAlreadyRegistered;
     }
     struct nvp_host_region h = {base, len, user, size, NVP_HOST_REGISTERED, flags, fd};
     nvp_host_add(&h);
