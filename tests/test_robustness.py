@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import nvproxy_cmd, run
 
-from nvproxy import wire
+from nvproxy import shim_path, wire
 from nvproxy.launcher import find_proxy
 
 BACKENDS = ["sim", pytest.param("gpu", marks=pytest.mark.gpu)]
@@ -58,6 +58,39 @@ def test_dead_proxy_is_a_clear_error_not_a_hang(build, backend: str) -> None:
     out, err = p.communicate("\n", timeout=30)
     assert "after the pause: cudaErrorDevicesUnavailable, then cudaErrorDevicesUnavailable, within 2 s: yes" in out
     assert "nvproxy: lost the proxy" in err
+
+
+def _mappings_up_high(pid: int) -> list[str]:
+    """The proxy's mappings in the top of the address space, where a program's mmap() puts memory (top-down,
+    below its stack), other than its stack and the kernel's pages."""
+    return [line for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+            if int(line.split("-", 1)[0], 16) >= 0x7000_0000_0000
+            and not any(f"[{k}]" in line for k in ("stack", "vvar", "vvar_vclock", "vdso", "vsyscall"))]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("started_by", ["nvproxy run", "the shim"])
+def test_proxy_maps_its_own_memory_far_from_the_programs(build, backend: str, started_by: str) -> None:
+    """The proxy maps the program's pinned memory at the program's own addresses, and the program's mmap() took
+    those top-down below its stack: so the proxy's own mappings (the driver's among them) go bottom-up, none up
+    there (NVIDIA's simpleStreams once got cudaErrorHostMemoryAlreadyRegistered: its range was taken in the
+    proxy).  Both ways a proxy starts: `nvproxy run` (launcher.py) and the shim alone (transport.c)."""
+    if started_by == "nvproxy run":
+        p = start_waiting_app(build, backend)
+    else:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NVPROXY_")}
+        env.update(LD_PRELOAD=str(shim_path()), NVPROXY_BACKEND=backend, NVPROXY_PYTHON=sys.executable)
+        p = subprocess.Popen([str(build("dead_proxy"))], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+        assert p.stdout is not None and p.stdout.readline() == "ready\n"
+    try:
+        pid, _ = proxy_of(p.pid)
+        assert _mappings_up_high(pid) == []
+        libs = [line for line in Path(f"/proc/{pid}/maps").read_text().splitlines() if ".so" in line]
+        assert libs  # (they would lie up there in the default layout)
+    finally:
+        out, err = p.communicate("\n", timeout=60)
+    assert p.returncode == 0, err
 
 
 def test_proxy_socket_listens_before_its_path_appears(tmp_path) -> None:

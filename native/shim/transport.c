@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/personality.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -391,6 +392,11 @@ static int spawn_proxy(const char *restore_image)
         if (raw_fork() != 0)
             LC.syscall(SYS_exit_group, 0L);
         LC.syscall(SYS_setsid);
+        /* the proxy maps the program's pinned memory at the program's addresses, which it mmap()ed top-down
+         * below its stack: the proxy's own mappings (the driver's among them) go bottom-up, far from there */
+        long pers = LC.syscall(SYS_personality, 0xffffffffL);
+        if (pers != -1)
+            LC.syscall(SYS_personality, pers | ADDR_COMPAT_LAYOUT);
         pid_t me = (pid_t)LC.syscall(SYS_getpid);
         LC.syscall(SYS_write, (long)pfd[1], &me, (long)sizeof me);
         LC.execve(exe, (char *const *)argv, envp);

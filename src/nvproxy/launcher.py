@@ -52,6 +52,24 @@ def find_proxy(app_pid: int) -> tuple[int, str]:
     raise SystemExit(f"nvproxy: no proxy of this user serves process {app_pid}")
 
 
+ADDR_COMPAT_LAYOUT = 0x0200000  # (linux/personality.h)
+
+
+def bottom_up_mappings() -> None:
+    """For a proxy about to be exec'd: its mappings go bottom-up (the legacy layout), far from where a program's
+    mmap() puts memory (top-down below its stack), since the proxy must map the program's pinned memory at the
+    program's own addresses: NVIDIA's simpleStreams once found its cudaHostRegister'ed range taken in the proxy."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        pers = libc.personality(0xFFFFFFFF)
+        if pers != -1:
+            libc.personality(pers | ADDR_COMPAT_LAYOUT)
+    except (OSError, AttributeError):
+        pass
+
+
 def spawn_proxy(owner_pid: int, env: dict[str, str], extra: list[str] = (), sock: str | None = None,
                 wait: bool = True) -> tuple[str, int]:
     """Start a proxy serving owner_pid (double fork: it is nobody's child);
@@ -67,6 +85,7 @@ def spawn_proxy(owner_pid: int, env: dict[str, str], extra: list[str] = (), sock
                 os._exit(0)
             os.write(w, str(os.getpid()).encode())
             os.close(w)
+            bottom_up_mappings()
             argv = [sys.executable, "-m", "nvproxy", "proxy", "--socket", sock, "--owner-pid", str(owner_pid),
                     *extra]
             os.execve(sys.executable, argv, env)
