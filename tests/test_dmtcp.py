@@ -46,7 +46,9 @@ class Session:
         self.dir = tmp_path
         self.cwd = cwd or tmp_path  # the program's
         tmp_path.mkdir(exist_ok=True)
-        self.env = dict(os.environ, PATH=f"{self.bin}:{os.environ['PATH']}")
+        # (NVPROXY_CRASH_TRACE: a restarted program that crashes, as graph_capture did in 1-3% of restarts on an
+        # H200, prints its frames into the failure's message)
+        self.env = dict(os.environ, PATH=f"{self.bin}:{os.environ['PATH']}", NVPROXY_CRASH_TRACE="1")
         self.env.pop("LD_PRELOAD", None)
         port_file = tmp_path / "port"
         self._coordinator("--coord-port", "0", "--port-file", str(port_file))

@@ -93,6 +93,26 @@ def test_proxy_maps_its_own_memory_far_from_the_programs(build, backend: str, st
     assert p.returncode == 0, err
 
 
+@pytest.mark.parametrize("trace", [False, True])
+def test_crash_trace_prints_a_crashing_programs_frames(build, monkeypatch, trace: bool) -> None:
+    """NVPROXY_CRASH_TRACE=1 (native/shim/crash.c): a program that dies of SIGSEGV prints where first, and still
+    dies of the signal; without it the shim leaves the program's signals alone."""
+    if trace:
+        monkeypatch.setenv("NVPROXY_CRASH_TRACE", "1")
+    else:
+        monkeypatch.delenv("NVPROXY_CRASH_TRACE", raising=False)
+    exe = build("crash")
+    r = run(nvproxy_cmd(exe, "sim", "crash"))
+    assert r.stdout == "crashing\n"
+    assert r.returncode in (-signal.SIGSEGV, 128 + signal.SIGSEGV), r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.startswith("nvproxy: crash:")]
+    if trace:
+        assert lines[0].startswith("nvproxy: crash: signal 11 at address (nil)"), r.stderr
+        assert any(f"{exe}+0x" in line for line in lines[1:3]), r.stderr  # (the faulting frame: main)
+    else:
+        assert lines == []
+
+
 def test_proxy_socket_listens_before_its_path_appears(tmp_path) -> None:
     """Whoever sees a proxy's socket path can connect at once (`nvproxy run` waits only for the path; a first
     connect between the bind and the listen was refused on a busy GPU machine)."""
