@@ -121,11 +121,12 @@ class FastPath:
             self.lib.nvpf_set_sync_streams(dev, arr, len(handles))
 
     # ---- posted copies (a channel's host-to-device copies answered before their DMA ended) ----
-    def posted_order(self, chan: Any, stream: int) -> None:
-        """The next work on stream (a handle value) goes after the channel's posted copies still in flight."""
+    def posted_order(self, chan: Any, stream: Callable[[], int]) -> None:
+        """The next work on a stream goes after the channel's posted copies still in flight (stream: its handle
+        value, asked for only if some are)."""
         self.lib.nvpf_posted_advance(chan)
         if chan.posted_count:
-            rc = self.lib.nvpf_posted_order(chan, ffi.cast("void *", stream))
+            rc = self.lib.nvpf_posted_order(chan, ffi.cast("void *", stream()))
             if rc:
                 raise CudaError(rc)
 

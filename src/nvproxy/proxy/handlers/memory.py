@@ -226,7 +226,7 @@ def STAGED_COPY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred
             posted_ring(p, ch)
             if not a[6] & wire.CONSTANTS["NVP_STAGED_ASYNC"]:
                 p.teach_sync_streams(ch.dev)
-        p.fast.posted_order(ch.fast, p.backend.handle_value(s))  # (it may land where they still read)
+        p.fast.posted_order(ch.fast, lambda: p.backend.handle_value(s))  # (it may land where they still read)
     if to_host:
         p.backend.memcpy(host, dev_addr, n, s)
     else:
