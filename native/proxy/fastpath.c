@@ -149,7 +149,7 @@ EXPORT void nvpf_learn_graph_exec(uint64_t id, void *handle)
 }
 
 static void *sync_streams[NVPF_MAX_DEV][NVPF_SYNC_STREAMS];
-static int nsync[NVPF_MAX_DEV]; /* -1 - n: unknown (so that zero-initialised means unknown) */
+static int nsync[NVPF_MAX_DEV]; /* 1 + how many streams; 0: not known (so that zero-initialised means unknown) */
 
 EXPORT void nvpf_forget_all(void)
 {

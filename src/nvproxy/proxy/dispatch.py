@@ -100,8 +100,7 @@ class Dispatcher:
         per-thread streams)?  Then a synchronisation needs no hand-off to a waiting thread.  False also
         where there are more than most streams to ask."""
         be = self.backend
-        streams = [s for d, s in self.state.streams.values() if d == dev]
-        streams += [ch.per_thread[dev] for ch in self.server.channels if dev in ch.per_thread]
+        streams = self._streams_of(dev, blocking_only=False)
         if len(streams) >= most or not be.stream_query(be.legacy_stream(dev)):
             return False
         return all(be.stream_query(s) for s in streams)
@@ -113,12 +112,19 @@ class Dispatcher:
         legacy or a blocking stream and none for one on a non-blocking stream)."""
         if self.fast is None or dev in self._sync_taught:
             return
-        st, be = self.state, self.backend
-        streams = [s for w, (d, s) in st.streams.items() if d == dev and not st.stream_args.get(w, (0, 0))[0] & 1]
+        streams = self._streams_of(dev, blocking_only=True)
+        self.fast.set_sync_streams(dev, [0] + [self.backend.handle_value(s) for s in streams])
+        self._sync_taught.add(dev)
+
+    def _streams_of(self, dev: int, blocking_only: bool) -> list[Any]:
+        """The program's streams on dev (only those not made cudaStreamNonBlocking, if blocking_only) and every
+        thread's per-thread stream there; not the legacy stream."""
+        st = self.state
+        streams = [s for w, (d, s) in st.streams.items()
+                   if d == dev and not (blocking_only and st.stream_args.get(w, (0, 0))[0] & 1)]
         if self.server is not None:
             streams += [ch.per_thread[dev] for ch in self.server.channels if dev in ch.per_thread]
-        self.fast.set_sync_streams(dev, [0] + [be.handle_value(s) for s in streams])
-        self._sync_taught.add(dev)
+        return streams
 
     def sync_streams_changed(self) -> None:
         """A stream came or went: C asks Python again which streams a synchronous copy waits for."""
