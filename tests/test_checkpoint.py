@@ -107,8 +107,7 @@ def test_migration_at_every_call(build, backend: str, app: str, tmp_path: Path) 
         assert r.stdout == reference.stdout, f"migrated at call {call} of {calls}: {r.stderr}"
 
 
-@pytest.mark.parametrize("read", ["map", "bounce"])
-def test_damaged_image_is_refused(build, tmp_path: Path, read: str) -> None:
+def _image_of_ckpt_steps(build, tmp_path: Path) -> Path:
     exe = build("ckpt_steps")
     app = subprocess.Popen(nvproxy_cmd(exe, "sim", "ckpt_steps", "8", "100"), stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
@@ -117,16 +116,14 @@ def test_damaged_image_is_refused(build, tmp_path: Path, read: str) -> None:
     image = tmp_path / "a.img"
     assert nvproxy("checkpoint", str(app.pid), "-o", str(image)).returncode == 0
     app.communicate(timeout=120)
-    fd, header = read_header(image)
-    os.close(fd)
-    region = next(r for r in header["regions"] if r["kind"] == "mem" and r["size"] > 1 << 20)
-    with open(image, "r+b") as f:  # flip one byte of device memory
-        f.seek(region["offset"] + 12345)
-        b = f.read(1)
-        f.seek(region["offset"] + 12345)
-        f.write(bytes([b[0] ^ 0xFF]))
+    return image
+
+
+def _restore_in_new_process(image: Path, read: str, patch: str = "") -> subprocess.CompletedProcess:
+    """restore_image of image into a fresh sim backend (patch: Python run on it, as `be`, first); prints the
+    error it raised and the threads left behind."""
     code = f"""
-import os, sys
+import os, sys, threading
 from nvproxy.backends.sim import SimBackend
 from nvproxy.proxy.state import ProcessState
 from nvproxy.checkpoint.restore import restore_image
@@ -135,14 +132,46 @@ fd, h = read_header({str(image)!r}); os.close(fd)
 fds = {{}}
 for addr, size in h["host"]:
     m = os.memfd_create("t"); os.ftruncate(m, size); fds[addr] = m
+be = SimBackend()
+{patch}
 try:
-    restore_image(ProcessState(SimBackend()), {str(image)!r}, fds)
+    restore_image(ProcessState(be), {str(image)!r}, fds)
 except Exception as e:
     print(type(e).__name__, e)
+print("threads", sorted(t.name for t in threading.enumerate() if t.name.startswith("nvproxy")))
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ, NVPROXY_RESTORE_READ=read))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, NVPROXY_RESTORE_READ=read))
+
+
+@pytest.mark.parametrize("read", ["map", "bounce"])
+def test_damaged_image_is_refused(build, tmp_path: Path, read: str) -> None:
+    image = _image_of_ckpt_steps(build, tmp_path)
+    fd, header = read_header(image)
+    os.close(fd)
+    region = next(r for r in header["regions"] if r["kind"] == "mem" and r["size"] > 1 << 20)
+    with open(image, "r+b") as f:  # flip one byte of device memory
+        f.seek(region["offset"] + 12345)
+        b = f.read(1)
+        f.seek(region["offset"] + 12345)
+        f.write(bytes([b[0] ^ 0xFF]))
+    r = _restore_in_new_process(image, read)
     assert "ImageError" in r.stdout and "checksum mismatch" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("refusal", ["memory", "model"])
+def test_a_refused_restore_stops_the_load_it_began(build, tmp_path: Path, refusal: str) -> None:
+    """A file's load starts with the restore, before the devices are checked: a device the image cannot go to
+    stops it (no copy, no thread left, the image untouched), with the check's own message."""
+    image = _image_of_ckpt_steps(build, tmp_path)
+    before = image.read_bytes()
+    patch = {"memory": "be.mem_info = lambda dev: (1 << 20, 1 << 30)",
+             "model": "props = be.device_props\nbe.device_props = lambda dev: ('another GPU', *props(dev)[1:])"}
+    r = _restore_in_new_process(image, "bounce", patch[refusal])
+    want = {"memory": "device 0 has 1 MiB free; the image needs", "model": "device 0 is a another GPU"}[refusal]
+    assert f"ImageError {want}" in r.stdout, r.stdout + r.stderr
+    assert "threads []" in r.stdout, r.stdout
+    assert image.read_bytes() == before
 
 
 def test_image_format_is_checked(tmp_path: Path) -> None:

@@ -195,3 +195,40 @@ def test_a_failed_copy_stops_the_load(tmp_path: Path) -> None:
     r = s.run(d)
     assert (r.why, r.err) == (fileload.CUDA, 700)
     assert len(d.copies) == 5
+
+
+def _run_in_thread(s: Setup, d: Driver, gate: fileload.Gate) -> tuple[threading.Thread, list[fileload.Outcome]]:
+    out: list[fileload.Outcome] = []
+    t = threading.Thread(target=lambda: out.append(s.run(d, gate=gate)))
+    t.start()
+    return t, out
+
+
+def test_a_closed_gate_holds_the_copies_while_the_slots_fill(tmp_path: Path) -> None:
+    """A restore starts reading before the device memory is mapped: nothing is copied until the gate opens."""
+    s = Setup(tmp_path)
+    for i in range(s.nslots):
+        s.states[i] = fileload.SLOT_READY
+    d, gate = Driver(), fileload.Gate()
+    t, out = _run_in_thread(s, d, gate)
+    time.sleep(0.3)
+    with d.lock:
+        assert d.copies == []
+    assert t.is_alive()  # (every slot is full, and none may go)
+    gate.open()
+    t.join(10)
+    assert out and out[0].why == fileload.OK
+    assert s.on_device() == s.expected()
+
+
+def test_a_cancelled_gate_stops_the_load_without_a_copy(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
+    for i in range(s.nslots):
+        s.states[i] = fileload.SLOT_READY
+    d, gate = Driver(), fileload.Gate()
+    t, out = _run_in_thread(s, d, gate)
+    time.sleep(0.1)
+    gate.cancel()
+    t.join(10)
+    assert not t.is_alive() and out[0].why == fileload.CANCELLED
+    assert d.copies == [] and s.on_device() == bytes(sum(s.sizes))

@@ -154,7 +154,10 @@ static void copy_loop(struct run *r, uint8_t *adopted, uint32_t *flight, double 
     pthread_mutex_lock(&r->mu);
     for (;;) {
         adopt_slots(r, adopted);
-        uint32_t ngrab = r->stop ? 0 : r->nfilled;
+        int32_t gate = l->gate ? __atomic_load_n(l->gate, __ATOMIC_ACQUIRE) : 1;
+        if (gate < 0)
+            fail(r, NVPL_CANCELLED, 0, -1);
+        uint32_t ngrab = r->stop || gate == 0 ? 0 : r->nfilled;
         for (uint32_t i = 0; i < ngrab; i++)
             grab[i] = r->filled[i];
         r->nfilled -= ngrab;
@@ -196,7 +199,7 @@ static void copy_loop(struct run *r, uint8_t *adopted, uint32_t *flight, double 
             fail(r, NVPL_CUDA, rc, -1);
         if (r->readers_done == r->readers && (r->nfilled == 0 || r->stop))
             break;
-        if (ngrab == 0 && retired == 0 && r->nfilled == 0)
+        if (ngrab == 0 && retired == 0 && (r->nfilled == 0 || gate == 0))
             wait_filled(r);
     }
     pthread_mutex_unlock(&r->mu);

@@ -25,6 +25,7 @@
 #define NVPL_CUDA 3     /* a copy or an event failed: err is the CUDA error */
 #define NVPL_NO_SLOTS 4 /* no slot could be made */
 #define NVPL_THREADS 5  /* no reader thread could be started: err is the errno */
+#define NVPL_CANCELLED 6 /* the gate said so */
 
 #define NVPL_SLOT_MAKING 0
 #define NVPL_SLOT_READY 1
@@ -55,6 +56,9 @@ struct nvpl_load {
     int (*event_record)(void *event, void *stream, unsigned flags);
     int (*event_query)(void *event);
     int (*event_sync)(void *event);
+    /* NULL, or: no copy is issued while *gate is 0 (the device memory is not mapped yet: the readers fill the
+     * slots meanwhile), and the load stops once it is below 0 */
+    volatile int32_t *gate;
     /* out */
     volatile uint64_t bytes_verified; /* progress: chunks read and checked so far */
     int32_t why;                      /* NVPL_* */

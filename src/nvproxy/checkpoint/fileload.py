@@ -18,8 +18,8 @@ ffi = cffi.FFI()
 ffi.cdef(_CDEF)
 _lib = ffi.dlopen(str(library_path()))
 C = wire.defines(_CDEF, "NVPL_")
-OK, SHORT, MISMATCH, CUDA, NO_SLOTS, THREADS = (C[f"NVPL_{k}"] for k in
-                                                ("OK", "SHORT", "MISMATCH", "CUDA", "NO_SLOTS", "THREADS"))
+OK, SHORT, MISMATCH, CUDA, NO_SLOTS, THREADS, CANCELLED = (
+    C[f"NVPL_{k}"] for k in ("OK", "SHORT", "MISMATCH", "CUDA", "NO_SLOTS", "THREADS", "CANCELLED"))
 SLOT_MAKING, SLOT_READY, SLOT_FAILED = C["NVPL_SLOT_MAKING"], C["NVPL_SLOT_READY"], C["NVPL_SLOT_FAILED"]
 DRIVER = ("memcpy_async", "event_record", "event_query", "event_sync")  # (of the backend's fast_driver())
 
@@ -39,12 +39,25 @@ def slot_states(n: int) -> object:
     return ffi.new("int32_t[]", n)
 
 
+class Gate:
+    """Holds a load's copies back until open() (its readers fill the slots meanwhile); cancel() stops it."""
+
+    def __init__(self) -> None:
+        self.cell = ffi.new("int32_t *")
+
+    def open(self) -> None:
+        self.cell[0] = 1
+
+    def cancel(self) -> None:
+        self.cell[0] = -1
+
+
 def run(fd: int, chunks: Sequence[tuple[int, int, int, int]], slots: int, slot_size: int, states: object,
         events: Sequence[int], streams: Sequence[int], driver: dict[str, int], readers: int, piece: int,
-        progress: Callable[[int], None] | None = None) -> Outcome:
+        progress: Callable[[int], None] | None = None, gate: Gate | None = None) -> Outcome:
     """chunks: (file offset, device address, size, checksum); events: one per slot, and streams, as the
     driver's handle values; driver: its entry points' addresses.  progress(bytes verified) is called about
-    four times a second from another thread while this runs, and once at the end."""
+    four times a second from another thread while this runs, and once at the end.  gate: see Gate."""
     table = ffi.new("struct nvpl_chunk[]", len(chunks))
     for i, (off, va, n, crc) in enumerate(chunks):
         table[i].file_off, table[i].va, table[i].size, table[i].crc = off, va, n, crc
@@ -54,6 +67,7 @@ def run(fd: int, chunks: Sequence[tuple[int, int, int, int]], slots: int, slot_s
     a.fd, a.chunks, a.nchunks = fd, table, len(chunks)
     a.slots, a.slot_size, a.nslots, a.slot_state = slots, slot_size, len(events), states
     a.events, a.streams, a.nstreams, a.readers, a.piece = ev, st, len(streams), readers, piece
+    a.gate = gate.cell if gate is not None else ffi.NULL
     for name in DRIVER:
         setattr(a, name, ffi.cast(ffi.typeof(getattr(a, name)), driver[name]))
     stop = threading.Event()

@@ -16,7 +16,7 @@ from ..errors import CudaError
 from ..proxy import libc, managed_vars
 from ..proxy.handlers import arrays, ipc
 from ..proxy.state import HostRange, ProcessState
-from . import transfer
+from . import contents, fileload, transfer
 from .checksum import checksum
 from .dump import PROGRESS_OVER, _progress
 from .hostimage import HostImage
@@ -45,8 +45,10 @@ class _FileImage:
     def read(self, off: int, n: int) -> bytes:
         return os.pread(self.fd, n, off)
 
-    def loader(self, m: transfer.Mover, progress: Callable[[int], None] | None) -> tuple[Any, Any, Any]:
-        """(load, finish, close); progress(bytes loaded by this loader so far), if given, is called now and then."""
+    def loader(self, m: transfer.Mover, progress: Callable[[int], None] | None,
+               gate: fileload.Gate | None = None) -> tuple[Any, Any, Any]:
+        """(load, finish, close); progress(bytes loaded by this loader so far), if given, is called now and then;
+        gate holds a bounce load's copies back until the device memory exists (an early load's)."""
         if self.mapped is None and read_mode() == "map":
             try:
                 self.mapped = transfer.MappedFile(m.backend, m.dev, self.fd)
@@ -56,7 +58,7 @@ class _FileImage:
             mf = self.mapped
             return (lambda va, n, off, crcs, what: transfer.host_to_device(m, mf, va, n, off, crcs, what)), (
                 lambda: None), (lambda: None)
-        fl = self.reader = transfer.FileLoader(m, self.fd, self.device_bytes(), progress)
+        fl = self.reader = transfer.FileLoader(m, self.fd, self.device_bytes(), progress, gate)
         return fl.load, fl.finish, fl.close
 
     def device_bytes(self) -> int:
@@ -84,7 +86,9 @@ class _MemoryImage:
             return b""
         return bytes(self.himg.view(off, n))
 
-    def loader(self, m: transfer.Mover, progress: Callable[[int], None] | None) -> tuple[Any, Any, Any]:
+    def loader(self, m: transfer.Mover, progress: Callable[[int], None] | None,
+               gate: object = None) -> tuple[Any, Any, Any]:
+        """Copies as load() is called: never early, so gate is never given."""
         return (lambda va, n, off, crcs, what: transfer.host_to_device(m, self.himg, va, n, off, crcs, what)), (
             lambda: None), (lambda: None)
 
@@ -141,6 +145,35 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
 
     be = state.backend
     _check_backend(h, be)
+    total = sum(r["size"] for r in h["regions"] if r["kind"] == "mem")
+
+    def progress(base: int) -> contents.Progress:
+        return (lambda n: _progress("restore", base + n, total, t0)) if total > PROGRESS_OVER else None
+
+    # (a file read through bounce slots: its load starts now, its copies once the device memory is mapped)
+    early = contents.EarlyLoad(img, be, h, exported, progress) if _loads_early(img) else None
+    try:
+        _map_devices(state, h, exported, phase)
+        phase("device_memory")
+        if early is not None:
+            early.mapped()
+        _make_modules(state, img, h)
+        phase("modules")
+        before = _make_objects(state, h, host_fds, exported)
+        phase("objects")
+        loaded = early.wait() if early is not None else {}
+        if early is not None:
+            phase("contents_loaded")
+        _load_contents(state, img, h, exported, loaded, before, phase, progress)
+    finally:
+        if early is not None:
+            early.close()
+
+
+def _map_devices(state: ProcessState, h: dict[str, Any], exported: dict[int, int] | None,
+                 phase: Callable[[str], None]) -> None:
+    """Each device checked against the image, its context made, its arena mapped at the image's addresses."""
+    be = state.backend
     for desc in h["devices"]:
         dev = desc["index"]
         if dev >= be.device_count():
@@ -179,8 +212,15 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
             be.peer(1, peer, owner)
         except CudaError:
             pass  # (already enabled, or granted only for a pool: the arena's memory is reachable either way)
-    phase("device_memory")
-    # modules first: kernels and variables live in them
+
+
+def _loads_early(img: Any) -> bool:
+    return isinstance(img, _FileImage) and read_mode() == "bounce"
+
+
+def _make_modules(state: ProcessState, img: Any, h: dict[str, Any]) -> None:
+    """Modules first: kernels and variables live in them."""
+    be = state.backend
     for r in h["regions"]:
         if r["kind"] == "module":
             data = img.read(r["offset"], r["size"])
@@ -198,7 +238,13 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
                 be.func_set_attr(k, int(attr), v)
                 state.kernel_attrs.setdefault(kid, {})[int(attr)] = v
     managed_vars.restore(state, h)
-    phase("modules")
+
+
+def _make_objects(state: ProcessState, h: dict[str, Any], host_fds: dict[int, int] | None,
+                  exported: dict[int, int] | None) -> dict[int, dict[int, float]]:
+    """Streams, events, pinned host memory, arrays and the objects over them; returns the events' times
+    before the checkpoint by device."""
+    be = state.backend
     for w, dev, flags, prio in h["streams"]:
         state.streams[w] = (dev, be.stream_create(dev, flags, prio))
         state.stream_args[w] = (flags, prio)
@@ -223,45 +269,29 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
         state.host[addr] = HostRange(size, hfd)
     arrays.make_arrays(state, h)
     arrays.make_objects(state, h)  # (after the streams and events: their values come from the same tables)
-    phase("objects")
-    total = sum(r["size"] for r in h["regions"] if r["kind"] == "mem")
+    return before
+
+
+def _load_contents(state: ProcessState, img: Any, h: dict[str, Any], exported: dict[int, int] | None,
+                   loaded: dict[int, contents.DeviceContents], before: dict[int, dict[int, float]],
+                   phase: Callable[[str], None], progress: Callable[[int], contents.Progress]) -> None:
+    """Every device's memory (unless loaded already, by an early load), variables and arrays."""
+    be = state.backend
     done = 0
     for desc in h["devices"]:
         dev = desc["index"]
-        m = transfer.Mover(be, dev)
-        load, finish, close = img.loader(m, (lambda n, base=done: _progress("restore", base + n, total, t0))
-                                   if total > PROGRESS_OVER else None)
-        loads_later = isinstance(img, _FileImage) and img.mapped is None  # (its load() only lists chunks)
+        early = loaded.pop(dev, None)
+        c = early or contents.DeviceContents(img, be, dev, progress(done))
         try:
-            for r in h["regions"]:
-                if r.get("dev") != dev:
-                    continue
-                if r["kind"] == "mem" and r["va"] in (exported or {}):
-                    done += r["size"]  # (the memory itself came over: others may be writing it)
-                elif r["kind"] == "mem":
-                    load(r["va"], r["size"], r["offset"], r["crcs"], f"memory {r['va']:#x}")
-                    done += r["size"]
-                    if total > PROGRESS_OVER and not loads_later:
-                        _progress("restore", done, total, t0)
-                elif r["kind"] == "var":
-                    va, n = be.global_get(state.module(dev, r["module"]), r["name"])
-                    if n != r["size"]:
-                        raise ImageError(f"variable {r['name']} has {n} bytes; the image holds {r['size']}")
-                    load(va, n, r["offset"], r["crcs"], f"variable {r['name']}")
-                    if va != r["va"]:  # the driver placed the module elsewhere this time
-                        state.relocate(r["va"], n, va)
-                elif r["kind"] == "array":
-                    data = img.read(r["offset"], r["size"])
-                    if len(data) != r["size"] or checksum(data) != r["crcs"][0]:
-                        raise ImageError(f"CUDA array {r['id']}: checksum mismatch; the image is damaged")
-                    rec = state.arrays[r["id"]]
-                    be.array_write(rec.handle, rec.shape(), data)
+            if early is None:
+                copies_at_once = not (isinstance(img, _FileImage) and img.mapped is None)  # (else load() lists)
+                done += contents.list_memory(h, dev, c.load, exported, progress(done) if copies_at_once else None)
+            contents.list_others(state, img, h, dev, c.load)
             phase("contents")
-            finish()
+            c.finish()
             phase("contents_loaded")
         finally:
-            close()
-            m.close()
+            c.close()
         be.device_sync(dev)
         phase("contents_let_go")
         state.set_times_before(dev, before.get(dev, {}))

@@ -248,13 +248,16 @@ class FileLoader:
     of a tmpfs file into pinned memory ran at 4 GB/s on one thread, 34 on sixteen there), and this
     thread issues the pieces' copies.  load() lists a region's chunks; finish() moves them all."""
 
-    def __init__(self, m: Mover, fd: int, image_bytes: int, progress: Callable[[int], None] | None = None) -> None:
+    def __init__(self, m: Mover, fd: int, image_bytes: int, progress: Callable[[int], None] | None = None,
+                 gate: fileload.Gate | None = None) -> None:
+        """gate: holds the copies back (fileload.Gate) until the device memory exists."""
         self.b = Bounce(m, image_bytes, READERS)
-        self.fd, self.progress = fd, progress
+        self.fd, self.progress, self.gate = fd, progress, gate
         self.events = [m.backend.event_create(m.dev, _DISABLE_TIMING) for _ in range(self.b.slots)]
         self.chunks: list[tuple[int, int, int, int]] = []  # (file offset, device address, size, checksum)
         self.names: list[tuple[str, int]] = []  # (region, chunk in it): for messages
         self.spent: dict[str, float] = {}
+        self.verified = 0  # (bytes moved by earlier finish() calls)
 
     def load(self, va: int, size: int, file_off: int, crcs: list[int], what: str) -> None:
         chunks = _chunks(size)
@@ -265,15 +268,23 @@ class FileLoader:
             self.names.append((what, k))
 
     def finish(self) -> None:
+        """Moves the chunks listed since the last finish() (a restore lists memory, then variables)."""
+        if not self.chunks:
+            return
         m, be = self.b.m, self.b.m.backend
         be.activate(m.dev)
         t = time.monotonic()
+        before, progress = self.verified, self.progress
         r = fileload.run(self.fd, self.chunks, self.b.addr, self.b.SLOT, self.b.state,
                          [be.handle_value(e) for e in self.events], [be.handle_value(s) for s in m.streams],
-                         be.fast_driver(), READERS, READ_PIECE, self.progress)
-        self.spent = {"load": time.monotonic() - t, "read_and_sum": r.read_s, "slot_wait": r.slot_wait_s,
-                      "copies_in_flight": r.flight_s}
-        what, k = self.names[r.bad_chunk] if r.bad_chunk >= 0 else ("the image", 0)
+                         be.fast_driver(), READERS, READ_PIECE,
+                         (lambda n: progress(before + n)) if progress is not None else None, self.gate)
+        for k, v in (("load", time.monotonic() - t), ("read_and_sum", r.read_s), ("slot_wait", r.slot_wait_s),
+                     ("copies_in_flight", r.flight_s)):
+            self.spent[k] = self.spent.get(k, 0.0) + v
+        self.verified += sum(n for _o, _va, n, _c in self.chunks)
+        names, self.chunks, self.names = self.names, [], []
+        what, k = names[r.bad_chunk] if r.bad_chunk >= 0 else ("the image", 0)
         if r.why == fileload.SHORT:
             raise ImageError(f"{what}: reading the image failed ({os.strerror(r.err)})" if r.err
                              else f"{what}: the image is truncated")
@@ -281,6 +292,8 @@ class FileLoader:
             raise ImageError(f"{what}: checksum mismatch in chunk {k}; the image is damaged")
         if r.why == fileload.CUDA:
             raise ImageError(f"copying the image to the device failed (CUDA error {r.err})")
+        if r.why == fileload.CANCELLED:
+            raise ImageError("the restore stopped before its device memory was loaded")
         if r.why == fileload.NO_SLOTS:
             raise ImageError(f"pinned bounce memory for the restore could not be made: {self.b.failed}")
         if r.why != fileload.OK:
