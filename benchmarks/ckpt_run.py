@@ -156,7 +156,12 @@ def measure(exe: Path, mib: int, td: Path, backend: str, settle: float = 5.0) ->
         if fallback:
             row["file_restore_note"] = fallback[0]
         if phases:
-            row["file_restore_phases_s"] = {k: float(v) for k, v in (x.split() for x in phases.group(1).split(", "))}
+            ph = {k: float(v) for k, v in (x.split() for x in phases.group(1).split(", "))}
+            row["file_restore_phases_s"] = ph
+            if "driver" in ph:  # (the restore less its wait for the CUDA context, made since the proxy started)
+                ready = max(fs - ph["driver"], 1e-3)
+                row.update(file_restore_ready_s=ready,
+                           file_restore_ready_gbps=int(from_file.group(1)) * 2**20 / ready / 1e9)
     ck = re.search(r"copied out in ([\d.]+) s \(([\d.]+) GB/s\); the application was stopped ([\d.]+) s; "
                    r"file written in ([\d.]+) s", r.stdout)
     if ck:

@@ -136,6 +136,7 @@ def _checkpoint_rows(samples: dict, td: Path, backend: str, sizes: str) -> None:
         for bench, ours, theirs in (("ckpt_dump", "ckpt_copy_gbps", "cuda_checkpoint_suspend_gbps"),
                                     ("ckpt_restore", "restore_gbps", "cuda_checkpoint_resume_gbps"),
                                     ("ckpt_restore_file", "file_restore_gbps", "cuda_checkpoint_resume_gbps"),
+                                    ("ckpt_restore_file_ready", "file_restore_ready_gbps", None),
                                     ("ckpt_recover_file", "file_recover_gbps", None)):
             if row.get(ours) is not None:
                 samples[(bench, size, "GB/s")]["nvproxy"].append(row[ours])
@@ -200,7 +201,8 @@ def _plots(rows: list[dict], out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out / "latency.png", dpi=120)
     if any(r["bench"] == "ckpt_dump" for r in rows):
-        fig, ax = lines(rows, ("ckpt_dump", "ckpt_restore", "ckpt_restore_file", "ckpt_recover_file"),
+        fig, ax = lines(rows, ("ckpt_dump", "ckpt_restore", "ckpt_restore_file", "ckpt_restore_file_ready",
+                               "ckpt_recover_file"),
                         {"native": "driver checkpoint", "nvproxy": "nvproxy"},
                         scale=2**30)
         ax.set_xlabel("GiB of device memory")

@@ -175,9 +175,12 @@ def _map_devices(state: ProcessState, h: dict[str, Any], exported: dict[int, int
     """Each device checked against the image, its context made, its arena mapped at the image's addresses."""
     be = state.backend
     for desc in h["devices"]:
+        if desc["index"] >= be.device_count():
+            raise ImageError(f"the image uses device {desc['index']}; only {be.device_count()} are visible")
+        be.activate(desc["index"])  # (a restoring proxy's contexts are being made since it started: backends/warmup)
+    phase("driver")
+    for desc in h["devices"]:
         dev = desc["index"]
-        if dev >= be.device_count():
-            raise ImageError(f"the image uses device {dev}; only {be.device_count()} are visible")
         name, uuid, total, _attrs = be.device_props(dev)
         if name != desc["name"]:
             raise ImageError(f"device {dev} is a {name}; the image was taken on a {desc['name']}")
