@@ -93,13 +93,12 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     os.dup2(null, 0)
     os.dup2(null, 1)
     os.close(null)
-    if args.restore:
-        devices = _hold_application_ranges(args.restore)
-        backend_name = args.backend or os.environ.get("NVPROXY_BACKEND") or "auto"
-        if devices and backend_name != "sim" and os.environ.get("NVPROXY_EARLY_CONTEXT", "1") != "0":
-            from .backends import warmup
+    devices = _hold_application_ranges(args.restore) if args.restore else []
+    backend_name = args.backend or os.environ.get("NVPROXY_BACKEND") or "auto"
+    if backend_name != "sim" and os.environ.get("NVPROXY_EARLY_CONTEXT", "1") != "0":
+        from .backends import warmup
 
-            warmup.start(devices)  # (while the modules below load)
+        warmup.start(devices)  # (while the modules below load: cuInit, and a restore's contexts)
     from .backends import open_backend
     from .proxy.dispatch import Dispatcher
     from .proxy.server import Server

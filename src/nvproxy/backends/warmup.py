@@ -1,11 +1,14 @@
-"""Making a restoring proxy's CUDA contexts while the rest of it starts.
+"""Initialising the driver, and making a restoring proxy's CUDA contexts, while the rest of the proxy starts.
 
-A restore (DMTCP restart, NVPROXY_RECOVER) needs the primary context of every device in its image before any
-memory can move, and making one took 0.11-0.14 s on the H200: as long as loading 3 GiB. It needs nothing of the
-proxy, so a thread makes it while the main thread imports pycuda and the proxy's modules and opens the image.
-The backend's own retain later finds the context made (the driver serialises a retain that comes while another
-is still making it, so it is never made twice).  ctypes, not the cffi binding: it is loaded before anything
-else and releases the GIL during the call.  Errors are left to the backend, which reports them where it would.
+Every proxy needs cuInit (0.22 s on the H200) before its first answer, and a restore (DMTCP restart,
+NVPROXY_RECOVER) needs the primary context of every device in its image before any memory can move (0.11-0.14 s
+each there: as long as loading 3 GiB).  Neither needs anything of the proxy, so a thread does them while the
+main thread imports pycuda and the proxy's modules (0.2-0.3 s) and opens the image.  A proxy that is not
+restoring makes no context here: the application's first call chooses its device, as with the runtime.  The
+backend's own cuInit and retain later find the work done (the driver serialises a retain that comes while another
+is still making the context, so it is never made twice).  ctypes, not the cffi binding: it is loaded before
+anything else and releases the GIL during the call.  Errors are left to the backend, which reports them where it
+would.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ def _retain(devices: list[int]) -> None:
 
 
 def start(devices: list[int]) -> threading.Thread:
-    """Make the primary contexts of devices (indices as this process sees them) on a thread of their own."""
+    """cuInit, then the primary contexts of devices (indices as this process sees them), on a thread of its own."""
     t = threading.Thread(target=_retain, args=(sorted(set(devices)),), name="nvproxy-context", daemon=True)
     t.start()
     return t
