@@ -107,8 +107,9 @@ def test_crash_trace_prints_a_crashing_programs_frames(build, monkeypatch, trace
     assert r.returncode in (-signal.SIGSEGV, 128 + signal.SIGSEGV), r.stderr
     lines = [line for line in r.stderr.splitlines() if line.startswith("nvproxy: crash:")]
     if trace:
-        assert lines[0].startswith("nvproxy: crash: signal 11 at address (nil)"), r.stderr
+        assert lines[0].startswith("nvproxy: crash: signal 11 (code 1) at address (nil)"), r.stderr  # (SEGV_MAPERR)
         assert any(f"{exe}+0x" in line for line in lines[1:3]), r.stderr  # (the faulting frame: main)
+        assert "nvproxy: crash:   fault 0 not mapped" in lines, r.stderr  # (what /proc/self/maps says of it)
     else:
         assert lines == []
 

@@ -6,6 +6,7 @@
 
 #include <dlfcn.h>
 #include <execinfo.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,16 +31,70 @@ static void frame(void *pc)
         say(b, snprintf(b, sizeof b, "nvproxy: crash:   %p\n", pc));
 }
 
+static unsigned long hex(const char **p)
+{
+    unsigned long v = 0;
+    for (;; (*p)++) {
+        char c = **p;
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0)
+            return v;
+        v = v * 16 + (unsigned long)d;
+    }
+}
+
+/* the lines of /proc/self/maps that hold one of the n addresses, or "not mapped" for those none holds (only
+ * read(2) and write(2): it runs in the handler) */
+static void mappings(const unsigned long *addr, const char *const *name, int n)
+{
+    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC), found = 0;
+    if (fd < 0)
+        return;
+    char buf[4096], line[512];
+    size_t len = 0;
+    for (ssize_t r; (r = read(fd, buf, sizeof buf)) > 0;)
+        for (ssize_t i = 0; i < r; i++) {
+            if (buf[i] != '\n') {
+                if (len < sizeof line - 1)
+                    line[len++] = buf[i];
+                continue;
+            }
+            line[len] = 0;
+            const char *q = line;
+            unsigned long lo = hex(&q);
+            q++;
+            unsigned long hi = hex(&q);
+            for (int k = 0; k < n; k++)
+                if (addr[k] >= lo && addr[k] < hi) {
+                    char b[600];
+                    say(b, snprintf(b, sizeof b, "nvproxy: crash:   %s %#lx in %s\n", name[k], addr[k], line));
+                    found |= 1 << k;
+                }
+            len = 0;
+        }
+    close(fd);
+    for (int k = 0; k < n; k++)
+        if (!(found & 1 << k)) {
+            char b[120];
+            say(b, snprintf(b, sizeof b, "nvproxy: crash:   %s %#lx not mapped\n", name[k], addr[k]));
+        }
+}
+
 static void on_crash(int sig, siginfo_t *si, void *uc)
 {
-    char b[160];
-    say(b, snprintf(b, sizeof b, "nvproxy: crash: signal %d at address %p in thread %ld; frames:\n", sig,
-                    si->si_addr, (long)syscall(SYS_gettid)));
-    frame((void *)((ucontext_t *)uc)->uc_mcontext.gregs[REG_RIP]); /* (where it faulted) */
+    char b[200];
+    const greg_t *r = ((ucontext_t *)uc)->uc_mcontext.gregs;
+    say(b, snprintf(b, sizeof b, "nvproxy: crash: signal %d (code %d) at address %p in thread %ld; frames:\n", sig,
+                    si->si_code, si->si_addr, (long)syscall(SYS_gettid)));
+    frame((void *)r[REG_RIP]); /* (where it faulted) */
     void *pcs[48];
     int n = backtrace(pcs, 48);
     for (int i = 0; i < n; i++)
         frame(pcs[i]);
+    /* what was there: the address, and (a fault in memcpy and its kind) the first two arguments' registers */
+    unsigned long addr[3] = {(unsigned long)si->si_addr, (unsigned long)r[REG_RDI], (unsigned long)r[REG_RSI]};
+    const char *const name[3] = {"fault", "rdi", "rsi"};
+    mappings(addr, name, 3);
     signal(sig, SIG_DFL);
     raise(sig);
 }
