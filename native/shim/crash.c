@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -43,13 +44,17 @@ static unsigned long hex(const char **p)
     }
 }
 
-/* the lines of /proc/self/maps that hold one of the n addresses, or "not mapped" for those none holds (only
- * read(2) and write(2): it runs in the handler) */
+/* the lines of /proc/self/maps that hold one of the n addresses, or "not mapped" for those none holds, with
+ * the mappings around such an address (within NEAR bytes); only read(2) and write(2): it runs in the handler */
+#define NEAR (64ul << 20)
 static void mappings(const unsigned long *addr, const char *const *name, int n)
 {
     int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC), found = 0;
     if (fd < 0)
         return;
+    char exe[256];
+    ssize_t nexe = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[nexe > 0 ? nexe : 0] = 0;
     char buf[4096], line[512];
     size_t len = 0;
     for (ssize_t r; (r = read(fd, buf, sizeof buf)) > 0;)
@@ -60,16 +65,23 @@ static void mappings(const unsigned long *addr, const char *const *name, int n)
                 continue;
             }
             line[len] = 0;
+            if (*exe && strstr(line, exe)) { /* (the program's own mappings: where it is) */
+                char b[600];
+                say(b, snprintf(b, sizeof b, "nvproxy: crash:   (program: %s)\n", line));
+            }
             const char *q = line;
             unsigned long lo = hex(&q);
             q++;
             unsigned long hi = hex(&q);
-            for (int k = 0; k < n; k++)
+            for (int k = 0; k < n; k++) {
+                char b[600];
                 if (addr[k] >= lo && addr[k] < hi) {
-                    char b[600];
                     say(b, snprintf(b, sizeof b, "nvproxy: crash:   %s %#lx in %s\n", name[k], addr[k], line));
                     found |= 1 << k;
+                } else if (addr[k] + NEAR > lo && addr[k] < hi + NEAR) {
+                    say(b, snprintf(b, sizeof b, "nvproxy: crash:   (near %s: %s)\n", name[k], line));
                 }
+            }
             len = 0;
         }
     close(fd);
