@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/personality.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -1004,15 +1005,32 @@ int nvp_memfd(const char *what) { return named_memfd(what, MFD_CLOEXEC); }
 
 int nvp_memfd_sealable(const char *what) { return named_memfd(what, MFD_CLOEXEC | MFD_ALLOW_SEALING); }
 
+static unsigned long long memfd_tag; /* random: see named_memfd */
+
+static void memfd_retag(void)
+{
+    unsigned long long t = 0;
+    while (!t && getrandom(&t, sizeof t, 0) != (ssize_t)sizeof t)
+        ;
+    __atomic_store_n(&memfd_tag, t, __ATOMIC_RELAXED);
+}
+
 static int named_memfd(const char *what, unsigned flags)
 {
-    /* A name of its own for every memfd: DMTCP tells shared mappings apart by their
-     * file's name, and restored every "/memfd:nvproxy-pinned (deleted)" mapping of a
-     * program from one file, so two pinned allocations came back with the same
-     * contents (seen with tests/apps/graph_nodes). */
+    /* A name no other memfd has, in this program or any other: DMTCP tells shared mappings apart by their file's
+     * name, and brings each back through a file of that name it makes in "/" for the restart, or maps such a file
+     * as it is where one exists (DMTCP 4.2, src/plugin/ipc/file/fileconnlist.cpp).  One name for all
+     * restored every "/memfd:nvproxy-pinned (deleted)" mapping of a program from one file, so two pinned
+     * allocations came back with the same contents (tests/apps/graph_nodes); the (virtual) pid and a serial
+     * number, the same in every program DMTCP runs, made two programs restarting at the same time share one file:
+     * 2-3% of graph_capture's restarts crashed in a host callback, eight at a time on an H200, reading the other
+     * program's pointer from pinned memory.  Hence a random tag, new at every restart. */
     static unsigned long long serial;
-    char name[64];
-    snprintf(name, sizeof name, "%s-%d-%llu", what, (int)getpid(), __atomic_add_fetch(&serial, 1, __ATOMIC_RELAXED));
+    if (!__atomic_load_n(&memfd_tag, __ATOMIC_RELAXED))
+        memfd_retag();
+    char name[80];
+    snprintf(name, sizeof name, "%s-%d-%016llx-%llu", what, (int)getpid(), __atomic_load_n(&memfd_tag, __ATOMIC_RELAXED),
+             __atomic_add_fetch(&serial, 1, __ATOMIC_RELAXED));
     return memfd_create(name, flags);
 }
 
@@ -1153,6 +1171,7 @@ void nvp_remake_pinned(void)
     /* At DMTCP's RESTART event, while the application's threads are still frozen:
      * done later (RUNNING), it raced with threads writing pinned memory, whose
      * writes made during the copy were lost (seen with tests/apps/graph_nodes). */
+    memfd_retag(); /* (for the memfds made from now on: two programs restarted from one image must not share) */
     nvp_host_foreach(remake_memfd, NULL);
 }
 
