@@ -56,7 +56,7 @@ shim = Extension(
     include_dirs=["native/include", "native/shim", cuda_include()],
     define_macros=[("NVP_DEFAULT_PYTHON", f'"{sys.executable}"')],
     extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra", "-fvisibility=hidden"],
-    libraries=["pthread", "dl"],
+    libraries=["pthread", "dl", "rt"],  # (rt: shm_open, for glibc before 2.34)
 )
 
 fast = Extension(

@@ -317,6 +317,22 @@ def test_dmtcp_restart_gives_pinned_buffers_fresh_descriptors(build, backend: st
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_dmtcp_image_holds_no_memfd(build, backend: str, tmp_path: Path) -> None:
+    """DMTCP brings a shared mapping of a deleted file back through a file it makes at that file's name, for a
+    memfd "/memfd:NAME": in "/", which only root may write, so every other user's restart of a program with
+    pinned memory ended at once (DMTCP 4.2: "JASSERT(fd != -1 || errno == EEXIST) failed").  Pinned and registered
+    memory live in POSIX shared memory (a file of /dev/shm, removed at once), and a checkpoint lets go of the
+    channels' memfds (staging buffers, mailboxes): DMTCP's image names no memfd of nvproxy's."""
+    exe = build("pinned_fds")
+    session = Session(tmp_path / "dmtcp")
+    session.checkpoint_at_call(nvproxy_cmd(exe, backend, "pinned_fds"), 16)
+    image = next(session.dir.glob("ckpt_*.dmtcp")).read_bytes()
+    pinned_in_shm, memfds = b"/dev/shm/nvproxy-pinned-" in image, image.count(b"/memfd:nvproxy-")
+    assert pinned_in_shm  # (the pinned buffers, as DMTCP lists their mappings)
+    assert memfds == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_dmtcp_programs_name_their_pinned_memory_apart(build, backend: str, tmp_path: Path) -> None:
     """Two programs under DMTCP (each its own computation, both pid 40000 there) give the memfds behind their
     pinned memory names the other never has: DMTCP brings a memfd's mapping back through a file of its name that
@@ -336,7 +352,7 @@ def test_dmtcp_programs_name_their_pinned_memory_apart(build, backend: str, tmp_
                 assert app.poll() is None and time.monotonic() < deadline, "call 16 never came"
                 time.sleep(0.02)
             maps = Path(f"/proc/{app.pid}/maps").read_text()
-            names.append(set(re.findall(r"/memfd:(nvproxy-pinned-\S+)", maps)))
+            names.append(set(re.findall(r"/(?:memfd:|dev/shm/)(nvproxy-pinned-\S+)", maps)))
         finally:
             app.kill()
             app.wait(timeout=60)

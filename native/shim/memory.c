@@ -151,12 +151,9 @@ static cudaError_t host_alloc(void **pHost, size_t size, unsigned flags, int kin
 {
     cudaError_t e;
     uint64_t len = (size + page_size() - 1) / page_size() * page_size();
-    int fd = nvp_memfd("nvproxy-pinned");
-    if (fd < 0 || ftruncate(fd, (off_t)len) != 0) {
-        if (fd >= 0)
-            close(fd);
+    int fd = nvp_host_fd("nvproxy-pinned", len);
+    if (fd < 0)
         return nvp_ret(cudaErrorMemoryAllocation);
-    }
     /* the same address must be free in both processes: try places in the host
      * arena until both sides can map there */
     e = cudaErrorMemoryAllocation;
@@ -265,12 +262,9 @@ static cudaError_t host_register(uint64_t user, size_t size, unsigned int flags)
     uint64_t len = (user + size - base + page_size() - 1) / page_size() * page_size();
     /* Move the pages into a memfd, in place: same address, same contents,
      * now shareable with the proxy. */
-    int fd = nvp_memfd("nvproxy-registered");
-    if (fd < 0 || ftruncate(fd, (off_t)len) != 0) {
-        if (fd >= 0)
-            close(fd);
+    int fd = nvp_host_fd("nvproxy-registered", len);
+    if (fd < 0)
         return cudaErrorMemoryAllocation;
-    }
     void *tmp = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (tmp == MAP_FAILED) {
         close(fd);

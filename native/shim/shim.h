@@ -226,6 +226,9 @@ void nvp_disconnect_all(void);      /* close every channel (before a checkpoint)
 void nvp_reconnect_same_proxy(void);
 int nvp_restore_from(const char *image); /* a new proxy from an image (after a restart) */
 int nvp_memfd(const char *what);       /* a memfd with a name of its own (DMTCP: see transport.c) */
+/* len bytes of shared memory for pinned or registered host memory, which a DMTCP restart brings back (transport.c);
+ * what: "nvproxy-..." */
+int nvp_host_fd(const char *what, uint64_t len);
 int nvp_memfd_sealable(const char *what); /* the same, open to F_ADD_SEALS */
 void nvp_remake_pinned(void);            /* after a restart: pinned memory into fresh memfds */
 

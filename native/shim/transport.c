@@ -973,13 +973,39 @@ static void reshare(struct nvp_host_region *h, void *arg)
  * of another region that had taken that number, and a thread's channel that took it next was closed by that
  * region's cudaFreeHost (callback_threads checkpointed with eight pinned buffers on a GPU: "lost the proxy (Bad
  * file descriptor)"). */
+/* The file of the mapping at addr, from /proc/self/maps (into path; "" when it has none) */
+static void mapped_file(uint64_t addr, char *path, size_t n)
+{
+    *path = 0;
+    FILE *f = fopen("/proc/self/maps", "re");
+    if (!f)
+        return;
+    char line[600];
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long lo, hi;
+        int at = 0;
+        if (sscanf(line, "%llx-%llx %*s %*s %*s %*s %n", &lo, &hi, &at) < 2 || addr < lo || addr >= hi || !at)
+            continue;
+        snprintf(path, n, "%s", line + at);
+        path[strcspn(path, "\n")] = 0;
+        break;
+    }
+    fclose(f);
+}
+
 static void remake_memfd(struct nvp_host_region *h, void *arg)
 {
     (void)arg;
     int old = h->fd;
     h->fd = -1;
-    int fd = nvp_memfd("nvproxy-pinned");
-    if (fd < 0 || ftruncate(fd, (off_t)h->size) != 0)
+    /* DMTCP made a file to bring the mapping back (nvp_host_fd), readable by others (0775 less the umask), and
+     * removes it later in the restart: only the owner may read it meanwhile, and after a restart that fails */
+    char dmtcp_file[512];
+    mapped_file(h->base, dmtcp_file, sizeof dmtcp_file);
+    if (!strncmp(dmtcp_file, "/dev/shm/nvproxy-", 17) && !strstr(dmtcp_file, " (deleted)"))
+        chmod(dmtcp_file, 0600);
+    int fd = nvp_host_fd("nvproxy-pinned", h->size);
+    if (fd < 0)
         goto fail;
     void *tmp = mmap(NULL, h->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (tmp == MAP_FAILED)
@@ -1015,6 +1041,46 @@ static void memfd_retag(void)
     __atomic_store_n(&memfd_tag, t, __ATOMIC_RELAXED);
 }
 
+/* A name for what that no other shared memory of this program or of any other has (see named_memfd) */
+static void unique_name(char *name, size_t n, const char *prefix, const char *what)
+{
+    static unsigned long long serial;
+    if (!__atomic_load_n(&memfd_tag, __ATOMIC_RELAXED))
+        memfd_retag();
+    snprintf(name, n, "%s%s-%d-%016llx-%llu", prefix, what, (int)getpid(), __atomic_load_n(&memfd_tag, __ATOMIC_RELAXED),
+             __atomic_add_fetch(&serial, 1, __ATOMIC_RELAXED));
+}
+
+int nvp_host_fd(const char *what, uint64_t len)
+{
+    /* POSIX shared memory, its name removed at once: like a memfd, but a DMTCP restart can bring it back as any
+     * user.  DMTCP 4.2 makes a file at the name of each such mapping for the restart (named_memfd), and a memfd's
+     * is "/memfd:NAME", in "/": only root may make it there, and other users' restarts ended at once
+     * ("JASSERT(fd != -1 || errno == EEXIST) failed; (area.name = /memfd:nvproxy-pinned-...)").  The space is
+     * taken now (fallocate): /dev/shm has a size (64 MiB in a container, by default), and a page that finds it
+     * full later is a SIGBUS.  Where it has no room, or is missing: a memfd, as before. */
+    char name[96];
+    unique_name(name, sizeof name, "/", what);
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd >= 0) {
+        shm_unlink(name);
+        if (fallocate(fd, 0, 0, (off_t)len) == 0)
+            return fd;
+        close(fd);
+        static int said;
+        if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+            nvp_log("nvproxy: /dev/shm has no room for %llu bytes of %s memory (%s): in a memfd instead, which a "
+                    "DMTCP restart can bring back only as root", (unsigned long long)len,
+                    strncmp(what, "nvproxy-", 8) ? what : what + 8, strerror(errno));
+    }
+    fd = nvp_memfd(what);
+    if (fd >= 0 && ftruncate(fd, (off_t)len) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
 static int named_memfd(const char *what, unsigned flags)
 {
     /* A name no other memfd has, in this program or any other: DMTCP tells shared mappings apart by their file's
@@ -1025,12 +1091,8 @@ static int named_memfd(const char *what, unsigned flags)
      * number, the same in every program DMTCP runs, made two programs restarting at the same time share one file:
      * 2-3% of graph_capture's restarts crashed in a host callback, eight at a time on an H200, reading the other
      * program's pointer from pinned memory.  Hence a random tag, new at every restart. */
-    static unsigned long long serial;
-    if (!__atomic_load_n(&memfd_tag, __ATOMIC_RELAXED))
-        memfd_retag();
-    char name[80];
-    snprintf(name, sizeof name, "%s-%d-%016llx-%llu", what, (int)getpid(), __atomic_load_n(&memfd_tag, __ATOMIC_RELAXED),
-             __atomic_add_fetch(&serial, 1, __ATOMIC_RELAXED));
+    char name[96];
+    unique_name(name, sizeof name, "", what);
     return memfd_create(name, flags);
 }
 
@@ -1139,6 +1201,11 @@ void nvp_disconnect_all(void)
             munmap(t->stg.base, STAGING_BYTES);
         t->stg.base = NULL;
         posted_reset(&t->stg);
+        /* (a new channel brings a new one; DMTCP would bring it back through a file at its memfd's name in "/",
+         * which only root may make: see nvp_host_fd) */
+        if (t->mb)
+            munmap(t->mb, NVP_MAILBOX_BYTES);
+        t->mb = NULL;
     }
     threads = NULL;
     drop_spares(); /* (the proxy let go of them in the checkpoint) */
