@@ -197,20 +197,21 @@ def test_a_failed_copy_stops_the_load(tmp_path: Path) -> None:
     assert len(d.copies) == 5
 
 
-def _run_in_thread(s: Setup, d: Driver, gate: fileload.Gate) -> tuple[threading.Thread, list[fileload.Outcome]]:
-    out: list[fileload.Outcome] = []
-    t = threading.Thread(target=lambda: out.append(s.run(d, gate=gate)))
-    t.start()
-    return t, out
-
-
-def test_a_closed_gate_holds_the_copies_while_the_slots_fill(tmp_path: Path) -> None:
-    """A restore starts reading before the device memory is mapped: nothing is copied until the gate opens."""
+def _gated_run(tmp_path: Path) -> tuple[Setup, Driver, fileload.Gate, threading.Thread, list[fileload.Outcome]]:
+    """A load behind a closed gate, on a thread of its own, every slot made."""
     s = Setup(tmp_path)
     for i in range(s.nslots):
         s.states[i] = fileload.SLOT_READY
     d, gate = Driver(), fileload.Gate()
-    t, out = _run_in_thread(s, d, gate)
+    out: list[fileload.Outcome] = []
+    t = threading.Thread(target=lambda: out.append(s.run(d, gate=gate)))
+    t.start()
+    return s, d, gate, t, out
+
+
+def test_a_closed_gate_holds_the_copies_while_the_slots_fill(tmp_path: Path) -> None:
+    """A restore starts reading before the device memory is mapped: nothing is copied until the gate opens."""
+    s, d, gate, t, out = _gated_run(tmp_path)
     time.sleep(0.3)
     with d.lock:
         assert d.copies == []
@@ -222,11 +223,7 @@ def test_a_closed_gate_holds_the_copies_while_the_slots_fill(tmp_path: Path) -> 
 
 
 def test_a_cancelled_gate_stops_the_load_without_a_copy(tmp_path: Path) -> None:
-    s = Setup(tmp_path)
-    for i in range(s.nslots):
-        s.states[i] = fileload.SLOT_READY
-    d, gate = Driver(), fileload.Gate()
-    t, out = _run_in_thread(s, d, gate)
+    s, d, gate, t, out = _gated_run(tmp_path)
     time.sleep(0.1)
     gate.cancel()
     t.join(10)
