@@ -73,9 +73,19 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{rep + 1}/{args.reps}] {mode}", file=sys.stderr, flush=True)
                 for rec in run_once(cmd, mode_env):
                     samples[(rec["bench"], rec["param"], rec["unit"])][mode].append(rec["value"])
+            # (after every round: a run stopped early, by a time limit say, leaves the rounds it finished)
+            _write(samples, variants, out, backend, rep + 1, quiet=True)
         ckpt_sizes = args.checkpoint_sizes or ("8M" if args.quick else "1,4,16,32" if backend == "gpu" else "none")
         if ckpt_sizes != "none":
             _checkpoint_rows(samples, Path(td), backend, ckpt_sizes)
+    rows = _write(samples, variants, out, backend, args.reps)
+    _plots(rows, out)
+    return 0
+
+
+def _write(samples: dict, variants: list[tuple[str, dict[str, str]]], out: Path, backend: str, reps: int,
+           quiet: bool = False) -> list[dict]:
+    """results.json and results.md from the samples so far (medians, ratios to native); the rows."""
     rows = []
     for (bench, param, unit), by_mode in samples.items():
         row = {"bench": bench, "param": param, "unit": unit}
@@ -87,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                 if name in row:
                     row[f"{name}_ratio"] = row[name] / row["native"]
         rows.append(row)
-    (out / "results.json").write_text(json.dumps({"backend": backend, "reps": args.reps, "rows": rows,
+    (out / "results.json").write_text(json.dumps({"backend": backend, "reps": reps, "rows": rows,
                                                   "variants": dict(variants)}, indent=1))
     names = [name for name, _env in variants]
     head = "| benchmark | size | unit | native | nvproxy | " + "".join(f"{n} | " for n in names) + "nvproxy/native |"
@@ -99,9 +109,9 @@ def main(argv: list[str] | None = None) -> int:
                      + "".join(f"{_f(r.get(n))} | " for n in names) + f"{_f(r.get('ratio'))} |"
                      + "".join(f" {_f(r.get(f'{n}_ratio'))} |" for n in names))
     (out / "results.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    _plots(rows, out)
-    return 0
+    if not quiet:
+        print("\n".join(lines))
+    return rows
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, str]]:

@@ -24,3 +24,23 @@ def test_bench_smoke(nvcc: str, tmp_path: Path) -> None:
     assert all("sockets" in row for row in rows if row["bench"] in ("launch_empty", "h2d_pageable"))
     table = (tmp_path / "results.md").read_text()
     assert "| launch_empty |" in table and "| sockets |" in table
+
+
+def test_bench_stopped_early_keeps_the_rounds_it_finished(nvcc: str, tmp_path: Path) -> None:
+    """A run stopped in its second round (a time limit on the GPU machine ended one with nothing written) leaves
+    the first round's results."""
+    p = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--reps", "2",
+                          "--backend", "sim", "--out", str(tmp_path), "--checkpoint-sizes", "none"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert p.stderr is not None
+    try:
+        for line in p.stderr:
+            if line.startswith("[2/2]"):
+                break
+    finally:
+        p.kill()
+        p.wait(timeout=60)
+    got = json.loads((tmp_path / "results.json").read_text())
+    assert got["reps"] == 1
+    assert {row["bench"] for row in got["rows"]} >= {"launch_empty", "h2d_pageable", "launch_storm"}
+    assert "| launch_empty |" in (tmp_path / "results.md").read_text()
