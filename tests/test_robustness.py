@@ -114,6 +114,23 @@ def test_crash_trace_prints_a_crashing_programs_frames(build, monkeypatch, trace
         assert lines == []
 
 
+def test_pinned_memory_goes_on_where_dev_shm_is_full(build) -> None:
+    """Pinned memory lives in /dev/shm (a DMTCP restart can bring it back as any user: docs/checkpoint.md), which
+    has a size (64 MiB in a container, by default): what it has no room for goes into a memfd, said once on stderr,
+    and the program prints what it prints anywhere."""
+    mount = 'mount -t tmpfs -o size=64k tmpfs /dev/shm && exec "$@"'
+    if subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no private mount namespace here (unshare -m and mount need root) for a small /dev/shm")
+    exe = build("pinned_fds")
+    cmd = nvproxy_cmd(exe, "sim", "pinned_fds")
+    reference = run(cmd)
+    assert reference.returncode == 0 and "/dev/shm has no room" not in reference.stderr, reference.stderr
+    r = run(["unshare", "-m", "sh", "-c", mount, "sh", *cmd])  # (8 buffers of 64 KiB: the first fits, no more)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == reference.stdout
+    assert r.stderr.count("nvproxy: /dev/shm has no room for 65536 bytes of pinned memory") == 1, r.stderr
+
+
 def test_proxy_socket_listens_before_its_path_appears(tmp_path) -> None:
     """Whoever sees a proxy's socket path can connect at once (`nvproxy run` waits only for the path; a first
     connect between the bind and the listen was refused on a busy GPU machine)."""
