@@ -2,7 +2,7 @@
  *
  * The application reads and writes managed memory directly, so it must be memory
  * that both processes map at the same address: nvproxy backs it with shared host
- * memory (a memfd, as for cudaMallocHost), which the proxy registers as mapped
+ * memory (as cudaMallocHost does), which the proxy registers as mapped
  * pinned memory; kernels reach it over the bus at the same address (unified
  * addressing).  It is coherent at every point CUDA defines, and at all others
  * too; checkpoints keep it as they keep pinned memory.  The price: kernels read

@@ -1,5 +1,5 @@
 /* Memory: device allocations (in the proxy's arena), pinned host memory
- * (memfd mapped at the same address in both processes), copies and memsets.
+ * (shared memory mapped at the same address in both processes: nvp_host_fd), copies and memsets.
  * Pageable host memory never reaches the proxy directly: it is staged through
  * the thread's shared staging slots, several chunks in flight. */
 #include "shim.h"
@@ -141,7 +141,7 @@ cudaError_t nvp_host_alloc(void **pHost, size_t size, unsigned flags, int kind)
         *pHost = NULL;
         return cudaSuccess;
     }
-    nvp_ckpt_disable(); /* from the memfd to the list (see host_sharing_held) */
+    nvp_ckpt_disable(); /* from the shared memory to the list (see host_sharing_held) */
     e = host_alloc(pHost, size, flags, kind);
     nvp_ckpt_enable();
     return e;
@@ -250,7 +250,7 @@ NVP_EXPORT cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int fla
             return nvp_ret(cudaErrorHostMemoryAlreadyRegistered);
     if (nvp_host_shared(user + size - 1, 1, NULL))
         return nvp_ret(cudaErrorHostMemoryAlreadyRegistered);
-    nvp_ckpt_disable(); /* from the memfd to the list (see host_sharing_held) */
+    nvp_ckpt_disable(); /* from the shared memory to the list (see host_sharing_held) */
     e = host_register(user, size, flags);
     nvp_ckpt_enable();
     return nvp_ret(e);
@@ -260,7 +260,7 @@ static cudaError_t host_register(uint64_t user, size_t size, unsigned int flags)
 {
     uint64_t base = user & ~(page_size() - 1);
     uint64_t len = (user + size - base + page_size() - 1) / page_size() * page_size();
-    /* Move the pages into a memfd, in place: same address, same contents,
+    /* Move the pages into shared memory, in place: same address, same contents,
      * now shareable with the proxy. */
     int fd = nvp_host_fd("nvproxy-registered", len);
     if (fd < 0)
