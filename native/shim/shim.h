@@ -230,7 +230,7 @@ int nvp_memfd(const char *what);       /* a memfd with a name of its own (DMTCP:
  * what: "nvproxy-..." */
 int nvp_host_fd(const char *what, uint64_t len);
 int nvp_memfd_sealable(const char *what); /* the same, open to F_ADD_SEALS */
-void nvp_remake_pinned(void);            /* after a restart: pinned memory into fresh memfds */
+void nvp_remake_pinned(void);            /* after a restart: pinned memory into fresh shared memory */
 
 /* ---- launch.c: after a recovery the new proxy must be told modules again ---- */
 void nvp_registry_reset(void);

@@ -967,12 +967,6 @@ static void reshare(struct nvp_host_region *h, void *arg)
     }
 }
 
-/* After a restart the memfds behind pinned memory are gone (DMTCP 4.2 brings back the mappings, not the
- * descriptors: the old numbers name nothing, or whatever was opened since): put the restored contents into fresh
- * ones, at the same addresses.  The old numbers are forgotten, never closed: closing one closed the fresh memfd
- * of another region that had taken that number, and a thread's channel that took it next was closed by that
- * region's cudaFreeHost (callback_threads checkpointed with eight pinned buffers on a GPU: "lost the proxy (Bad
- * file descriptor)"). */
 /* The file of the mapping at addr, from /proc/self/maps (into path; "" when it has none) */
 static void mapped_file(uint64_t addr, char *path, size_t n)
 {
@@ -993,6 +987,12 @@ static void mapped_file(uint64_t addr, char *path, size_t n)
     fclose(f);
 }
 
+/* After a restart the descriptors behind pinned memory are gone (DMTCP 4.2 brings back the mappings, not the
+ * descriptors: the old numbers name nothing, or whatever was opened since): put the restored contents into fresh
+ * ones, at the same addresses.  The old numbers are forgotten, never closed: closing one closed the fresh memfd
+ * of another region that had taken that number, and a thread's channel that took it next was closed by that
+ * region's cudaFreeHost (callback_threads checkpointed with eight pinned buffers on a GPU: "lost the proxy (Bad
+ * file descriptor)"). */
 static void remake_memfd(struct nvp_host_region *h, void *arg)
 {
     (void)arg;
@@ -1061,18 +1061,21 @@ int nvp_host_fd(const char *what, uint64_t len)
      * full later is a SIGBUS.  Where it has no room, or is missing: a memfd, as before. */
     char name[96];
     unique_name(name, sizeof name, "/", what);
-    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600), why;
     if (fd >= 0) {
         shm_unlink(name);
         if (fallocate(fd, 0, 0, (off_t)len) == 0)
             return fd;
+        why = errno;
         close(fd);
-        static int said;
-        if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
-            nvp_log("nvproxy: /dev/shm has no room for %llu bytes of %s memory (%s): in a memfd instead, which a "
-                    "DMTCP restart can bring back only as root", (unsigned long long)len,
-                    strncmp(what, "nvproxy-", 8) ? what : what + 8, strerror(errno));
+    } else {
+        why = errno;
     }
+    static int said;
+    if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+        nvp_log("nvproxy: /dev/shm has no room for %llu bytes of %s memory (%s): in a memfd instead, which a "
+                "DMTCP restart can bring back only as root", (unsigned long long)len,
+                strncmp(what, "nvproxy-", 8) ? what : what + 8, strerror(why));
     fd = nvp_memfd(what);
     if (fd >= 0 && ftruncate(fd, (off_t)len) != 0) {
         close(fd);
