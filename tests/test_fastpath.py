@@ -433,9 +433,10 @@ def test_posted_copies_answer_before_their_dma_ends(setup) -> None:
     assert wait is not None and mb.posted_done == 1
     wait()
     assert mb.posted_done == 2 and ("event_sync", 0xB001) in drv.calls
-    # the streams a cudaMemcpy waits for stay busy: answered once the copy is done
+    # the streams a cudaMemcpy waits for stay busy (Python issued work since): answered once the copy is done
     drv.calls.clear()
     drv.pending = {STREAM}
+    fast.note_issue()
     assert fast.run(chan, posted(4, 3), 4)[::2] == (fastpath.MORE, 5)
     assert drv.calls[-3:] == [("record", 0xB002, STREAM, 0), ("event_query", 0xB002), ("event_sync", 0xB002)]
     # a copy from the device after one still in flight waits for it on the device
@@ -449,3 +450,62 @@ def test_posted_copies_answer_before_their_dma_ends(setup) -> None:
     assert mb.posted_done == 3
     fast.posted_drain(chan)  # (a staging buffer changing hands)
     assert mb.posted_done == 4 and chan.posted_count == 0
+
+
+def test_a_synchronous_posted_copy_waits_for_other_work_not_for_posted_copies(setup) -> None:
+    """Once the streams a cudaMemcpy waits for were seen idle, later synchronous posted copies are answered at once
+    while nothing but posted copies (and waits, queries, fences) was issued: no host can tell whether they waited
+    for those.  Any other work, C's or Python's, or a change of those streams, makes the next one ask again."""
+    fast, drv, chan, peer = setup
+    mb = wire.ffi.new("struct nvp_mailbox *")
+    chan.mailbox = ffi.cast("void *", int(wire.ffi.cast("uintptr_t", mb)))
+    chan.staging_base, chan.staging_size = 0x100000, 1 << 20
+    for i in range(fastpath.COPY_EVENTS):
+        chan.copy_events[i] = ffi.cast("void *", 0xA000 + i)
+    for i in range(fastpath.POSTED):
+        chan.posted_events[i] = ffi.cast("void *", 0xB000 + i)
+    chan.posted_dev = 0
+    fast.set_sync_streams(0, [0, STREAM])
+    seq = 1
+
+    def copy(num: int) -> list[tuple]:
+        """Run one synchronous posted copy; the driver calls it made before its memcpy, and its answer."""
+        nonlocal seq
+        drv.calls.clear()
+        msg = bytearray(req(wire.NVP_OP_STAGED_COPY, seq, 0x2000, 4096 * num, 4096, 0, 0, num, 0, reply=True))
+        assert fast.run(chan, msg, seq)[::2] == (fastpath.MORE, seq + 1)
+        seq += 1
+        assert [r[1] for r in replies(peer)] == [0]
+        at = next(i for i, c in enumerate(drv.calls) if c[0] == "memcpy")
+        return [c for c in drv.calls[:at] if c[0] == "stream_query"]
+
+    queried = [("stream_query", 0), ("stream_query", STREAM)]
+    assert copy(1) == queried  # first: the streams are asked
+    for n in range(2, 6):  # then posted copies only: not asked, though the last ones' DMA runs on
+        drv.pending = {0xB000 + n - 2}
+        assert copy(n) == []
+    drv.pending = set()
+    fence = bytearray(req(wire.NVP_OP_STAGED_FENCE, seq, 5, reply=True))
+    assert fast.run(chan, fence, seq)[::2] == (fastpath.MORE, seq + 1)  # a fence issues nothing
+    seq += 1
+    replies(peer)
+    assert copy(6) == []
+    assert fast.run(chan, bytearray(launch_req(seq)), seq)[::2] == (fastpath.MORE, seq + 1)  # a kernel: asked again
+    seq += 1
+    assert copy(7) == queried
+    assert copy(8) == []
+    fast.note_issue()  # Python executed a call
+    assert copy(9) == queried
+    fast.set_sync_streams(0, [0, STREAM])  # a stream came or went
+    assert copy(10) == queried
+    from_device = bytearray(req(wire.NVP_OP_STAGED_COPY, seq, 0x3000, 0, 4096, 0, 1, reply=True))
+    assert fast.run(chan, from_device, seq)[::2] == (fastpath.MORE, seq + 1)
+    seq += 1
+    replies(peer)
+    assert copy(11) == queried
+    # streams seen busy: answered once the copy is done, and asked again next time
+    fast.note_issue()
+    drv.pending = {0}
+    assert copy(12) == [] and ("event_sync", 0xB000 + 11 % fastpath.POSTED) in drv.calls
+    drv.pending = set()
+    assert copy(13) == queried

@@ -98,6 +98,8 @@ void nvpf_set_text_pending(int on);
  * streams): n < 0 unknown (C leaves such copies to Python, which tells it), n > NVPF_SYNC_STREAMS too many to ask
  * (C waits for the copy instead). */
 void nvpf_set_sync_streams(int dev, void **streams, int n);
+/* Python issued work (it executed a call): the next synchronous posted copy asks the streams again. */
+void nvpf_note_issue(void);
 /* Posted copies: mark those done (oldest first) and publish it; wait for them all; order a stream after them;
  * their events up to number upto (out: NVPF_POSTED at most), for a wait elsewhere; publish that up to n are done. */
 void nvpf_posted_advance(struct nvpf_chan *ch);

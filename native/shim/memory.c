@@ -373,6 +373,11 @@ static size_t piece_of(const struct nvp_staging *s, size_t n) { return n < s->sl
  * pieces, one after the other, a 4 MiB pageable copy ran at 0.98-1.58x native on the H200; so, 1.22-1.29x to the
  * device and 1.65-1.74x from it.) */
 #define WHOLE_MIN (512u << 10)
+/* SMALL_STORES: a copy to the device below WHOLE_MIN is staged with plain stores (NVPROXY_SMALL_STREAM_STORES=1:
+ * streaming stores, to compare).  Streaming stores, which whole_h2d's parts use (1 MiB took 55 us with them, 81 us
+ * without), made these slower: back to back on the H200, 4 KiB took 8.6 us a copy with them and 5.1 us without,
+ * 16 KiB 12.4 / 5.5 us, 256 KiB 21.9 / 20.0 us (native 7.2, 9.1, 29.0 us); most likely their store fence, which
+ * waits for the bytes to reach memory, where plain stores stay in the cache for the DMA to read. */
 
 static cudaError_t send_staged(uint64_t dev, size_t off, size_t len, int64_t stream, int to_host)
 {
@@ -471,7 +476,7 @@ static cudaError_t posted_h2d(struct nvp_staging *s, uint64_t dst, const char *s
     cudaError_t e = posted_place(s, n, &off);
     if (e)
         return e;
-    nvp_par_memcpy(s->base + off, src, n, 1);
+    nvp_copy_small_for_dma(s->base + off, src, n); /* (SMALL_STORES) */
     uint64_t a[NVP_MAX_ARGS] = {dst, off, n, (uint64_t)stream, 0, s->posted, is_async ? NVP_STAGED_ASYNC : 0};
     if ((e = nvp_send_pending(NVP_OP_STAGED_COPY, a, 1)))
         return e;
@@ -564,9 +569,12 @@ static cudaError_t staged_h2d(uint64_t dst, const char *src, size_t n, int64_t s
             if (e == cudaErrorDevicesUnavailable)
                 return e;
         }
-        /* (streaming stores for a copy in one piece; in many, the host copy is what bounds them, and plain stores,
-         * which may stay in the cache, copied 256 MiB - 1 GiB at 27-29 GB/s against 20-21 with streaming stores) */
-        nvp_par_memcpy(s->base + slot * s->slot_size, src + off, len, chunks == 1);
+        /* (in many chunks, the host copy is what bounds them, and plain stores, which may stay in the cache,
+         * copied 256 MiB - 1 GiB at 27-29 GB/s against 20-21 with streaming stores; in one, it is small) */
+        if (chunks == 1)
+            nvp_copy_small_for_dma(s->base + slot * s->slot_size, src + off, len);
+        else
+            nvp_par_memcpy(s->base + slot * s->slot_size, src + off, len, 0);
         uint64_t a[NVP_MAX_ARGS] = {dst + off, slot * s->slot_size, len, (uint64_t)stream, 0};
         e = nvp_send_pending(NVP_OP_STAGED_COPY, a, chunks == 1);
         if (e)

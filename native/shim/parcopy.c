@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #define PART_MIN (256u << 10) /* below this a thread's wake-up costs more than it copies */
+#define SMALL_PART_MIN (64u << 10) /* nvp_par_memcpy's: helpers that sleep now cost the caller nothing (open) */
 #define MAX_THREADS 8
 #define SPIN_NS 200000 /* helpers poll this long for the next job before sleeping: copies come in runs */
 
@@ -35,6 +36,7 @@ static struct {
     int threads; /* helpers running */
     int wanted;  /* copying threads, the caller included (0: not decided yet) */
     uint64_t gen;
+    int open; /* helpers may still join the current job (a helper that wakes later leaves it to the caller) */
     char *dst;
     const char *src;
     size_t n, part, nparts;
@@ -86,6 +88,19 @@ void nvp_copy_for_dma(void *dst, const void *src, size_t n)
         memcpy(dst, src, n);
 }
 
+void nvp_copy_small_for_dma(void *dst, const void *src, size_t n)
+{
+    static int on = -1; /* NVPROXY_SMALL_STREAM_STORES=1: streaming stores here too (to compare) */
+    if (on < 0) {
+        const char *v = getenv("NVPROXY_SMALL_STREAM_STORES");
+        on = v && !strcmp(v, "1");
+    }
+    if (on)
+        nvp_stream_copy(dst, src, n);
+    else
+        memcpy(dst, src, n);
+}
+
 static void copy_part(size_t i)
 {
     size_t off = i * P.part, len = P.n - off < P.part ? P.n - off : P.part;
@@ -108,7 +123,12 @@ static void *helper(void *arg)
         while (P.gen == seen)
             pthread_cond_wait(&P.go, &P.mu);
         seen = P.gen;
+        int join = P.open;
+        if (join)
+            atomic_fetch_add(&P.busy, 1);
         pthread_mutex_unlock(&P.mu);
+        if (!join)
+            continue;
         for (long i; (i = take()) != (long)P.nparts;) {
             if (i >= 0)
                 copy_part((size_t)i);
@@ -172,7 +192,8 @@ size_t nvp_par_begin(void *dst, const void *src, size_t n, size_t part, size_t r
         atomic_store_explicit(&P.done[i], 0, memory_order_relaxed);
     atomic_store(&P.next, 0);
     atomic_store(&P.ready, ready < nparts ? ready : nparts);
-    atomic_store(&P.busy, P.threads);
+    atomic_store(&P.busy, 0);
+    P.open = 1;
     P.gen++;
     atomic_store(&P.posted, P.gen);
     pthread_cond_broadcast(&P.go);
@@ -201,6 +222,9 @@ void nvp_par_end(int abandon)
         nvp_par_ready(P.nparts);
     while (nvp_par_help())
         ;
+    pthread_mutex_lock(&P.mu); /* (only helpers that joined are waited for: a sleeping one no longer matters) */
+    P.open = 0;
+    pthread_mutex_unlock(&P.mu);
     for (uint64_t until = now_ns() + SPIN_NS; atomic_load(&P.busy) && now_ns() < until;)
         ;
     pthread_mutex_lock(&P.mu);
@@ -212,10 +236,9 @@ void nvp_par_end(int abandon)
 
 void nvp_par_memcpy(void *dst, const void *src, size_t n, int for_dma)
 {
-    size_t part = nvp_par_part(n);
     size_t parts = P.threads ? (size_t)P.threads + 1 : 4; /* (a part per thread: fewer hand-overs) */
-    if (n / parts > part)
-        part = ((n + parts - 1) / parts + 4095) & ~(size_t)4095;
+    size_t part = ((n + parts - 1) / parts + 4095) & ~(size_t)4095;
+    part = part < SMALL_PART_MIN ? SMALL_PART_MIN : part;
     if (!nvp_par_begin(dst, src, n, part, (size_t)-1, for_dma)) {
         if (for_dma)
             nvp_copy_for_dma(dst, src, n);

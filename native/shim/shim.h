@@ -83,6 +83,7 @@ cudaError_t nvp_enter(void);
 /* memcpy on several threads when large; for_dma: into staging memory a DMA reads next (nvp_copy_for_dma) */
 void nvp_par_memcpy(void *dst, const void *src, size_t n, int for_dma);
 void nvp_copy_for_dma(void *dst, const void *src, size_t n); /* memcpy with streaming stores (parcopy.c) */
+void nvp_copy_small_for_dma(void *dst, const void *src, size_t n); /* below WHOLE_MIN: plain stores (memory.c) */
 #define NVP_PAR_MAX_PARTS 128
 size_t nvp_par_part(size_t n); /* a good part size for a job of n bytes */
 /* a job of n bytes in parts of `part`, the first `ready` of them copyable now: how many parts (0: no job, the

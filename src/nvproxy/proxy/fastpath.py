@@ -51,6 +51,8 @@ class FastPath:
         for name in DRIVER_FIELDS:
             setattr(self.drv, name, ffi.cast(ffi.typeof(getattr(self.drv, name)), driver[name]))
         self.lib.nvpf_init(self.drv, spin_us, exclusive_spin_us)
+        # Python issued work: C's next synchronous posted copy asks the streams again (nvpf_note_issue)
+        self.note_issue: Callable[[], None] = self.lib.nvpf_note_issue
         self._seq = ffi.new("uint64_t *")
         self._consumed = ffi.new("size_t *")
         self._kernels: set[tuple[int, int]] = set()

@@ -464,6 +464,8 @@ class Server:
                 print(f"nvproxy: unknown operation {name} from thread {ch.tid}", file=sys.stderr)
                 raise CudaError(NOT_SUPPORTED)
             self.backend.activate(ch.dev)
+            if self.dispatch.fast is not None:
+                self.dispatch.fast.note_issue()
             result = handler(ch, args, payload)
         except CudaError as e:
             if flags & F_REPLY:
