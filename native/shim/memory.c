@@ -373,11 +373,13 @@ static size_t piece_of(const struct nvp_staging *s, size_t n) { return n < s->sl
  * pieces, one after the other, a 4 MiB pageable copy ran at 0.98-1.58x native on the H200; so, 1.22-1.29x to the
  * device and 1.65-1.74x from it.) */
 #define WHOLE_MIN (512u << 10)
-/* SMALL_STORES: a copy to the device below WHOLE_MIN is staged with plain stores (NVPROXY_SMALL_STREAM_STORES=1:
- * streaming stores, to compare).  Streaming stores, which whole_h2d's parts use (1 MiB took 55 us with them, 81 us
- * without), made these slower: back to back on the H200, 4 KiB took 8.6 us a copy with them and 5.1 us without,
- * 16 KiB 12.4 / 5.5 us, 256 KiB 21.9 / 20.0 us (native 7.2, 9.1, 29.0 us); most likely their store fence, which
- * waits for the bytes to reach memory, where plain stores stay in the cache for the DMA to read. */
+/* SMALL_STORES: a copy to the device below 64 KiB is staged with plain stores, from there with streaming stores
+ * (NVPROXY_SMALL_STREAM_STORES=1 or 0: streaming or plain at every size, to compare).  Back to back on the H200,
+ * 4 KiB took 8.6 us a copy with streaming stores and 5.1 us without, 16 KiB 12.4 / 5.5 us (native 7.2, 9.1 us);
+ * in the benchmark's rounds, plain / streaming, 4 KiB ran at 0.97 / 0.83x native, 16 KiB 0.85 / 0.68x, 64 KiB
+ * 1.37 / 1.62x, 256 KiB 1.05 / 1.32x (where the run before had 64 and 256 KiB the other way round: 8.6 / 10.6 us,
+ * 20.0 / 21.9 us).  Most likely the streaming stores' fence, which waits for the bytes to reach memory, costs more
+ * than small copies gain from leaving the cache alone. */
 
 static cudaError_t send_staged(uint64_t dev, size_t off, size_t len, int64_t stream, int to_host)
 {

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #define PART_MIN (256u << 10) /* below this a thread's wake-up costs more than it copies */
+#define SMALL_STREAM_MIN (64u << 10) /* nvp_copy_small_for_dma's plain stores stop here (memory.c: SMALL_STORES) */
 #define SMALL_PART_MIN (64u << 10) /* nvp_par_memcpy's: helpers that sleep now cost the caller nothing (open) */
 #define MAX_THREADS 8
 #define SPIN_NS 200000 /* helpers poll this long for the next job before sleeping: copies come in runs */
@@ -90,12 +91,12 @@ void nvp_copy_for_dma(void *dst, const void *src, size_t n)
 
 void nvp_copy_small_for_dma(void *dst, const void *src, size_t n)
 {
-    static int on = -1; /* NVPROXY_SMALL_STREAM_STORES=1: streaming stores here too (to compare) */
+    static int on = -1; /* NVPROXY_SMALL_STREAM_STORES=1 or 0: streaming stores at every size or none (to compare) */
     if (on < 0) {
         const char *v = getenv("NVPROXY_SMALL_STREAM_STORES");
-        on = v && !strcmp(v, "1");
+        on = v && !strcmp(v, "1") ? 1 : v && !strcmp(v, "0") ? 0 : 2;
     }
-    if (on)
+    if (on == 1 || (on == 2 && n >= SMALL_STREAM_MIN))
         nvp_stream_copy(dst, src, n);
     else
         memcpy(dst, src, n);
