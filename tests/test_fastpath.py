@@ -392,17 +392,23 @@ def test_what_follows_a_posted_request_goes_to_python_alone(setup) -> None:
     assert [c[0] for c in drv.calls] == ["launch"]
 
 
+def staging_channel(chan) -> object:
+    """Give chan a mailbox (returned), a staging buffer at 0x100000 of 1 MiB and its copy events 0xA000..."""
+    mb = wire.ffi.new("struct nvp_mailbox *")
+    chan.mailbox = ffi.cast("void *", int(wire.ffi.cast("uintptr_t", mb)))
+    chan.staging_base, chan.staging_size = 0x100000, 1 << 20
+    for i in range(fastpath.COPY_EVENTS):
+        chan.copy_events[i] = ffi.cast("void *", 0xA000 + i)
+    return mb
+
+
 def test_posted_copies_answer_before_their_dma_ends(setup) -> None:
     """A posted host-to-device copy (NVP_OP_STAGED_COPY, a5 its number) is answered once issued: at once for
     cudaMemcpyAsync, for cudaMemcpy once the streams it waits for are idle, else once done.  Which are done goes
     to the mailbox's posted_done, oldest first; a fence answers once they are; a copy from the device is put after
     those still in flight (it may land where they read)."""
     fast, drv, chan, peer = setup
-    mb = wire.ffi.new("struct nvp_mailbox *")
-    chan.mailbox = ffi.cast("void *", int(wire.ffi.cast("uintptr_t", mb)))
-    chan.staging_base, chan.staging_size = 0x100000, 1 << 20
-    for i in range(fastpath.COPY_EVENTS):
-        chan.copy_events[i] = ffi.cast("void *", 0xA000 + i)
+    mb = staging_channel(chan)
     asynchronous = wire.CONSTANTS["NVP_STAGED_ASYNC"]
 
     def posted(seq: int, num: int, flags: int = 0, off: int = 0) -> bytearray:
@@ -457,11 +463,7 @@ def test_a_synchronous_posted_copy_waits_for_other_work_not_for_posted_copies(se
     while nothing but posted copies (and waits, queries, fences) was issued: no host can tell whether they waited
     for those.  Any other work, C's or Python's, or a change of those streams, makes the next one ask again."""
     fast, drv, chan, peer = setup
-    mb = wire.ffi.new("struct nvp_mailbox *")
-    chan.mailbox = ffi.cast("void *", int(wire.ffi.cast("uintptr_t", mb)))
-    chan.staging_base, chan.staging_size = 0x100000, 1 << 20
-    for i in range(fastpath.COPY_EVENTS):
-        chan.copy_events[i] = ffi.cast("void *", 0xA000 + i)
+    staging_channel(chan)
     for i in range(fastpath.POSTED):
         chan.posted_events[i] = ffi.cast("void *", 0xB000 + i)
     chan.posted_dev = 0

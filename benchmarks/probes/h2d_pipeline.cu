@@ -2,28 +2,9 @@
 // takes to issue each, and how many the device finishes per second, from pinned memory by the copy engine (with an
 // event recorded after each, as the proxy does) and by a copy kernel reading mapped pinned memory; beside the
 // runtime's cudaMemcpy from pageable memory.  On the GPU machine: nvcc -O2 -o h2d_pipeline h2d_pipeline.cu
-#include <cuda_runtime.h>
+#include "probe_rt.h"
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-#define CK(x)                                                                                                      \
-    do {                                                                                                           \
-        cudaError_t r_ = (x);                                                                                      \
-        if (r_) {                                                                                                  \
-            fprintf(stderr, "%s:%d %s -> %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(r_));                  \
-            exit(1);                                                                                               \
-        }                                                                                                          \
-    } while (0)
-
-static double now_us(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
 
 __global__ void copy_in(uint4 *dst, const uint4 *src, size_t n16)
 {

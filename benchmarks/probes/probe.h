@@ -4,7 +4,7 @@
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
+#include "probe_clock.h"
 
 #define CK(x)                                                                                                      \
     do {                                                                                                           \
@@ -14,19 +14,6 @@
             exit(1);                                                                                               \
         }                                                                                                          \
     } while (0)
-
-static inline double now_us(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
-
-static inline int cmpd(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 /* Device 0's primary context, made current, and a stream on it. */
 static inline CUstream probe_start(void)

@@ -2,34 +2,9 @@
 // the runtime's cudaMemcpy to pageable and to pinned memory, an async copy engine copy to pinned memory waited
 // for by spinning on the stream, and a copy kernel that stores into mapped pinned memory and raises a flag there
 // that the host spins on (so no driver call waits).  On the GPU machine: nvcc -O2 -o small_d2h small_d2h.cu
-#include <cuda_runtime.h>
+#include "probe_rt.h"
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-#define CK(x)                                                                                                      \
-    do {                                                                                                           \
-        cudaError_t r_ = (x);                                                                                      \
-        if (r_) {                                                                                                  \
-            fprintf(stderr, "%s:%d %s -> %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(r_));                  \
-            exit(1);                                                                                               \
-        }                                                                                                          \
-    } while (0)
-
-static double now_us(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
-
-static int cmpd(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 // Copies n bytes (a multiple of 16) and raises *flag to seq once every block's stores are visible to the host.
 __global__ void copy_flag(uint4 *dst, const uint4 *src, size_t n16, unsigned *blocks_done,
