@@ -1,7 +1,8 @@
 // Small copies to the device issued back to back, as nvproxy's posted copies are (session 18): how long the driver
 // takes to issue each, and how many the device finishes per second, from pinned memory by the copy engine (with an
-// event recorded after each, as the proxy does) and by a copy kernel reading mapped pinned memory; beside the
-// runtime's cudaMemcpy from pageable memory.  On the GPU machine: nvcc -O2 -o h2d_pipeline h2d_pipeline.cu
+// event recorded after each, as the proxy does, and with a query of an earlier one's event, as the proxy learns
+// which are done) and by a copy kernel reading mapped pinned memory; beside the runtime's cudaMemcpy from pageable
+// memory.  On the GPU machine: nvcc -O2 -o h2d_pipeline h2d_pipeline.cu
 #include "probe_rt.h"
 #include <stdint.h>
 #include <string.h>
@@ -33,9 +34,9 @@ int main(int argc, char **argv)
     for (auto &e : ev)
         CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     const char *names[] = {"pageable cudaMemcpy (native)", "async from pinned", "async from pinned + event",
-                           "kernel from mapped"};
+                           "kernel from mapped", "+ event, query the last", "+ event, query the 8th last"};
     for (size_t n : sizes) {
-        for (int v = 0; v < 4; v++) {
+        for (int v = 0; v < 6; v++) {
             double issue = 0, total = 0;
             for (int round = 0; round < 2; round++) { // (the first warms up)
                 CK(cudaDeviceSynchronize());
@@ -49,6 +50,15 @@ int main(int argc, char **argv)
                         CK(cudaMemcpyAsync(dev, pin + off, n, cudaMemcpyHostToDevice, st));
                         CK(cudaEventRecord(ev[r % 32], st));
                         break;
+                    case 4:
+                    case 5: {
+                        int back = v == 4 ? 1 : 8;
+                        if (r >= back)
+                            (void)cudaEventQuery(ev[(r - back) % 32]); /* (as the proxy learns which are done) */
+                        CK(cudaMemcpyAsync(dev, pin + off, n, cudaMemcpyHostToDevice, st));
+                        CK(cudaEventRecord(ev[r % 32], st));
+                        break;
+                    }
                     case 3:
                         copy_in<<<(unsigned)((n / 16 + 255) / 256 < 132 ? (n / 16 + 255) / 256 : 132), 256, 0,
                                   st>>>((uint4 *)dev, (const uint4 *)(mapped_dev + off), n / 16);

@@ -70,6 +70,7 @@ struct nvp_staging {
     uint64_t posted, posted_known; /* numbers handed out; every one up to posted_known is done */
     unsigned pfirst, pcount;
     struct nvp_posted pq[NVP_POSTED_MAX];
+    size_t d2h_next; /* where the next large copy from the device lands (memory.c: DMA_ROUND) */
 };
 cudaError_t nvp_staging(struct nvp_staging **out);
 /* May this thread's copies be posted (it has a mailbox, where the proxy says which are done)?  What it says. */

@@ -96,6 +96,22 @@ int main() {
     }
     printf("pageable sizes: %zu sizes, mismatches=%d\n", sizeof sizes / sizeof sizes[0], bad);
 
+    // copies from the device of 128 KiB and more land at the next place round nvproxy's staging buffer: many, of
+    // sizes that wrap it at odd places, each from another offset, with small copies to the device between them
+    const size_t round_sizes[] = {128 << 10, (300 << 10) + 4, (1 << 20) + 20, (3 << 20) + 8, 5000000};
+    CHECK(cudaMemcpy(d2, src, 40 << 20, cudaMemcpyHostToDevice));
+    bad = 0;
+    int copies = 0;
+    for (int k = 0; k < 120; k++) {
+        size_t sz = round_sizes[k % 5], off = ((size_t)k * 7919 * 64) % (34 << 20);
+        CHECK(cudaMemcpy((char *)d2 + (40 << 20) + 64 * (k % 16), src + k, 4096, cudaMemcpyHostToDevice));
+        memset(dst, 0, sz + 8);
+        CHECK(cudaMemcpy(dst + 4, (char *)d2 + off, sz, cudaMemcpyDeviceToHost));
+        if (memcmp(dst + 4, src + off, sz) || dst[3] || dst[sz + 4]) bad++;
+        copies++;
+    }
+    printf("copies round the staging buffer: %d copies, mismatches=%d\n", copies, bad);
+
     CHECK(cudaFreeHost(pin)); CHECK(cudaFreeHost(pin2)); CHECK(cudaFree(d)); CHECK(cudaFree(d2)); CHECK(cudaFree(img));
     CHECK(cudaStreamDestroy(s));
     free(pageable); free(back); free(reg);
