@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -514,14 +515,22 @@ static cudaError_t whole_h2d(const struct nvp_staging *s, uint64_t dst, const ch
 /* DMA_ROUND: where a copy from the device lands in the staging buffer.  The device writes twice as slowly into
  * memory the host has just read (its lines are in the CPU's caches): 1 MiB from an H200 into pinned memory took
  * 50-54 us where each copy came after the last one's was copied out, and 27-29 us into the next MiB round 8 MiB or
- * more; 256 KiB 15-18 us against 12.6 us round 8 MiB.  So a copy of DMA_ROUND_MIN or more lands at the next place
- * round the whole buffer; smaller ones at its start, whose few pages the device's address translation keeps. */
-#define DMA_ROUND_MIN (128u << 10)
+ * more.  So a copy of DMA_ROUND_MIN or more lands at the next place round the whole buffer, smaller ones at its
+ * start.  (In the benchmark's rounds, nvproxy/native, rounding from 1 MiB / from 128 KiB / never: 256 KiB 1.30 /
+ * 1.13 / 1.27x, 1 MiB 1.99 / 2.00 / 1.26x, 4 MiB 2.09 / 2.12 / 1.65x; at 256 KiB the pages' address translation,
+ * which fresh places miss, seems to cost more than the caches.) */
+#define DMA_ROUND_MIN (1u << 20)
 
 static size_t d2h_place(struct nvp_staging *s, size_t n)
 {
+    static size_t round_min = 0; /* NVPROXY_DMA_ROUND_KIB: another threshold, to compare (0: never round) */
+    if (!round_min) {
+        const char *v = getenv("NVPROXY_DMA_ROUND_KIB");
+        size_t kib = v && *v ? (size_t)strtoul(v, NULL, 10) : DMA_ROUND_MIN >> 10;
+        round_min = kib ? kib << 10 : SIZE_MAX;
+    }
     size_t total = s->slot_size * (size_t)s->nslots, len = (n + 65535) & ~(size_t)65535;
-    if (n < DMA_ROUND_MIN || len > total)
+    if (n < round_min || len > total)
         return 0;
     size_t at = s->d2h_next + len <= total ? s->d2h_next : 0;
     s->d2h_next = at + len;

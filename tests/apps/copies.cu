@@ -96,7 +96,7 @@ int main() {
     }
     printf("pageable sizes: %zu sizes, mismatches=%d\n", sizeof sizes / sizeof sizes[0], bad);
 
-    // copies from the device of 128 KiB and more land at the next place round nvproxy's staging buffer: many, of
+    // copies from the device of 1 MiB and more land at the next place round nvproxy's staging buffer: many, of
     // sizes that wrap it at odd places, each from another offset, with small copies to the device between them
     const size_t round_sizes[] = {128 << 10, (300 << 10) + 4, (1 << 20) + 20, (3 << 20) + 8, 5000000};
     CHECK(cudaMemcpy(d2, src, 40 << 20, cudaMemcpyHostToDevice));
