@@ -96,7 +96,15 @@ void nvp_copy_small_for_dma(void *dst, const void *src, size_t n)
         const char *v = getenv("NVPROXY_SMALL_STREAM_STORES");
         on = v && !strcmp(v, "1") ? 1 : v && !strcmp(v, "0") ? 0 : 2;
     }
-    if (on == 1 || (on == 2 && n >= SMALL_STREAM_MIN))
+    static int split = -1; /* NVPROXY_SMALL_PARALLEL=0: one thread copies them all (to compare) */
+    if (split < 0) {
+        const char *v = getenv("NVPROXY_SMALL_PARALLEL");
+        split = !(v && !strcmp(v, "0"));
+    }
+    int stream = on == 1 || (on == 2 && n >= SMALL_STREAM_MIN);
+    if (split && n >= 2 * SMALL_PART_MIN)
+        nvp_par_memcpy(dst, src, n, stream); /* (helpers asleep cost nothing: the caller copies what they leave) */
+    else if (stream)
         nvp_stream_copy(dst, src, n);
     else
         memcpy(dst, src, n);
