@@ -448,3 +448,61 @@ def test_staging_buffers_outlive_threads_until_a_checkpoint(build, backend: str,
     assert held[2] == 1 and all(2 <= n <= 4 for n in held[:2] + held[3:]), (held, err)
     assert "".join(lines) + out == (APPS / "expected" / "sim" / "thread_churn.txt").read_text(), err
     assert app.returncode == 0, err
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("when", ["starting", "restoring"])
+def test_a_migration_whose_new_proxy_dies_leaves_the_program_on_its_old_proxy(build, backend: str,
+                                                                              when: str) -> None:
+    """The new proxy is killed (SIGKILL) while it starts, or once it has taken the image: `nvproxy migrate` says
+    that it failed, and the program goes on with its old proxy to the uninterrupted output."""
+    from nvproxy.launcher import find_proxy
+
+    exe = build("ckpt_steps")
+    reference = run(nvproxy_cmd(exe, backend, "ckpt_steps", "12", "0"))
+    assert reference.returncode == 0, reference.stdout + reference.stderr
+    app = subprocess.Popen(nvproxy_cmd(exe, backend, "ckpt_steps", "12", PAUSE_MS), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    assert app.stdout is not None
+    first = app.stdout.readline()
+    assert first, app.communicate()[1]
+    old_pid, sock = find_proxy(app.pid)
+    migrate = subprocess.Popen([sys.executable, "-m", "nvproxy", "migrate", str(app.pid)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    killed = None
+    deadline = time.monotonic() + 60
+    while killed is None and time.monotonic() < deadline and migrate.poll() is None:
+        for d in Path("/proc").iterdir():
+            try:
+                argv = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"--adopt" in argv and any(a.startswith(sock.encode()) for a in argv) and d.name != str(old_pid):
+                # (restoring: once it holds the program's connections too, which come with the image)
+                if when == "starting" or _sockets(d) >= 2:
+                    os.kill(int(d.name), 9)
+                    killed = int(d.name)
+                    break
+        time.sleep(0.002)
+    out_m, err_m = migrate.communicate(timeout=120)
+    assert killed is not None, f"the new proxy was not seen: {err_m}"
+    assert migrate.returncode == 1 and "the new proxy failed" in err_m, err_m
+    out, err = app.communicate(timeout=300)
+    assert app.returncode == 0, err
+    assert first + out == reference.stdout, err
+    if when == "restoring":  # (killed after the old proxy had handed its state over, not before)
+        assert "control command failed: control connection closed" in err, err
+
+
+def _sockets(proc: Path) -> int:
+    """How many sockets the process holds (0 where it is gone)."""
+    n = 0
+    try:
+        for f in (proc / "fd").iterdir():
+            try:
+                n += os.readlink(f).startswith("socket:")
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return n

@@ -340,3 +340,25 @@ def test_proxy_raises_its_descriptor_limit() -> None:
         assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == (1 << 20 if hard == resource.RLIM_INFINITY else hard)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_migrate_says_how_a_new_proxy_ended() -> None:
+    """`nvproxy migrate` reports how the new proxy ended where it can still see it (a zombie's exit code in
+    /proc/PID/stat): a signal or an exit status; nothing for a process that is not a zombie."""
+    from nvproxy.cli import _how_it_ended
+
+    killed = subprocess.Popen(["sleep", "30"])
+    exited = subprocess.Popen(["sh", "-c", "exit 3"])
+    assert _how_it_ended(killed.pid) == ""  # (running)
+    killed.send_signal(signal.SIGKILL)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not all(
+                Path(f"/proc/{p.pid}/stat").read_text().rsplit(") ", 1)[1][0] == "Z" for p in (killed, exited)):
+            time.sleep(0.01)
+        assert _how_it_ended(killed.pid) == " (killed by signal 9)"
+        assert _how_it_ended(exited.pid) == " (exit status 3)"
+    finally:
+        killed.wait()
+        exited.wait()
+    assert _how_it_ended(killed.pid) == ""  # (reaped: gone)

@@ -352,12 +352,26 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             print(f"migrated process {args.pid}: proxy {old_pid} -> {new_pid}")
             return 0
         if not _alive(new_pid):
-            print(f"nvproxy migrate: the new proxy failed; process {args.pid} goes on with proxy {old_pid}",
-                  file=sys.stderr)
+            print(f"nvproxy migrate: the new proxy failed{_how_it_ended(new_pid)}; process {args.pid} goes on with "
+                  f"proxy {old_pid}", file=sys.stderr)
             return 1
         time.sleep(0.02)
     print("nvproxy migrate: timed out", file=sys.stderr)
     return 1
+
+
+def _how_it_ended(pid: int) -> str:
+    """' (exit status N)' or ' (killed by signal N)' for a process that has ended but is not reaped yet (its exit
+    code, field 52 of /proc/PID/stat); '' where that is gone.  A proxy that dies silently was killed."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(") ", 1)[1].split()
+        if fields[0] != "Z":
+            return ""
+        code = int(fields[52 - 3])  # (fields[0] is field 3, the state)
+    except (OSError, IndexError, ValueError):
+        return ""
+    return f" (killed by signal {code & 0x7F})" if code & 0x7F else f" (exit status {code >> 8})"
 
 
 def _alive(pid: int) -> bool:
