@@ -345,7 +345,7 @@ def test_proxy_raises_its_descriptor_limit() -> None:
 def test_migrate_says_how_a_new_proxy_ended() -> None:
     """`nvproxy migrate` reports how the new proxy ended where it can still see it (a zombie's exit code in
     /proc/PID/stat): a signal or an exit status; nothing for a process that is not a zombie."""
-    from nvproxy.cli import _how_it_ended
+    from nvproxy.launcher import how_it_ended as _how_it_ended
 
     killed = subprocess.Popen(["sleep", "30"])
     exited = subprocess.Popen(["sh", "-c", "exit 3"])
@@ -362,3 +362,16 @@ def test_migrate_says_how_a_new_proxy_ended() -> None:
         killed.wait()
         exited.wait()
     assert _how_it_ended(killed.pid) == ""  # (reaped: gone)
+
+
+def test_a_proxy_that_cannot_start_says_why(monkeypatch, capfd, tmp_path: Path) -> None:
+    """Where the proxy's process cannot even start (here its interpreter is missing), the child says why on stderr
+    and the launcher fails at once, not after its 60 s wait."""
+    from nvproxy import launcher
+
+    monkeypatch.setattr(launcher.sys, "executable", str(tmp_path / "no-python"))
+    t = time.monotonic()
+    with pytest.raises(SystemExit, match="exited during start-up"):
+        launcher.spawn_proxy(os.getpid(), dict(os.environ), sock=str(tmp_path / "p.sock"))
+    assert time.monotonic() - t < 30
+    assert "nvproxy: could not start a proxy: FileNotFoundError" in capfd.readouterr().err

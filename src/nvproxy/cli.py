@@ -328,7 +328,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     """Move a running application's GPU state into a new proxy (optionally on another GPU)."""
     import time
 
-    from .launcher import find_proxy, proxy_env, spawn_proxy
+    from .launcher import alive, find_proxy, how_it_ended, proxy_env, spawn_proxy
 
     old_pid, sock = find_proxy(args.pid)
     # the image travels in memory (the old proxy's host image buffer); --image also writes it out
@@ -348,38 +348,16 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     _s, new_pid = spawn_proxy(args.pid, env, extra, sock=sock, wait=False)
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
-        if not _alive(old_pid):
+        if not alive(old_pid):
             print(f"migrated process {args.pid}: proxy {old_pid} -> {new_pid}")
             return 0
-        if not _alive(new_pid):
-            print(f"nvproxy migrate: the new proxy failed{_how_it_ended(new_pid)}; process {args.pid} goes on with "
+        if not alive(new_pid):
+            print(f"nvproxy migrate: the new proxy failed{how_it_ended(new_pid)}; process {args.pid} goes on with "
                   f"proxy {old_pid}", file=sys.stderr)
             return 1
         time.sleep(0.02)
     print("nvproxy migrate: timed out", file=sys.stderr)
     return 1
-
-
-def _how_it_ended(pid: int) -> str:
-    """' (exit status N)' or ' (killed by signal N)' for a process that has ended but is not reaped yet (its exit
-    code, field 52 of /proc/PID/stat); '' where that is gone.  A proxy that dies silently was killed."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(") ", 1)[1].split()
-        if fields[0] != "Z":
-            return ""
-        code = int(fields[52 - 3])  # (fields[0] is field 3, the state)
-    except (OSError, IndexError, ValueError):
-        return ""
-    return f" (killed by signal {code & 0x7F})" if code & 0x7F else f" (exit status {code >> 8})"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1][:1] != "Z"
-    except OSError:
-        return False
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -89,22 +89,51 @@ def spawn_proxy(owner_pid: int, env: dict[str, str], extra: list[str] = (), sock
             argv = [sys.executable, "-m", "nvproxy", "proxy", "--socket", sock, "--owner-pid", str(owner_pid),
                     *extra]
             os.execve(sys.executable, argv, env)
+        except BaseException as e:  # (the parent only sees that it ended: say why here)
+            try:
+                os.write(2, f"nvproxy: could not start a proxy: {e!r}\n".encode())
+            except OSError:
+                pass
         finally:
             os._exit(127)
     os.close(w)
     os.waitpid(child, 0)
     pid = int(os.read(r, 32) or b"0")
     os.close(r)
+    if not pid:  # (the fork in the child failed: it said why)
+        raise SystemExit("nvproxy: could not start a proxy (see the message above)")
     deadline = time.monotonic() + 60
     while wait and not os.path.exists(sock):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            raise SystemExit("nvproxy: the proxy exited during start-up (see its messages above)") from None
+        if not alive(pid):  # (gone, or a zombie nobody reaps yet)
+            raise SystemExit(f"nvproxy: the proxy exited during start-up{how_it_ended(pid)} (see its messages "
+                             "above)")
         if time.monotonic() > deadline:
             raise SystemExit("nvproxy: the proxy did not start within 60 s")
         time.sleep(0.01)
     return sock, pid
+
+
+def how_it_ended(pid: int) -> str:
+    """' (exit status N)' or ' (killed by signal N)' for a process that has ended but is not reaped yet (its exit
+    code, field 52 of /proc/PID/stat); '' where that is gone.  A proxy that dies silently was killed."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(") ", 1)[1].split()
+        if fields[0] != "Z":
+            return ""
+        code = int(fields[52 - 3])  # (fields[0] is field 3, the state)
+    except (OSError, IndexError, ValueError):
+        return ""
+    return f" (killed by signal {code & 0x7F})" if code & 0x7F else f" (exit status {code >> 8})"
+
+
+def alive(pid: int) -> bool:
+    """Is pid running (neither gone nor a zombie)?"""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return False
 
 
 def dmtcp_tool(name: str) -> str:
