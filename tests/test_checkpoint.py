@@ -469,21 +469,25 @@ def test_a_migration_whose_new_proxy_dies_leaves_the_program_on_its_old_proxy(bu
     old_pid, sock = find_proxy(app.pid)
     migrate = subprocess.Popen([sys.executable, "-m", "nvproxy", "migrate", str(app.pid)], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
-    killed = None
+    new = None
     deadline = time.monotonic() + 60
-    while killed is None and time.monotonic() < deadline and migrate.poll() is None:
+    while new is None and time.monotonic() < deadline and migrate.poll() is None:
         for d in Path("/proc").iterdir():
             try:
                 argv = (d / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
             if b"--adopt" in argv and any(a.startswith(sock.encode()) for a in argv) and d.name != str(old_pid):
-                # (restoring: once it holds the program's connections too, which come with the image)
-                if when == "starting" or _sockets(d) >= 2:
-                    os.kill(int(d.name), 9)
-                    killed = int(d.name)
-                    break
+                new = d
+                break
         time.sleep(0.002)
+    killed = None
+    # (restoring: once it holds the program's connections too, which come with the image; watched alone, so the
+    # kill comes well within the restore)
+    while new is not None and killed is None and time.monotonic() < deadline and migrate.poll() is None:
+        if when == "starting" or _sockets(new) >= 2:
+            os.kill(int(new.name), 9)
+            killed = int(new.name)
     out_m, err_m = migrate.communicate(timeout=120)
     assert killed is not None, f"the new proxy was not seen: {err_m}"
     assert migrate.returncode == 1 and "the new proxy failed" in err_m, err_m
