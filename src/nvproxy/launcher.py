@@ -113,27 +113,29 @@ def spawn_proxy(owner_pid: int, env: dict[str, str], extra: list[str] = (), sock
     return sock, pid
 
 
-def how_it_ended(pid: int) -> str:
-    """' (exit status N)' or ' (killed by signal N)' for a process that has ended but is not reaped yet (its exit
-    code, field 52 of /proc/PID/stat); '' where that is gone.  A proxy that dies silently was killed."""
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields from the state on (field 3 first); None where pid is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(") ", 1)[1].split()
-        if fields[0] != "Z":
-            return ""
-        code = int(fields[52 - 3])  # (fields[0] is field 3, the state)
-    except (OSError, IndexError, ValueError):
-        return ""
-    return f" (killed by signal {code & 0x7F})" if code & 0x7F else f" (exit status {code >> 8})"
+            return f.read().rsplit(") ", 1)[1].split()
+    except (OSError, IndexError):
+        return None
 
 
 def alive(pid: int) -> bool:
     """Is pid running (neither gone nor a zombie)?"""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1][:1] != "Z"
-    except OSError:
-        return False
+    fields = _stat(pid)
+    return bool(fields) and fields[0] != "Z"
+
+
+def how_it_ended(pid: int) -> str:
+    """' (exit status N)' or ' (killed by signal N)' for a process that has ended but is not reaped yet (its exit
+    code, field 52 of /proc/PID/stat); '' where that cannot be seen."""
+    fields = _stat(pid)
+    if not fields or fields[0] != "Z" or len(fields) <= 52 - 3:
+        return ""
+    code = int(fields[52 - 3])
+    return f" (killed by signal {code & 0x7F})" if code & 0x7F else f" (exit status {code >> 8})"
 
 
 def dmtcp_tool(name: str) -> str:
