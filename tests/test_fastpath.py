@@ -95,6 +95,7 @@ def setup():
     fast = fastpath.FastPath(drv.addresses, spin_us=200)
     fast.forget_all()
     fast.set_text_fd(-1)
+    fast.set_loop_fd(-1)
     fast.set_text_pending(False)
     fast.lib.nvpf_set_translating(0)  # (C's state outlives a FastPath: an earlier test may have set it)
     fast.set_capturing(False)
@@ -277,6 +278,59 @@ def test_serve_receives_executes_and_replies_until_python_is_needed(setup) -> No
         assert fast.serve(chan, buf, 0, 3, 100_000, 1_000_000)[0] == fastpath.CLOSED
     finally:
         a.detach()
+
+
+def _serve_while_sending(fast, chan, peer, calls: int, gap_s: float, budget_us: int) -> tuple[int, float, int]:
+    """Serve chan while a thread sends it a launch every gap_s; (why serve returned, when, launches sent by then)."""
+    import time
+
+    sent = [0]
+
+    def sender() -> None:
+        for seq in range(1, calls + 1):
+            peer.sendall(launch_req(seq))
+            sent[0] = seq
+            time.sleep(gap_s)
+
+    t = threading.Thread(target=sender)
+    t0 = time.monotonic()
+    t.start()
+    why, _left, _seq = fast.serve(chan, bytearray(1 << 16), 0, 1, 150_000, budget_us)
+    took, by_then = time.monotonic() - t0, sent[0]
+    t.join()
+    a = socket.socket(fileno=chan.fd)  # (what came after serve returned: not the next serve's)
+    try:
+        while True:
+            a.recv(1 << 16)
+    except BlockingIOError:
+        pass
+    finally:
+        a.detach()
+    return why, took, by_then
+
+
+def test_serve_hands_over_at_its_budget_only_when_the_event_loop_has_work(setup) -> None:
+    """Every budget_us, serve looks at Python's event loop (nvpf_set_loop_fd): while it has nothing ready, C goes on
+    serving, and a turn is handed over once it has (a new connection, a control command)."""
+    fast, drv, chan, peer = setup
+    r, w = os.pipe()  # the "event loop": readable once something is written
+    try:
+        fast.set_loop_fd(r)
+        why, took, sent = _serve_while_sending(fast, chan, peer, 25, 0.001, 2_000)
+        assert why == fastpath.IDLE and sent == 25  # kept serving past 2 ms, until the calls stopped
+        assert sum(c[0] == "launch" for c in drv.calls) == 25
+        # (C hands over after 100 ms in any case: these serve well below that)
+        threading.Timer(0.01, lambda: os.write(w, b"x")).start()
+        why, took, sent = _serve_while_sending(fast, chan, peer, 100, 0.001, 2_000)
+        assert why == fastpath.IDLE and took < 0.06, f"served {took:.3f} s, {sent} calls, despite the loop's work"
+        os.read(r, 1)
+        fast.set_loop_fd(-1)  # not known: a turn every budget
+        why, took, sent = _serve_while_sending(fast, chan, peer, 100, 0.001, 2_000)
+        assert why == fastpath.IDLE and took < 0.06
+    finally:
+        fast.set_loop_fd(-1)
+        os.close(r)
+        os.close(w)
 
 
 def test_graph_launches_once_taught(setup) -> None:

@@ -27,7 +27,7 @@
 #define NVPF_PYTHON 1 /* the next message is Python's to execute */
 #define NVPF_REPLY 2  /* the last message done wants a reply that Python sends: wait_kind says after what */
 /* and why nvpf_serve returned, besides those */
-#define NVPF_IDLE 3   /* nothing came for idle_us, or budget_us is spent: Python tends its other sockets */
+#define NVPF_IDLE 3   /* nothing came for idle_us, or Python's loop wants a turn: it tends its other sockets */
 #define NVPF_CLOSED 4 /* end of file or an error on the socket: Python's own read finds out which */
 #define NVPF_FDS 5    /* descriptors came (SCM_RIGHTS), in fds[]: Python takes them with the bytes */
 #define NVPF_MAX_FDS 16
@@ -114,6 +114,9 @@ int nvpf_run(struct nvpf_chan *ch, const uint8_t *buf, size_t len, uint64_t *nex
  * on return (a message for Python, a partial one) is Python's. */
 int nvpf_serve(struct nvpf_chan *ch, uint8_t *buf, size_t cap, size_t *len, uint64_t *next_seq, unsigned idle_us,
                unsigned budget_us);
+/* Python's event loop descriptor (epoll), which nvpf_serve looks at every budget_us: it returns NVPF_IDLE once
+ * that has something ready (or -1: every budget_us). */
+void nvpf_set_loop_fd(int fd);
 /* CDEF-END */
 
 #endif

@@ -109,6 +109,10 @@ class FastPath:
     def set_text_fd(self, fd: int) -> None:
         self.lib.nvpf_set_text_fd(fd)
 
+    def set_loop_fd(self, fd: int) -> None:
+        """The event loop's descriptor (epoll), readable when the loop has work: serve() hands over only then."""
+        self.lib.nvpf_set_loop_fd(fd)
+
     def set_text_pending(self, on: bool) -> None:
         self.lib.nvpf_set_text_pending(int(on))
 

@@ -46,7 +46,8 @@ ANC_SPACE = socket.CMSG_SPACE(8 * 4)
 
 SPIN_S = 50e-6  # how long the dispatcher keeps polling (a wait, its sockets) before sleeping
 # a single calling thread's channel is served by C (fastpath.nvpf_serve): it polls that socket for
-# SERVE_IDLE_US after the last message, and gives the event loop a turn at least every SERVE_BUDGET_US
+# SERVE_IDLE_US after the last message, and every SERVE_BUDGET_US gives the event loop a turn if one of the loop's
+# sockets is ready (a turn costs a call arriving meanwhile tens of microseconds)
 SERVE_IN_C = os.environ.get("NVPROXY_SERVE_IN_C", "1") != "0"
 SERVE_IDLE_US, SERVE_BUDGET_US = 200, 2000
 
@@ -183,6 +184,8 @@ class Server:
         self.owner_pid = owner_pid
         self.sock_path = sock_path
         self.sel = selectors.DefaultSelector()
+        if self.fast is not None:
+            self.fast.set_loop_fd(self.sel.fileno() if hasattr(self.sel, "fileno") else -1)
         self.heap: list[tuple[int, int, Channel, int, int, tuple[int, ...], bytes]] = []
         self.ending: set[Channel] = set()  # channels at their end of file, with requests still in the heap
         self.next_seq = 1
@@ -587,6 +590,8 @@ class Server:
         finally:
             if self.writer is not None:  # a checkpoint file is being written: finish it
                 self.writer.join()
+            if self.fast is not None:
+                self.fast.set_loop_fd(-1)
             self.listener.close()
             ipc.unregister(self.dispatch.state, self.ctl_path)
             for path in (self.sock_path, self.ctl_path):
