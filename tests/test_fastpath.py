@@ -565,3 +565,55 @@ def test_a_synchronous_posted_copy_waits_for_other_work_not_for_posted_copies(se
     assert copy(12) == [] and ("event_sync", 0xB000 + 11 % fastpath.POSTED) in drv.calls
     drv.pending = set()
     assert copy(13) == queried
+
+
+def test_copies_to_the_host_in_pieces_are_issued_at_once(setup) -> None:
+    """A run of copies to the host that follow one another in the buffer (a copy in pieces: memory.c whole_d2h) is
+    issued at once, each piece with its own copy event; each piece's turn then only waits for its event and
+    replies, in order.  The run ends at anything else; pieces that Python executed instead are not waited for."""
+    fast, drv, chan, peer = setup
+    staging_channel(chan)
+
+    def piece(seq: int, k: int, stream: int = 3) -> bytes:
+        return req(wire.NVP_OP_STAGED_COPY, seq, 0x2000 + k * 4096, k * 4096, 4096, stream, 1, reply=True)
+
+    buf = bytearray(piece(1, 0) + piece(2, 1) + piece(3, 2) + req(wire.NVP_OP_STREAM_SYNC, 4, 3, reply=True))
+    assert fast.run(chan, buf, 1) == (fastpath.MORE, len(buf), 5)
+    memcpy = lambda k: ("memcpy", 0x100000 + k * 4096, 0x2000 + k * 4096, 4096, STREAM)  # noqa: E731
+    assert drv.calls[:6] == [memcpy(0), ("record", 0xA000, STREAM, 0), memcpy(1), ("record", 0xA001, STREAM, 0),
+                             memcpy(2), ("record", 0xA002, STREAM, 0)]
+    waits = [c for c in drv.calls[6:] if c[0] in ("event_sync", "memcpy", "record")]
+    assert waits == [("event_sync", 0xA000), ("event_sync", 0xA001), ("event_sync", 0xA002)]
+    assert [r[1] for r in replies(peer)] == [0, 0, 0, 0] and chan.copy_next == 3
+
+    # on another stream, or not next in seq order: not part of the run
+    fast.learn_stream(7, STREAM + 1, int)
+    for buf, seq in ((piece(5, 0) + piece(6, 1, stream=7), 5), (piece(7, 0) + piece(9, 1), 7)):
+        drv.calls.clear()
+        fast.run(chan, bytearray(buf), seq)
+        assert [c[0] for c in drv.calls[:4]] == ["memcpy", "record", "event_query", "event_sync"]  # waited alone
+    replies(peer)
+
+    # the first piece not done in time: Python waits for it; the next pieces' turns wait for their own events
+    drv.calls.clear()
+    drv.pending.add(0xA000 + chan.copy_next % fastpath.COPY_EVENTS)
+    first = chan.copy_next
+    buf = bytearray(piece(10, 0) + piece(11, 1))
+    why, used, seq = fast.run(chan, buf, 10)
+    assert (why, used, seq) == (fastpath.REPLY, len(piece(10, 0)), 11)
+    assert chan.wait_handle == ffi.cast("void *", 0xA000 + first % fastpath.COPY_EVENTS)
+    assert [c[0] for c in drv.calls[:4]] == ["memcpy", "record", "memcpy", "record"]
+    drv.calls.clear()
+    chan.pending = 1  # (Python owes the first reply)
+    assert fast.run(chan, buf[used:], 11)[0] == fastpath.REPLY
+    assert "memcpy" not in [c[0] for c in drv.calls]
+    assert chan.wait_handle == ffi.cast("void *", 0xA000 + (first + 1) % fastpath.COPY_EVENTS)
+    chan.pending = 0
+
+    # Python executed the pieces issued ahead (say after a hand-over): a later copy is issued afresh
+    drv.pending.add(0xA000 + chan.copy_next % fastpath.COPY_EVENTS)
+    assert fast.run(chan, bytearray(piece(20, 0) + piece(21, 1)), 20)[:2] == (fastpath.REPLY, len(piece(20, 0)))
+    drv.pending.clear()
+    drv.calls.clear()
+    assert fast.run(chan, bytearray(piece(30, 3)), 30)[0] == fastpath.MORE
+    assert drv.calls[:2] == [memcpy(3), ("record", 0xA000 + (chan.copy_next - 1) % fastpath.COPY_EVENTS, STREAM, 0)]

@@ -485,6 +485,42 @@ static int posted_copy(struct nvpf_chan *ch, uint64_t dst, uint64_t host, uint64
 }
 
 /* Does q issue work that a synchronous copy waits for (see issued)?  Waits, queries and posted copies do not. */
+/* ---- copies to the host in pieces ----
+ * The shim asks for a copy from the device in pieces, all requests at once, and copies each piece out of the
+ * staging buffer as its reply comes (memory.c, whole_d2h).  Executed one by one, each piece's DMA began only once
+ * the last one's was seen done; so the requests that follow in the buffer are issued at once, each with its own
+ * event of the ring, and their turns only wait.  Only a run of such requests, next in seq order, on the same
+ * stream: nothing else can come between them. */
+static const uint8_t *rest; /* what follows the request being executed in nvpf_run's buffer */
+static size_t rest_len;
+
+static int staging_range_ok(const struct nvpf_chan *ch, uint64_t off, uint64_t n)
+{
+    return ch->staging_base && off <= ch->staging_size && n <= ch->staging_size - off;
+}
+
+static void issue_ahead(struct nvpf_chan *ch, const struct nvp_req *q, void *s)
+{
+    size_t at = 0;
+    ch->ahead_seq = q->seq + 1;
+    ch->ahead_ev = ch->copy_next;
+    ch->ahead_n = 0;
+    while (ch->ahead_n < NVPF_COPY_EVENTS - 1 && rest_len - at >= sizeof(struct nvp_req)) {
+        struct nvp_req m;
+        memcpy(&m, rest + at, sizeof m);
+        if (m.len != sizeof m || at + m.len > rest_len || m.seq != ch->ahead_seq + ch->ahead_n ||
+            m.op != NVP_OP_STAGED_COPY || !(m.flags & NVP_F_REPLY) || !m.a[4] || m.a[3] != q->a[3] ||
+            !staging_range_ok(ch, m.a[1], m.a[2]))
+            break;
+        void *ev = ch->copy_events[ch->copy_next % NVPF_COPY_EVENTS];
+        if (D.memcpy_async(ch->staging_base + m.a[1], m.a[0], (size_t)m.a[2], s) || D.event_record(ev, s, 0))
+            break; /* (its turn issues it again and reports the failure) */
+        ch->copy_next++;
+        ch->ahead_n++;
+        at += m.len;
+    }
+}
+
 static int issues_work(const struct nvp_req *q)
 {
     switch (q->op) {
@@ -508,6 +544,8 @@ static int execute(struct nvpf_chan *ch, const struct nvp_req *q, const uint8_t 
     by_mailbox = q->flags & NVP_F_MAILBOX;
     void *s, *e;
     int rc;
+    if (ch->ahead_n && q->seq != ch->ahead_seq)
+        ch->ahead_n = 0; /* (Python executed those: their events are simply not waited for here) */
     if (issues_work(q))
         nvpf_note_issue();
     switch (q->op) {
@@ -551,8 +589,13 @@ static int execute(struct nvpf_chan *ch, const struct nvp_req *q, const uint8_t 
     case NVP_OP_STAGED_COPY: {
         uint64_t off = q->a[1], n = q->a[2], posted = q->a[4] ? 0 : q->a[5];
         void *ev = ch->copy_events[ch->copy_next % NVPF_COPY_EVENTS];
-        if (translating || !wants_reply || !ch->staging_base || !ev || off > ch->staging_size ||
-            n > ch->staging_size - off || !stream_of(ch, q->a[3], &s))
+        if (ch->ahead_n && wants_reply) { /* issued with an earlier piece: only its wait is left */
+            ev = ch->copy_events[ch->ahead_ev++ % NVPF_COPY_EVENTS];
+            ch->ahead_seq++;
+            ch->ahead_n--;
+            return wait_then_reply(ch, NVPF_WAIT_EVENT, ev);
+        }
+        if (translating || !wants_reply || !ev || !staging_range_ok(ch, off, n) || !stream_of(ch, q->a[3], &s))
             return TO_PYTHON; /* Python also reports the errors */
         uint64_t host = ch->staging_base + off;
         if (ch->posted_count)
@@ -568,6 +611,8 @@ static int execute(struct nvpf_chan *ch, const struct nvp_req *q, const uint8_t 
         ch->copy_next++;
         if ((rc = D.event_record(ev, s, 0)))
             return reply(ch, rc);
+        if (q->a[4])
+            issue_ahead(ch, q, s);
         return wait_then_reply(ch, NVPF_WAIT_EVENT, ev);
     }
     case NVP_OP_STAGED_FENCE:
@@ -613,6 +658,8 @@ EXPORT int nvpf_run(struct nvpf_chan *ch, const uint8_t *buf, size_t len, uint64
         }
         if (len - off < q.len)
             break;
+        rest = buf + off + q.len;
+        rest_len = len - off - q.len;
         int r = execute(ch, &q, buf + off + sizeof q, q.len - sizeof q);
         if (r == TO_PYTHON) {
             why = NVPF_PYTHON;

@@ -64,6 +64,10 @@ struct nvpf_chan {
     void *per_thread[NVPF_MAX_DEV]; /* the thread's per-thread default stream per device */
     void *copy_events[NVPF_COPY_EVENTS];
     uint32_t copy_next;
+    /* copies to the host issued ahead of their turn (fastpath.c, issue_ahead): requests ahead_seq onwards,
+     * ahead_n of them, done once copy_events[(ahead_ev + k) % NVPF_COPY_EVENTS] are */
+    uint64_t ahead_seq;
+    uint32_t ahead_n, ahead_ev;
     /* posted host-to-device copies in flight (NVP_OP_STAGED_COPY), oldest first: entry k has number
      * posted_num[k % NVPF_POSTED] and is done once posted_events[k % NVPF_POSTED] is (a ring Python makes on
      * posted_dev; none: NULL) */

@@ -1288,6 +1288,36 @@ cudaError_t nvp_send_pending(uint16_t op, const uint64_t a[NVP_MAX_ARGS], int al
     return e;
 }
 
+/* k requests with no payload in one write, under consecutive seqs: the proxy finds them together in its
+ * buffer (a copy from the device in pieces: it issues them all at once, fastpath.c issue_ahead). */
+cudaError_t nvp_send_pending_many(uint16_t op, const uint64_t (*a)[NVP_MAX_ARGS], size_t k)
+{
+    cudaError_t e = nvp_connect();
+    if (e || k == 0)
+        return e;
+    if (k > NVP_SEND_MANY_MAX)
+        return cudaErrorInvalidValue;
+    struct nvp_req h[NVP_SEND_MANY_MAX];
+    struct iovec iov[NVP_SEND_MANY_MAX];
+    int mailbox = T.mb && !T.unread;
+    uint64_t seq = atomic_fetch_add(&G.seq, k) + 1;
+    for (size_t i = 0; i < k; i++) {
+        h[i] = (struct nvp_req){.len = sizeof h[i], .op = op, .flags = NVP_F_REPLY, .seq = seq + i};
+        h[i].flags |= i == 0 && mailbox ? NVP_F_MAILBOX : 0;
+        memcpy(h[i].a, a[i], sizeof h[i].a);
+        iov[i] = (struct iovec){&h[i], sizeof h[i]};
+    }
+    if (write_all(T.fd, iov, (int)k, -1) != 0)
+        return mark_dead(strerror(errno));
+    if (T.mb)
+        __atomic_fetch_add(&T.mb->sent, 1, __ATOMIC_RELEASE);
+    T.first_by_mailbox = T.unread ? T.first_by_mailbox : mailbox;
+    T.unread += (int)k;
+    if (G.trace)
+        nvp_log("nvproxy: -> op %u seq %llu..%llu", op, (unsigned long long)seq, (unsigned long long)(seq + k - 1));
+    return cudaSuccess;
+}
+
 cudaError_t nvp_wait_pending(struct nvp_reply *reply)
 {
     int mailbox = T.unread > 0 && T.first_by_mailbox;
