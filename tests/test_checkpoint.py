@@ -482,10 +482,12 @@ def test_a_migration_whose_new_proxy_dies_leaves_the_program_on_its_old_proxy(bu
                 break
         time.sleep(0.002)
     killed = None
-    # (restoring: once it holds the program's connections too, which come with the image; watched alone, so the
-    # kill comes well within the restore)
+    # (restoring: once it holds one of the old proxy's sockets, the program's connections, which come with the
+    # image: the very same sockets; watched alone, so the kill comes well within the restore.  A count of its
+    # sockets is no sign: on the GPU the driver may open some of its own while the proxy starts)
+    old_sockets = _sockets(Path(f"/proc/{old_pid}"))
     while new is not None and killed is None and time.monotonic() < deadline and migrate.poll() is None:
-        if when == "starting" or _sockets(new) >= 2:
+        if when == "starting" or _sockets(new) & old_sockets:
             os.kill(int(new.name), 9)
             killed = int(new.name)
     out_m, err_m = migrate.communicate(timeout=120)
@@ -498,15 +500,17 @@ def test_a_migration_whose_new_proxy_dies_leaves_the_program_on_its_old_proxy(bu
         assert "nvproxy: control command failed" in err, err
 
 
-def _sockets(proc: Path) -> int:
-    """How many sockets the process holds (0 where it is gone)."""
-    n = 0
+def _sockets(proc: Path) -> set[str]:
+    """The sockets the process holds ("socket:[inode]"; none where it is gone)."""
+    out = set()
     try:
         for f in (proc / "fd").iterdir():
             try:
-                n += os.readlink(f).startswith("socket:")
+                link = os.readlink(f)
             except OSError:
-                pass
+                continue
+            if link.startswith("socket:"):
+                out.add(link)
     except OSError:
         pass
-    return n
+    return out
