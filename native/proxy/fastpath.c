@@ -484,7 +484,6 @@ static int posted_copy(struct nvpf_chan *ch, uint64_t dst, uint64_t host, uint64
     return early ? reply(ch, 0) : wait_then_reply(ch, NVPF_WAIT_EVENT, posted_event(ch, k));
 }
 
-/* Does q issue work that a synchronous copy waits for (see issued)?  Waits, queries and posted copies do not. */
 /* ---- copies to the host in pieces ----
  * The shim asks for a copy from the device in pieces, all requests at once, and copies each piece out of the
  * staging buffer as its reply comes (memory.c, whole_d2h).  Executed one by one, each piece's DMA began only once
@@ -521,6 +520,7 @@ static void issue_ahead(struct nvpf_chan *ch, const struct nvp_req *q, void *s)
     }
 }
 
+/* Does q issue work that a synchronous copy waits for (see issued)?  Waits, queries and posted copies do not. */
 static int issues_work(const struct nvp_req *q)
 {
     switch (q->op) {
