@@ -512,6 +512,40 @@ def test_posted_copies_answer_before_their_dma_ends(setup) -> None:
     assert mb.posted_done == 4 and chan.posted_count == 0
 
 
+def test_a_posted_copy_is_answered_before_it_is_issued(setup) -> None:
+    """The driver copies a small copy's bytes into its command stream while it issues it (benchmarks/probes/
+    issue_cost.cu): a posted copy is answered first, so that the thread stages its next copy meanwhile.  An issue
+    that fails is reported by the next reply, as an asynchronous error."""
+    fast, drv, chan, peer = setup
+    staging_channel(chan)
+    for i in range(fastpath.POSTED):
+        chan.posted_events[i] = ffi.cast("void *", 0xB000 + i)
+    chan.posted_dev = 0
+    asynchronous = wire.CONSTANTS["NVP_STAGED_ASYNC"]
+    record, answered = drv._rec, []
+
+    def issue(*call):
+        if call[0] != "memcpy":
+            return record(*call)
+        try:
+            answered.append(len(peer.recv(64, socket.MSG_PEEK | socket.MSG_DONTWAIT)) > 0)
+        except BlockingIOError:
+            answered.append(False)
+        return fail[0] or record(*call)
+
+    fail = [0]
+    drv._rec = issue
+    posted = lambda seq, num: bytearray(  # noqa: E731
+        req(wire.NVP_OP_STAGED_COPY, seq, 0x2000, 0, 4096, 3, 0, num, asynchronous, reply=True))
+    assert fast.run(chan, posted(1, 1), 1)[::2] == (fastpath.MORE, 2)
+    assert answered == [True] and [r[1:3] for r in replies(peer)] == [(0, 0)]
+    fail[0] = 700  # (CUDA_ERROR_ILLEGAL_ADDRESS)
+    assert fast.run(chan, posted(2, 2) + bytearray(req(wire.NVP_OP_FLUSH, 3, reply=True)), 2)[::2] == (fastpath.MORE,
+                                                                                                      4)
+    assert [r[1:3] for r in replies(peer)] == [(0, 0), (0, 700)]  # the copy's own reply went before the failure
+    assert [c[0] for c in drv.calls].count("record") == 1  # (the failed copy is not in flight)
+
+
 def test_a_synchronous_posted_copy_waits_for_other_work_not_for_posted_copies(setup) -> None:
     """Once the streams a cudaMemcpy waits for were seen idle, later synchronous posted copies are answered at once
     while nothing but posted copies (and waits, queries, fences) was issued: no host can tell whether they waited
