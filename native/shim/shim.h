@@ -41,7 +41,7 @@ cudaError_t nvp_callv(uint16_t op, const uint64_t a[NVP_MAX_ARGS], const void *p
 /* Pipelined requests: send with a reply pending, collect replies later, in order.  alone: no other request
  * follows before this one's reply is read, so it may go through the mailbox's slot (a small staged copy). */
 cudaError_t nvp_send_pending(uint16_t op, const uint64_t a[NVP_MAX_ARGS], int alone);
-#define NVP_SEND_MANY_MAX 8
+#define NVP_SEND_MANY_MAX 8 /* (the proxy issues at most its ring of copy events at once: NVPF_COPY_EVENTS) */
 cudaError_t nvp_send_pending_many(uint16_t op, const uint64_t (*a)[NVP_MAX_ARGS], size_t k);
 cudaError_t nvp_wait_pending(struct nvp_reply *reply);
 /* the calling thread's next reply will take about ns (a synchronous copy of a known size): spin that long for it
