@@ -2,18 +2,9 @@
 #ifndef PROBE_H
 #define PROBE_H
 #include <cuda.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include "probe_clock.h"
 
-#define CK(x)                                                                                                      \
-    do {                                                                                                           \
-        CUresult r_ = (x);                                                                                         \
-        if (r_) {                                                                                                  \
-            fprintf(stderr, "%s:%d %s -> %d\n", __FILE__, __LINE__, #x, r_);                                       \
-            exit(1);                                                                                               \
-        }                                                                                                          \
-    } while (0)
+#define CK(x) PROBE_CHECK(CUresult, x, probe_unnamed)
 
 /* Device 0's primary context, made current, and a stream on it. */
 static inline CUstream probe_start(void)

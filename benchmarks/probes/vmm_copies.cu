@@ -11,14 +11,7 @@
 
 #define MAXSZ (64ull << 20)
 
-#define CU(x)                                                                                                      \
-    do {                                                                                                           \
-        CUresult r_ = (x);                                                                                         \
-        if (r_) {                                                                                                  \
-            fprintf(stderr, "%s:%d %s -> %d\n", __FILE__, __LINE__, #x, (int)r_);                                  \
-            exit(1);                                                                                               \
-        }                                                                                                          \
-    } while (0)
+#define CU(x) PROBE_CHECK(CUresult, x, probe_unnamed) /* (driver calls; CK: runtime calls) */
 
 enum { MALLOC, VMM_PLAIN, VMM_FD, VMM_FD_FIXED, VMM_FD_BIG_ALIGN, KINDS };
 static const char *names[KINDS] = {"cudaMalloc", "VMM", "VMM fd", "VMM fd @0x2000_0000_0000", "VMM fd 1 GiB aligned"};
