@@ -333,6 +333,127 @@ def test_serve_hands_over_at_its_budget_only_when_the_event_loop_has_work(setup)
         os.close(w)
 
 
+def record_req(seq: int) -> bytes:
+    """An event record on stream 3 whose flags are its seq (so the driver's calls show the order)."""
+    return req(wire.NVP_OP_EVENT_RECORD, seq, 4, 3, seq)
+
+
+@pytest.fixture
+def second(setup):
+    """A second calling thread's channel (and its peer) beside setup's."""
+    fast = setup[0]
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    yield fast.channel(a.fileno()), b
+    a.close()
+    b.close()
+
+
+def test_serve_many_executes_several_threads_in_call_order(setup, second) -> None:
+    """nvpf_serve_many: calls are executed in seq order across the channels, whichever socket or mailbox slot they
+    came through and whenever; one for Python stops C with its channel named and its bytes left there."""
+    fast, drv, chan, peer = setup
+    chan2, peer2 = second
+    mb = wire.ffi.new("struct nvp_mailbox *")
+    chan2.mailbox = ffi.cast("void *", int(wire.ffi.cast("uintptr_t", mb)))
+    peer2.sendall(record_req(2) + record_req(4))  # the second thread's calls arrive before the first's
+
+    def first() -> None:
+        import time
+
+        time.sleep(0.01)
+        peer.sendall(record_req(1) + record_req(3) + record_req(5))
+        _post(mb, record_req(6))  # (the slot: taken once 5 is done)
+        peer.sendall(record_req(7))
+        time.sleep(0.01)
+        peer2.sendall(launch_req(8, kernel=99) + record_req(9))  # kernel 99 was never taught: Python's
+
+    t = threading.Thread(target=first)
+    t.start()
+    bufs = [bytearray(1 << 16), bytearray(1 << 16)]
+    why, which, lefts, seq = fast.serve_many([chan, chan2], bufs, 1, 200_000, 5_000_000)
+    t.join()
+    assert (why, which, seq) == (fastpath.PYTHON, 1, 8)
+    assert [c[3] for c in drv.calls] == [1, 2, 3, 4, 5, 6, 7]
+    assert lefts[0] == 0 and bytes(bufs[1][: lefts[1]]) == launch_req(8, kernel=99) + record_req(9)
+    assert mb.slot == wire.NVP_SLOT_CLOSED
+
+
+def test_serve_many_leaves_calls_whose_turn_never_came_to_python(setup, second) -> None:
+    """A call that waits for an earlier one that never comes (a thread between taking its seq and sending) is not
+    lost: C returns once idle and the bytes go back to Python; a request in a slot goes with them."""
+    fast, drv, chan, _peer = setup
+    chan2, peer2 = second
+    mb = wire.ffi.new("struct nvp_mailbox *")
+    chan.mailbox = ffi.cast("void *", int(wire.ffi.cast("uintptr_t", mb)))
+    peer2.sendall(record_req(3))
+    t = threading.Thread(target=_post, args=(mb, record_req(2)))
+    t.start()
+    bufs = [bytearray(1 << 16), bytearray(1 << 16)]
+    why, which, lefts, seq = fast.serve_many([chan, chan2], bufs, 1, 20_000, 5_000_000)
+    t.join()
+    assert seq == 1 and drv.calls == [] and lefts == [0, len(record_req(3))]
+    assert why == fastpath.PYTHON and fast.side(chan) == record_req(2)  # (taken as the slot closed)
+    assert fast.serve_many([chan, chan2], bufs, 1, 1_000, 5_000_000)[:2] == (fastpath.IDLE, -1)
+
+
+def test_serve_hands_over_only_for_sockets_it_does_not_serve(setup, second) -> None:
+    """With Python's epoll as the loop descriptor, the served channels' own sockets being readable is no reason
+    for a turn (C reads them itself); another socket of the loop is."""
+    import select
+    import time
+
+    fast, drv, chan, peer = setup
+    chan2, peer2 = second
+    ep = select.epoll()
+    r, w = os.pipe()
+    one = record_req(1000)  # never its turn
+    cap = 800 * len(one)
+    try:
+        for fd in (chan.fd, chan2.fd, r):
+            ep.register(fd, select.EPOLLIN)
+        fast.set_loop_fd(ep.fileno())
+        for wake in (None, 0.01):
+            drv.calls.clear()
+            # the second channel's buffer is full of calls whose turn has not come: its socket stays readable
+            bufs = [bytearray(cap), bytearray(one * 800)]
+            lens = ffi.new("size_t[]", [0, cap])
+            peer2.sendall(one)
+            seq, which = ffi.new("uint64_t *", 1), ffi.new("int *")
+            sender = threading.Thread(target=lambda: [(peer.sendall(launch_req(k)), time.sleep(0.001))
+                                                      for k in range(1, 26)])
+            if wake:
+                threading.Timer(wake, lambda: os.write(w, b"x")).start()
+            views = [ffi.from_buffer("uint8_t[]", b) for b in bufs]
+            t0 = time.monotonic()
+            sender.start()
+            why = fast.lib.nvpf_serve_many(ffi.new("struct nvpf_chan *[]", [chan, chan2]),
+                                           ffi.new("uint8_t *[]", views), lens, 2, cap, seq, 150_000, 2_000, which)
+            took = time.monotonic() - t0
+            sender.join()
+            launches = sum(c[0] == "launch" for c in drv.calls)
+            assert why == fastpath.IDLE
+            if wake is None:  # kept serving past 2 ms, until the calls stopped
+                assert launches == 25, f"handed over after {took:.3f} s, {launches} calls"
+            else:
+                assert took < 0.02, f"served {took:.3f} s, {launches} calls, despite the loop's work"
+                os.read(r, 1)
+            for fd in (chan.fd, chan2.fd):  # (what is left: not the next round's)
+                a = socket.socket(fileno=fd)
+                try:
+                    while a.recv(1 << 16):
+                        pass
+                except BlockingIOError:
+                    pass
+                finally:
+                    a.detach()
+    finally:
+        fast.set_loop_fd(-1)
+        ep.close()
+        os.close(r)
+        os.close(w)
+
+
 def test_graph_launches_once_taught(setup) -> None:
     fast, drv, chan, _peer = setup
     launch = req(wire.NVP_OP_GRAPH_LAUNCH, 1, 9, 3, 0)

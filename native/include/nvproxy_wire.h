@@ -249,8 +249,8 @@ struct nvp_rep {
 #define NVP_MB_SLEEPING 1
 #define NVP_MB_FULL 2
 /* The mailbox's request slot goes the other way, for one request of up to NVP_MB_REQ_MAX bytes (no descriptors):
- * the proxy opens it (CLOSED -> OPEN) while its C loop polls it, that is while it serves the process's only
- * calling thread (nvpf_serve); the thread writes a request there and moves OPEN -> POSTED by compare-and-swap
+ * the proxy opens it (CLOSED -> OPEN) while its C loop polls it, that is while it serves the process's calling
+ * threads (nvpf_serve, nvpf_serve_many); the thread writes a request there and moves OPEN -> POSTED by compare-and-swap
  * (finding it CLOSED, it writes to the socket); the proxy takes the request and moves POSTED -> OPEN, and closes
  * the slot when it stops polling (a request still POSTED then goes to Python with it).  Requests keep their seq,
  * so one that comes through the slot before an earlier one through the socket is still executed after it.  The

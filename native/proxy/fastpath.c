@@ -5,7 +5,9 @@
 #include <errno.h>
 #include <poll.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -729,100 +731,208 @@ static int loop_fd = -1;
 
 EXPORT void nvpf_set_loop_fd(int fd) { loop_fd = fd; }
 
-static int loop_wants_turn(void)
+/* Whether one of the loop's sockets other than the served ones is ready.  Python's epoll (select.epoll) keys its
+ * events by descriptor, so the ready ones can be told apart; what C reads itself is no reason for a turn. */
+static int loop_wants_turn(struct nvpf_chan *const *chs, int n)
 {
-    struct pollfd p = {.fd = loop_fd, .events = POLLIN};
-    return loop_fd < 0 || poll(&p, 1, 0) != 0;
+    if (loop_fd < 0)
+        return 1;
+    struct epoll_event ev[8];
+    int k = epoll_wait(loop_fd, ev, 8, 0);
+    if (k < 0) { /* (not an epoll descriptor: only whether anything is ready) */
+        struct pollfd p = {.fd = loop_fd, .events = POLLIN};
+        return poll(&p, 1, 0) != 0;
+    }
+    for (int i = 0; i < k; i++) {
+        int served = 0;
+        for (int j = 0; j < n && !served; j++)
+            served = ev[i].data.fd == chs[j]->fd;
+        if (!served)
+            return 1;
+    }
+    return 0;
 }
 
-static int serve(struct nvpf_chan *ch, uint8_t *buf, size_t cap, size_t *len, uint64_t *next_seq, unsigned idle_us,
-                 unsigned budget_us)
+struct served {
+    struct nvpf_chan *ch;
+    uint8_t *buf;
+    size_t *len;
+    uint32_t seen;      /* the mailbox's `sent` when its socket was last read */
+    uint64_t next_recv; /* when to read the socket though `sent` did not move */
+};
+
+static uint64_t head_seq(const uint8_t *buf) /* (the buffer holds a whole header) */
+{
+    uint64_t seq;
+    memcpy(&seq, buf + offsetof(struct nvp_req, seq), sizeof seq);
+    return seq;
+}
+
+/* Execute what is next from one served channel: its received bytes, or else its mailbox's slot, when they hold the
+ * call whose turn it is (with one channel, received bytes whatever their seq: Python judges them).  NVPF_MORE with
+ * *ran set when something ran; else why C stops. */
+static int serve_one(struct served *v, int alone, size_t cap, uint64_t *next_seq, int *ran)
+{
+    static _Alignas(16) uint8_t posted[NVP_MB_REQ_MAX];
+    struct nvpf_chan *ch = v->ch;
+    size_t len = *v->len;
+    if (len) {
+        if (!alone && (len < sizeof(struct nvp_req) || head_seq(v->buf) > *next_seq))
+            return NVPF_MORE; /* (not its turn: another channel has the next call, or it is still on its way) */
+        size_t used = 0;
+        int why = nvpf_run(ch, v->buf, len, next_seq, &used);
+        if (used) {
+            memmove(v->buf, v->buf + used, len - used);
+            *v->len = len - used;
+            *ran = 1;
+        }
+        if (why == NVPF_PYTHON && !alone && *v->len >= sizeof(struct nvp_req) && head_seq(v->buf) > *next_seq)
+            return NVPF_MORE; /* (what follows is not its turn yet) */
+        if (why != NVPF_MORE)
+            return why;
+        return *v->len == cap ? NVPF_PYTHON : NVPF_MORE; /* (a message larger than the buffer: Python's grows) */
+    }
+    /* the slot's request, when it is the next to run (an earlier one may still be in the socket) */
+    struct nvp_mailbox *mb = ch->mailbox;
+    if (!mb || __atomic_load_n(&mb->slot, __ATOMIC_ACQUIRE) != NVP_SLOT_POSTED || head_seq(mb->req) != *next_seq)
+        return NVPF_MORE;
+    uint32_t n = take_posted(mb, posted);
+    size_t used = 0;
+    int why = nvpf_run(ch, posted, n, next_seq, &used);
+    *ran = 1;
+    if (used < n) { /* Python's to execute (what was executed stays out of it) */
+        memcpy(ch->side, posted + used, n - used);
+        ch->side_len = (uint32_t)(n - used);
+        return why == NVPF_REPLY ? why : NVPF_PYTHON;
+    }
+    return why;
+}
+
+/* Read a served channel's socket: NVPF_MORE, or NVPF_CLOSED / NVPF_FDS. */
+static int receive(struct served *v, size_t cap)
+{
+    struct nvpf_chan *ch = v->ch;
+    union {
+        struct cmsghdr h;
+        char space[CMSG_SPACE(sizeof(int) * NVPF_MAX_FDS)];
+    } ctl;
+    struct iovec iov = {v->buf + *v->len, cap - *v->len};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = &ctl, .msg_controllen = sizeof ctl};
+    ssize_t r = recvmsg(ch->fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (r == 0)
+        return NVPF_CLOSED;
+    if (r < 0)
+        return errno == EAGAIN || errno == EINTR ? NVPF_MORE : NVPF_CLOSED;
+    *v->len += (size_t)r;
+    v->next_recv = 0; /* (the rest of a long message may follow) */
+    v->seen--;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < k && ch->nfds < NVPF_MAX_FDS; i++)
+            memcpy(&ch->fds[ch->nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+    }
+    return ch->nfds ? NVPF_FDS : NVPF_MORE;
+}
+
+/* Serve n channels in call order: execute whichever holds the next call, read the sockets and poll the mailboxes'
+ * slots, until Python is needed (*which: the channel that needs it). */
+static int serve(struct served *v, int n, size_t cap, uint64_t *next_seq, unsigned idle_us, unsigned budget_us,
+                 int *which)
 {
     long entered = now_ns(), start = entered, last = start;
-    uint64_t next_recv = 0;
-    struct nvp_mailbox *mb = ch->mailbox;
-    uint32_t seen = mb ? __atomic_load_n(&mb->sent, __ATOMIC_ACQUIRE) - 1 : 0; /* (read the socket at once) */
-    static _Alignas(16) uint8_t posted[NVP_MB_REQ_MAX];
+    struct nvpf_chan *chs[NVPF_SERVE_MAX];
+    for (int i = 0; i < n; i++) {
+        struct nvp_mailbox *mb = v[i].ch->mailbox;
+        v[i].seen = mb ? __atomic_load_n(&mb->sent, __ATOMIC_ACQUIRE) - 1 : 0; /* (read the socket at once) */
+        v[i].next_recv = 0;
+        chs[i] = v[i].ch;
+    }
     for (;;) {
-        if (*len) {
-            size_t used = 0;
-            int why = nvpf_run(ch, buf, *len, next_seq, &used);
-            if (used) {
-                memmove(buf, buf + used, *len - used);
-                *len -= used;
-                last = now_ns();
-            }
-            if (why != NVPF_MORE)
+        int ran = 0;
+        for (int i = 0; i < n; i++) {
+            int why = serve_one(&v[i], n == 1, cap, next_seq, &ran);
+            if (why != NVPF_MORE) {
+                *which = i;
                 return why;
-            if (*len == cap) /* a message larger than the buffer: Python's grows */
-                return NVPF_PYTHON;
-        }
-        /* the slot's request, when it is the next to run (an earlier one may still be in the socket) */
-        uint64_t seq;
-        if (mb && !*len && __atomic_load_n(&mb->slot, __ATOMIC_ACQUIRE) == NVP_SLOT_POSTED &&
-            (memcpy(&seq, mb->req + offsetof(struct nvp_req, seq), sizeof seq), seq == *next_seq)) {
-            uint32_t n = take_posted(mb, posted);
-            size_t used = 0;
-            int why = nvpf_run(ch, posted, n, next_seq, &used);
-            last = now_ns();
-            if (used < n) { /* Python's to execute (what was executed stays out of it) */
-                memcpy(ch->side, posted + used, n - used);
-                ch->side_len = (uint32_t)(n - used);
-                return why == NVPF_REPLY ? why : NVPF_PYTHON;
             }
-            if (why != NVPF_MORE)
-                return why;
-            continue;
         }
         long t = now_ns();
-        if (t - last > (long)idle_us * 1000)
-            return NVPF_IDLE;
-        if (t - start > (long)budget_us * 1000) {
-            if (t - entered > LONGEST_SERVE_NS || loop_wants_turn())
-                return NVPF_IDLE;
-            start = t;
-        }
-        /* (small requests come through the slot: a recvmsg(2) per turn would delay them) */
-        if (mb && !nvp_socket_due(&mb->sent, &seen, (uint64_t)t, &next_recv, SOCKET_POLL_NS)) {
-            nvp_cpu_relax();
+        if (ran) {
+            last = t;
             continue;
         }
-        union {
-            struct cmsghdr h;
-            char space[CMSG_SPACE(sizeof(int) * NVPF_MAX_FDS)];
-        } ctl;
-        struct iovec iov = {buf + *len, cap - *len};
-        struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = &ctl, .msg_controllen = sizeof ctl};
-        ssize_t r = recvmsg(ch->fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-        if (r == 0)
-            return NVPF_CLOSED;
-        if (r < 0) {
-            if (errno == EAGAIN || errno == EINTR)
-                continue;
-            return NVPF_CLOSED;
+        if (t - last > (long)idle_us * 1000) {
+            *which = -1;
+            return NVPF_IDLE;
         }
-        *len += (size_t)r;
-        last = now_ns();
-        next_recv = 0; /* (the rest of a long message may follow) */
-        seen--;
-        for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
-            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-                continue;
-            size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-            for (size_t i = 0; i < k && ch->nfds < NVPF_MAX_FDS; i++)
-                memcpy(&ch->fds[ch->nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        if (t - start > (long)budget_us * 1000) {
+            if (t - entered > LONGEST_SERVE_NS || loop_wants_turn(chs, n)) {
+                *which = -1;
+                return NVPF_IDLE;
+            }
+            start = t;
         }
-        if (ch->nfds)
-            return NVPF_FDS;
+        int read = 0;
+        for (int i = 0; i < n; i++) {
+            struct nvp_mailbox *mb = v[i].ch->mailbox;
+            /* (small requests come through the slot: a recvmsg(2) per turn would delay them) */
+            if (mb && !nvp_socket_due(&mb->sent, &v[i].seen, (uint64_t)t, &v[i].next_recv, SOCKET_POLL_NS))
+                continue;
+            if (*v[i].len == cap) /* (full of calls whose turn has not come: the next is in another channel) */
+                continue;
+            size_t had = *v[i].len;
+            int why = receive(&v[i], cap);
+            if (why != NVPF_MORE) {
+                *which = i;
+                return why;
+            }
+            read |= *v[i].len != had;
+        }
+        if (read)
+            last = now_ns();
+        else
+            nvp_cpu_relax();
     }
+}
+
+static int serve_channels(struct nvpf_chan **chs, uint8_t **bufs, size_t *lens, int n, size_t cap,
+                          uint64_t *next_seq, unsigned idle_us, unsigned budget_us, int *which)
+{
+    struct served v[NVPF_SERVE_MAX];
+    for (int i = 0; i < n; i++) {
+        struct nvpf_chan *ch = chs[i];
+        ch->nfds = 0;
+        ch->side_len = 0;
+        ch->exclusive = n == 1;
+        v[i] = (struct served){.ch = ch, .buf = bufs[i], .len = &lens[i]};
+        if (ch->mailbox)
+            __atomic_store_n(&((struct nvp_mailbox *)ch->mailbox)->slot, NVP_SLOT_OPEN, __ATOMIC_RELEASE);
+    }
+    int why = serve(v, n, cap, next_seq, idle_us, budget_us, which);
+    for (int i = 0; i < n; i++) { /* (a request posted meanwhile goes to Python, from any channel) */
+        int w = close_slot(chs[i], i == *which ? why : NVPF_IDLE);
+        if (i == *which)
+            why = w;
+        else if (w == NVPF_PYTHON && (why == NVPF_IDLE || why == NVPF_MORE))
+            why = NVPF_PYTHON;
+    }
+    return why;
 }
 
 EXPORT int nvpf_serve(struct nvpf_chan *ch, uint8_t *buf, size_t cap, size_t *len, uint64_t *next_seq,
                       unsigned idle_us, unsigned budget_us)
 {
-    ch->nfds = 0;
-    ch->side_len = 0;
-    if (ch->mailbox)
-        __atomic_store_n(&((struct nvp_mailbox *)ch->mailbox)->slot, NVP_SLOT_OPEN, __ATOMIC_RELEASE);
-    return close_slot(ch, serve(ch, buf, cap, len, next_seq, idle_us, budget_us));
+    int which;
+    return serve_channels(&ch, &buf, len, 1, cap, next_seq, idle_us, budget_us, &which);
+}
+
+EXPORT int nvpf_serve_many(struct nvpf_chan **chs, uint8_t **bufs, size_t *lens, int n, size_t cap,
+                           uint64_t *next_seq, unsigned idle_us, unsigned budget_us, int *which)
+{
+    *which = -1;
+    if (n < 1 || n > NVPF_SERVE_MAX)
+        return NVPF_PYTHON;
+    return serve_channels(chs, bufs, lens, n, cap, next_seq, idle_us, budget_us, which);
 }

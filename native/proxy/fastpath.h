@@ -21,6 +21,7 @@
 #define NVPF_COPY_EVENTS 8
 #define NVPF_POSTED 32       /* a channel's posted copies in flight, at most (the shim keeps fewer) */
 #define NVPF_SYNC_STREAMS 64 /* streams a synchronous copy waits for, at most, that C asks itself */
+#define NVPF_SERVE_MAX 64    /* calling threads C serves at once, at most (more: Python serves them) */
 
 /* why nvpf_run returned */
 #define NVPF_MORE 0   /* every complete message is done */
@@ -118,8 +119,13 @@ int nvpf_run(struct nvpf_chan *ch, const uint8_t *buf, size_t len, uint64_t *nex
  * on return (a message for Python, a partial one) is Python's. */
 int nvpf_serve(struct nvpf_chan *ch, uint8_t *buf, size_t cap, size_t *len, uint64_t *next_seq, unsigned idle_us,
                unsigned budget_us);
+/* The same for n calling threads' channels at once (each with its buffer of cap bytes, lens[i] held), executed
+ * in call order (seq) across them: *which is the channel whose message or reply needs Python (-1: none, with
+ * NVPF_IDLE); any channel's buffer and side may hold bytes for Python on return. */
+int nvpf_serve_many(struct nvpf_chan **chs, uint8_t **bufs, size_t *lens, int n, size_t cap, uint64_t *next_seq,
+                    unsigned idle_us, unsigned budget_us, int *which);
 /* Python's event loop descriptor (epoll), which nvpf_serve looks at every budget_us: it returns NVPF_IDLE once
- * that has something ready (or -1: every budget_us). */
+ * one of its descriptors but the served channels' is ready (or -1: every budget_us). */
 void nvpf_set_loop_fd(int fd);
 /* CDEF-END */
 

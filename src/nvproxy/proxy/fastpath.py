@@ -31,6 +31,7 @@ WAIT_NONE, WAIT_STREAM, WAIT_EVENT = (CONSTANTS[f"NVPF_WAIT_{k}"] for k in ("NON
 MAX_DEV = CONSTANTS["NVPF_MAX_DEV"]
 COPY_EVENTS = CONSTANTS["NVPF_COPY_EVENTS"]
 POSTED = CONSTANTS["NVPF_POSTED"]
+SERVE_MAX = CONSTANTS["NVPF_SERVE_MAX"]
 DRIVER_FIELDS = ("launch", "launch_cooperative", "memcpy_async", "memset_async", "event_record", "event_query",
                  "event_sync", "stream_query", "stream_sync", "stream_wait_event", "graph_launch")
 
@@ -182,6 +183,23 @@ class FastPath:
         finally:
             ffi.release(view)
         return why, int(self._consumed[0]), int(self._seq[0])
+
+    def serve_many(self, chans: list[Any], bufs: list[bytearray], next_seq: int, idle_us: int,
+                   budget_us: int) -> tuple[int, int, list[int], int]:
+        """Serve several channels from C at once (see nvpf_serve_many), each with its own empty buffer (all of one
+        size).  (why it stopped, the channel that needs Python or -1, bytes left at each buffer's start, next seq)."""
+        n = len(chans)
+        self._seq[0] = next_seq
+        lens = ffi.new("size_t[]", n)
+        which = ffi.new("int *")
+        views = [ffi.from_buffer("uint8_t[]", b) for b in bufs]
+        try:
+            why = self.lib.nvpf_serve_many(ffi.new("struct nvpf_chan *[]", chans), ffi.new("uint8_t *[]", views),
+                                           lens, n, len(bufs[0]), self._seq, idle_us, budget_us, which)
+        finally:
+            for v in views:
+                ffi.release(v)
+        return why, int(which[0]), [int(x) for x in lens], int(self._seq[0])
 
     @staticmethod
     def side(chan: Any) -> bytes:

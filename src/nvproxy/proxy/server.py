@@ -45,10 +45,12 @@ ANC_SPACE = socket.CMSG_SPACE(8 * 4)
 
 
 SPIN_S = 50e-6  # how long the dispatcher keeps polling (a wait, its sockets) before sleeping
-# a single calling thread's channel is served by C (fastpath.nvpf_serve): it polls that socket for
+# the calling threads' channels are served by C (fastpath.nvpf_serve, nvpf_serve_many): it polls their sockets for
 # SERVE_IDLE_US after the last message, and every SERVE_BUDGET_US gives the event loop a turn if one of the loop's
 # sockets is ready (a turn costs a call arriving meanwhile tens of microseconds)
 SERVE_IN_C = os.environ.get("NVPROXY_SERVE_IN_C", "1") != "0"
+# several calling threads at once too (NVPROXY_SERVE_MANY=0: only a single one, as before session 20, to compare)
+SERVE_MANY = os.environ.get("NVPROXY_SERVE_MANY", "1") != "0"
 SERVE_IDLE_US, SERVE_BUDGET_US = 200, 2000
 
 
@@ -99,6 +101,7 @@ class Channel:
         self._pending = 0
         self.closed = False
         self.fast: Any = None  # its struct nvpf_chan, where the native fast path runs
+        self._serve_buf: bytearray | None = None
         self.mailbox: mailbox.Mailbox | None = None
 
     # ---- replies, always in request order ----
@@ -157,6 +160,12 @@ class Channel:
                 # only now: the dispatcher replies itself once nothing is pending,
                 # and that reply must not overtake this one
                 self._pending -= 1
+
+    def serve_buffer(self) -> bytearray:
+        """Where C receives this channel's requests while it serves several threads."""
+        if self._serve_buf is None:
+            self._serve_buf = bytearray(len(RECV_BUF))
+        return self._serve_buf
 
     def set_mailbox(self, mb: mailbox.Mailbox | None) -> None:
         with self._send_lock:  # (a waiter thread's reply counts in the old one: not once it is unmapped)
@@ -291,10 +300,9 @@ class Server:
             self._consume(ch)
             return
         self._run_fast(ch)
-        while self._may_serve(ch):
-            if self._serve(ch) in (fastpath.IDLE, fastpath.CLOSED):
+        while (chans := self._servable()) is not None:
+            if self._serve(chans) in (fastpath.IDLE, fastpath.CLOSED):
                 break  # back to the event loop (which reads the end of file, if that was it)
-            self._run_fast(ch)
 
     def _run_fast(self, ch: Channel) -> None:
         while ch.rbuf and not ch.closed and ch.fast is not None:  # (a callback channel's HELLO clears fast)
@@ -304,31 +312,56 @@ class Server:
                 break  # the rest of a message is still on its way
             self._execute_ready()
 
-    def _may_serve(self, ch: Channel) -> bool:
-        """C may serve the channel itself while it is the only calling thread's and nothing waits in Python."""
-        return (SERVE_IN_C and ch.fast is not None and not ch.closed and not ch.rbuf and not self.heap
-                and ch._pending == 0 and self.calling_threads == 1 and ch.kind == wire.NVP_CHAN_CALL
-                and self.running)
+    def _servable(self) -> list[Channel] | None:
+        """The calling threads' channels, when C may serve them all (on one device, nothing of theirs waiting in
+        Python, and one of them free to send: the others wait for replies Python owes), else None."""
+        if not (SERVE_IN_C and self.running and self.fast is not None) or self.heap or self.ending:
+            return None
+        chans = [c for c in self.channels if c.kind == wire.NVP_CHAN_CALL]
+        if not chans or len(chans) > (fastpath.SERVE_MAX if SERVE_MANY else 1):
+            return None
+        dev = chans[0].dev
+        if any(c.fast is None or c.closed or c.rbuf or c.dev != dev for c in chans):
+            return None
+        return None if all(c._pending for c in chans) else chans
 
-    def _serve(self, ch: Channel) -> int:
-        fast, fc = self.fast, ch.fast
+    def _serve(self, chans: list[Channel]) -> int:
+        """C serves the channels until Python is needed; then Python takes what C left (a reply, descriptors, the
+        requests left in buffers and mailbox slots, in call order through the heap)."""
+        fast = self.fast
         fast.set_translating(bool(self.dispatch.state.relocs))
-        self.backend.activate(ch.dev)
-        fc.dev, fc.pending, fc.async_err, fc.exclusive = ch.dev, 0, ch.async_err, 1
-        why, left, self.next_seq = fast.serve(fc, RECV_BUF, 0, self.next_seq, SERVE_IDLE_US, SERVE_BUDGET_US)
-        ch.async_err = fc.async_err
-        if left:
-            ch.rbuf += RECV_VIEW[:left]
-        if why == fastpath.FDS:
-            ch.fds.extend(fc.fds[i] for i in range(fc.nfds))
-        elif why == fastpath.REPLY:
-            wait = fast.waiter(fc)
-            if wait is None:
-                ch.reply(None, fc.reply_err)
-            else:
-                ch.defer(Deferred(wait))
-        if fc.side_len:  # requests the thread posted in its mailbox, for Python (their seq puts them in place)
-            self._side(ch, fast.side(fc))
+        self.backend.activate(chans[0].dev)
+        for c in chans:
+            fc = c.fast
+            fc.dev, fc.pending, fc.async_err = c.dev, c._pending, c.async_err
+        if len(chans) == 1:
+            why, left, self.next_seq = fast.serve(chans[0].fast, RECV_BUF, 0, self.next_seq, SERVE_IDLE_US,
+                                                  SERVE_BUDGET_US)
+            which, bufs, lefts = 0, [RECV_BUF], [left]
+        else:  # (each its own buffer: what one received but could not run yet stays there)
+            bufs = [c.serve_buffer() for c in chans]
+            why, which, lefts, self.next_seq = fast.serve_many([c.fast for c in chans], bufs, self.next_seq,
+                                                               SERVE_IDLE_US, SERVE_BUDGET_US)
+        for c, buf, left in zip(chans, bufs, lefts, strict=True):
+            c.async_err = c.fast.async_err
+            if left:
+                c.rbuf += memoryview(buf)[:left]
+        if which >= 0:
+            ch, fc = chans[which], chans[which].fast
+            if why == fastpath.FDS:
+                ch.fds.extend(fc.fds[i] for i in range(fc.nfds))
+            elif why == fastpath.REPLY:
+                wait = fast.waiter(fc)
+                if wait is None:
+                    ch.reply(None, fc.reply_err)
+                else:
+                    ch.defer(Deferred(wait))
+        for c in chans:
+            if c.fast.side_len:  # requests the thread posted in its mailbox, for Python (their seq puts them in place)
+                self._side(c, fast.side(c.fast))
+        for c in chans:  # (a partial message waits for its socket; a whole one joins the heap, in call order)
+            if c.rbuf:
+                self._run_fast(c)
         return why
 
     def _fast_run(self, ch: Channel) -> bool:
