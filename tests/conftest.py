@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -63,10 +64,42 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
         try:
             out, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            where = _where_they_stand(p.pid)
             os.killpg(p.pid, signal.SIGKILL)
             out, err = p.communicate()
-            pytest.fail(f"{' '.join(map(str, cmd))} did not end within {timeout} s; it printed:\n{out}\n{err}")
+            pytest.fail(f"{' '.join(map(str, cmd))} did not end within {timeout} s; it printed:\n{out}\n{err}\n"
+                        f"where its processes stood:\n{where}")
     return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
+def _where_they_stand(sid: int) -> str:
+    """For a run that hung: each process of its session and the proxies serving them (a session of their own),
+    their threads' system calls, and (SIGUSR1: the proxy's faulthandler, cli.py) the proxies' Python stacks on
+    the stderr they share with the program."""
+    procs = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            procs[int(pid)] = (os.getsid(int(pid)), Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+    ours = {pid for pid, (s, _cmd) in procs.items() if s == sid}
+    proxies = {pid for pid, (_s, cmd) in procs.items()
+               if b"--owner-pid" in cmd[:-1] and cmd[cmd.index(b"--owner-pid") + 1].decode().isdigit()
+               and int(cmd[cmd.index(b"--owner-pid") + 1]) in ours}
+    lines = []
+    for pid in sorted(ours | proxies):
+        lines.append(f"{pid} {b' '.join(procs[pid][1]).decode(errors='replace')[:200]}")
+        try:
+            for t in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+                comm = Path(f"/proc/{pid}/task/{t}/comm").read_text().strip()
+                call = Path(f"/proc/{pid}/task/{t}/syscall").read_text().split()[:1]
+                lines.append(f"  thread {t} {comm}: system call {call}")
+            if pid in proxies:
+                os.kill(pid, signal.SIGUSR1)
+        except OSError:
+            continue
+    time.sleep(1)  # (the stacks' time to reach stderr)
+    return "\n".join(lines)
 
 
 def gpu_count() -> int:
