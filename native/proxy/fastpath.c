@@ -694,28 +694,31 @@ EXPORT int nvpf_run(struct nvpf_chan *ch, const uint8_t *buf, size_t len, uint64
 
 #define SOCKET_POLL_NS 50000 /* with a mailbox: how often the loop reads the socket though `sent` did not move */
 
-/* The request in the mailbox's slot, copied out (its length), the slot open again; 0 if none is posted. */
-static uint32_t take_posted(struct nvp_mailbox *mb, uint8_t *out)
+/* The request in the mailbox's slot, copied out (its length), the slot then `after` (open again, or closed); 0 if
+ * none is posted.  Only the proxy moves the slot on from POSTED, so a plain store does it. */
+static uint32_t take_posted(struct nvp_mailbox *mb, uint8_t *out, uint32_t after)
 {
     if (__atomic_load_n(&mb->slot, __ATOMIC_ACQUIRE) != NVP_SLOT_POSTED)
         return 0;
     uint32_t n = mb->slot_len; /* (the application's memory: a bad length gives Python a malformed message) */
     n = n > NVP_MB_REQ_MAX ? NVP_MB_REQ_MAX : n < sizeof(struct nvp_req) ? sizeof(struct nvp_req) : n;
     memcpy(out, mb->req, n);
-    __atomic_store_n(&mb->slot, NVP_SLOT_OPEN, __ATOMIC_RELEASE);
+    __atomic_store_n(&mb->slot, after, __ATOMIC_RELEASE);
     return n;
 }
 
 /* Stop polling the slot; a request still posted goes to Python, after any already in side (one C left for Python,
- * which reopened the slot for the next before it knew: so side holds two at most). */
+ * which reopened the slot for the next before it knew: so side holds two at most).  Taken straight from POSTED to
+ * CLOSED: until session 20 it was reopened on the way, and a thread that posted in that instant (the proxy
+ * preempted between the two stores) lost its request and waited for ever for its reply.  Most likely why
+ * `copies` hung on the GPU under load, one run in about sixty: the program in poll(2), the proxy idle. */
 static int close_slot(struct nvpf_chan *ch, int why)
 {
     struct nvp_mailbox *mb = ch->mailbox;
     uint32_t open = NVP_SLOT_OPEN;
     if (mb && !__atomic_compare_exchange_n(&mb->slot, &open, NVP_SLOT_CLOSED, 0, __ATOMIC_SEQ_CST,
                                            __ATOMIC_SEQ_CST)) {
-        ch->side_len += take_posted(mb, ch->side + ch->side_len);
-        __atomic_store_n(&mb->slot, NVP_SLOT_CLOSED, __ATOMIC_RELEASE);
+        ch->side_len += take_posted(mb, ch->side + ch->side_len, NVP_SLOT_CLOSED);
         if (why != NVPF_REPLY && why != NVPF_FDS)
             why = NVPF_PYTHON;
     }
@@ -796,7 +799,7 @@ static int serve_one(struct served *v, int alone, size_t cap, uint64_t *next_seq
     struct nvp_mailbox *mb = ch->mailbox;
     if (!mb || __atomic_load_n(&mb->slot, __ATOMIC_ACQUIRE) != NVP_SLOT_POSTED || head_seq(mb->req) != *next_seq)
         return NVPF_MORE;
-    uint32_t n = take_posted(mb, posted);
+    uint32_t n = take_posted(mb, posted, NVP_SLOT_OPEN);
     size_t used = 0;
     int why = nvpf_run(ch, posted, n, next_seq, &used);
     *ran = 1;
