@@ -397,6 +397,31 @@ def test_serve_many_leaves_calls_whose_turn_never_came_to_python(setup, second) 
     assert fast.serve_many([chan, chan2], bufs, 1, 1_000, 5_000_000)[:2] == (fastpath.IDLE, -1)
 
 
+def test_serve_many_names_the_channel_that_closed_or_sent_descriptors(setup, second) -> None:
+    """Descriptors and an end of file come back to Python with the channel they came on; what the other channel
+    received meanwhile stays in its buffer."""
+    fast, drv, chan, peer = setup
+    chan2, peer2 = second
+    bufs = [bytearray(1 << 16), bytearray(1 << 16)]
+    r, w = socket.socketpair()
+    try:
+        peer.sendall(record_req(3))
+        socket.send_fds(peer2, [record_req(2)], [r.fileno()])
+        why, which, lefts, seq = fast.serve_many([chan, chan2], bufs, 1, 100_000, 5_000_000)
+        assert (why, which, seq) == (fastpath.FDS, 1, 1) and chan2.nfds == 1
+        os.close(chan2.fds[0])
+        assert bytes(bufs[1][: lefts[1]]) == record_req(2)
+        assert lefts[0] in (0, len(record_req(3)))  # (read or not yet: either way not run, not its turn)
+        assert drv.calls == []
+        peer.shutdown(socket.SHUT_WR)
+        why, which, _lefts, _seq = fast.serve_many([chan, chan2], [bytearray(1 << 16), bytearray(1 << 16)], 1,
+                                                   100_000, 5_000_000)
+        assert (why, which) == (fastpath.CLOSED, 0)
+    finally:
+        r.close()
+        w.close()
+
+
 def test_serve_hands_over_only_for_sockets_it_does_not_serve(setup, second) -> None:
     """With Python's epoll as the loop descriptor, the served channels' own sockets being readable is no reason
     for a turn (C reads them itself); another socket of the loop is."""
