@@ -461,7 +461,7 @@ def test_serve_hands_over_only_for_sockets_it_does_not_serve(setup, second) -> N
             if wake is None:  # kept serving past 2 ms, until the calls stopped
                 assert launches == 25, f"handed over after {took:.3f} s, {launches} calls"
             else:
-                assert took < 0.02, f"served {took:.3f} s, {launches} calls, despite the loop's work"
+                assert took < 0.06, f"served {took:.3f} s, {launches} calls, despite the loop's work"
                 os.read(r, 1)
             for fd in (chan.fd, chan2.fd):  # (what is left: not the next round's)
                 a = socket.socket(fileno=fd)
