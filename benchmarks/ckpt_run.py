@@ -152,6 +152,9 @@ def measure(exe: Path, mib: int, td: Path, backend: str, settle: float = 5.0) ->
             rs = float(recovered.group(1))
             row.update(file_recover_s=rs, file_recover_gbps=int(from_file.group(1)) * 2**20 / max(rs, 1e-3) / 1e9)
         phases = re.search(r"from \S+ in [\d.]+ s \([\d.]+ GB/s; s per phase: ([^)]*)\)", stderr)
+        early = re.search(r"(\d+) of its (\d+) chunks were summed while the proxy started", stderr)
+        if early:  # (checkpoint/earlycheck.py)
+            row["file_restore_summed_early"] = f"{early.group(1)}/{early.group(2)}"
         fallback = [line for line in stderr.splitlines() if "bounce buffers" in line]
         if fallback:
             row["file_restore_note"] = fallback[0]

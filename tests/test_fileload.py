@@ -229,3 +229,76 @@ def test_a_cancelled_gate_stops_the_load_without_a_copy(tmp_path: Path) -> None:
     t.join(10)
     assert not t.is_alive() and out[0].why == fileload.CANCELLED
     assert d.copies == [] and s.on_device() == bytes(sum(s.sizes))
+
+
+def _check(s: Setup, threads: int = 3) -> fileload.Check:
+    return fileload.Check(str(s.path), [(off, n, crc) for off, _va, n, crc in s.chunks], threads, 256)
+
+
+def _until_checked(c: fileload.Check, nbytes: int) -> None:
+    t = time.monotonic()
+    while c.bytes_checked < nbytes and time.monotonic() - t < 20:
+        time.sleep(0.01)
+
+
+def test_the_early_check_finds_the_right_chunks_and_only_those(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
+    k = next(i for i, n in enumerate(s.sizes) if n > 2 * SLOT)
+    off, va, n, crc = s.chunks[k]
+    s.chunks[k] = (off, va, n, crc ^ 1)  # (damaged)
+    off, va, n, crc = s.chunks[-1]
+    s.chunks[-1] = (len(s.data) - 10, va, n + 100, crc)  # (past the end of the file)
+    right = [(off, n, crc) for off, _va, n, crc in s.chunks[:-1]]
+    del right[k]
+    c = _check(s)
+    _until_checked(c, sum(n for _o, n, _c in right))
+    good = c.stop()
+    assert good == frozenset(right)
+    assert c.stop() is good and c.read_s > 0
+
+
+def test_a_checked_chunk_is_read_but_not_summed_again(tmp_path: Path) -> None:
+    """The load takes the check's word: a chunk it lists goes through even with a wrong sum (how this test sees
+    that it was not summed again), and lands right; unlisted, the same chunk fails the load (the test above)."""
+    s = Setup(tmp_path)
+    for i in range(s.nslots):
+        s.states[i] = fileload.SLOT_READY
+    k = next(i for i, n in enumerate(s.sizes) if n > 2 * SLOT)
+    off, va, n, crc = s.chunks[k]
+    s.chunks[k] = (off, va, n, crc ^ 1)
+    r = s.run(Driver(), checked=frozenset({(off, n, crc ^ 1)}))
+    assert (r.why, r.bad_chunk) == (fileload.OK, -1)
+    assert s.on_device() == s.expected()
+
+
+def test_a_stopped_check_keeps_only_chunks_it_finished(tmp_path: Path) -> None:
+    rng = random.Random(3)
+    path = tmp_path / "big"
+    data = rng.randbytes(16 << 20)
+    path.write_bytes(data)
+    chunks = [(off, 1 << 20, checksum(data[off : off + (1 << 20)])) for off in range(0, len(data), 1 << 20)]
+    c = fileload.Check(str(path), chunks, 1, 4096)
+    good = c.stop()  # (at once: one thread in 4 KiB pieces is far from through 16 MiB)
+    assert len(good) < len(chunks)
+    assert all(checksum(data[off : off + n]) == crc for off, n, crc in good)
+
+
+def test_a_check_of_another_file_is_not_taken(tmp_path: Path) -> None:
+    """The file the restore opens must be the one checked: replaced meanwhile, the check counts for nothing."""
+    s = Setup(tmp_path)
+    c = _check(s)
+    _until_checked(c, sum(s.sizes))
+    assert len(c.stop()) == len(s.chunks)
+    fd = os.open(s.path, os.O_RDONLY)
+    try:
+        assert c.good_in(fd) == c.stop()
+    finally:
+        os.close(fd)
+    fresh = tmp_path / "fresh"
+    fresh.write_bytes(s.data)
+    os.replace(fresh, s.path)
+    fd = os.open(s.path, os.O_RDONLY)
+    try:
+        assert c.good_in(fd) == frozenset()
+    finally:
+        os.close(fd)

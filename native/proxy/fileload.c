@@ -6,7 +6,9 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "checksum.h"
 
@@ -67,11 +69,31 @@ static int64_t take_slot(struct run *r, double *wait_s)
     return r->stop ? -1 : (int64_t)r->free_slots[--r->nfree];
 }
 
-/* One chunk, a slot-sized piece at a time; its sum is known only after its last piece was read (locked). */
+/* n bytes of fd at off into dst; returns the bytes read (fewer: the end of the file, *err 0, or an error) */
+static size_t pread_all(int fd, void *dst, size_t n, int64_t off, int *err)
+{
+    size_t have = 0;
+    *err = 0;
+    while (have < n) {
+        ssize_t got = pread(fd, (char *)dst + have, n - have, (off_t)(off + (int64_t)have));
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0) {
+            *err = got < 0 ? errno : 0;
+            break;
+        }
+        have += (size_t)got;
+    }
+    return have;
+}
+
+/* One chunk, a slot-sized piece at a time; its sum is known only after its last piece was read (locked).
+ * A chunk the early check found right is only read. */
 static void read_chunk(struct run *r, uint32_t c, double *read_s, double *wait_s)
 {
     struct nvpl_load *l = r->l;
     const struct nvpl_chunk *ch = &l->chunks[c];
+    int checked = l->checked && l->checked[c];
     struct nvp_xxh64_state sum;
     nvp_xxh64_start(&sum);
     for (uint64_t at = 0; at < ch->size;) {
@@ -83,8 +105,10 @@ static void read_chunk(struct run *r, uint32_t c, double *read_s, double *wait_s
         void *dst = (void *)(uintptr_t)(l->slots + (uint64_t)slot * l->slot_size);
         double t = now_s();
         int err;
-        size_t got = nvp_pread_xxh64_part(&sum, l->fd, dst, n, ch->file_off + (int64_t)at, l->piece, &err);
-        int last = at + n == ch->size;
+        int64_t off = ch->file_off + (int64_t)at;
+        size_t got = checked ? pread_all(l->fd, dst, n, off, &err)
+                             : nvp_pread_xxh64_part(&sum, l->fd, dst, n, off, l->piece, &err);
+        int last = at + n == ch->size && !checked;
         uint64_t crc = got == n && last ? nvp_xxh64_end(&sum, dst, n) : 0;
         *read_s += now_s() - t;
         pthread_mutex_lock(&r->mu);
@@ -275,4 +299,103 @@ out:
     free(issued_at);
     free(threads);
     return l->why;
+}
+
+/* ---- the early check ---- */
+
+struct check_run {
+    struct nvpl_check *c;
+    pthread_t *threads;
+    uint32_t started;
+    uint32_t next_chunk; /* (atomic) */
+    int32_t stop;        /* (atomic) */
+    pthread_mutex_t mu;  /* guards read_s */
+};
+
+static int check_one(struct check_run *r, uint32_t k, unsigned char *buf)
+{
+    const struct nvpl_check *c = r->c;
+    const struct nvpl_chunk *ch = &c->chunks[k];
+    struct nvp_xxh64_state sum;
+    nvp_xxh64_start(&sum);
+    size_t n = 0;
+    for (uint64_t at = 0; at < ch->size; at += n) {
+        if (__atomic_load_n(&r->stop, __ATOMIC_RELAXED))
+            return 0;
+        n = ch->size - at < c->piece ? ch->size - at : c->piece;
+        int err;
+        if (nvp_pread_xxh64_part(&sum, c->fd, buf, n, ch->file_off + (int64_t)at, c->piece, &err) != n)
+            return 0; /* (the load reads it again and says what went wrong) */
+    }
+    return nvp_xxh64_end(&sum, buf, n) == ch->crc;
+}
+
+static void *checker(void *arg)
+{
+    struct check_run *r = arg;
+    struct nvpl_check *c = r->c;
+    if (c->nice)
+        setpriority(PRIO_PROCESS, 0, getpriority(PRIO_PROCESS, 0) + c->nice); /* (Linux: this thread only) */
+    unsigned char *buf = aligned_alloc(64, c->piece);
+    double t = now_s();
+    while (buf && !__atomic_load_n(&r->stop, __ATOMIC_RELAXED)) {
+        uint32_t k = __atomic_fetch_add(&r->next_chunk, 1, __ATOMIC_RELAXED);
+        if (k >= c->nchunks)
+            break;
+        if (check_one(r, k, buf)) {
+            __atomic_store_n(&c->good[k], 1, __ATOMIC_RELEASE);
+            __atomic_fetch_add(&c->bytes_checked, c->chunks[k].size, __ATOMIC_RELAXED);
+        }
+    }
+    t = now_s() - t;
+    free(buf);
+    pthread_mutex_lock(&r->mu);
+    c->read_s += t;
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+EXPORT int nvpl_check_start(struct nvpl_check *c)
+{
+    c->run = NULL;
+    c->bytes_checked = 0;
+    c->read_s = 0;
+    if (c->piece < 32 || c->piece % 32)
+        return EINVAL;
+    struct check_run *r = calloc(1, sizeof *r);
+    uint32_t want = c->threads ? c->threads : 1;
+    if (!r || !(r->threads = calloc(want, sizeof *r->threads))) {
+        free(r);
+        return ENOMEM;
+    }
+    r->c = c;
+    pthread_mutex_init(&r->mu, NULL);
+    for (; r->started < want; r->started++) {
+        int e = pthread_create(&r->threads[r->started], NULL, checker, r);
+        if (e) {
+            if (r->started == 0) {
+                pthread_mutex_destroy(&r->mu);
+                free(r->threads);
+                free(r);
+                return e;
+            }
+            break; /* fewer threads */
+        }
+    }
+    c->run = r;
+    return 0;
+}
+
+EXPORT void nvpl_check_stop(struct nvpl_check *c)
+{
+    struct check_run *r = c->run;
+    if (!r)
+        return;
+    __atomic_store_n(&r->stop, 1, __ATOMIC_RELAXED);
+    for (uint32_t i = 0; i < r->started; i++)
+        pthread_join(r->threads[i], NULL);
+    pthread_mutex_destroy(&r->mu);
+    free(r->threads);
+    free(r);
+    c->run = NULL;
 }

@@ -59,6 +59,9 @@ struct nvpl_load {
     /* NULL, or: no copy is issued while *gate is 0 (the device memory is not mapped yet: the readers fill the
      * slots meanwhile), and the load stops once it is below 0 */
     volatile int32_t *gate;
+    /* NULL, or per chunk: nonzero where an early check (nvpl_check_*) found its sum right; such a chunk is read
+     * but not summed again */
+    const uint8_t *checked;
     /* out */
     volatile uint64_t bytes_verified; /* progress: chunks read and checked so far */
     int32_t why;                      /* NVPL_* */
@@ -71,4 +74,28 @@ struct nvpl_load {
 
 /* Loads every chunk; returns why (also in l->why).  Every copy it issued is complete when it returns. */
 int nvpl_run(struct nvpl_load *l);
+
+/* An early check: threads sum chunks of the image file (no slots, no driver) while a restoring proxy waits for
+ * its CUDA context, so that the load, once it can copy, reads those chunks without summing them.  It never
+ * fails: a chunk it could not read, or whose sum was wrong, is left unmarked for the load to find again. */
+struct nvpl_check {
+    /* in */
+    int fd;
+    const struct nvpl_chunk *chunks; /* (va unused) */
+    uint32_t nchunks;
+    uint32_t threads;
+    uint64_t piece; /* read and summed this many bytes at a time, into a buffer of each thread's own */
+    int nice;       /* the threads' niceness, added: they must not slow the context being made */
+    uint8_t *good;  /* per chunk, set to 1 once its sum matched (the caller's, nchunks long, zeroed) */
+    /* out, as it goes */
+    volatile uint64_t bytes_checked;
+    double read_s; /* summed over the threads, once stopped */
+    /* private */
+    void *run;
+};
+
+/* Starts the threads; 0, or the errno of the first thread that could not start (then none runs). */
+int nvpl_check_start(struct nvpl_check *c);
+/* Stops the threads at their next piece and joins them; after it, good[] is final.  Safe to call twice. */
+void nvpl_check_stop(struct nvpl_check *c);
 /* CDEF-END */

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from importlib import resources
+import time
 from pathlib import Path
 
 from . import shim_path
@@ -29,22 +29,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 127
 
 
-def _hold_application_ranges(image: str) -> list[int]:
+def _hold_application_ranges(image: str) -> dict:
     """A restoring proxy maps the application's pinned host memory at the application's addresses; reserve them
     before the driver and the libraries take address space (a restart of NVIDIA's simpleStreams found its
-    cudaHostRegister'ed range taken in the new proxy).  The devices the image uses."""
+    cudaHostRegister'ed range taken in the new proxy).  The image's header ({} where it cannot be read)."""
     from .checkpoint.image import ImageError, read_header
-    from .proxy import libc
 
     try:
         fd, h = read_header(image)
     except (ImageError, OSError):
-        return []  # (the restore reports it)
+        return {}  # (the restore reports it)
     os.close(fd)
+    if h.get("host"):
+        from .proxy import libc  # (cffi's parse of its declarations: 20 ms before the driver can start)
     for addr, size in h.get("host", []):
         if not libc.hold_for_application(addr, size):
             print(f"nvproxy: the application's pinned memory at {addr:#x} is taken in this proxy", file=sys.stderr)
-    return [int(d["index"]) for d in h.get("devices", []) if isinstance(d, dict) and "index" in d]
+    return h
+
+
+def _devices(header: dict) -> list[int]:
+    return [int(d["index"]) for d in header.get("devices", []) if isinstance(d, dict) and "index" in d]
 
 
 def _since_exec() -> float:
@@ -57,6 +62,16 @@ def _since_exec() -> float:
             return max(0.0, float(f.read().split()[0]) - start / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+def _driver_times(born: float) -> dict[str, float]:
+    """When, in s since this process began (born: then, on time.monotonic()'s clock), the driver's initialisation
+    began and a restore's contexts were made (backends/warmup.py; nothing where it did not run)."""
+    if "nvproxy.backends.warmup" not in sys.modules:
+        return {}
+    from .backends import warmup
+
+    return {k: t - born for k, t in (("cuinit_at", warmup.began), ("contexts_at", warmup.ready)) if t}
 
 
 def _more_descriptors() -> None:
@@ -93,12 +108,17 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     os.dup2(null, 0)
     os.dup2(null, 1)
     os.close(null)
-    devices = _hold_application_ranges(args.restore) if args.restore else []
+    header = _hold_application_ranges(args.restore) if args.restore else {}
     backend_name = args.backend or os.environ.get("NVPROXY_BACKEND") or "auto"
     if backend_name != "sim" and os.environ.get("NVPROXY_EARLY_CONTEXT", "1") != "0":
         from .backends import warmup
 
-        warmup.start(devices)  # (while the modules below load: cuInit, and a restore's contexts)
+        warmup.start(_devices(header))  # (while the modules below load: cuInit, and a restore's contexts)
+    check = None
+    if header:
+        from .checkpoint import earlycheck
+
+        check = earlycheck.start(args.restore, header)  # (its sums, while the driver makes the contexts)
     from .backends import open_backend
     from .proxy.dispatch import Dispatcher
     from .proxy.server import Server
@@ -115,16 +135,22 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         from .proxy.handlers import graphs, ipc
 
         started = _since_exec()
+        born = time.monotonic() - started
         try:
-            stats = restore_image(dispatch.state, args.restore, None, functools.partial(graphs.defer_restore, dispatch))
-            stats["phases"] = {"proxy_start": started, **stats["phases"]}
+            stats = restore_image(dispatch.state, args.restore, None, functools.partial(graphs.defer_restore, dispatch),
+                                  check=check)
+            stats["phases"] = {"proxy_start": started, **stats["phases"], **_driver_times(born)}
         except (ImageError, OSError) as e:
             print(f"nvproxy: cannot recover from {args.restore}: {e}", file=sys.stderr)
             return 1
+        finally:
+            if check is not None:
+                check.stop()
         dispatch.captures_changed()  # (managed variables: launches through Python)
         phases = ", ".join(f"{k} {v:.3f}" for k, v in stats["phases"].items())
         print(f"nvproxy: restored {stats['device_bytes'] >> 20} MiB from {args.restore} in {stats['seconds']:.3f} s "
-              f"({stats['gbps']:.1f} GB/s; s per phase: {phases})", file=sys.stderr)
+              f"({stats['gbps']:.1f} GB/s; s per phase: {phases}); %d of its %d chunks were summed while the proxy "
+              "started" % stats["checked_early"], file=sys.stderr)
         server = Server(args.socket, args.owner_pid, backend, dispatch)
         ipc.register(dispatch.state, server.ctl_path)  # (importers restored too may open its memory now)
     else:
@@ -144,7 +170,6 @@ def _adopt(args: argparse.Namespace, backend, dispatch):
     """Take over from a running proxy: it checkpoints into an image, hands over
     its connections, and exits once this proxy has restored the image."""
     import socket
-    import time
 
     from .checkpoint.hostimage import HostImage
     from .checkpoint.image import ImageError
@@ -230,8 +255,6 @@ def _early_buffer(ctl_path: str, backend):
 
 def _dmtcp_checkpoint(args: argparse.Namespace) -> int:
     """dmtcp_command -bc, waiting until DMTCP has written its images (-bc does not block in DMTCP 4.2)."""
-    import time
-
     from .launcher import dmtcp_tool
 
     cmd = [dmtcp_tool("dmtcp_command"), "--coord-port", str(args.coord_port)]
@@ -326,8 +349,6 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     """Move a running application's GPU state into a new proxy (optionally on another GPU)."""
-    import time
-
     from .launcher import alive, find_proxy, how_it_ended, proxy_env, spawn_proxy
 
     old_pid, sock = find_proxy(args.pid)
@@ -366,6 +387,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if not nvcc:
         print("nvproxy demo: nvcc is not on PATH", file=sys.stderr)
         return 2
+    from importlib import resources
+
     ex = resources.files("nvproxy").joinpath("examples")
     with tempfile.TemporaryDirectory() as td:
         src = Path(td) / "vector_add.cu"

@@ -15,9 +15,15 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
+
+# time.monotonic() when the thread began cuInit and when it had every context (0: not yet, or never)
+began = ready = 0.0
 
 
 def _retain(devices: list[int]) -> None:
+    global began, ready
+    began = time.monotonic()
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
@@ -28,6 +34,7 @@ def _retain(devices: list[int]) -> None:
         dev, ctx = ctypes.c_int(), ctypes.c_void_p()
         if cuda.cuDeviceGet(ctypes.byref(dev), index) == 0:
             cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)  # (kept: the proxy uses it until it exits)
+    ready = time.monotonic()
 
 
 def start(devices: list[int]) -> threading.Thread:

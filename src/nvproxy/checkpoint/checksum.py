@@ -9,7 +9,6 @@ import cffi
 from .. import wire
 from ..proxy.fastpath import library_path
 
-ALGORITHM = "xxh64"
 ffi = cffi.FFI()
 ffi.cdef(wire.cdef_block(wire.header_text("checksum.h", "proxy")))
 _lib = ffi.dlopen(str(library_path()))

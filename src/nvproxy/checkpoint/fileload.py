@@ -1,9 +1,11 @@
 """Binding of the native image-file loader (native/proxy/fileload.c): reader threads
 read and sum chunks into pinned slots while the calling thread copies verified ones to
-the device.  The call releases the GIL; Python's slot makers run meanwhile."""
+the device.  The call releases the GIL; Python's slot makers run meanwhile.  Check sums
+chunks before the load can begin (no slots, no driver), so that the load only reads them."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -52,15 +54,67 @@ class Gate:
         self.cell[0] = -1
 
 
+def _identity(fd: int) -> tuple[int, ...]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+class Check:
+    """An early check of an image file's chunks (nvpl_check_* in fileload.h): threads of their own sum them,
+    in the order given, from now until stop().  It never fails; a chunk it could not read or found damaged is
+    only left out, for the load to read again and name."""
+
+    def __init__(self, path: str, chunks: Sequence[tuple[int, int, int]], threads: int, piece: int,
+                 nice: int = 5) -> None:
+        """chunks: (file offset, size, checksum)."""
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self.identity = _identity(self.fd)
+        self.chunks = list(chunks)
+        self._table = ffi.new("struct nvpl_chunk[]", max(len(chunks), 1))
+        for i, (off, n, crc) in enumerate(chunks):
+            self._table[i].file_off, self._table[i].size, self._table[i].crc = off, n, crc
+        self._good = ffi.new("uint8_t[]", max(len(chunks), 1))
+        c = self._c = ffi.new("struct nvpl_check *")
+        c.fd, c.chunks, c.nchunks, c.threads, c.piece, c.nice, c.good = (
+            self.fd, self._table, len(chunks), threads, piece, nice, self._good)
+        self.good: frozenset[tuple[int, int, int]] | None = None
+        self.read_s = 0.0
+        if _lib.nvpl_check_start(c) != 0:
+            self.stop()  # (no thread: nothing checked)
+
+    def stop(self) -> frozenset[tuple[int, int, int]]:
+        """Stops the threads (at their next piece); the chunks found right.  Again: the same answer."""
+        if self.good is None:
+            _lib.nvpl_check_stop(self._c)
+            self.read_s = float(self._c.read_s)
+            self.good = frozenset(ch for i, ch in enumerate(self.chunks) if self._good[i])
+            os.close(self.fd)
+        return self.good
+
+    def good_in(self, fd: int) -> frozenset[tuple[int, int, int]]:
+        """stop()'s answer where fd is the file checked (the same inode, size and time), else none."""
+        good = self.stop()
+        return good if _identity(fd) == self.identity else frozenset()
+
+    @property
+    def bytes_checked(self) -> int:
+        return int(self._c.bytes_checked)
+
+
 def run(fd: int, chunks: Sequence[tuple[int, int, int, int]], slots: int, slot_size: int, states: object,
         events: Sequence[int], streams: Sequence[int], driver: dict[str, int], readers: int, piece: int,
-        progress: Callable[[int], None] | None = None, gate: Gate | None = None) -> Outcome:
+        progress: Callable[[int], None] | None = None, gate: Gate | None = None,
+        checked: frozenset[tuple[int, int, int]] = frozenset()) -> Outcome:
     """chunks: (file offset, device address, size, checksum); events: one per slot, and streams, as the
     driver's handle values; driver: its entry points' addresses.  progress(bytes verified) is called about
-    four times a second from another thread while this runs, and once at the end.  gate: see Gate."""
+    four times a second from another thread while this runs, and once at the end.  gate: see Gate.
+    checked: (file offset, size, checksum) of chunks a Check found right: read, not summed again."""
     table = ffi.new("struct nvpl_chunk[]", len(chunks))
+    known = ffi.new("uint8_t[]", len(chunks)) if checked else ffi.NULL
     for i, (off, va, n, crc) in enumerate(chunks):
         table[i].file_off, table[i].va, table[i].size, table[i].crc = off, va, n, crc
+        if checked and (off, n, crc) in checked:
+            known[i] = 1
     ev = ffi.new("void *[]", [ffi.cast("void *", e) for e in events])
     st = ffi.new("void *[]", [ffi.cast("void *", s) for s in streams])
     a = ffi.new("struct nvpl_load *")
@@ -68,6 +122,7 @@ def run(fd: int, chunks: Sequence[tuple[int, int, int, int]], slots: int, slot_s
     a.slots, a.slot_size, a.nslots, a.slot_state = slots, slot_size, len(events), states
     a.events, a.streams, a.nstreams, a.readers, a.piece = ev, st, len(streams), readers, piece
     a.gate = gate.cell if gate is not None else ffi.NULL
+    a.checked = known
     for name in DRIVER:
         setattr(a, name, ffi.cast(ffi.typeof(getattr(a, name)), driver[name]))
     stop = threading.Event()

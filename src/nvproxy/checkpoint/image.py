@@ -25,12 +25,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .checksum import ALGORITHM
-
 MAGIC = b"NVPXIMG1"
 VERSION = 2
 ALIGN = 4096
 CHUNK = 64 << 20
+ALGORITHM = "xxh64"  # (of every chunk: checksum.py)
+
+
+def region_chunks(size: int) -> list[tuple[int, int]]:
+    """A region's chunks: (offset in the region, size), each summed on its own."""
+    return [(off, min(CHUNK, size - off)) for off in range(0, size, CHUNK)]
+
+
 PREFIX = struct.Struct("<8sQQ")  # magic, header offset, header length
 
 

@@ -36,8 +36,8 @@ class _FileImage:
     """An image file: read through pinned bounce slots, or (NVPROXY_RESTORE_READ=map) mapped and
     registered, so that its pages go to the device as they are (where registering it fails: bounce slots)."""
 
-    def __init__(self, path: str) -> None:
-        self.what = path
+    def __init__(self, path: str, check: fileload.Check | None = None) -> None:
+        self.what, self.check = path, check
         self.fd, self.header = read_header(path)
         self.mapped: transfer.MappedFile | None = None
         self.reader: transfer.FileLoader | None = None
@@ -58,7 +58,7 @@ class _FileImage:
             mf = self.mapped
             return (lambda va, n, off, crcs, what: transfer.host_to_device(m, mf, va, n, off, crcs, what)), (
                 lambda: None), (lambda: None)
-        fl = self.reader = transfer.FileLoader(m, self.fd, self.device_bytes(), progress, gate)
+        fl = self.reader = transfer.FileLoader(m, self.fd, self.device_bytes(), progress, gate, self.check)
         return fl.load, fl.finish, fl.close
 
     def device_bytes(self) -> int:
@@ -74,6 +74,9 @@ class _FileImage:
             phases["file_registered"] = self.mapped.t_done - self.mapped.t0
         if self.reader is not None:
             phases.update({f"threads_{k}": v for k, v in self.reader.spent.items()})
+        if self.check is not None:
+            self.check.stop()
+            phases["threads_early_check"] = self.check.read_s
 
 
 class _MemoryImage:
@@ -98,15 +101,16 @@ class _MemoryImage:
 
 def restore_image(state: ProcessState, source: str | HostImage, host_fds: dict[int, int] | None,
                   calls: Callable[[dict[str, Any]], None] | None = None,
-                  exported: dict[int, int] | None = None) -> dict[str, Any]:
+                  exported: dict[int, int] | None = None, check: fileload.Check | None = None) -> dict[str, Any]:
     """source: an image file, or a host image buffer holding one (a migration's).
     host_fds: the pinned-memory memfds by address; None when the application
     will share them again itself (recovery after the proxy died).
     calls: makes what the image keeps as logged calls again (graphs), given the header.
     exported: a migration's: the device memory the application exported through CUDA IPC, as file
-    descriptors by address; mapped as it is (other processes use it), not made again."""
+    descriptors by address; mapped as it is (other processes use it), not made again.
+    check: an early check of the image file's chunks (earlycheck.py), begun when the proxy started."""
     t0 = time.monotonic()
-    img = _FileImage(source) if isinstance(source, str) else _MemoryImage(source)
+    img = _FileImage(source, check) if isinstance(source, str) else _MemoryImage(source)
     phases: dict[str, float] = {}
     try:
         try:
@@ -129,7 +133,8 @@ def restore_image(state: ProcessState, source: str | HostImage, host_fds: dict[i
     total = sum(r["size"] for r in img.header["regions"] if r["kind"] == "mem")
     seconds = time.monotonic() - t0
     return {"path": img.what, "device_bytes": total, "seconds": seconds,
-            "gbps": total / seconds / 1e9 if seconds else 0, "phases": phases}
+            "gbps": total / seconds / 1e9 if seconds else 0, "phases": phases,
+            "checked_early": (len(check.stop()), len(check.chunks)) if check is not None else (0, 0)}
 
 
 def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: float,

@@ -24,16 +24,12 @@ from typing import Any
 from ..proxy import libc
 from . import fileload
 from .checksum import READ_PIECE, checksum_at
-from .image import CHUNK, ImageError
+from .image import ImageError, region_chunks
 
 SLOTS = 16
 STREAMS = 2
 _DISABLE_TIMING = 2
 _NON_BLOCKING = 1
-
-
-def _chunks(size: int) -> list[tuple[int, int]]:
-    return [(off, min(CHUNK, size - off)) for off in range(0, size, CHUNK)]
 
 
 class Mover:
@@ -80,7 +76,7 @@ def device_to_host(m: Mover, himg: Any, va: int, size: int, off: int) -> list[in
         be.event_sync(m.events[i])
         return checksum_at(himg.base + at, n)
 
-    for k, (c, n) in enumerate(_chunks(size)):
+    for k, (c, n) in enumerate(region_chunks(size)):
         i = k % ring
         if busy[i] is not None:
             busy[i].result()
@@ -94,7 +90,7 @@ def device_to_host(m: Mover, himg: Any, va: int, size: int, off: int) -> list[in
 
 def host_to_device(m: Mover, himg: Any, va: int, size: int, off: int, crcs: list[int], what: str) -> None:
     """Load a region of the host image into device memory, each chunk verified first."""
-    chunks = _chunks(size)
+    chunks = region_chunks(size)
     if len(chunks) != len(crcs):
         raise ImageError(f"{what}: the image lists {len(crcs)} chunks, the region has {len(chunks)}")
     def summed(c: int, n: int) -> int:
@@ -249,10 +245,11 @@ class FileLoader:
     thread issues the pieces' copies.  load() lists a region's chunks; finish() moves them all."""
 
     def __init__(self, m: Mover, fd: int, image_bytes: int, progress: Callable[[int], None] | None = None,
-                 gate: fileload.Gate | None = None) -> None:
-        """gate: holds the copies back (fileload.Gate) until the device memory exists."""
+                 gate: fileload.Gate | None = None, check: fileload.Check | None = None) -> None:
+        """gate: holds the copies back (fileload.Gate) until the device memory exists; check: the early check of
+        this file's chunks (earlycheck.py), stopped when the load begins."""
         self.b = Bounce(m, image_bytes, READERS)
-        self.fd, self.progress, self.gate = fd, progress, gate
+        self.fd, self.progress, self.gate, self.check = fd, progress, gate, check
         self.events = [m.backend.event_create(m.dev, _DISABLE_TIMING) for _ in range(self.b.slots)]
         self.chunks: list[tuple[int, int, int, int]] = []  # (file offset, device address, size, checksum)
         self.names: list[tuple[str, int]] = []  # (region, chunk in it): for messages
@@ -260,7 +257,7 @@ class FileLoader:
         self.verified = 0  # (bytes moved by earlier finish() calls)
 
     def load(self, va: int, size: int, file_off: int, crcs: list[int], what: str) -> None:
-        chunks = _chunks(size)
+        chunks = region_chunks(size)
         if len(chunks) != len(crcs):
             raise ImageError(f"{what}: the image lists {len(crcs)} chunks, the region has {len(chunks)}")
         for k, (off, n) in enumerate(chunks):
@@ -275,10 +272,11 @@ class FileLoader:
         be.activate(m.dev)
         t = time.monotonic()
         before, progress = self.verified, self.progress
+        checked = self.check.good_in(self.fd) if self.check is not None else frozenset()
         r = fileload.run(self.fd, self.chunks, self.b.addr, self.b.SLOT, self.b.state,
                          [be.handle_value(e) for e in self.events], [be.handle_value(s) for s in m.streams],
                          be.fast_driver(), READERS, READ_PIECE,
-                         (lambda n: progress(before + n)) if progress is not None else None, self.gate)
+                         (lambda n: progress(before + n)) if progress is not None else None, self.gate, checked)
         for k, v in (("load", time.monotonic() - t), ("read_and_sum", r.read_s), ("slot_wait", r.slot_wait_s),
                      ("copies_in_flight", r.flight_s)):
             self.spent[k] = self.spent.get(k, 0.0) + v
