@@ -272,6 +272,10 @@ class SimBackend:
             attrs[k] = v
         return "nvproxy sim device", bytes([self.physical[dev], *range(1, 16)]), SIM_MEMORY, attrs
 
+    def device_identity(self, dev: int) -> tuple[str, bytes]:
+        name, uuid, _total, _attrs = self.device_props(dev)
+        return name, uuid
+
     def activate(self, dev: int) -> None:
         pass
 

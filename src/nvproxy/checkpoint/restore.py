@@ -186,7 +186,8 @@ def _map_devices(state: ProcessState, h: dict[str, Any], exported: dict[int, int
     phase("driver")
     for desc in h["devices"]:
         dev = desc["index"]
-        name, uuid, total, _attrs = be.device_props(dev)
+        name, uuid = be.device_identity(dev)
+        phase("device_identity")
         if name != desc["name"]:
             raise ImageError(f"device {dev} is a {name}; the image was taken on a {desc['name']}")
         adopt = {va: fd for va, fd in (exported or {}).items()
@@ -198,7 +199,7 @@ def _map_devices(state: ProcessState, h: dict[str, Any], exported: dict[int, int
         free, _t = be.mem_info(dev)
         if need > free:
             raise ImageError(f"device {dev} has {free >> 20} MiB free; the image needs {need >> 20} MiB")
-        phase("device_checks")
+        phase("device_free")
         d = state.device(dev)
         phase("device_context")
         if d.arena.base != desc["arena_base"]:
