@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             _write(samples, variants, out, backend, rep + 1, quiet=True)
         ckpt_sizes = args.checkpoint_sizes or ("8M" if args.quick else "1,4,16,32" if backend == "gpu" else "none")
         if ckpt_sizes != "none":
-            _checkpoint_rows(samples, Path(td), backend, ckpt_sizes)
+            _checkpoint_rows(samples, Path(td), backend, ckpt_sizes, out)
     rows = _write(samples, variants, out, backend, args.reps)
     _plots(rows, out)
     return 0
@@ -123,9 +123,11 @@ def parse_variant(text: str) -> tuple[str, dict[str, str]]:
     return name, env
 
 
-def _checkpoint_rows(samples: dict, td: Path, backend: str, sizes: str) -> None:
+def _checkpoint_rows(samples: dict, td: Path, backend: str, sizes: str, out: Path) -> None:
     """Checkpoint rows (benchmarks/ckpt_run.py): nvproxy's dump and restore of device memory beside the
-    driver's own checkpoint (cuda-checkpoint) of the same program run natively, where the driver has it."""
+    driver's own checkpoint (cuda-checkpoint) of the same program run natively, where the driver has it.
+    Every measurement as ckpt_run took it (a restore's phases among them) goes to out/checkpoint-runs.json."""
+    runs = []
     sys.path.insert(0, str(HERE))
     import ckpt_run
 
@@ -140,6 +142,8 @@ def _checkpoint_rows(samples: dict, td: Path, backend: str, sizes: str) -> None:
             row = ckpt_run.measure(exe, mib, Path(images), backend, 5.0 if backend == "gpu" else 0.5)
         if backend == "gpu":
             row.update(ckpt_run._cuda_checkpoint(exe, mib))
+        runs.append(row)
+        (out / "checkpoint-runs.json").write_text(json.dumps(runs, indent=1))
         if not row["verified"]:
             raise RuntimeError(f"checkpoint benchmark of {mib} MiB: the memory did not verify: {row}")
         size = mib << 20

@@ -24,6 +24,9 @@ def test_bench_smoke(nvcc: str, tmp_path: Path) -> None:
     assert all("sockets" in row for row in rows if row["bench"] in ("launch_empty", "h2d_pageable"))
     table = (tmp_path / "results.md").read_text()
     assert "| launch_empty |" in table and "| sockets |" in table
+    # each checkpoint measurement as taken, a file restore's phases among them
+    runs = json.loads((tmp_path / "checkpoint-runs.json").read_text())
+    assert runs and all(r["verified"] and "file_restore_phases_s" in r for r in runs)
 
 
 def test_bench_stopped_early_keeps_the_rounds_it_finished(nvcc: str, tmp_path: Path) -> None:
