@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from conftest import APPS, gpu_count, nvproxy_cmd, run
 
+from nvproxy.checkpoint import earlycheck
 from nvproxy.checkpoint.image import ImageError, read_header
 
 BACKENDS = ["sim", pytest.param("gpu", marks=pytest.mark.gpu)]
@@ -120,33 +121,42 @@ def _image_of_ckpt_steps(build, tmp_path: Path) -> Path:
     return image
 
 
-def _restore_in_new_process(image: Path, read: str, patch: str = "") -> subprocess.CompletedProcess:
+def _restore_in_new_process(image: Path, read: str, patch: str = "", early: bool = False
+                            ) -> subprocess.CompletedProcess:
     """restore_image of image into a fresh sim backend (patch: Python run on it, as `be`, first); prints the
-    error it raised and the threads left behind."""
+    error it raised and the threads left behind.  early: with an early check of the file, through before the
+    restore begins (its count of chunks found right is printed)."""
     code = f"""
-import os, sys, threading
+import os, sys, threading, time
 from nvproxy.backends.sim import SimBackend
 from nvproxy.proxy.state import ProcessState
+from nvproxy.checkpoint import earlycheck
 from nvproxy.checkpoint.restore import restore_image
 from nvproxy.checkpoint.image import read_header
 fd, h = read_header({str(image)!r}); os.close(fd)
+check = earlycheck.start({str(image)!r}, h) if {early} else None
+while check is not None and not check.finished:
+    time.sleep(0.01)
 fds = {{}}
 for addr, size in h["host"]:
     m = os.memfd_create("t"); os.ftruncate(m, size); fds[addr] = m
 be = SimBackend()
 {patch}
 try:
-    restore_image(ProcessState(be), {str(image)!r}, fds)
+    restore_image(ProcessState(be), {str(image)!r}, fds, check=check)
 except Exception as e:
     print(type(e).__name__, e)
+if check is not None:
+    print("checked", len(check.stop()), "of", len(check.chunks))
 print("threads", sorted(t.name for t in threading.enumerate() if t.name.startswith("nvproxy")))
 """
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, NVPROXY_RESTORE_READ=read))
 
 
-@pytest.mark.parametrize("read", ["map", "bounce"])
+@pytest.mark.parametrize("read", ["map", "bounce", "early"])
 def test_damaged_image_is_refused(build, tmp_path: Path, read: str) -> None:
+    """early: the bounce load after an early check of the file, which leaves the damaged chunk to the load."""
     image = _image_of_ckpt_steps(build, tmp_path)
     fd, header = read_header(image)
     os.close(fd)
@@ -156,8 +166,11 @@ def test_damaged_image_is_refused(build, tmp_path: Path, read: str) -> None:
         b = f.read(1)
         f.seek(region["offset"] + 12345)
         f.write(bytes([b[0] ^ 0xFF]))
-    r = _restore_in_new_process(image, read)
+    r = _restore_in_new_process(image, "bounce" if read == "early" else read, early=read == "early")
     assert "ImageError" in r.stdout and "checksum mismatch" in r.stdout, r.stdout + r.stderr
+    if read == "early":
+        chunks = len(earlycheck.file_chunks(header))
+        assert f"checked {chunks - 1} of {chunks}" in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("refusal", ["memory", "model"])
@@ -167,7 +180,7 @@ def test_a_refused_restore_stops_the_load_it_began(build, tmp_path: Path, refusa
     image = _image_of_ckpt_steps(build, tmp_path)
     before = image.read_bytes()
     patch = {"memory": "be.mem_info = lambda dev: (1 << 20, 1 << 30)",
-             "model": "props = be.device_props\nbe.device_props = lambda dev: ('another GPU', *props(dev)[1:])"}
+             "model": "ident = be.device_identity\nbe.device_identity = lambda dev: ('another GPU', ident(dev)[1])"}
     r = _restore_in_new_process(image, "bounce", patch[refusal])
     want = {"memory": "device 0 has 1 MiB free; the image needs", "model": "device 0 is a another GPU"}[refusal]
     assert f"ImageError {want}" in r.stdout, r.stdout + r.stderr

@@ -340,8 +340,10 @@ static void *checker(void *arg)
     double t = now_s();
     while (buf && !__atomic_load_n(&r->stop, __ATOMIC_RELAXED)) {
         uint32_t k = __atomic_fetch_add(&r->next_chunk, 1, __ATOMIC_RELAXED);
-        if (k >= c->nchunks)
+        if (k >= c->nchunks) {
+            __atomic_fetch_add(&c->finished, 1, __ATOMIC_RELEASE);
             break;
+        }
         if (check_one(r, k, buf)) {
             __atomic_store_n(&c->good[k], 1, __ATOMIC_RELEASE);
             __atomic_fetch_add(&c->bytes_checked, c->chunks[k].size, __ATOMIC_RELAXED);
@@ -359,6 +361,7 @@ EXPORT int nvpl_check_start(struct nvpl_check *c)
 {
     c->run = NULL;
     c->bytes_checked = 0;
+    c->started = c->finished = 0;
     c->read_s = 0;
     if (c->piece < 32 || c->piece % 32)
         return EINVAL;
@@ -382,6 +385,7 @@ EXPORT int nvpl_check_start(struct nvpl_check *c)
             break; /* fewer threads */
         }
     }
+    c->started = r->started;
     c->run = r;
     return 0;
 }

@@ -89,6 +89,8 @@ struct nvpl_check {
     uint8_t *good;  /* per chunk, set to 1 once its sum matched (the caller's, nchunks long, zeroed) */
     /* out, as it goes */
     volatile uint64_t bytes_checked;
+    uint32_t started;           /* threads started */
+    volatile uint32_t finished; /* threads that found no chunk left (none stopped them) */
     double read_s; /* summed over the threads, once stopped */
     /* private */
     void *run;

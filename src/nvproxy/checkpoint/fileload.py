@@ -100,6 +100,11 @@ class Check:
     def bytes_checked(self) -> int:
         return int(self._c.bytes_checked)
 
+    @property
+    def finished(self) -> bool:
+        """Every chunk was tried (stop() changes nothing then)."""
+        return self._c.started > 0 and self._c.finished == self._c.started
+
 
 def run(fd: int, chunks: Sequence[tuple[int, int, int, int]], slots: int, slot_size: int, states: object,
         events: Sequence[int], streams: Sequence[int], driver: dict[str, int], readers: int, piece: int,
