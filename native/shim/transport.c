@@ -356,13 +356,30 @@ static int spawn_proxy(const char *restore_image)
     const char *py = nvp_python();
     char owner[32];
     snprintf(owner, sizeof owner, "%d", (int)nvp_real_pid());
-    const char *args[] = {py, "-m", "nvproxy", "proxy", "--socket", G.sock, "--owner-pid", owner,
-                          restore_image ? "--restore" : NULL, restore_image, NULL};
-    /* under DMTCP the proxy must stay outside the checkpointed computation: dmtcp_nocheckpoint also closes the
-     * descriptors DMTCP keeps (its coordinator's socket) before it runs the proxy */
+    /* `nvproxy run` says how its proxies start (python -S -c BOOT ROOT proxy ...: the driver starts before
+     * Python's site processing, src/nvproxy/boot.py); a program run with the shim alone starts `-m nvproxy` */
+    const char *boot = getenv("NVPROXY_BOOT"), *root = getenv("NVPROXY_ROOT");
+    int booted = boot && *boot && root && *root;
+    /* (under DMTCP the proxy must stay outside the checkpointed computation: dmtcp_nocheckpoint also closes the
+     * descriptors DMTCP keeps, its coordinator's socket, before it runs the proxy) */
     const char *nockpt = getenv("NVPROXY_DMTCP_NOCHECKPOINT");
-    const char *with_dmtcp[sizeof args / sizeof *args + 1] = {nockpt && *nockpt ? nockpt : "dmtcp_nocheckpoint"};
-    memcpy(with_dmtcp + 1, args, sizeof args);
+    const char *with_dmtcp[16], **args = with_dmtcp + 1;
+    size_t n = 0;
+    with_dmtcp[0] = nockpt && *nockpt ? nockpt : "dmtcp_nocheckpoint";
+    args[n++] = py;
+    if (booted) {
+        args[n++] = "-S";
+        args[n++] = "-c";
+        args[n++] = boot;
+        args[n++] = root;
+    } else {
+        args[n++] = "-m";
+        args[n++] = "nvproxy";
+    }
+    const char *rest[] = {"proxy", "--socket", G.sock, "--owner-pid", owner, "--restore", restore_image};
+    for (size_t i = 0; i < sizeof rest / sizeof *rest - (restore_image ? 0 : 2); i++)
+        args[n++] = rest[i];
+    args[n] = NULL;
     const char **argv = nvp_under_dmtcp() ? with_dmtcp : args;
     static char exe_buf[4096];
     const char *exe = program_path(argv[0], exe_buf, sizeof exe_buf);

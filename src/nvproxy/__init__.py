@@ -3,13 +3,18 @@ proxy-process API interposition."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 __version__ = "0.1.0"
 
 
 def shim_path() -> Path:
     """The LD_PRELOAD shim built with this package."""
+    from pathlib import Path  # (here: a proxy imports this package before it starts the driver)
+
     p = Path(__file__).resolve().parent / "_native" / "libnvproxy.so"
     if not p.exists():
         raise FileNotFoundError(f"{p} is missing: build the package first (pip install -e .)")

@@ -29,29 +29,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 127
 
 
-def _hold_application_ranges(image: str) -> dict:
-    """A restoring proxy maps the application's pinned host memory at the application's addresses; reserve them
-    before the driver and the libraries take address space (a restart of NVIDIA's simpleStreams found its
-    cudaHostRegister'ed range taken in the new proxy).  The image's header ({} where it cannot be read)."""
-    from .checkpoint.image import ImageError, read_header
-
-    try:
-        fd, h = read_header(image)
-    except (ImageError, OSError):
-        return {}  # (the restore reports it)
-    os.close(fd)
-    if h.get("host"):
-        from .proxy import libc  # (cffi's parse of its declarations: 20 ms before the driver can start)
-    for addr, size in h.get("host", []):
-        if not libc.hold_for_application(addr, size):
-            print(f"nvproxy: the application's pinned memory at {addr:#x} is taken in this proxy", file=sys.stderr)
-    return h
-
-
-def _devices(header: dict) -> list[int]:
-    return [int(d["index"]) for d in header.get("devices", []) if isinstance(d, dict) and "index" in d]
-
-
 def _since_exec() -> float:
     """Seconds since this process began (to 10 ms): what starting the interpreter, importing and the driver's
     initialisation took before a restore (0 where /proc cannot say)."""
@@ -108,12 +85,16 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     os.dup2(null, 0)
     os.dup2(null, 1)
     os.close(null)
-    header = _hold_application_ranges(args.restore) if args.restore else {}
-    backend_name = args.backend or os.environ.get("NVPROXY_BACKEND") or "auto"
-    if backend_name != "sim" and os.environ.get("NVPROXY_EARLY_CONTEXT", "1") != "0":
-        from .backends import warmup
+    from . import boot
 
-        warmup.start(_devices(header))  # (while the modules below load: cuInit, and a restore's contexts)
+    # (done already where boot.main started this proxy: the application's ranges held, the driver started)
+    header = boot.begin(args.restore, args.backend or os.environ.get("NVPROXY_BACKEND") or "auto")
+    for note in boot.notes:
+        print(note, file=sys.stderr)
+    if boot.held:
+        from .proxy import libc
+
+        libc.adopt_holds(boot.held)
     check = None
     if header:
         from .checkpoint import earlycheck

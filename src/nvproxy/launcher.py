@@ -26,8 +26,21 @@ def private_dir() -> Path:
     return _private(Path(rt) / "nvproxy" if rt else Path(f"/tmp/nvproxy-{os.getuid()}"))
 
 
+def proxy_argv() -> list[str]:
+    """A proxy's command line up to its options: the driver starts before Python's site processing (boot.py)."""
+    from . import boot
+
+    return [sys.executable, "-S", "-c", boot.BOOT, boot.root(), "proxy"]
+
+
 def proxy_env(backend: str | None, sim_kernels: list[str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "NVPROXY_SOCKET")}
+    """The environment of a proxy, and of a program run through nvproxy: its shim starts proxies as
+    proxy_argv() does (NVPROXY_BOOT, NVPROXY_ROOT; the interpreter: NVPROXY_PYTHON)."""
+    from . import boot
+
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "NVPROXY_SOCKET", "NVPROXY_BOOT")}
+    if env.get("NVPROXY_PYTHON", sys.executable) == sys.executable:  # (another Python may have another nvproxy)
+        env.update(NVPROXY_BOOT=boot.BOOT, NVPROXY_ROOT=boot.root())
     if backend:
         env["NVPROXY_BACKEND"] = backend
     if sim_kernels:
@@ -86,8 +99,7 @@ def spawn_proxy(owner_pid: int, env: dict[str, str], extra: list[str] = (), sock
             os.write(w, str(os.getpid()).encode())
             os.close(w)
             bottom_up_mappings()
-            argv = [sys.executable, "-m", "nvproxy", "proxy", "--socket", sock, "--owner-pid", str(owner_pid),
-                    *extra]
+            argv = [*proxy_argv(), "--socket", sock, "--owner-pid", str(owner_pid), *extra]
             os.execve(sys.executable, argv, env)
         except BaseException as e:  # (the parent only sees that it ended: say why here)
             try:
@@ -152,10 +164,11 @@ def dmtcp_tool(name: str) -> str:
 def exec_app(argv: list[str], sock: str, proxy_pid: int, proxy_settings: dict[str, str],
              dmtcp_args: list[str] | None = None) -> None:
     """Become the application (same pid, which the proxy serves).  proxy_settings
-    (backend, sim kernels) go into its environment too: a proxy the shim starts
+    (backend, sim kernels, how a proxy starts) go into its environment too: a proxy the shim starts
     later (for a forked child, or to recover) runs like this one."""
     env = dict(os.environ)
-    env.update({k: v for k, v in proxy_settings.items() if k in ("NVPROXY_BACKEND", "NVPROXY_SIM_KERNELS")})
+    env.update({k: v for k, v in proxy_settings.items()
+                if k in ("NVPROXY_BACKEND", "NVPROXY_SIM_KERNELS", "NVPROXY_BOOT", "NVPROXY_ROOT")})
     if dmtcp_args is not None:
         # under DMTCP the shim is a plugin (loaded after DMTCP's own libraries), not an LD_PRELOAD
         env["NVPROXY_DMTCP_NOCHECKPOINT"] = dmtcp_tool("dmtcp_nocheckpoint")

@@ -22,8 +22,10 @@ import json
 import os
 import struct
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 MAGIC = b"NVPXIMG1"
 VERSION = 2
@@ -65,6 +67,8 @@ def encode_header(header: dict[str, Any], at: int) -> tuple[bytes, bytes]:
 def atomic_file(path: str | Path, write: Callable[[int], None]) -> None:
     """Create path, 0600, with write(fd) under a temporary name, fsynced and renamed:
     the file is either complete or absent (an older one stays until then)."""
+    from pathlib import Path  # (here: a restoring proxy reads its header before pathlib is worth importing)
+
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -27,16 +27,14 @@ MAP_FAILED = ffi.cast("void *", -1)
 
 
 # application addresses a restoring proxy reserved at its start, before the driver and Python's libraries took
-# address space of their own: [addr, addr+size) -> reserved (hold_for_application)
+# address space of their own (boot.py): [addr, addr+size) -> reserved (adopt_holds)
 _held: dict[int, int] = {}
 
 
-def hold_for_application(addr: int, size: int) -> bool:
-    """Keep [addr, addr+size) free for the application's shared memory, mapped there later (map_fixed)."""
-    if not reserve(addr, size):
-        return False
-    _held[addr] = size
-    return True
+def adopt_holds(ranges: list[tuple[int, int]]) -> None:
+    """Ranges this process reserved for the application's shared memory before this module was loaded
+    (boot.py): map_fixed maps it over them."""
+    _held.update(ranges)
 
 
 def map_fixed(fd: int, addr: int, size: int) -> bool:

@@ -1,0 +1,105 @@
+"""A proxy's first steps, taken before Python's site processing: the driver's initialisation is started first.
+
+cuInit and a restoring proxy's CUDA contexts take 0.3-0.4 s (H200), longer than anything else a proxy does before
+its first answer, and nothing they need comes from the proxy.  Python's `site` ran for 53 ms on the GPU machine
+before any of the proxy's code (a `.pth` file of an installed package imported importlib.resources there).  So the
+spawners (launcher.proxy_argv, the shim's spawn_proxy) start a proxy as
+
+    python -S -c BOOT ROOT proxy ARGS...
+
+and this module, with the standard library only, reserves a restoring proxy's application ranges, starts the
+driver on a thread (backends/warmup.py), and only then runs `site.main()` and the command line as usual.  A proxy
+started as `python -m nvproxy proxy` (an older spawner) takes the same steps in cli.cmd_proxy, just later.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+# the command that starts a proxy through main(); the package's directory follows it (ROOT above)
+# (appended: after the standard library, where site would have put it)
+BOOT = "import sys; sys.path.append(sys.argv.pop(1)); from nvproxy.boot import main; main()"
+
+header: dict | None = None  # a restoring proxy's image header ({} where unreadable); None: begin() has not run
+held: list[tuple[int, int]] = []  # the application's ranges reserved (proxy/libc.py maps over them later)
+notes: list[str] = []  # messages for stderr, printed by cli.cmd_proxy once its stderr is settled
+
+
+def root() -> str:
+    """The directory that holds the nvproxy package (sys.path's entry for it)."""
+    return os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+
+
+def begin(restore: str | None, backend: str) -> dict:
+    """Once per process: reserve the application's pinned ranges of the image restore (before the driver and
+    the libraries take address space: a restart of NVIDIA's simpleStreams found its cudaHostRegister'ed range
+    taken in the new proxy), then start the driver on a thread unless backend is sim.  The image's header."""
+    global header
+    if header is not None:
+        return header
+    header = _hold_application_ranges(restore) if restore else {}
+    if backend != "sim" and os.environ.get("NVPROXY_EARLY_CONTEXT", "1") != "0":
+        from .backends import warmup
+
+        devices = [int(d["index"]) for d in header.get("devices", []) if isinstance(d, dict) and "index" in d]
+        warmup.start(devices)  # (cuInit, and a restore's contexts)
+    return header
+
+
+def _hold_application_ranges(image: str) -> dict:
+    from .checkpoint.image import ImageError, read_header
+
+    try:
+        fd, h = read_header(image)
+    except (ImageError, OSError):
+        return {}  # (the restore reports it)
+    os.close(fd)
+    for addr, size in h.get("host", []):
+        if _reserve(addr, size):
+            held.append((addr, size))
+        else:
+            notes.append(f"nvproxy: the application's pinned memory at {addr:#x} is taken in this proxy")
+    return h
+
+
+def _reserve(addr: int, size: int) -> bool:
+    """[addr, addr+size) of address space, no memory; False if any of it is taken (ctypes: no cffi yet)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    prot_none, flags = 0, 0x02 | 0x20 | 0x4000 | 0x100000  # MAP_PRIVATE|ANONYMOUS|NORESERVE|FIXED_NOREPLACE
+    p = libc.mmap(addr, size, prot_none, flags, -1, 0)
+    if p is None or p == ctypes.c_void_p(-1).value:
+        return False
+    if p != addr:  # (an old kernel took it as a hint)
+        libc.munmap(p, size)
+        return False
+    return True
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    for i, a in enumerate(argv):
+        if a == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])  # (a checkpointer's hook may have blocked nearly everything)
+    if argv[:1] == ["proxy"]:
+        begin(_option(argv, "--restore"), _option(argv, "--backend") or os.environ.get("NVPROXY_BACKEND") or "auto")
+    import site
+
+    site.main()  # (what -S left out: site-packages, .pth files, sitecustomize)
+    from .cli import main as cli_main
+
+    sys.argv[0] = "nvproxy"
+    raise SystemExit(cli_main(argv))

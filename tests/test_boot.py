@@ -1,0 +1,64 @@
+"""A proxy's first steps (nvproxy/boot.py): before Python's site processing, with the standard library only,
+it reserves a restoring proxy's application ranges and starts the driver; then the proxy runs as usual."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import nvproxy_cmd, run
+
+from nvproxy import boot
+from nvproxy.launcher import find_proxy, proxy_argv
+
+
+def test_the_boot_stage_needs_nothing_but_the_standard_library() -> None:
+    """Run with -S (no site-packages), the modules boot.begin() uses import: nothing of cffi, numpy or pycuda
+    comes before the driver starts."""
+    code = ("import sys; sys.path.append(sys.argv.pop(1)); import nvproxy.boot, nvproxy.checkpoint.image, "
+            "nvproxy.backends.warmup; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('cffi', 'numpy', 'pycuda', 'posix_ipc')))")
+    r = subprocess.run([sys.executable, "-S", "-c", code, boot.root()], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def test_proxies_start_through_the_boot_stage(build, tmp_path: Path) -> None:
+    """`nvproxy run` starts its proxy with -S and BOOT, and so does the shim when it starts one itself (here:
+    NVPROXY_RECOVER after the first proxy was killed); the program runs to its expected output either way."""
+    exe = build("ckpt_steps")
+    reference = run(nvproxy_cmd(exe, "sim", "ckpt_steps", "20", "0"))
+    image = tmp_path / "last.img"
+    env = dict(os.environ, NVPROXY_RECOVER=str(image))
+    env.pop("LD_PRELOAD", None)
+    app = subprocess.Popen(nvproxy_cmd(exe, "sim", "ckpt_steps", "20", "400"), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=env)
+    assert app.stdout is not None
+    lines = [app.stdout.readline() for _ in range(6)]
+    cmdlines = []
+    pid, _sock = find_proxy(app.pid)
+    cmdlines.append(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))
+    assert run([sys.executable, "-m", "nvproxy", "checkpoint", str(app.pid), "-o", str(image)]).returncode == 0
+    os.kill(pid, 9)
+    deadline = time.monotonic() + 60
+    while app.poll() is None and time.monotonic() < deadline:  # (the shim starts the next one on its next call)
+        try:
+            new, _ = find_proxy(app.pid)
+        except SystemExit:
+            time.sleep(0.01)
+            continue
+        if new != pid:
+            try:
+                cmdlines.append(Path(f"/proc/{new}/cmdline").read_bytes().split(b"\0"))
+            except OSError:
+                continue
+            break
+    out, err = app.communicate(timeout=120)
+    assert "".join(lines) + out == reference.stdout, err
+    assert len(cmdlines) == 2, err
+    want = [a.encode() for a in proxy_argv()[1:]]
+    for argv in cmdlines:
+        assert argv[1 : 1 + len(want)] == want, argv
+    assert b"--restore" in cmdlines[1]
