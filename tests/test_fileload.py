@@ -103,6 +103,13 @@ class Setup:
         finally:
             os.close(fd)
 
+    def damage(self) -> int:
+        """A chunk of several slots gets a wrong checksum; its index."""
+        k = next(i for i, n in enumerate(self.sizes) if n > 2 * SLOT)
+        off, va, n, crc = self.chunks[k]
+        self.chunks[k] = (off, va, n, crc ^ 1)
+        return k
+
     def on_device(self) -> bytes:
         return self.device.raw[: sum(self.sizes)]
 
@@ -150,9 +157,8 @@ def test_a_damaged_chunk_is_named_and_its_last_piece_never_copied(tmp_path: Path
     s = Setup(tmp_path)
     for i in range(s.nslots):
         s.states[i] = fileload.SLOT_READY
-    k = next(i for i, n in enumerate(s.sizes) if n > 2 * SLOT)
-    off, va, n, crc = s.chunks[k]
-    s.chunks[k] = (off, va, n, crc ^ 1)
+    k = s.damage()
+    _off, va, n, _crc = s.chunks[k]
     d = Driver()
     r = s.run(d)
     assert (r.why, r.bad_chunk) == (fileload.MISMATCH, k)
@@ -243,9 +249,7 @@ def _until_checked(c: fileload.Check, nbytes: int) -> None:
 
 def test_the_early_check_finds_the_right_chunks_and_only_those(tmp_path: Path) -> None:
     s = Setup(tmp_path)
-    k = next(i for i, n in enumerate(s.sizes) if n > 2 * SLOT)
-    off, va, n, crc = s.chunks[k]
-    s.chunks[k] = (off, va, n, crc ^ 1)  # (damaged)
+    k = s.damage()
     off, va, n, crc = s.chunks[-1]
     s.chunks[-1] = (len(s.data) - 10, va, n + 100, crc)  # (past the end of the file)
     right = [(off, n, crc) for off, _va, n, crc in s.chunks[:-1]]
@@ -263,10 +267,8 @@ def test_a_checked_chunk_is_read_but_not_summed_again(tmp_path: Path) -> None:
     s = Setup(tmp_path)
     for i in range(s.nslots):
         s.states[i] = fileload.SLOT_READY
-    k = next(i for i, n in enumerate(s.sizes) if n > 2 * SLOT)
-    off, va, n, crc = s.chunks[k]
-    s.chunks[k] = (off, va, n, crc ^ 1)
-    r = s.run(Driver(), checked=frozenset({(off, n, crc ^ 1)}))
+    off, _va, n, bad = s.chunks[s.damage()]
+    r = s.run(Driver(), checked=frozenset({(off, n, bad)}))
     assert (r.why, r.bad_chunk) == (fileload.OK, -1)
     assert s.on_device() == s.expected()
 
