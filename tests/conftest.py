@@ -52,6 +52,30 @@ def nvproxy_cmd(exe: Path, backend: str, name: str, *args: str) -> list[str]:
     return [sys.executable, "-m", "nvproxy", "run", "--backend", backend, *sim_kernels(name), "--", str(exe), *args]
 
 
+# The driver now and then reports a device assert as cudaErrorLaunchFailure rather than cudaErrorAssert while other
+# programs use the GPU (the whole GPU suite runs eight tests at a time), natively too: NVIDIA's simpleAssert, run
+# natively beside the suite, once found no cudaErrorAssert after its assert (session 21), and printf_assert's assert
+# came back as cudaErrorLaunchFailure through nvproxy in about one suite in three.  Alone, 16 runs of those tests
+# (8 at a time) and 140 native assert runs (up to 4 at a time) all gave cudaErrorAssert.  A run whose output differs
+# from the expected one only so is run once more (misreported_assert); the same twice fails.
+MISREPORT = (("cudaErrorLaunchFailure", "cudaErrorAssert"),
+             ("unspecified launch failure", "device-side assert triggered"))
+
+
+def misreported_assert(got: str, want: str) -> bool:
+    """got differs from want, and only where one says cudaErrorAssert and the other cudaErrorLaunchFailure."""
+    def norm(text: str) -> str:
+        for a, b in MISREPORT:
+            text = text.replace(a, b)
+        return text
+
+    if got != want and norm(got) == norm(want):
+        print("the driver reported a device assert as a launch failure (conftest.MISREPORT): once more",
+              file=sys.stderr)
+        return True
+    return False
+
+
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     """cmd's output and status.  Past the timeout its whole process group is killed and the test fails with what
     it printed: a program that starts others (NVIDIA's simpleIPC) left them holding its pipes, and

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import EXPECTED, gpu_count, nvproxy_cmd, run
+from conftest import EXPECTED, MISREPORT, gpu_count, misreported_assert, nvproxy_cmd, run
 
 BACKENDS = ["sim", pytest.param("gpu", marks=pytest.mark.gpu)]
 
@@ -426,11 +426,16 @@ def test_dmtcp_checkpoint_at_every_call(build, backend: str, app: str, tmp_path:
     exe = build(name)
     cmd = nvproxy_cmd(exe, backend, name, *args)
     (calls,), reference = calls_made(cmd, tmp_path)
+    if misreported_assert(reference, reference.replace(*MISREPORT[0])):
+        (calls,), reference = calls_made(cmd, tmp_path)
     assert calls >= 5
     for call in range(1, calls + 1):
-        session = Session(tmp_path / f"at-{call}")
-        session.checkpoint_at_call(cmd, call)
-        r = session.restart()
+        for attempt in range(2):
+            session = Session(tmp_path / f"at-{call}-{attempt}")
+            session.checkpoint_at_call(cmd, call)
+            r = session.restart()
+            if attempt or not misreported_assert(session.out.read_text() + r.stdout, reference):
+                break
         assert r.returncode == 0, f"checkpointed at call {call} of {calls}: {r.stderr}"
         assert session.out.read_text() + r.stdout == reference, f"checkpointed at call {call} of {calls}: {r.stderr}"
 
@@ -490,12 +495,12 @@ def test_dmtcp_public_sample_at_a_call(nvcc: str, tmp_path: Path, sample: str) -
     granted again at the restore) and of several processes (simpleIPC, streamOrderedAllocationIPC: each process
     has its proxy; every process of the computation is checkpointed and restarted, and the memory one exported
     is mapped again by the others' new proxies)."""
-    from test_public_samples import build_sample, stable
+    from test_public_samples import build_sample, native_run, stable
 
     if any(k in sample for k in TWO_GPU_SAMPLES) and gpu_count() < 2:
         pytest.skip("needs two GPUs (nvidia-smi -L lists fewer)")
     exe = build_sample(nvcc, tmp_path, sample)
-    native = run([str(exe)], cwd=tmp_path)
+    native = native_run(exe, tmp_path)
     cmd = [sys.executable, "-m", "nvproxy", "run", "--backend", "gpu", "--", str(exe)]
     calls, _out = calls_made(cmd, tmp_path, cwd=tmp_path)
     # several processes (the parent ends last): in the middle of its children's calls, where all of them run

@@ -65,12 +65,22 @@ def build_sample(nvcc: str, tmp_path: Path, name: str) -> Path:
     return exe
 
 
+def native_run(exe: Path, cwd: Path) -> subprocess.CompletedProcess:
+    """The sample run natively: the reference.  A native run that fails is run once more: simpleAssert's native
+    run beside the whole GPU suite once found no cudaErrorAssert after its device assert (conftest.MISREPORT)."""
+    native = run([str(exe)], cwd=cwd)
+    if native.returncode != 0:
+        print(f"{exe.name} failed natively (status {native.returncode}): once more", file=sys.stderr)
+        native = run([str(exe)], cwd=cwd)
+    return native
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", NAMES)
 def test_sample_matches_native(nvcc: str, tmp_path: Path, name: str) -> None:
     exe = build_sample(nvcc, tmp_path, name)
     name = exe.name
-    native = run([str(exe)], cwd=tmp_path)
+    native = native_run(exe, tmp_path)
     proxied = run([sys.executable, "-m", "nvproxy", "run", "--backend", "gpu", "--", str(exe)], cwd=tmp_path)
     assert proxied.returncode == native.returncode, proxied.stdout + proxied.stderr
     assert stable(proxied.stdout, name) == stable(native.stdout, name), proxied.stderr
