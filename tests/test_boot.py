@@ -62,3 +62,21 @@ def test_proxies_start_through_the_boot_stage(build, tmp_path: Path) -> None:
     for argv in cmdlines:
         assert argv[1 : 1 + len(want)] == want, argv
     assert b"--restore" in cmdlines[1]
+
+
+def test_the_boot_stage_reserves_a_free_range_and_only_a_free_one() -> None:
+    """boot._reserve (ctypes, before cffi is loaded) holds a range of address space, and refuses one that is taken."""
+    import ctypes
+    import mmap
+
+    m = mmap.mmap(-1, 1 << 20)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    m.close()  # (a range known to be free now)
+    libc = ctypes.CDLL(None)
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    assert boot._reserve(addr, 1 << 20)
+    try:
+        assert not boot._reserve(addr, 1 << 20)  # (taken: by the reservation above)
+        assert not boot._reserve(addr + (1 << 19), 1 << 20)  # (partly taken)
+    finally:
+        libc.munmap(addr, 1 << 20)
