@@ -65,7 +65,7 @@ def test_proxies_start_through_the_boot_stage(build, tmp_path: Path) -> None:
 
 
 def test_the_boot_stage_reserves_a_free_range_and_only_a_free_one() -> None:
-    """boot._reserve (ctypes, before cffi is loaded) holds a range of address space, and refuses one that is taken."""
+    """boot.reserve_range (ctypes: before cffi is loaded) holds a free range of address space, refuses a taken one."""
     import ctypes
     import mmap
 
@@ -74,9 +74,9 @@ def test_the_boot_stage_reserves_a_free_range_and_only_a_free_one() -> None:
     m.close()  # (a range known to be free now)
     libc = ctypes.CDLL(None)
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    assert boot._reserve(addr, 1 << 20)
+    assert boot.reserve_range(addr, 1 << 20)
     try:
-        assert not boot._reserve(addr, 1 << 20)  # (taken: by the reservation above)
-        assert not boot._reserve(addr + (1 << 19), 1 << 20)  # (partly taken)
+        assert not boot.reserve_range(addr, 1 << 20)  # (taken: by the reservation above)
+        assert not boot.reserve_range(addr + (1 << 19), 1 << 20)  # (partly taken)
     finally:
         libc.munmap(addr, 1 << 20)

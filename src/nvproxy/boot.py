@@ -57,15 +57,16 @@ def _hold_application_ranges(image: str) -> dict:
         return {}  # (the restore reports it)
     os.close(fd)
     for addr, size in h.get("host", []):
-        if _reserve(addr, size):
+        if reserve_range(addr, size):
             held.append((addr, size))
         else:
             notes.append(f"nvproxy: the application's pinned memory at {addr:#x} is taken in this proxy")
     return h
 
 
-def _reserve(addr: int, size: int) -> bool:
-    """[addr, addr+size) of address space, no memory; False if any of it is taken (ctypes: no cffi yet)."""
+def reserve_range(addr: int, size: int) -> bool:
+    """[addr, addr+size) of address space, no memory; False if any of it is taken.  ctypes, since this runs before
+    cffi is loaded; proxy/libc.py's reserve is this too."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)

@@ -8,6 +8,8 @@ import os
 
 import cffi
 
+from ..boot import reserve_range as reserve  # noqa: F401  (hostimage's; one implementation)
+
 ffi = cffi.FFI()
 ffi.cdef(
     """
@@ -20,9 +22,9 @@ int fflush(void *stream);
 )
 _c = ffi.dlopen(None)
 
-PROT_NONE, PROT_READ, PROT_WRITE = 0, 1, 2
+PROT_READ, PROT_WRITE = 1, 2
 MAP_SHARED, MAP_PRIVATE, MAP_FIXED, MAP_ANONYMOUS = 0x01, 0x02, 0x10, 0x20
-MAP_NORESERVE, MAP_FIXED_NOREPLACE = 0x4000, 0x100000
+MAP_FIXED_NOREPLACE = 0x100000
 MAP_FAILED = ffi.cast("void *", -1)
 
 
@@ -50,18 +52,6 @@ def map_fixed(fd: int, addr: int, size: int) -> bool:
     if p == MAP_FAILED:
         return False
     if int(ffi.cast("uintptr_t", p)) != addr:  # an old kernel took it as a hint
-        _c.munmap(p, size)
-        return False
-    return True
-
-
-def reserve(addr: int, size: int) -> bool:
-    """Reserve [addr, addr+size) of address space (no memory); False if taken."""
-    flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE
-    p = _c.mmap(ffi.cast("void *", addr), size, PROT_NONE, flags, -1, 0)
-    if p == MAP_FAILED:
-        return False
-    if int(ffi.cast("uintptr_t", p)) != addr:
         _c.munmap(p, size)
         return False
     return True
