@@ -203,14 +203,19 @@ def test_a_failed_copy_stops_the_load(tmp_path: Path) -> None:
     assert len(d.copies) == 5
 
 
-def _gated_run(tmp_path: Path) -> tuple[Setup, Driver, fileload.Gate, threading.Thread, list[fileload.Outcome]]:
+def _gated_run(tmp_path: Path, **kw: object) -> tuple[Setup, Driver, fileload.Gate, threading.Thread,
+                                                     list[fileload.Outcome]]:
     """A load behind a closed gate, on a thread of its own, every slot made."""
-    s = Setup(tmp_path)
+    return _gated_run_of(Setup(tmp_path), **kw)
+
+
+def _gated_run_of(s: Setup, **kw: object) -> tuple[Setup, Driver, fileload.Gate, threading.Thread,
+                                                   list[fileload.Outcome]]:
     for i in range(s.nslots):
         s.states[i] = fileload.SLOT_READY
     d, gate = Driver(), fileload.Gate()
     out: list[fileload.Outcome] = []
-    t = threading.Thread(target=lambda: out.append(s.run(d, gate=gate)))
+    t = threading.Thread(target=lambda: out.append(s.run(d, gate=gate, **kw)))
     t.start()
     return s, d, gate, t, out
 
@@ -261,16 +266,73 @@ def test_the_early_check_finds_the_right_chunks_and_only_those(tmp_path: Path) -
     assert c.stop() is good and c.read_s > 0
 
 
+def _rewrite(s: Setup, k: int) -> bytes:
+    """Chunk k's bytes in the file changed in place (same inode, no new sum); what the device should then hold."""
+    off, _va, n, _crc = s.chunks[k]
+    with open(s.path, "r+b") as f:
+        f.seek(off)
+        f.write(bytes(b ^ 0x5A for b in s.data[off : off + n]))
+    data = bytearray(s.expected())
+    data[off - 256 : off - 256 + n] = bytes(b ^ 0x5A for b in s.data[off : off + n])
+    return bytes(data)
+
+
 def test_a_checked_chunk_is_read_but_not_summed_again(tmp_path: Path) -> None:
-    """The load takes the check's word: a chunk it lists goes through even with a wrong sum (how this test sees
-    that it was not summed again), and lands right; unlisted, the same chunk fails the load (the test above)."""
+    """The load takes the check's word: a chunk it found right goes through unsummed, so bytes changed after the
+    check reach the device (how this test sees it); without the check the same load fails on that chunk."""
     s = Setup(tmp_path)
     for i in range(s.nslots):
         s.states[i] = fileload.SLOT_READY
-    off, _va, n, bad = s.chunks[s.damage()]
-    r = s.run(Driver(), checked=frozenset({(off, n, bad)}))
+    c = _check(s)
+    _until_checked(c, sum(s.sizes))
+    k = next(i for i, n in enumerate(s.sizes) if n > 2 * SLOT)
+    want = _rewrite(s, k)
+    r = s.run(Driver(), check=c)
+    c.stop()
     assert (r.why, r.bad_chunk) == (fileload.OK, -1)
-    assert s.on_device() == s.expected()
+    assert s.on_device() == want
+    r = s.run(Driver())
+    assert (r.why, r.bad_chunk) == (fileload.MISMATCH, k)
+
+
+def test_chunks_the_check_finds_right_while_the_gate_is_closed_are_not_summed(tmp_path: Path) -> None:
+    """The check goes on while the load waits for its gate: the readers take its marks as they come to a chunk,
+    not as they were when the load began.  Here the test marks a chunk itself once the load waits at the gate (as a
+    check thread would), far past what three slots hold, with its bytes changed: they land unsummed."""
+    s = Setup(tmp_path)
+    k = max(i for i, n in enumerate(s.sizes) if n > 2 * SLOT)
+    c = _check(s)
+    c.stop()  # (its threads are done: good[] is the test's to write)
+    c._good[k] = 0
+    s, _d, gate, t, out = _gated_run_of(s, check=c)
+    try:
+        time.sleep(0.1)
+        want = _rewrite(s, k)
+        c._good[k] = 1
+    finally:
+        gate.open()
+        t.join(10)
+    assert out and (out[0].why, out[0].bad_chunk) == (fileload.OK, -1)
+    assert s.on_device() == want
+
+
+def test_the_check_is_told_to_stop_when_the_gate_opens(tmp_path: Path) -> None:
+    """Once the copies may go, the check would only take memory bandwidth from the load."""
+    big = tmp_path / "big"
+    big.write_bytes(bytes(16 << 20))
+    zeros = checksum(bytes(16 << 20))
+    c = fileload.Check(str(big), [(0, 16 << 20, zeros)] * 1000, 1, 4096)  # (one thread: seconds of work)
+    try:
+        s, _d, gate, t, out = _gated_run(tmp_path, check=c)
+        _until_checked(c, 2 * (16 << 20))
+        gate.open()
+        t.join(10)
+        assert out and out[0].why == fileload.OK and s.on_device() == s.expected()
+        seen = c.bytes_checked
+        time.sleep(0.3)  # (a chunk takes it a few ms)
+        assert c.bytes_checked == seen and not c.finished
+    finally:
+        c.stop()
 
 
 def test_a_stopped_check_keeps_only_chunks_it_finished(tmp_path: Path) -> None:
@@ -293,7 +355,7 @@ def test_a_check_of_another_file_is_not_taken(tmp_path: Path) -> None:
     assert len(c.stop()) == len(s.chunks)
     fd = os.open(s.path, os.O_RDONLY)
     try:
-        assert c.good_in(fd) == c.stop()
+        assert c.of(fd)
     finally:
         os.close(fd)
     fresh = tmp_path / "fresh"
@@ -301,6 +363,6 @@ def test_a_check_of_another_file_is_not_taken(tmp_path: Path) -> None:
     os.replace(fresh, s.path)
     fd = os.open(s.path, os.O_RDONLY)
     try:
-        assert c.good_in(fd) == frozenset()
+        assert not c.of(fd)
     finally:
         os.close(fd)

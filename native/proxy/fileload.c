@@ -93,7 +93,7 @@ static void read_chunk(struct run *r, uint32_t c, double *read_s, double *wait_s
 {
     struct nvpl_load *l = r->l;
     const struct nvpl_chunk *ch = &l->chunks[c];
-    int checked = l->checked && l->checked[c];
+    int checked = l->check && l->check_of[c] >= 0 && __atomic_load_n(&l->check->good[l->check_of[c]], __ATOMIC_ACQUIRE);
     struct nvp_xxh64_state sum;
     nvp_xxh64_start(&sum);
     for (uint64_t at = 0; at < ch->size;) {
@@ -174,6 +174,7 @@ static void copy_loop(struct run *r, uint8_t *adopted, uint32_t *flight, double 
 {
     struct nvpl_load *l = r->l;
     uint32_t head = 0, nflight = 0, issued = 0;
+    int check_halted = 0;
     struct job *grab = r->filled + l->nslots; /* (the second half of the same allocation) */
     pthread_mutex_lock(&r->mu);
     for (;;) {
@@ -181,6 +182,10 @@ static void copy_loop(struct run *r, uint8_t *adopted, uint32_t *flight, double 
         int32_t gate = l->gate ? __atomic_load_n(l->gate, __ATOMIC_ACQUIRE) : 1;
         if (gate < 0)
             fail(r, NVPL_CANCELLED, 0, -1);
+        if (gate != 0 && l->check && !check_halted) {
+            nvpl_check_halt(l->check);
+            check_halted = 1;
+        }
         uint32_t ngrab = r->stop || gate == 0 ? 0 : r->nfilled;
         for (uint32_t i = 0; i < ngrab; i++)
             grab[i] = r->filled[i];
@@ -388,6 +393,13 @@ EXPORT int nvpl_check_start(struct nvpl_check *c)
     c->started = r->started;
     c->run = r;
     return 0;
+}
+
+EXPORT void nvpl_check_halt(struct nvpl_check *c)
+{
+    struct check_run *r = c->run;
+    if (r)
+        __atomic_store_n(&r->stop, 1, __ATOMIC_RELAXED);
 }
 
 EXPORT void nvpl_check_stop(struct nvpl_check *c)

@@ -59,9 +59,12 @@ struct nvpl_load {
     /* NULL, or: no copy is issued while *gate is 0 (the device memory is not mapped yet: the readers fill the
      * slots meanwhile), and the load stops once it is below 0 */
     volatile int32_t *gate;
-    /* NULL, or per chunk: nonzero where an early check (nvpl_check_*) found its sum right; such a chunk is read
-     * but not summed again */
-    const uint8_t *checked;
+    /* NULL, or an early check of the same file (nvpl_check_*, started, not yet stopped by nvpl_check_stop):
+     * check_of[i] is chunk i's index among its chunks (-1: not among them).  A chunk it has found right by the time
+     * a reader takes it is read but not summed again.  Its threads go on until the gate opens (the readers only
+     * wait for slots before), and are then told to stop: they would take memory bandwidth from the load. */
+    struct nvpl_check *check;
+    const int32_t *check_of;
     /* out */
     volatile uint64_t bytes_verified; /* progress: chunks read and checked so far */
     int32_t why;                      /* NVPL_* */
@@ -98,6 +101,8 @@ struct nvpl_check {
 
 /* Starts the threads; 0, or the errno of the first thread that could not start (then none runs). */
 int nvpl_check_start(struct nvpl_check *c);
+/* Tells the threads to stop at their next piece, without waiting for them. */
+void nvpl_check_halt(struct nvpl_check *c);
 /* Stops the threads at their next piece and joins them; after it, good[] is final.  Safe to call twice. */
 void nvpl_check_stop(struct nvpl_check *c);
 /* CDEF-END */

@@ -272,6 +272,9 @@ class SimBackend:
             attrs[k] = v
         return "nvproxy sim device", bytes([self.physical[dev], *range(1, 16)]), SIM_MEMORY, attrs
 
+    def total_memory(self, dev: int) -> int:
+        return SIM_MEMORY
+
     def device_identity(self, dev: int) -> tuple[str, bytes]:
         name, uuid, _total, _attrs = self.device_props(dev)
         return name, uuid

@@ -91,10 +91,13 @@ class Check:
             os.close(self.fd)
         return self.good
 
-    def good_in(self, fd: int) -> frozenset[tuple[int, int, int]]:
-        """stop()'s answer where fd is the file checked (the same inode, size and time), else none."""
-        good = self.stop()
-        return good if _identity(fd) == self.identity else frozenset()
+    def of(self, fd: int) -> bool:
+        """fd is the file checked (the same inode, size and time)."""
+        return _identity(fd) == self.identity
+
+    def index(self) -> dict[tuple[int, int, int], int]:
+        """Each chunk's place in good[]: by (file offset, size, checksum)."""
+        return {ch: i for i, ch in enumerate(self.chunks)}
 
     @property
     def bytes_checked(self) -> int:
@@ -109,17 +112,18 @@ class Check:
 def run(fd: int, chunks: Sequence[tuple[int, int, int, int]], slots: int, slot_size: int, states: object,
         events: Sequence[int], streams: Sequence[int], driver: dict[str, int], readers: int, piece: int,
         progress: Callable[[int], None] | None = None, gate: Gate | None = None,
-        checked: frozenset[tuple[int, int, int]] = frozenset()) -> Outcome:
+        check: Check | None = None) -> Outcome:
     """chunks: (file offset, device address, size, checksum); events: one per slot, and streams, as the
     driver's handle values; driver: its entry points' addresses.  progress(bytes verified) is called about
     four times a second from another thread while this runs, and once at the end.  gate: see Gate.
-    checked: (file offset, size, checksum) of chunks a Check found right: read, not summed again."""
+    check: an early check of this very file (Check.of), running or stopped: the chunks it finds right before a
+    reader takes them are read, not summed again; it is told to stop once the gate opens (stop() it after)."""
     table = ffi.new("struct nvpl_chunk[]", len(chunks))
-    known = ffi.new("uint8_t[]", len(chunks)) if checked else ffi.NULL
+    where = check.index() if check is not None else {}
+    check_of = ffi.new("int32_t[]", len(chunks))
     for i, (off, va, n, crc) in enumerate(chunks):
         table[i].file_off, table[i].va, table[i].size, table[i].crc = off, va, n, crc
-        if checked and (off, n, crc) in checked:
-            known[i] = 1
+        check_of[i] = where.get((off, n, crc), -1)
     ev = ffi.new("void *[]", [ffi.cast("void *", e) for e in events])
     st = ffi.new("void *[]", [ffi.cast("void *", s) for s in streams])
     a = ffi.new("struct nvpl_load *")
@@ -127,7 +131,7 @@ def run(fd: int, chunks: Sequence[tuple[int, int, int, int]], slots: int, slot_s
     a.slots, a.slot_size, a.nslots, a.slot_state = slots, slot_size, len(events), states
     a.events, a.streams, a.nstreams, a.readers, a.piece = ev, st, len(streams), readers, piece
     a.gate = gate.cell if gate is not None else ffi.NULL
-    a.checked = known
+    a.check, a.check_of = (check._c, check_of) if check is not None else (ffi.NULL, ffi.NULL)
     for name in DRIVER:
         setattr(a, name, ffi.cast(ffi.typeof(getattr(a, name)), driver[name]))
     stop = threading.Event()

@@ -247,7 +247,7 @@ class FileLoader:
     def __init__(self, m: Mover, fd: int, image_bytes: int, progress: Callable[[int], None] | None = None,
                  gate: fileload.Gate | None = None, check: fileload.Check | None = None) -> None:
         """gate: holds the copies back (fileload.Gate) until the device memory exists; check: the early check of
-        this file's chunks (earlycheck.py), stopped when the load begins."""
+        this file's chunks (earlycheck.py): it goes on until the copies may go, and is stopped after the load."""
         self.b = Bounce(m, image_bytes, READERS)
         self.fd, self.progress, self.gate, self.check = fd, progress, gate, check
         self.events = [m.backend.event_create(m.dev, _DISABLE_TIMING) for _ in range(self.b.slots)]
@@ -272,11 +272,17 @@ class FileLoader:
         be.activate(m.dev)
         t = time.monotonic()
         before, progress = self.verified, self.progress
-        checked = self.check.good_in(self.fd) if self.check is not None else frozenset()
-        r = fileload.run(self.fd, self.chunks, self.b.addr, self.b.SLOT, self.b.state,
-                         [be.handle_value(e) for e in self.events], [be.handle_value(s) for s in m.streams],
-                         be.fast_driver(), READERS, READ_PIECE,
-                         (lambda n: progress(before + n)) if progress is not None else None, self.gate, checked)
+        check = self.check if self.check is not None and self.check.of(self.fd) else None
+        if check is not None and os.environ.get("NVPROXY_EARLY_CHECK") == "load":
+            check.stop()  # (session 21's: stopped as the load began, not as its copies may go; for an A/B)
+        try:
+            r = fileload.run(self.fd, self.chunks, self.b.addr, self.b.SLOT, self.b.state,
+                             [be.handle_value(e) for e in self.events], [be.handle_value(s) for s in m.streams],
+                             be.fast_driver(), READERS, READ_PIECE,
+                             (lambda n: progress(before + n)) if progress is not None else None, self.gate, check)
+        finally:
+            if self.check is not None:
+                self.check.stop()
         for k, v in (("load", time.monotonic() - t), ("read_and_sum", r.read_s), ("slot_wait", r.slot_wait_s),
                      ("copies_in_flight", r.flight_s)):
             self.spent[k] = self.spent.get(k, 0.0) + v
