@@ -5,9 +5,10 @@ context exists: cuInit and the context took 0.3 s from the proxy's start on the 
 imports, so the restore itself waited about 0.1 s for the driver.  Checking an image's sums needs no driver, and
 the sums are what bounds the load once it runs: 16 threads read a tmpfs file into slots at 58 GB/s, but at 38
 reading and summing (benchmarks/probes/image_read.c).  So threads of their own sum the chunks from the moment the
-proxy has read the image's header until the load begins, and the load then only reads the chunks they found
-right (4 GiB is summed in that time; 16 GiB in part).  They run at a lower priority so as not to slow the
-context or the imports, which every restore waits for.  NVPROXY_EARLY_CHECK=0 leaves the sums to the load.
+proxy has read the image's header until the load's copies may go (its readers only fill slots before), and the
+readers only read the chunks they found right by the time they reach them (4 GiB is summed in that time; 16 GiB
+in part).  They run at a lower priority so as not to slow the context or the imports, which every restore waits
+for.  NVPROXY_EARLY_CHECK=0 leaves the sums to the load; =load stops the threads as the load begins (for an A/B).
 """
 
 from __future__ import annotations
