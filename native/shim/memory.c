@@ -672,7 +672,7 @@ static cudaError_t staged_d2h_(struct nvp_staging *s, char *dst, uint64_t src, s
         if (e && !first)
             first = e;
         if (!first)
-            nvp_par_copy_out(dst + off, s->base + at + slot * s->slot_size, len);
+            nvp_par_memcpy(dst + off, s->base + at + slot * s->slot_size, len, 0);
         if (sent < chunks) { /* refill the slot just emptied */
             size_t o2 = sent * piece, l2 = n - o2 < piece ? n - o2 : piece;
             uint64_t a[NVP_MAX_ARGS] = {src + o2, slot * s->slot_size, l2, (uint64_t)stream, 1};

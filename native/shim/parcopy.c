@@ -243,11 +243,11 @@ void nvp_par_end(int abandon)
     pthread_mutex_unlock(&P.use);
 }
 
-static void par_memcpy(void *dst, const void *src, size_t n, int for_dma, size_t part_min)
+void nvp_par_memcpy(void *dst, const void *src, size_t n, int for_dma)
 {
     size_t parts = P.threads ? (size_t)P.threads + 1 : 4; /* (a part per thread: fewer hand-overs) */
     size_t part = ((n + parts - 1) / parts + 4095) & ~(size_t)4095;
-    part = part < part_min ? part_min : part;
+    part = part < SMALL_PART_MIN ? SMALL_PART_MIN : part;
     if (!nvp_par_begin(dst, src, n, part, (size_t)-1, for_dma)) {
         if (for_dma)
             nvp_copy_for_dma(dst, src, n);
@@ -256,37 +256,6 @@ static void par_memcpy(void *dst, const void *src, size_t n, int for_dma, size_t
         return;
     }
     nvp_par_end(0);
-}
-
-void nvp_par_memcpy(void *dst, const void *src, size_t n, int for_dma)
-{
-    par_memcpy(dst, src, n, for_dma, SMALL_PART_MIN);
-}
-
-/* A copy from the device leaves its bytes in staging memory the DMA wrote, which no cache holds: one core read
- * 64 KiB of it in about 4.8 us on the H200 machine (the copy's whole cost through nvproxy, less the same copy into
- * pinned memory), a third of the call.  Split four ways it takes a fraction of that, but only where the helpers
- * are already spinning (they spin SPIN_NS after each job): so from OUT_PART_MIN * 2 up, and only for a copy that
- * follows another within OUT_RUN_NS; a lone copy is copied by the caller, which wakes nobody.
- * NVPROXY_OUT_PART_KIB sets the smallest part (64: as nvp_par_memcpy, to compare). */
-#define OUT_PART_MIN (16u << 10)
-#define OUT_RUN_NS 1000000
-
-void nvp_par_copy_out(void *dst, const void *src, size_t n)
-{
-    static size_t part_min = 0;
-    static _Thread_local uint64_t last_ns;
-    if (!part_min) {
-        const char *v = getenv("NVPROXY_OUT_PART_KIB");
-        size_t kib = v && *v ? (size_t)strtoul(v, NULL, 10) : OUT_PART_MIN >> 10;
-        part_min = (kib ? kib : 1) << 10;
-    }
-    uint64_t t = now_ns(), last = last_ns;
-    last_ns = t;
-    if (n >= 2 * SMALL_PART_MIN || (n >= 2 * part_min && t - last < OUT_RUN_NS))
-        par_memcpy(dst, src, n, 0, n >= 2 * SMALL_PART_MIN ? SMALL_PART_MIN : part_min);
-    else
-        memcpy(dst, src, n);
 }
 
 void nvp_parcopy_after_fork(void)

@@ -85,8 +85,6 @@ cudaError_t nvp_enter(void);
 /* ---- parcopy.c ---- */
 /* memcpy on several threads when large; for_dma: into staging memory a DMA reads next (nvp_copy_for_dma) */
 void nvp_par_memcpy(void *dst, const void *src, size_t n, int for_dma);
-/* a copy from the device out of the staging buffer: split from smaller sizes, where helpers are awake */
-void nvp_par_copy_out(void *dst, const void *src, size_t n);
 void nvp_copy_for_dma(void *dst, const void *src, size_t n); /* memcpy with streaming stores (parcopy.c) */
 void nvp_copy_small_for_dma(void *dst, const void *src, size_t n); /* below WHOLE_MIN: plain stores (memory.c) */
 #define NVP_PAR_MAX_PARTS 128

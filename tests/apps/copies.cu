@@ -82,9 +82,9 @@ int main() {
     printf("pitch>=width: %s, 2D: [3][7]=%d [36][499]=%d [36][500]=%08x memset=%08x\n",
            pitch >= w * sizeof(int) ? "yes" : "no", out2d[3][7], out2d[36][499], out2d[36][500], probe[0]);
 
-    // pageable copies of the sizes that take each path of nvproxy's staging (one piece, copied out by helper
-    // threads once copies come in a run; the whole in parts copied by helper threads while the device copies
-    // others; slots in turn), at odd sizes and offsets
+    // pageable copies of the sizes that take each path of nvproxy's staging (one piece, by the calling thread or
+    // split over helper threads; the whole in parts copied by helper threads while the device copies others;
+    // slots in turn), at odd sizes and offsets
     const size_t sizes[] = {4096 + 12, (40 << 10) + 12, (64 << 10) - 4, (100 << 10) + 8, (300 << 10) + 4, 512 << 10,
                             (1 << 20) + 20, (4 << 20) - 4, 7654324, 16 << 20, 32 << 20, (32 << 20) + 4, 40000004};
     char *src = (char *)pageable, *dst = (char *)back;
