@@ -78,7 +78,9 @@ int main(int argc, char **argv) {
     memset(pag, 1, maxsz);
     memset(pin, 1, maxsz);
     for (size_t sz = 4096; sz <= maxsz; sz *= 4) {
-        int reps = sz <= (1 << 20) ? 200 : (sz <= (64 << 20) ? 20 : 4);
+        // (small copies take 5-40 us: 200 of them were a window of a few ms, which one stall of a millisecond,
+        // natively or through nvproxy, could halve; 2000 average such stalls in rather than hit or miss them)
+        int reps = sz <= (256 << 10) ? 2000 : sz <= (1 << 20) ? 200 : (sz <= (64 << 20) ? 20 : 4);
         if (quick) reps = 3;
         struct { const char *name; void *dst; const void *src; } cases[] = {
             {"h2d_pinned", dev, pin}, {"d2h_pinned", pin, dev}, {"h2d_pageable", dev, pag}, {"d2h_pageable", pag, dev}};
