@@ -192,6 +192,16 @@ def test_a_refused_restore_stops_the_load_it_began(build, tmp_path: Path, refusa
     assert image.read_bytes() == before
 
 
+def test_a_restore_reads_no_device_attributes(build, tmp_path: Path) -> None:
+    """A device's 159 attributes took 7-12 ms of a restore on the H200: a restore checks the name and UUID, sizes
+    the arena from the device's memory, and leaves the attributes to whoever asks for them later."""
+    image = _image_of_ckpt_steps(build, tmp_path)
+    patch = "def no_props(dev):\n    raise RuntimeError('device_props was called')\nbe.device_props = no_props"
+    r = _restore_in_new_process(image, "bounce", patch)
+    assert "device_props was called" not in r.stdout and "Error" not in r.stdout, r.stdout + r.stderr
+    assert "threads []" in r.stdout, r.stdout
+
+
 def test_image_format_is_checked(tmp_path: Path) -> None:
     bad = tmp_path / "x.img"
     bad.write_bytes(b"not an image" + b"\0" * 100)

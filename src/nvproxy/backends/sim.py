@@ -270,14 +270,13 @@ class SimBackend:
         attrs = [0] * 160
         for k, v in _ATTRS.items():
             attrs[k] = v
-        return "nvproxy sim device", bytes([self.physical[dev], *range(1, 16)]), SIM_MEMORY, attrs
+        return (*self.device_identity(dev), SIM_MEMORY, attrs)
 
     def total_memory(self, dev: int) -> int:
         return SIM_MEMORY
 
     def device_identity(self, dev: int) -> tuple[str, bytes]:
-        name, uuid, _total, _attrs = self.device_props(dev)
-        return name, uuid
+        return "nvproxy sim device", bytes([self.physical[dev], *range(1, 16)])
 
     def activate(self, dev: int) -> None:
         pass
