@@ -100,6 +100,23 @@ void nvp_xxh64_start(struct nvp_xxh64_state *s)
     *s = (struct nvp_xxh64_state){{P1 + P2, P2, 0, -P1}, 0};
 }
 
+size_t nvp_pread_all(int fd, void *dst, size_t n, int64_t off, int *err)
+{
+    size_t have = 0;
+    *err = 0;
+    while (have < n) {
+        ssize_t got = pread(fd, (char *)dst + have, n - have, (off_t)(off + (int64_t)have));
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0) {
+            *err = got < 0 ? errno : 0;
+            break;
+        }
+        have += (size_t)got;
+    }
+    return have;
+}
+
 size_t nvp_pread_xxh64_part(struct nvp_xxh64_state *s, int fd, void *dst, size_t len, int64_t off, size_t piece,
                             int *err)
 {
@@ -110,17 +127,10 @@ size_t nvp_pread_xxh64_part(struct nvp_xxh64_state *s, int fd, void *dst, size_t
     piece = piece < 32 ? 32 : piece / 32 * 32;
     size_t done = 0;
     while (done < len) {
-        size_t want = len - done < piece ? len - done : piece, have = 0;
-        while (have < want) {
-            ssize_t r = pread(fd, p + done + have, want - have, (off_t)(off + (int64_t)(done + have)));
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r <= 0) {
-                *err = r < 0 ? errno : 0;
-                return done + have;
-            }
-            have += (size_t)r;
-        }
+        size_t want = len - done < piece ? len - done : piece;
+        size_t have = nvp_pread_all(fd, p + done, want, off + (int64_t)done, err);
+        if (have < want)
+            return done + have;
         stripes(s->v, p + done, want); /* (only the last piece of the last part may leave a tail: finished later) */
         done += want;
     }

@@ -18,6 +18,9 @@ struct nvp_xxh64_state {
     uint64_t len;
 };
 void nvp_xxh64_start(struct nvp_xxh64_state *s);
+/* n bytes of fd at off into dst, through EINTR and short reads; the bytes read (fewer: the end of the file with
+ * *err 0, or an error in *err) */
+size_t nvp_pread_all(int fd, void *dst, size_t n, int64_t off, int *err);
 /* pread len bytes of fd at off into dst, piece bytes at a time, each piece summed while it is still in the
  * cache; returns the bytes read (fewer: the end of the file, *err 0, or an error, *err its errno) */
 size_t nvp_pread_xxh64_part(struct nvp_xxh64_state *s, int fd, void *dst, size_t len, int64_t off, size_t piece,

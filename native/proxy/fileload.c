@@ -69,24 +69,6 @@ static int64_t take_slot(struct run *r, double *wait_s)
     return r->stop ? -1 : (int64_t)r->free_slots[--r->nfree];
 }
 
-/* n bytes of fd at off into dst; returns the bytes read (fewer: the end of the file, *err 0, or an error) */
-static size_t pread_all(int fd, void *dst, size_t n, int64_t off, int *err)
-{
-    size_t have = 0;
-    *err = 0;
-    while (have < n) {
-        ssize_t got = pread(fd, (char *)dst + have, n - have, (off_t)(off + (int64_t)have));
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0) {
-            *err = got < 0 ? errno : 0;
-            break;
-        }
-        have += (size_t)got;
-    }
-    return have;
-}
-
 /* One chunk, a slot-sized piece at a time; its sum is known only after its last piece was read (locked).
  * A chunk the early check found right is only read. */
 static void read_chunk(struct run *r, uint32_t c, double *read_s, double *wait_s)
@@ -106,7 +88,7 @@ static void read_chunk(struct run *r, uint32_t c, double *read_s, double *wait_s
         double t = now_s();
         int err;
         int64_t off = ch->file_off + (int64_t)at;
-        size_t got = checked ? pread_all(l->fd, dst, n, off, &err)
+        size_t got = checked ? nvp_pread_all(l->fd, dst, n, off, &err)
                              : nvp_pread_xxh64_part(&sum, l->fd, dst, n, off, l->piece, &err);
         int last = at + n == ch->size && !checked;
         uint64_t crc = got == n && last ? nvp_xxh64_end(&sum, dst, n) : 0;

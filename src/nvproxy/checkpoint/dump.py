@@ -36,7 +36,7 @@ def describe(state: ProcessState) -> dict[str, Any]:
     for dev in sorted(state.devices):
         before.update(state.times_before(dev))
     for dev, d in sorted(state.devices.items()):
-        name, uuid, total, attrs = d.props
+        name, uuid, total, attrs = state.props(dev)
         devices.append({"index": dev, "name": name, "uuid": uuid.hex(), "total_mem": total,
                         "cc": [attrs[75], attrs[76]],
                         "arena_base": d.arena.base, "arena_size": d.arena.size, "arena": d.arena.snapshot(),
