@@ -10,6 +10,8 @@ from __future__ import annotations
 import pytest
 from conftest import EXPECTED, gpu_count, misreported_assert, nvproxy_cmd, run
 
+from nvproxy import wire
+
 PROGRAMS = [
     ("vector_add", ()),
     ("copies", ()),
@@ -62,6 +64,23 @@ def test_sim_threads_that_sleep_for_replies(build, monkeypatch, name: str) -> No
     r = run(nvproxy_cmd(exe, "sim", name))
     assert r.stdout == (EXPECTED / "sim" / f"{name}.txt").read_text(), r.stderr
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("unanswered", ["1", "0"])
+def test_sim_runs_of_posted_copies_go_unanswered(build, monkeypatch, unanswered: str) -> None:
+    """Small pageable copies to the device back to back, with nothing else between them, go without waiting for
+    answers (shim memory.c, "a run"): most of posted_copies' copies, and the same output.  NVPROXY_UNANSWERED_COPIES=0
+    (to compare): every one is answered."""
+    monkeypatch.setenv("NVPROXY_TRACE", "1")
+    monkeypatch.setenv("NVPROXY_UNANSWERED_COPIES", unanswered)
+    exe = build("posted_copies")
+    r = run(nvproxy_cmd(exe, "sim", "posted_copies"))
+    assert r.stdout == (EXPECTED / "sim" / "posted_copies.txt").read_text(), r.stderr[-3000:]
+    assert r.returncode == 0, r.stderr[-3000:]
+    copies = [line for line in r.stderr.splitlines() if f"-> op {wire.NVP_OP_STAGED_COPY} seq" in line]
+    quiet = sum(line.endswith("(no reply)") for line in copies)
+    assert len(copies) > 2000
+    assert (quiet > 0.9 * len(copies)) if unanswered == "1" else quiet == 0
 
 
 def test_sim_ipc_from_another_device(build, monkeypatch) -> None:

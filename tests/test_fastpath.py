@@ -747,6 +747,36 @@ def test_a_synchronous_posted_copy_waits_for_other_work_not_for_posted_copies(se
     assert copy(13) == queried
 
 
+def test_an_unanswered_posted_copy_is_only_issued(setup) -> None:
+    """A posted copy sent without a reply (NVP_STAGED_UNANSWERED: the shim knows its answer) is issued and put in
+    the ring at once, whatever the streams do, and nothing is sent back; a failure to issue it goes to the next
+    reply as an asynchronous error.  A copy without a reply and without that flag is not C's to take."""
+    fast, drv, chan, peer = setup
+    mb = staging_channel(chan)
+    unanswered = wire.CONSTANTS["NVP_STAGED_UNANSWERED"]
+
+    def copy(seq: int, num: int, flags: int = unanswered) -> bytearray:
+        return bytearray(req(wire.NVP_OP_STAGED_COPY, seq, 0x2000, 4096 * num, 4096, 0, 0, num, flags))
+
+    assert fast.run(chan, copy(1, 1), 1)[:2] == (fastpath.PYTHON, 0)  # no ring of events yet: Python
+    for i in range(fastpath.POSTED):
+        chan.posted_events[i] = ffi.cast("void *", 0xB000 + i)
+    chan.posted_dev = 0
+    assert fast.run(chan, copy(1, 1, 0), 1)[:2] == (fastpath.PYTHON, 0)  # (neither a reply nor the flag)
+    drv.busy = True  # (every stream and event busy: nothing is asked)
+    assert fast.run(chan, copy(1, 1) + copy(2, 2), 1)[::2] == (fastpath.MORE, 3)
+    assert drv.calls == [("memcpy", 0x2000, 0x100000 + 4096, 4096, 0), ("record", 0xB000, 0, 0),
+                         ("memcpy", 0x2000, 0x100000 + 8192, 4096, 0), ("record", 0xB001, 0, 0)]
+    assert chan.posted_count == 2 and replies(peer) == []
+    drv.busy = False
+    record, fail = drv._rec, [700]  # (CUDA_ERROR_ILLEGAL_ADDRESS)
+    drv._rec = lambda *call: fail[0] if call[0] == "memcpy" else record(*call)
+    buf = copy(3, 3) + bytearray(req(wire.NVP_OP_STAGED_FENCE, 4, 3, reply=True))
+    assert fast.run(chan, buf, 3)[::2] == (fastpath.MORE, 5)
+    assert [r[1:3] for r in replies(peer)] == [(0, 700)]  # the fence's reply carries the failure
+    assert chan.posted_count == 0 and mb.posted_done == 3  # (the failed one was never in flight)
+
+
 def test_copies_to_the_host_in_pieces_are_issued_at_once(setup) -> None:
     """A run of copies to the host that follow one another in the buffer (a copy in pieces: memory.c whole_d2h) is
     issued at once, each piece with its own copy event; each piece's turn then only waits for its event and

@@ -500,6 +500,26 @@ static int posted_copy(struct nvpf_chan *ch, uint64_t dst, uint64_t host, uint64
     return early ? reply(ch, 0) : wait_then_reply(ch, NVPF_WAIT_EVENT, posted_event(ch, k));
 }
 
+/* A posted copy the shim sent without a reply (NVP_STAGED_UNANSWERED): it knows the answer (shim memory.c, "a
+ * run"), so only its issue is left; a failure goes to the next reply, as an asynchronous error. */
+static int posted_unanswered(struct nvpf_chan *ch, uint64_t dst, uint64_t host, uint64_t n, void *s, uint64_t num)
+{
+    if (!ch->posted_events[0] || ch->posted_dev != ch->dev)
+        return TO_PYTHON;
+    int rc = 0;
+    if (ch->posted_count == NVPF_POSTED) { /* (the shim keeps fewer in flight: not reached) */
+        rc = D.event_sync(posted_event(ch, ch->posted_first));
+        posted_pop(ch);
+    }
+    uint32_t k = ch->posted_first + ch->posted_count;
+    if (!rc && !(rc = D.memcpy_async(dst, host, (size_t)n, s)) && !(rc = D.event_record(posted_event(ch, k), s, 0))) {
+        ch->posted_num[k % NVPF_POSTED] = num;
+        ch->posted_count++;
+    }
+    async_failed(ch, rc);
+    return DONE;
+}
+
 /* ---- copies to the host in pieces ----
  * The shim asks for a copy from the device in pieces, all requests at once, and copies each piece out of the
  * staging buffer as its reply comes (memory.c, whole_d2h).  Executed one by one, each piece's DMA began only once
@@ -611,11 +631,15 @@ static int execute(struct nvpf_chan *ch, const struct nvp_req *q, const uint8_t 
             ch->ahead_n--;
             return wait_then_reply(ch, NVPF_WAIT_EVENT, ev);
         }
-        if (translating || !wants_reply || !ev || !staging_range_ok(ch, off, n) || !stream_of(ch, q->a[3], &s))
+        int unanswered = posted && !wants_reply && q->a[6] & NVP_STAGED_UNANSWERED;
+        if (translating || !(wants_reply || unanswered) || !ev || !staging_range_ok(ch, off, n) ||
+            !stream_of(ch, q->a[3], &s))
             return TO_PYTHON; /* Python also reports the errors */
         uint64_t host = ch->staging_base + off;
         if (ch->posted_count)
             nvpf_posted_advance(ch);
+        if (unanswered)
+            return posted_unanswered(ch, q->a[0], host, n, s, posted);
         if (posted)
             return posted_copy(ch, q->a[0], host, n, s, posted, q->a[6] & NVP_STAGED_ASYNC);
         /* (after the posted copies still in flight: this one may land where they read) */

@@ -44,6 +44,13 @@ cudaError_t nvp_send_pending(uint16_t op, const uint64_t a[NVP_MAX_ARGS], int al
 #define NVP_SEND_MANY_MAX 8 /* (the proxy issues at most its ring of copy events at once: NVPF_COPY_EVENTS) */
 cudaError_t nvp_send_pending_many(uint16_t op, const uint64_t (*a)[NVP_MAX_ARGS], size_t k);
 cudaError_t nvp_wait_pending(struct nvp_reply *reply);
+/* Requests answered by what came before them (memory.c: posted copies).  nvp_last_request: the seq of this
+ * thread's last request on its channel (0: none, or the channel is gone).  nvp_send_after: send one without a
+ * reply, numbered after + 1, only if after is this thread's last request and no thread has sent one since, so
+ * that nothing can have come between them (*sent 0 otherwise: send it as usual).  Not counted as device work
+ * still running (nvp_note_async_sent). */
+uint64_t nvp_last_request(void);
+cudaError_t nvp_send_after(uint16_t op, const uint64_t a[NVP_MAX_ARGS], uint64_t after, int *sent);
 /* the calling thread's next reply will take about ns (a synchronous copy of a known size): spin that long for it
  * rather than sleep, whose wake-up cost 100 us a copy of 64 MiB on the H200 (0.92x native) */
 void nvp_expect_wait(uint64_t ns);

@@ -63,6 +63,7 @@ struct nvp_thread {
     struct nvp_mailbox *mb;     /* where the proxy may leave this channel's replies (nvproxy_wire.h), or NULL */
     int unread;                 /* replies asked for (nvp_send_pending) and not read yet */
     int first_by_mailbox;       /* the first of those may come through the mailbox */
+    uint64_t last_seq;          /* this thread's last request on this channel (nvp_last_request) */
     struct nvp_thread *next;    /* all threads with a channel, for a checkpoint to close */
 };
 static __thread struct nvp_thread T = {.fd = -1, .dev = 0};
@@ -814,6 +815,7 @@ static cudaError_t connect_held(void)
     T.fd = fd;
     T.mb = mb;
     T.unread = 0;
+    T.last_seq = 0;
     T.gen = atomic_load(&G.generation);
     pthread_setspecific(G.key, &T);
     pthread_mutex_lock(&G.lock);
@@ -887,6 +889,8 @@ static int post(struct nvp_mailbox *mb, const struct iovec *iov, int n, size_t t
     return __atomic_compare_exchange_n(&mb->slot, &open, NVP_SLOT_POSTED, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
 }
 
+static cudaError_t send_seq(struct nvp_req *h, struct iovec *iov, int n, struct nvp_mailbox *mb, int fd, int counted);
+
 /* slot: the request may go through the mailbox's slot.  Not for requests sent several in a row before their
  * replies are read (nvp_send_pending, unless alone): the proxy takes the next from the slot only once it has answered the last,
  * and it waits for each staged copy to finish before it answers, so the thread would wait at each post instead of
@@ -909,16 +913,24 @@ static cudaError_t send_req(uint16_t op, uint16_t flags, const uint64_t a[NVP_MA
         return mark_dead("the proxy hung up");
     /* the order the application made its calls in, across all threads */
     h.seq = atomic_fetch_add(&G.seq, 1) + 1;
-    if (!(mb && post(mb, iov, n, h.len))) {
+    return send_seq(&h, iov, n, mb, fd, 1);
+}
+
+/* The request h (its seq taken) out through the mailbox's slot mb, or the socket; counted: see nvp_note_async_sent */
+static cudaError_t send_seq(struct nvp_req *h, struct iovec *iov, int n, struct nvp_mailbox *mb, int fd, int counted)
+{
+    uint16_t op = h->op, flags = h->flags;
+    T.last_seq = h->seq;
+    if (!(mb && post(mb, iov, n, h->len))) {
         if (write_all(T.fd, iov, n, fd) != 0)
             return mark_dead(strerror(errno));
         if (T.mb) /* (tells a proxy polling the slot that the socket has something: no recvmsg(2) per turn) */
             __atomic_fetch_add(&T.mb->sent, 1, __ATOMIC_RELEASE);
     }
-    if (!(flags & NVP_F_REPLY)) /* device work that may still run after this returns */
+    if (!(flags & NVP_F_REPLY) && counted) /* device work that may still run after this returns */
         nvp_note_async_sent();
     if (G.trace)
-        nvp_log("nvproxy: -> op %u seq %llu", op, (unsigned long long)h.seq);
+        nvp_log("nvproxy: -> op %u seq %llu%s", op, (unsigned long long)h->seq, flags & NVP_F_REPLY ? "" : " (no reply)");
     return cudaSuccess;
 }
 
@@ -1305,6 +1317,29 @@ cudaError_t nvp_send_pending(uint16_t op, const uint64_t a[NVP_MAX_ARGS], int al
     return e;
 }
 
+uint64_t nvp_last_request(void)
+{
+    return T.fd >= 0 && T.gen == atomic_load(&G.generation) ? T.last_seq : 0;
+}
+
+cudaError_t nvp_send_after(uint16_t op, const uint64_t a[NVP_MAX_ARGS], uint64_t after, int *sent)
+{
+    *sent = 0;
+    if (!after || after != nvp_last_request() || T.unread || !T.mb)
+        return cudaSuccess;
+    struct nvp_req h = {.len = sizeof h, .op = op};
+    memcpy(h.a, a, sizeof h.a);
+    struct iovec iov = {&h, sizeof h};
+    if (slot_free(T.mb) != 0)
+        return mark_dead("the proxy hung up");
+    uint_fast64_t expect = after; /* (taken only if no request of any thread took a number since) */
+    if (!atomic_compare_exchange_strong(&G.seq, &expect, after + 1))
+        return cudaSuccess;
+    h.seq = after + 1;
+    *sent = 1;
+    return send_seq(&h, &iov, 1, T.mb, -1, 0);
+}
+
 /* k requests with no payload in one write, under consecutive seqs: the proxy finds them together in its
  * buffer (a copy from the device in pieces: it issues them all at once, fastpath.c issue_ahead). */
 cudaError_t nvp_send_pending_many(uint16_t op, const uint64_t (*a)[NVP_MAX_ARGS], size_t k)
@@ -1330,6 +1365,7 @@ cudaError_t nvp_send_pending_many(uint16_t op, const uint64_t (*a)[NVP_MAX_ARGS]
         __atomic_fetch_add(&T.mb->sent, 1, __ATOMIC_RELEASE);
     T.first_by_mailbox = T.unread ? T.first_by_mailbox : mailbox;
     T.unread += (int)k;
+    T.last_seq = seq + k - 1;
     if (G.trace)
         nvp_log("nvproxy: -> op %u seq %llu..%llu", op, (unsigned long long)seq, (unsigned long long)(seq + k - 1));
     return cudaSuccess;

@@ -1,6 +1,7 @@
 // Small pageable copies to the device, which return once the bytes are staged (as the runtime's do): the host
 // buffer changes right after each call, copies queue behind busy streams, the staging buffer goes round many
-// times, copies back from the device come in between, and a thread ends with copies in flight.
+// times, copies back from the device come in between, another thread's kernel comes amid a run of copies, and a
+// thread ends with copies in flight.
 #include "check.h"
 #include <cstring>
 #include <thread>
@@ -60,6 +61,23 @@ int main() {
     CHECK(cudaMemcpy(d, host.data(), 4096, cudaMemcpyHostToDevice));
     printf("after a kernel on a blocking stream: flag %d\n", *(volatile int *)flag);
     memcpy(expect.data(), host.data(), 4096);
+
+    // 2b. the same with the kernel launched by another thread amid a run of copies, this thread calling nothing
+    //     else between them (nvproxy sends such copies without waiting for answers while nothing comes between)
+    for (unsigned k = 0; k < 8; k++) {
+        pattern(host.data(), 4096, 200 + k);
+        CHECK(cudaMemcpy(d + k * 4096, host.data(), 4096, cudaMemcpyHostToDevice));
+        memcpy(expect.data() + k * 4096, host.data(), 4096);
+    }
+    *flag = 0;
+    std::thread([&] {
+        spin<<<1, 1, 0, blocking>>>(dflag, SPIN, 43);
+        CHECK(cudaGetLastError());
+    }).join();
+    pattern(host.data(), 4096, 300);
+    CHECK(cudaMemcpy(d + 8 * 4096, host.data(), 4096, cudaMemcpyHostToDevice));
+    printf("after a kernel another thread launched amid copies: flag %d\n", *(volatile int *)flag);
+    memcpy(expect.data() + 8 * 4096, host.data(), 4096);
 
     // 3. cudaMemcpyAsync behind a busy stream: more copies in flight than nvproxy keeps, each from the same
     //    host buffer, rewritten at once

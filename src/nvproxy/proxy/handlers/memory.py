@@ -211,7 +211,7 @@ def posted_ring(p: Any, ch: Any) -> None:
     fc.posted_dev = ch.dev
 
 
-def STAGED_COPY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred:
+def STAGED_COPY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred | None:
     dev_addr, off, n, wire_stream, to_host = p.state.translate(a[0]), a[1], a[2], a[3], a[4]
     if ch.staging is None or off + n > ch.staging[1]:
         raise CudaError(INVALID_VALUE, "staged copy outside the staging buffer")
@@ -233,6 +233,10 @@ def STAGED_COPY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred
         p.backend.memcpy(dev_addr, host, n, s)
     e = _copy_event(p, ch)
     p.backend.event_record(e, s, 0)
+    if a[6] & wire.CONSTANTS["NVP_STAGED_UNANSWERED"]:
+        # No reply waits for it, and C's ring does not hold it: done before the next request (a fence, maybe).
+        p.backend.event_sync(e)
+        return None
     return Deferred(lambda: p.backend.event_sync(e), lambda: p.backend.event_query(e))
 
 
