@@ -750,7 +750,8 @@ def test_a_synchronous_posted_copy_waits_for_other_work_not_for_posted_copies(se
 def test_an_unanswered_posted_copy_is_only_issued(setup) -> None:
     """A posted copy sent without a reply (NVP_STAGED_UNANSWERED: the shim knows its answer) is issued and put in
     the ring at once, whatever the streams do, and nothing is sent back; a failure to issue it goes to the next
-    reply as an asynchronous error.  A copy without a reply and without that flag is not C's to take."""
+    reply as an asynchronous error.  A copy without a reply and without that flag is not C's to take.  What lets
+    the shim begin such a run: a posted copy's answer given at once says so (r0 NVP_STAGED_RUN)."""
     fast, drv, chan, peer = setup
     mb = staging_channel(chan)
     unanswered = wire.CONSTANTS["NVP_STAGED_UNANSWERED"]
@@ -769,12 +770,27 @@ def test_an_unanswered_posted_copy_is_only_issued(setup) -> None:
                          ("memcpy", 0x2000, 0x100000 + 8192, 4096, 0), ("record", 0xB001, 0, 0)]
     assert chan.posted_count == 2 and replies(peer) == []
     drv.busy = False
+    # what may begin a run: an answer at once says so (r0), one given once the copy was done does not
+    run = wire.CONSTANTS["NVP_STAGED_RUN"]
+
+    def answered(seq: int, num: int) -> bytearray:
+        return bytearray(req(wire.NVP_OP_STAGED_COPY, seq, 0x2000, 0, 4096, 0, 0, num, 0, reply=True))
+
+    fast.set_sync_streams(0, [0])
+    assert fast.run(chan, answered(3, 3), 3)[::2] == (fastpath.MORE, 4)
+    assert [r[1:5] for r in replies(peer)] == [(0, 0, 0, run)]
+    fast.note_issue()
+    drv.pending = {0}  # (the legacy stream busy: this one is answered once done)
+    assert fast.run(chan, answered(4, 4), 4)[::2] == (fastpath.MORE, 5)
+    assert [r[1:5] for r in replies(peer)] == [(0, 0, 0, 0)]
+    drv.pending = set()
+    fast.posted_drain(chan)
     record, fail = drv._rec, [700]  # (CUDA_ERROR_ILLEGAL_ADDRESS)
     drv._rec = lambda *call: fail[0] if call[0] == "memcpy" else record(*call)
-    buf = copy(3, 3) + bytearray(req(wire.NVP_OP_STAGED_FENCE, 4, 3, reply=True))
-    assert fast.run(chan, buf, 3)[::2] == (fastpath.MORE, 5)
+    buf = copy(5, 5) + bytearray(req(wire.NVP_OP_STAGED_FENCE, 6, 5, reply=True))
+    assert fast.run(chan, buf, 5)[::2] == (fastpath.MORE, 7)
     assert [r[1:3] for r in replies(peer)] == [(0, 700)]  # the fence's reply carries the failure
-    assert chan.posted_count == 0 and mb.posted_done == 3  # (the failed one was never in flight)
+    assert chan.posted_count == 0 and mb.posted_done == 5  # (the failed one was never in flight)
 
 
 def test_copies_to_the_host_in_pieces_are_issued_at_once(setup) -> None:

@@ -84,6 +84,8 @@
 #define NVP_STAGED_ASYNC 1        /* a6: cudaMemcpyAsync (no stream need be idle) */
 #define NVP_STAGED_UNANSWERED 2   /* a6: a posted copy sent without NVP_F_REPLY: the shim knows its answer (shim
                                      memory.c, "a run"); a failure to issue it is the next reply's async_err */
+#define NVP_STAGED_RUN 1          /* r0 of a posted copy's answer: the proxy's C path took it, and would take such
+                                     copies after it (a run may begin) */
 #define NVP_OP_STAGING 40         /* a0 size; memfd passed with SCM_RIGHTS -> r0 proxy-side address; or a1 a spare
                                    * buffer's proxy-side address, a2 its memfd's inode (no fd) -> r0 a1, or 0 */
 #define NVP_OP_FLUSH 41           /* no-op with a reply: collects pending async errors and printf text */

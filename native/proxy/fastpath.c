@@ -306,6 +306,21 @@ EXPORT int nvpf_posted_events(struct nvpf_chan *ch, uint64_t upto, void **out)
     return n;
 }
 
+EXPORT int nvpf_posted_push(struct nvpf_chan *ch, void *stream, uint64_t num)
+{
+    int rc = 0;
+    if (ch->posted_count == NVPF_POSTED) { /* (the shim keeps fewer in flight: not reached) */
+        rc = D.event_sync(posted_event(ch, ch->posted_first));
+        posted_pop(ch);
+    }
+    uint32_t k = ch->posted_first + ch->posted_count;
+    if (!rc && !(rc = D.event_record(posted_event(ch, k), stream, 0))) {
+        ch->posted_num[k % NVPF_POSTED] = num;
+        ch->posted_count++;
+    }
+    return rc;
+}
+
 /* Are the posted copies up to number upto done?  Spins up to limit_ns for them. */
 static int posted_done_soon(struct nvpf_chan *ch, uint64_t upto, long limit_ns)
 {
@@ -353,7 +368,12 @@ static int text_waiting(void)
 
 /* Reply from here when nothing may come before it (Python's queued replies,
  * kernel printf text); else leave it to Python. */
-static int reply(struct nvpf_chan *ch, int err)
+static int reply_r0(struct nvpf_chan *ch, int err, uint64_t r0);
+
+static int reply(struct nvpf_chan *ch, int err) { return reply_r0(ch, err, 0); }
+
+/* (r0: a result, lost where Python sends the reply: none that a caller cannot do without) */
+static int reply_r0(struct nvpf_chan *ch, int err, uint64_t r0)
 {
     ch->reply_err = err;
     ch->wait_kind = NVPF_WAIT_NONE;
@@ -364,6 +384,7 @@ static int reply(struct nvpf_chan *ch, int err)
     r.len = sizeof r;
     r.err = err;
     r.async_err = ch->async_err;
+    r.r[0] = r0;
     struct nvp_mailbox *mb = ch->mailbox;
     if (mb && by_mailbox && __atomic_load_n(&mb->state, __ATOMIC_RELAXED) == NVP_MB_EMPTY) {
         /* the thread is spinning for it: no system call on either side (nvproxy_wire.h) */
@@ -472,32 +493,24 @@ static int posted_copy(struct nvpf_chan *ch, uint64_t dst, uint64_t host, uint64
                 nvpf_posted_advance(ch); /* (those the streams were busy with are done: their place is free) */
         }
     }
-    if (ch->posted_count == NVPF_POSTED) { /* (the shim keeps fewer in flight: not reached) */
-        int rc = D.event_sync(posted_event(ch, ch->posted_first));
-        posted_pop(ch);
-        if (rc)
-            return reply(ch, rc);
-    }
     /* Answered first, then issued: the driver copies a small copy's bytes into its command stream as it issues it
      * (4 KiB took 2.9-3.4 us to issue on the H200, 16 KiB 3.7-5.7 us, 64 KiB 2.2-2.5 us: benchmarks/probes/
      * issue_cost.cu), and the thread can stage its next copy meanwhile.  The shim posts only into device memory
      * it knows, so the issue hardly fails; where it does, the next reply carries the error. */
-    int answered = early && reply_first ? reply(ch, 0) : -1;
+    int answered = early && reply_first ? reply_r0(ch, 0, NVP_STAGED_RUN) : -1;
     int rc = D.memcpy_async(dst, host, (size_t)n, s);
     uint32_t k = ch->posted_first + ch->posted_count;
     if (!rc)
-        rc = D.event_record(posted_event(ch, k), s, 0);
+        rc = nvpf_posted_push(ch, s, num);
     if (rc) {
         if (answered < 0)
             return reply(ch, rc);
         async_failed(ch, rc);
         return answered;
     }
-    ch->posted_num[k % NVPF_POSTED] = num;
-    ch->posted_count++;
     if (answered >= 0)
         return answered;
-    return early ? reply(ch, 0) : wait_then_reply(ch, NVPF_WAIT_EVENT, posted_event(ch, k));
+    return early ? reply_r0(ch, 0, NVP_STAGED_RUN) : wait_then_reply(ch, NVPF_WAIT_EVENT, posted_event(ch, k));
 }
 
 /* A posted copy the shim sent without a reply (NVP_STAGED_UNANSWERED): it knows the answer (shim memory.c, "a
@@ -506,17 +519,8 @@ static int posted_unanswered(struct nvpf_chan *ch, uint64_t dst, uint64_t host, 
 {
     if (!ch->posted_events[0] || ch->posted_dev != ch->dev)
         return TO_PYTHON;
-    int rc = 0;
-    if (ch->posted_count == NVPF_POSTED) { /* (the shim keeps fewer in flight: not reached) */
-        rc = D.event_sync(posted_event(ch, ch->posted_first));
-        posted_pop(ch);
-    }
-    uint32_t k = ch->posted_first + ch->posted_count;
-    if (!rc && !(rc = D.memcpy_async(dst, host, (size_t)n, s)) && !(rc = D.event_record(posted_event(ch, k), s, 0))) {
-        ch->posted_num[k % NVPF_POSTED] = num;
-        ch->posted_count++;
-    }
-    async_failed(ch, rc);
+    int rc = D.memcpy_async(dst, host, (size_t)n, s);
+    async_failed(ch, rc ? rc : nvpf_posted_push(ch, s, num));
     return DONE;
 }
 

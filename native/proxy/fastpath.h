@@ -106,8 +106,11 @@ void nvpf_set_sync_streams(int dev, void **streams, int n);
 /* Python issued work (it executed a call): the next synchronous posted copy asks the streams again. */
 void nvpf_note_issue(void);
 /* Posted copies: mark those done (oldest first) and publish it; wait for them all; order a stream after them;
- * their events up to number upto (out: NVPF_POSTED at most), for a wait elsewhere; publish that up to n are done. */
+ * their events up to number upto (out: NVPF_POSTED at most), for a wait elsewhere; publish that up to n are done;
+ * put number num, just issued on stream, in flight (its event recorded there; the ring must be on the channel's
+ * device). */
 void nvpf_posted_advance(struct nvpf_chan *ch);
+int nvpf_posted_push(struct nvpf_chan *ch, void *stream, uint64_t num);
 int nvpf_posted_drain(struct nvpf_chan *ch);
 int nvpf_posted_order(struct nvpf_chan *ch, void *stream);
 int nvpf_posted_events(struct nvpf_chan *ch, uint64_t upto, void **out);

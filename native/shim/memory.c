@@ -435,7 +435,8 @@ static void posted_settle(struct nvp_staging *s, uint64_t known)
 }
 
 /* A run of posted copies that need no answer (NVP_STAGED_UNANSWERED): the thread's last request, a posted copy
- * whose answer said the streams it waits for were idle (idle), or a copy on `stream` the proxy took (!idle); and
+ * the proxy's C path answered at once (NVP_STAGED_RUN), which says for a synchronous copy that the streams it
+ * waits for were idle (idle), for a cudaMemcpyAsync that its stream is good (!idle); and
  * from then on only posted copies on that stream and fences, of this thread, with nothing of any thread between
  * (nvp_send_after).  Then the proxy can have nothing to say to the next: the idle streams got no work but posted
  * copies, which no host can tell a synchronous copy waited for (fastpath.c: issued), the stream is still there,
@@ -523,10 +524,10 @@ static cudaError_t posted_h2d(struct nvp_staging *s, uint64_t dst, const char *s
     if ((e = nvp_send_pending(NVP_OP_STAGED_COPY, a, 1)))
         return e;
     uint64_t seq = nvp_last_request();
-    if ((e = collect(1, cudaSuccess)))
-        run.seq = 0;
-    else /* (a cudaMemcpyAsync's answer says nothing of the streams) */
-        run.seq = seq, run.stream = stream, run.dev = dev, run.idle = !is_async;
+    struct nvp_reply r = {0};
+    e = nvp_wait_pending(&r);
+    run.seq = !e && r.h.r[0] == NVP_STAGED_RUN ? seq : 0;
+    run.stream = stream, run.dev = dev, run.idle = !is_async; /* (a cudaMemcpyAsync's answer says nothing of them) */
     return e;
 }
 

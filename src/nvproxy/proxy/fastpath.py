@@ -137,6 +137,12 @@ class FastPath:
             if rc:
                 raise CudaError(rc)
 
+    def posted_push(self, chan: Any, stream: int, num: int) -> None:
+        """Put posted copy num, just issued on stream (a handle value), in flight in C's ring."""
+        rc = self.lib.nvpf_posted_push(chan, ffi.cast("void *", stream), num)
+        if rc:
+            raise CudaError(rc)
+
     def posted_drain(self, chan: Any) -> None:
         """Wait for the channel's posted copies (its staging buffer is about to change hands)."""
         self.lib.nvpf_posted_drain(chan)

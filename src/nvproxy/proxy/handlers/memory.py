@@ -231,12 +231,15 @@ def STAGED_COPY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred
         p.backend.memcpy(host, dev_addr, n, s)
     else:
         p.backend.memcpy(dev_addr, host, n, s)
+    if a[5] and not to_host and a[6] & wire.CONSTANTS["NVP_STAGED_UNANSWERED"]:
+        # No reply waits for it: in flight in C's ring, as C's own (a fence, the mailbox's posted_done)
+        if ch.fast is not None:
+            p.fast.posted_push(ch.fast, p.backend.handle_value(s), a[5])
+        else:  # (the shim sends such copies only after C answered one: not reached)
+            p.backend.stream_sync(s)
+        return None
     e = _copy_event(p, ch)
     p.backend.event_record(e, s, 0)
-    if a[6] & wire.CONSTANTS["NVP_STAGED_UNANSWERED"]:
-        # No reply waits for it, and C's ring does not hold it: done before the next request (a fence, maybe).
-        p.backend.event_sync(e)
-        return None
     return Deferred(lambda: p.backend.event_sync(e), lambda: p.backend.event_query(e))
 
 
