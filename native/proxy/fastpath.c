@@ -262,6 +262,9 @@ EXPORT void nvpf_posted_publish(struct nvpf_chan *ch, uint64_t n)
 
 static void *posted_event(const struct nvpf_chan *ch, uint32_t k) { return ch->posted_events[k % NVPF_POSTED]; }
 
+/* (Python makes the ring of events, on the channel's current device) */
+static int ring_ready(const struct nvpf_chan *ch) { return ch->posted_events[0] && ch->posted_dev == ch->dev; }
+
 static void posted_pop(struct nvpf_chan *ch)
 {
     uint64_t n = ch->posted_num[ch->posted_first % NVPF_POSTED];
@@ -480,8 +483,8 @@ static int idle_since(int dev)
 static int posted_copy(struct nvpf_chan *ch, uint64_t dst, uint64_t host, uint64_t n, void *s, uint64_t num,
                        int is_async)
 {
-    if (!ch->posted_events[0] || ch->posted_dev != ch->dev)
-        return TO_PYTHON; /* (Python makes the ring of events on this device) */
+    if (!ring_ready(ch))
+        return TO_PYTHON;
     int early = 1;
     if (!is_async && !idle_since(ch->dev)) {
         uint64_t mark = 1 + __atomic_load_n(&issued, __ATOMIC_RELAXED);
@@ -517,7 +520,7 @@ static int posted_copy(struct nvpf_chan *ch, uint64_t dst, uint64_t host, uint64
  * run"), so only its issue is left; a failure goes to the next reply, as an asynchronous error. */
 static int posted_unanswered(struct nvpf_chan *ch, uint64_t dst, uint64_t host, uint64_t n, void *s, uint64_t num)
 {
-    if (!ch->posted_events[0] || ch->posted_dev != ch->dev)
+    if (!ring_ready(ch))
         return TO_PYTHON;
     int rc = D.memcpy_async(dst, host, (size_t)n, s);
     async_failed(ch, rc ? rc : nvpf_posted_push(ch, s, num));

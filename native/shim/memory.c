@@ -511,7 +511,7 @@ static cudaError_t posted_h2d(struct nvp_staging *s, uint64_t dst, const char *s
     nvp_copy_small_for_dma(s->base + off, src, n); /* (SMALL_STORES) */
     uint64_t a[NVP_MAX_ARGS] = {dst, off, n, (uint64_t)stream, 0, s->posted, is_async ? NVP_STAGED_ASYNC : 0};
     int dev = nvp_current_device(), sent = 0;
-    if (run.seq && run.dev == dev && run.stream == stream && (is_async || run.idle) && unanswered_on()) {
+    if (unanswered_on() && run.seq && run.dev == dev && run.stream == stream && (is_async || run.idle)) {
         a[6] |= NVP_STAGED_UNANSWERED;
         if ((e = nvp_send_after(NVP_OP_STAGED_COPY, a, run.seq, &sent)))
             return e;
