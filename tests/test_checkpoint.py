@@ -64,6 +64,7 @@ def test_migrations_mid_run_change_nothing(build, backend: str, tmp_path: Path) 
     lines = [app.stdout.readline()]  # the first step ran: the proxy holds state
     points = [rng.randrange(lo, lo + 8) for lo in (1, 13, 25)]  # one in each third of the run
     actions = ["migrate", "checkpoint", "migrate"]
+    said = []  # (what each command printed: where the application's stderr lacks a migration's words)
     for point, action in zip(points, actions, strict=True):
         while len(lines) <= point:
             lines.append(app.stdout.readline())
@@ -78,6 +79,7 @@ def test_migrations_mid_run_change_nothing(build, backend: str, tmp_path: Path) 
                 _fd, header = read_header(image)
                 os.close(_fd)
                 assert header["streams"] and any(rg["kind"] == "var" for rg in header["regions"])
+        said.append(f"{action} at step {point}: rc {r.returncode}\n{r.stdout}{r.stderr}")
         if r.returncode != 0:
             app.kill()
             rest, err = app.communicate()
@@ -86,7 +88,7 @@ def test_migrations_mid_run_change_nothing(build, backend: str, tmp_path: Path) 
     out, err = app.communicate(timeout=300)
     assert "".join(lines) + out == reference.stdout, err
     assert app.returncode == 0, err
-    assert err.count("handed over to the new proxy") == 2, err
+    assert err.count("handed over to the new proxy") == 2, err + "\nthe commands printed:\n" + "\n".join(said)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
