@@ -161,10 +161,14 @@ def _adopt(args: argparse.Namespace, backend, dispatch):
 
     # the old proxy's host image buffer becomes ours: mapped and registered while the application runs
     t = time.monotonic()
-    himg = _early_buffer(args.adopt, backend)
-    prepare_s = time.monotonic() - t
     ctl = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    ctl.connect(args.adopt)
+    try:
+        himg = _early_buffer(args.adopt, backend)
+        prepare_s = time.monotonic() - t
+        ctl.connect(args.adopt)
+    except (FileNotFoundError, ConnectionRefusedError):  # (it ended meanwhile, with its application most likely)
+        print(f"nvproxy migrate: the proxy to take over from has ended ({args.adopt} is gone)", file=sys.stderr)
+        return None
     control.send(ctl, {"cmd": "handoff", "image": args.image})
     info, blob, fds = control.recv(ctl)
     if not info.get("ok"):
@@ -202,6 +206,12 @@ def _adopt(args: argparse.Namespace, backend, dispatch):
     ipc.register(dispatch.state, server.ctl_path)  # (importers of its memory ask this proxy from now on)
     control.send(ctl, {"cmd": "done"})
     ctl.close()
+    if args.report_fd is not None:  # (nvproxy migrate learns that the hand-over happened, not only that one ended)
+        try:
+            os.write(args.report_fd, b"adopted\n")
+            os.close(args.report_fd)
+        except OSError:
+            pass
     phases = ", ".join(f"{k} {v:.3f}" for k, v in stats["phases"].items())
     print(f"nvproxy: restored {stats['device_bytes'] >> 20} MiB in {stats['seconds']:.3f} s "
           f"({stats['gbps']:.1f} GB/s; s per phase: {phases}; buffer prepared before in {prepare_s:.3f} s); "
@@ -346,20 +356,50 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         pass
     if args.device is not None:
         env["CUDA_VISIBLE_DEVICES"] = args.device
-    extra = ["--adopt", f"{sock}.{old_pid}.ctl"] + (["--image", image] if image else [])
-    _s, new_pid = spawn_proxy(args.pid, env, extra, sock=sock, wait=False)
-    deadline = time.monotonic() + args.timeout
-    while time.monotonic() < deadline:
-        if not alive(old_pid):
-            print(f"migrated process {args.pid}: proxy {old_pid} -> {new_pid}")
-            return 0
-        if not alive(new_pid):
-            print(f"nvproxy migrate: the new proxy failed{how_it_ended(new_pid)}; process {args.pid} goes on with "
-                  f"proxy {old_pid}", file=sys.stderr)
-            return 1
-        time.sleep(0.02)
-    print("nvproxy migrate: timed out", file=sys.stderr)
+    # the new proxy says on this pipe when it has taken over: the old one's end alone does not say so (the
+    # application, and with it the old proxy, may end first, and the new one then has nothing to take over)
+    r, w = os.pipe()
+    os.set_inheritable(w, True)
+    extra = ["--adopt", f"{sock}.{old_pid}.ctl", "--report-fd", str(w)] + (["--image", image] if image else [])
+    try:
+        _s, new_pid = spawn_proxy(args.pid, env, extra, sock=sock, wait=False)
+    finally:
+        os.close(w)
+    try:
+        said = _read_within(r, args.timeout)
+    finally:
+        os.close(r)
+    if said is None:
+        print("nvproxy migrate: timed out", file=sys.stderr)
+        return 1
+    if said.startswith(b"adopted"):
+        print(f"migrated process {args.pid}: proxy {old_pid} -> {new_pid}")
+        return 0
+    time.sleep(0.05)  # (so that how_it_ended may see its exit status)
+    how = how_it_ended(new_pid)
+    if alive(old_pid):
+        print(f"nvproxy migrate: the new proxy failed{how}; process {args.pid} goes on with proxy {old_pid}",
+              file=sys.stderr)
+    else:
+        ended = "" if alive(args.pid) else f"; process {args.pid} has ended"
+        print(f"nvproxy migrate: the new proxy ended{how} before it took over, and proxy {old_pid} has ended "
+              f"too{ended}", file=sys.stderr)
     return 1
+
+
+def _read_within(fd: int, timeout: float) -> bytes | None:
+    """What arrives on fd until its end, None if it has not ended within timeout seconds."""
+    import select
+
+    got = b""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        if select.select([fd], [], [], left)[0]:
+            chunk = os.read(fd, 64)
+            got += chunk
+            if not chunk or got.endswith(b"\n"):
+                return got
+    return None
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -418,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", choices=("gpu", "sim"))
     p.add_argument("--adopt", help="control socket of a proxy to take over from (nvproxy migrate)")
     p.add_argument("--image", help="where the proxy being taken over writes its image")
+    p.add_argument("--report-fd", type=int, help="a pipe to say 'adopted' on once the hand-over is done")
     p.add_argument("--restore", help="start from this checkpoint image (NVPROXY_RECOVER)")
     p.set_defaults(fn=cmd_proxy)
     c = sub.add_parser("checkpoint", help="write a checkpoint image of a running application's GPU state")
