@@ -36,7 +36,10 @@ def nvproxy(*args: str) -> subprocess.CompletedProcess:
 def migrate_mid_run(build, backend: str, name: str, args: tuple[str, ...], after: str,
                     reference_args: tuple[str, ...] | None = None, pause_s: float = 0.0) -> None:
     """Run tests/apps/<name>, migrate it once a line starting with `after` came, and compare the whole
-    output with an uninterrupted run's (of reference_args, default args)."""
+    output with an uninterrupted run's (of reference_args, default args).  The program must run on for 3 s or
+    more after that line: on a loaded H100 a new proxy took up to 1.35 s only to map the old one's image buffer,
+    and nvproxy migrate fails where the program ends first (before session 24 it reported success, and four of
+    these tests passed without a migration in some runs)."""
     exe = build(name)
     reference = run(nvproxy_cmd(exe, backend, name, *(reference_args or args)))
     assert reference.returncode == 0 and "Test PASSED" in reference.stdout, reference.stdout + reference.stderr
@@ -231,7 +234,8 @@ def _two_devices(backend: str, monkeypatch: Any) -> None:
 
 
 def _adopting_proxy_of(pid: int) -> int | None:
-    """The pid of a proxy that nvproxy migrate started for program pid, if one runs."""
+    """The pid of a proxy that nvproxy migrate started for program pid, if one runs (its first migration: later
+    ones find the last one too)."""
     for d in Path("/proc").iterdir():
         try:
             argv = (d / "cmdline").read_bytes().split(b"\0") if d.name.isdigit() else []
@@ -318,7 +322,7 @@ def test_recover_from_image_after_the_proxy_died(build, backend: str, steps: int
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_managed_memory_survives_migration(build, backend: str) -> None:
     """Managed memory lives in shared host memory: a migration mid-run keeps it (and its address)."""
-    migrate_mid_run(build, backend, "managed", ("12",), "step 4:")
+    migrate_mid_run(build, backend, "managed", ("40",), "step 4:")
 
 
 @pytest.mark.parametrize("mode", ["lazy", "transient"])
@@ -360,21 +364,21 @@ def test_stream_attributes_survive_migration(build, backend: str) -> None:
 def test_graphs_survive_migration(build, backend: str) -> None:
     """A graph made by stream capture (kernels on two streams, a copy, a host function) is captured again
     from the proxy's log in the new proxy, and launching it goes on giving the same results."""
-    migrate_mid_run(build, backend, "graphs", ("8",), "run 2:")
+    migrate_mid_run(build, backend, "graphs", ("24",), "run 2:")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_node_built_graphs_survive_migration(build, backend: str) -> None:
     """Graphs built node by node (copies, memset, kernels, a host node, an updated kernel node, a clone) are
     built again in the new proxy from their recorded node additions, and launches go on as before."""
-    migrate_mid_run(build, backend, "graph_nodes", ("8",), "run 2:")
+    migrate_mid_run(build, backend, "graph_nodes", ("24",), "run 2:")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_conditional_graphs_survive_migration(build, backend: str) -> None:
     """Conditional nodes (if/else, while, switch) and their body graphs are made again, with conditional
     handles of the same values (the kernels that set the conditions hold them), and loops go on looping."""
-    migrate_mid_run(build, backend, "graph_cond", ("6",), "run 2:")
+    migrate_mid_run(build, backend, "graph_cond", ("24",), "run 2:")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -382,7 +386,7 @@ def test_capture_built_graphs_survive_migration(build, backend: str) -> None:
     """Graphs with memory nodes, event and child-graph nodes, a captured cudaMallocAsync/cudaFreeAsync, and a
     conditional node added to a capture's own graph (cudaStreamGetCaptureInfo, UpdateCaptureDependencies) whose
     body was captured into (BeginCaptureToGraph) are made again in the new proxy; memory keeps its addresses."""
-    migrate_mid_run(build, backend, "graph_capture", ("6",), "run 2:")
+    migrate_mid_run(build, backend, "graph_capture", ("24",), "run 2:")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -390,21 +394,21 @@ def test_peer_access_survives_migration(build, backend: str, monkeypatch: Any) -
     """Device 1's kernels reach device 0's memory (peer access, a pool's access): the new proxy maps the
     arena's memory for the peer again."""
     _two_devices(backend, monkeypatch)
-    migrate_mid_run(build, backend, "p2p", ("6",), "run 2:")
+    migrate_mid_run(build, backend, "p2p", ("24",), "run 2:")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_pool_allocations_survive_migration(build, backend: str) -> None:
     """Stream-ordered allocations (a default pool's, held through the run) keep their addresses and contents
     in the new proxy, and the pools go on allocating and freeing."""
-    migrate_mid_run(build, backend, "mempool", ("6",), "round 2:")
+    migrate_mid_run(build, backend, "mempool", ("24",), "round 2:")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_managed_variables_survive_migration(build, backend: str) -> None:
     """__managed__ variables: the program's copy stays where it is, the new proxy binds the modules' variables
     to it again and kernels go on from the values the program holds."""
-    migrate_mid_run(build, backend, "managed_vars", ("6",), "run 2:")
+    migrate_mid_run(build, backend, "managed_vars", ("24",), "run 2:")
 
 
 def _ipc_run(exe: Path, backend: str, mode: str, pause_s: str = "3") -> tuple[subprocess.Popen, list[str]]:
@@ -466,7 +470,7 @@ def test_exporter_stays_on_its_gpu_while_shared(build, backend: str, monkeypatch
 def test_arrays_and_texture_objects_survive_migration(build, backend: str) -> None:
     """CUDA arrays come back with their contents, and texture and surface objects with the values the
     program's kernels hold (one destroyed between others left a gap the restore must keep)."""
-    migrate_mid_run(build, backend, "textures", ("8",), "step 2:")
+    migrate_mid_run(build, backend, "textures", ("24",), "step 2:")
 
 
 def staging_buffers(proxy_pid: int) -> int:
@@ -536,20 +540,14 @@ def test_a_migration_whose_new_proxy_dies_leaves_the_program_on_its_old_proxy(bu
     assert app.stdout is not None
     first = app.stdout.readline()
     assert first, app.communicate()[1]
-    old_pid, sock = find_proxy(app.pid)
+    old_pid, _sock = find_proxy(app.pid)
     migrate = subprocess.Popen([sys.executable, "-m", "nvproxy", "migrate", str(app.pid)], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     new = None
     deadline = time.monotonic() + 60
     while new is None and time.monotonic() < deadline and migrate.poll() is None:
-        for d in Path("/proc").iterdir():
-            try:
-                argv = (d / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"--adopt" in argv and any(a.startswith(sock.encode()) for a in argv) and d.name != str(old_pid):
-                new = d
-                break
+        pid = _adopting_proxy_of(app.pid)
+        new = Path(f"/proc/{pid}") if pid else None
         time.sleep(0.002)
     killed = None
     # (restoring: once it holds one of the old proxy's sockets, the program's connections, which come with the
