@@ -24,7 +24,7 @@ from nvproxy.checkpoint.image import ImageError, read_header
 
 BACKENDS = ["sim", pytest.param("gpu", marks=pytest.mark.gpu)]
 # (the last action comes at step 25-32: with 40 steps the program ended before the last migration was done in 7 of
-# 24 runs, 8 at a time on an H100, where the new proxy took 1.1-1.35 s to map the old one's image buffer)
+# 24 runs, 8 at a time on an H100, where a new proxy took 0.37-1.35 s to map the old one's image buffer)
 STEPS = 56
 PAUSE_MS = "150"  # a migration (a new Python process) takes a second or two: spread them out
 
