@@ -410,7 +410,7 @@ static cudaError_t collect(size_t sent, cudaError_t first)
  * in the staging buffer until the proxy says in the mailbox that the copy is done. */
 
 /* Runs of posted copies go unanswered (below) unless NVPROXY_UNANSWERED_COPIES=0 (session 24 on an H100: 4 KiB
- * back to back 3.4-6.0 us a copy against native's 6.6-7.3 and 6.7-6.9 answered; docs/performance.md). */
+ * back to back, medians of 3.4-5.3 us a copy against native's 6.5-7.1 and 6.7-6.9 answered; docs/performance.md) */
 static int unanswered_on(void)
 {
     static int on = -1;
