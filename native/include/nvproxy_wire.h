@@ -126,7 +126,8 @@
 #define NVP_OP_CAPTURE_DEPS 70   /* a0 stream, a1 flags, a2 dependencies; payload: their u32 node ids */
 #define NVP_OP_MANAGED_VAR 71    /* a0 module id, a1 the application's copy, a2 size; payload: the variable's name */
 #define NVP_OP_STAGED_FENCE 72    /* a0 posted number: reply once every posted copy up to it is done */
-#define NVP_OP_COUNT 73
+/* 73-79: NVIDIA math libraries (libcall.c, handlers/libs.py); 80-89: the driver API (driver.c, handlers/driver.py) */
+#define NVP_OP_COUNT 90
 
 /* node bodies (little-endian, packed as listed) */
 #define NVP_NODE_KERNEL 1 /* u32 kernel id, u32 grid[3], u32 block[3], u32 shmem, u32 param bytes; params */
