@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The math-library tests on a bare GPU machine of the device tool: set nvproxy up, then run
+# tests/test_libraries.py with -m gpu (the library programs and NVIDIA's library samples of .samples), the log
+# teed to $OUT/lib.log.  Extra arguments go to pytest, e.g. -k gpu_program (the programs) or -k gpu_sample.
+# The run stops itself before the device tool's 10 minutes (NVPROXY_GPU_TIMEOUT seconds, default 560) so that the
+# log comes back; pytest-xdist, where installed, runs NVPROXY_GPU_WORKERS tests at a time (default 4).
+# Usage, from the repository root: bash tests/gpu_libraries.sh [pytest arguments]
+set -u
+. scripts/device-setup.sh
+export NVPROXY_SAMPLES_DIR=$PWD/.samples
+out=${OUT:-/tmp}/lib.log
+workers=()
+if python3 -c 'import xdist' 2>/dev/null; then workers=(-n "${NVPROXY_GPU_WORKERS:-4}"); fi
+nvidia-smi -L 2>&1 | tee "$out"
+timeout -k 10 "${NVPROXY_GPU_TIMEOUT:-560}" python3 -m pytest -m gpu tests/test_libraries.py -v -x -rs \
+    --durations=0 "${workers[@]}" "$@" 2>&1 | tee -a "$out"
+exit "${PIPESTATUS[0]}"
