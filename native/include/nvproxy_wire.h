@@ -127,6 +127,9 @@
 #define NVP_OP_MANAGED_VAR 71    /* a0 module id, a1 the application's copy, a2 size; payload: the variable's name */
 #define NVP_OP_STAGED_FENCE 72    /* a0 posted number: reply once every posted copy up to it is done */
 /* 73-79: NVIDIA math libraries (libcall.c, handlers/libs.py); 80-89: the driver API (driver.c, handlers/driver.py) */
+#define NVP_OP_DRV_MODULE_UNLOAD 80 /* a0 module id: the proxy forgets it and its kernels (cuModuleUnload) */
+#define NVP_OP_DRV_MEMSET 81      /* a0 ptr, a1 pitch, a2 value, a3 element size (1, 2, 4), a4 width (elements),
+                                     a5 height, a6 stream (cuMemsetD16/D32, 2D or not) */
 #define NVP_OP_COUNT 90
 
 /* node bodies (little-endian, packed as listed) */

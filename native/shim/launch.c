@@ -19,6 +19,8 @@ struct module {
     const void *const *prelinked; /* -rdc=true: each object's fatbinary, for a JIT link */
     int loaded;
     cudaError_t load_err;
+    int by_driver; /* loaded by the program (cuModuleLoadData...): image is the shim's copy */
+    int unloaded;  /* cuModuleUnload: its kernels fail */
 };
 
 struct kernel {
@@ -166,6 +168,28 @@ fail:
     return NULL;
 }
 
+/* gives m its id (its index in the registry); -1 if out of memory */
+static int module_add(struct module *m)
+{
+    int ok = 0;
+    pthread_mutex_lock(&R.lock);
+    if (R.nmods == R.capmods) {
+        size_t cap = R.capmods ? R.capmods * 2 : 16;
+        struct module **v = realloc(R.mods, cap * sizeof *v);
+        if (v) {
+            R.mods = v;
+            R.capmods = cap;
+        }
+    }
+    if (R.nmods < R.capmods) {
+        m->id = (int)R.nmods;
+        R.mods[R.nmods++] = m;
+        ok = 1;
+    }
+    pthread_mutex_unlock(&R.lock);
+    return ok ? 0 : -1;
+}
+
 NVP_EXPORT void **__cudaRegisterFatBinary(void *fatCubin)
 {
     struct module *m = calloc(1, sizeof *m);
@@ -182,20 +206,7 @@ NVP_EXPORT void **__cudaRegisterFatBinary(void *fatCubin)
         if (w->version == 2)
             m->prelinked = w->prelinked;
     }
-    pthread_mutex_lock(&R.lock);
-    if (R.nmods == R.capmods) {
-        size_t cap = R.capmods ? R.capmods * 2 : 16;
-        struct module **v = realloc(R.mods, cap * sizeof *v);
-        if (v) {
-            R.mods = v;
-            R.capmods = cap;
-        }
-    }
-    if (R.nmods < R.capmods) {
-        m->id = (int)R.nmods;
-        R.mods[R.nmods++] = m;
-    }
-    pthread_mutex_unlock(&R.lock);
+    module_add(m);
     return (void **)m;
 }
 
@@ -418,6 +429,8 @@ static struct kernel *kernel_of(const void *func)
 {
     pthread_mutex_lock(&R.lock);
     struct kernel *k = pmap_get(&R.kernels, func);
+    if (k && k->mod->unloaded) /* (cuModuleUnload) */
+        k = NULL;
     pthread_mutex_unlock(&R.lock);
     return k;
 }
@@ -762,4 +775,172 @@ NVP_EXPORT cudaError_t cudaOccupancyAvailableDynamicSMemPerBlock(size_t *dynamic
         per_block = cap;
     *dynamicSmemSize = per_block > 0 ? (size_t)per_block : 0;
     return cudaSuccess;
+}
+
+/* ---- modules the program loads itself (the driver API, driver_module.c) ----
+ * They join the registry as __cudaRegisterFatBinary's do: the same ids, lazy reloading into a new proxy
+ * (nvp_registry_reset), kernels launched through nvp_launch; the proxy keeps their images for checkpoints. */
+
+static struct module *driver_module(void *h)
+{
+    struct module *m = NULL;
+    pthread_mutex_lock(&R.lock);
+    for (size_t i = 0; i < R.nmods && !m; i++)
+        if (R.mods[i] == h && R.mods[i]->by_driver && !R.mods[i]->unloaded)
+            m = R.mods[i];
+    pthread_mutex_unlock(&R.lock);
+    return m;
+}
+
+static void module_drop(struct module *m) /* (under R.load) */
+{
+    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)m->id};
+    struct nvp_reply r = {0};
+    nvp_call(NVP_OP_DRV_MODULE_UNLOAD, a, NULL, 0, &r, -1);
+    pthread_mutex_lock(&R.lock);
+    m->unloaded = 1;
+    pthread_mutex_unlock(&R.lock);
+    free((void *)m->image);
+    m->image = NULL;
+}
+
+cudaError_t nvp_module_load(const void *image, size_t size, void **out)
+{
+    cudaError_t e = nvp_enter();
+    if (e)
+        return e;
+    struct module *m = calloc(1, sizeof *m);
+    void *copy = malloc(size ? size : 1);
+    if (!m || !copy || module_add(m) != 0) {
+        free(m);
+        free(copy);
+        return cudaErrorMemoryAllocation;
+    }
+    memcpy(copy, image, size);
+    m->image = copy;
+    m->size = size;
+    m->by_driver = 1;
+    pthread_mutex_lock(&R.load);
+    e = module_load(m);
+    if (e) /* (the proxy keeps no image it could not load: a checkpoint would fail on it) */
+        module_drop(m);
+    pthread_mutex_unlock(&R.load);
+    if (!e)
+        *out = m;
+    return e;
+}
+
+cudaError_t nvp_module_unload(void *h)
+{
+    struct module *m = driver_module(h);
+    if (!m)
+        return cudaErrorInvalidResourceHandle;
+    cudaError_t e = nvp_enter();
+    if (e)
+        return e;
+    pthread_mutex_lock(&R.load);
+    module_drop(m);
+    pthread_mutex_unlock(&R.load);
+    return cudaSuccess;
+}
+
+cudaError_t nvp_module_function(void *h, const char *name, void **out)
+{
+    struct module *m = driver_module(h);
+    if (!m)
+        return cudaErrorInvalidResourceHandle;
+    struct kernel *k = NULL;
+    pthread_mutex_lock(&R.lock);
+    for (size_t i = 0; i < R.kernels.cap && !k; i++) {
+        struct kernel *c = R.kernels.keys[i] ? R.kernels.vals[i] : NULL;
+        if (c && c->mod == m && !strcmp(c->name, name))
+            k = c;
+    }
+    pthread_mutex_unlock(&R.lock);
+    if (k) {
+        *out = k;
+        return cudaSuccess;
+    }
+    if (!(k = calloc(1, sizeof *k)) || !(k->name = strdup(name))) {
+        free(k);
+        return cudaErrorMemoryAllocation;
+    }
+    k->magic = KERNEL_MAGIC;
+    k->mod = m;
+    pthread_mutex_lock(&R.lock);
+    k->id = ++R.nkernels;
+    pthread_mutex_unlock(&R.lock);
+    cudaError_t e = kernel_ready(k);
+    if (e) {
+        free(k->params);
+        free(k->name);
+        free(k);
+        return e;
+    }
+    pthread_mutex_lock(&R.lock);
+    pmap_put(&R.kernels, k, k);
+    pthread_mutex_unlock(&R.lock);
+    *out = k;
+    return cudaSuccess;
+}
+
+cudaError_t nvp_module_global(void *h, const char *name, uint64_t *addr, size_t *size)
+{
+    struct module *m = driver_module(h);
+    if (!m)
+        return cudaErrorInvalidResourceHandle;
+    cudaError_t e = nvp_enter();
+    if (e)
+        return e;
+    pthread_mutex_lock(&R.load);
+    if (!(e = module_load(m))) {
+        uint64_t a[NVP_MAX_ARGS] = {(uint64_t)m->id};
+        struct nvp_reply r = {0};
+        if (!(e = nvp_call(NVP_OP_VAR_INFO, a, name, strlen(name) + 1, &r, -1))) {
+            *addr = r.h.r[0];
+            *size = r.h.r[1];
+            nvp_symbol_add(*addr, *size);
+        }
+    }
+    pthread_mutex_unlock(&R.load);
+    return e;
+}
+
+void *nvp_kernel_module(const void *func)
+{
+    struct kernel *k = func ? kernel_of(func) : NULL;
+    return k ? k->mod : NULL;
+}
+
+cudaError_t nvp_kernel_param(const void *func, size_t i, size_t *offset, size_t *size)
+{
+    struct kernel *k;
+    cudaError_t e = ready_kernel(func, &k);
+    if (e)
+        return e;
+    if (i >= k->info.nparams)
+        return cudaErrorInvalidValue;
+    *offset = k->params[i].offset;
+    *size = k->params[i].size;
+    return cudaSuccess;
+}
+
+cudaError_t nvp_launch_buffer(const void *func, dim3 grid, dim3 block, const void *buf, size_t size, size_t shmem,
+                              cudaStream_t stream, int per_thread, unsigned flags)
+{
+    struct kernel *k;
+    cudaError_t e = ready_kernel(func, &k);
+    if (e)
+        return e == cudaErrorInvalidResourceHandle ? cudaErrorInvalidDeviceFunction : e;
+    if (size < k->info.param_size || (k->info.param_size && !buf))
+        return cudaErrorInvalidValue;
+    void *few[64], **args = k->info.nparams <= 64 ? few : malloc(k->info.nparams * sizeof *args);
+    if (!args)
+        return cudaErrorMemoryAllocation;
+    for (uint32_t i = 0; i < k->info.nparams; i++)
+        args[i] = (char *)buf + k->params[i].offset;
+    e = nvp_launch(func, grid, block, args, shmem, stream, per_thread, flags);
+    if (args != few)
+        free(args);
+    return e;
 }

@@ -135,6 +135,17 @@ int nvp_in_arena(uint64_t p)
 
 int nvp_alloc_contains(uint64_t p, uint64_t n) { return ranges_find(&allocs, p, n, NULL); }
 
+/* (declared in driver.h: cuMemGetAddressRange, cuPointerGetAttribute) */
+int nvp_alloc_range(uint64_t p, uint64_t *base, uint64_t *size)
+{
+    struct range x;
+    if (!ranges_find(&allocs, p, 1, &x) && !ranges_find(&hosts, p, 1, &x))
+        return -1;
+    *base = x.base;
+    *size = x.size;
+    return 0;
+}
+
 void nvp_symbol_add(uint64_t base, uint64_t size)
 {
     struct range x = {.base = base, .size = size};

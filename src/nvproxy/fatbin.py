@@ -211,8 +211,27 @@ _ENTRY = re.compile(r"\.entry\s+(\w+)\s*\(([^)]*)\)", re.S)
 _PARAM = re.compile(r"\.param\b([^,)]*?)(\w+)(?:\[(\d+)\])?\s*(?:,|$)")
 
 
+_VARIABLE = re.compile(r"^\s*(?:\.visible\s+|\.weak\s+)?\.(?:global|const)\s+(?:\.align\s+\d+\s+)?\.(\w+)\s+(\w+)"
+                       r"(?:\[(\d+)\])?\s*(?:=\s*\{?([^;}]*)\}?)?\s*;", re.M)
+
+
+def _ptx_value(token: str, size: int) -> bytes:
+    """One initialiser of a PTX variable: 0fXXXXXXXX / 0dXXXXXXXXXXXXXXXX (float bits) or an integer."""
+    t = token.strip()
+    try:
+        bits = int(t[2:], 16) if t[:2] in ("0f", "0d", "0F", "0D") else int(t, 0)
+    except ValueError:  # (an address of another symbol: left to the driver)
+        bits = 0
+    return (bits & ((1 << (8 * size)) - 1)).to_bytes(size, "little")
+
+
 def parse_ptx(text: str) -> Module:
     mod = Module()
+    for m in _VARIABLE.finditer(text):
+        elem = _PTX_SIZES.get(m.group(1), 1)
+        count = int(m.group(3) or 1)
+        init = b"".join(_ptx_value(v, elem) for v in (m.group(4) or "").split(",") if v.strip())
+        mod.variables[m.group(2)] = Variable(m.group(2), elem * count, init[: elem * count])
     for m in _ENTRY.finditer(text):
         params, off = [], 0
         for p in _PARAM.finditer(m.group(2).strip()):
@@ -256,7 +275,11 @@ def linked_parts(image: bytes) -> list[bytes] | None:
 
 def parse(image: bytes) -> Module:
     """Kernels and variables of the best entry in a fatbinary (of the linked one
-    for a device-linked module)."""
+    for a device-linked module), or of a cubin or PTX text (a module the program loads itself)."""
+    if image[:4] == b"\x7fELF":  # a cubin the program loaded itself (cuModuleLoadData)
+        return parse_cubin(image)
+    if image[:4] not in (struct.pack("<I", FATBIN_MAGIC), LINKED_MAGIC[:4]) and b".entry" in image:  # PTX text
+        return parse_ptx(image.rstrip(b"\0").decode(errors="replace"))
     parts = linked_parts(image)
     if parts is not None:
         image = parts[0]

@@ -277,6 +277,11 @@ class GpuBackend:
     def memset2d(self, ptr: int, pitch: int, value: int, width: int, height: int, stream: object) -> None:
         cd.check(self.L.cuMemsetD2D8Async(ptr, pitch, value, width, height, stream), "cuMemsetD2D8Async")
 
+    def memset_elem(self, ptr: int, pitch: int, value: int, elsize: int, width: int, height: int,
+                    stream: object) -> None:
+        fn = {1: "cuMemsetD2D8Async", 2: "cuMemsetD2D16Async", 4: "cuMemsetD2D32Async"}[elsize]
+        cd.check(getattr(self.L, fn)(ptr, pitch, value, width, height, stream), fn)
+
     # ---- CUDA IPC (proxy/handlers/ipc.py) ----
     def export_fd(self, dev: int, handle: int) -> int:
         kept = self.backing(dev).kept.get(handle)
@@ -708,6 +713,10 @@ class GpuBackend:
             rc = self.L.cuModuleLoadData(m, ffi.from_buffer(cubin))
         cd.check(rc, "cuModuleLoadData")
         return GpuModule(dev, m[0], image)
+
+    def module_unload(self, mod: GpuModule) -> None:
+        self.activate(mod.device)
+        cd.check(self.L.cuModuleUnload(mod.handle), "cuModuleUnload")
 
     def _jit_link(self, fatbins: list[bytes]) -> bytes:
         log = ffi.new("char[]", 4096)

@@ -225,6 +225,11 @@ class SimModule:
     globals: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
+def _pattern(value: int, elsize: int, width: int) -> bytes:
+    """A row of width elements of elsize bytes, each value."""
+    return (value & ((1 << (8 * elsize)) - 1)).to_bytes(elsize, "little") * width
+
+
 def _sim_devices() -> list[int]:
     """NVPROXY_SIM_DEVICES modelled devices (default 1), of which CUDA_VISIBLE_DEVICES, where set, leaves the
     ones it lists (renumbered from 0, as the driver does): their indices among all."""
@@ -358,6 +363,17 @@ class SimBackend:
     def memset2d(self, ptr: int, pitch: int, value: int, width: int, height: int, stream: SimStream) -> None:
         for row in range(height):
             self.memset(ptr + row * pitch, value, width, stream)
+
+    def memset_elem(self, ptr: int, pitch: int, value: int, elsize: int, width: int, height: int,
+                    stream: SimStream | None) -> None:
+        if self._kept(stream, functools.partial(self.memset_elem, ptr, pitch, value, elsize, width, height, None)):
+            return
+        self.check()
+        self._fill(ptr, pitch, _pattern(value, elsize, width), height)
+
+    def _fill(self, dst: int, pitch: int, pattern: bytes, height: int) -> None:
+        for row in range(height):
+            self._copy_view(dst + row * pitch, len(pattern))[:] = pattern
 
     # ---- CUDA IPC: device memory is memfds, events are always complete ----
     def export_fd(self, dev: int, handle: mmap.mmap) -> int:
@@ -582,13 +598,12 @@ class SimBackend:
 
     def graph_add_memset(self, g: SimGraph, deps: list[int], dst: int, pitch: int, value: int, elsize: int,
                          width: int, height: int) -> int:
-        pattern = (value & ((1 << (8 * elsize)) - 1)).to_bytes(elsize, "little") * width
+        pattern = _pattern(value, elsize, width)
         self._copy_view(dst, len(pattern))
 
         def fill() -> None:
             self.check()
-            for row in range(height):
-                self._copy_view(dst + row * pitch, len(pattern))[:] = pattern
+            self._fill(dst, pitch, pattern, height)
 
         return self._node(g, fill, 3)
 
@@ -721,6 +736,10 @@ class SimBackend:
             self.mem.add(addr, size, memoryview(buf))
             mod.globals[name] = (addr, var.size)
         return mod
+
+    def module_unload(self, mod: SimModule) -> None:
+        for addr, _size in mod.globals.values():
+            self.mem.remove(addr)
 
     def kernel_get(self, mod: SimModule, name: str) -> SimKernel:
         info = mod.parsed.kernels.get(name)

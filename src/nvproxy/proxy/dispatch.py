@@ -11,6 +11,7 @@ from typing import Any
 from .. import wire
 from . import fastpath
 from .handlers import arrays, device, graphs, ipc, memory, modules, streams
+from .handlers import driver as driver_api
 from .server import SPIN_S
 from .state import ProcessState
 
@@ -29,7 +30,7 @@ class Dispatcher:
             # C replies itself only while no kernel printf text waits for a reply
             self.fast.set_text_fd(backend.watch_text(self.fast.set_text_pending))
         self.table: dict[int, Any] = {}
-        for mod in (arrays, device, graphs, ipc, memory, modules, streams):
+        for mod in (arrays, device, driver_api, graphs, ipc, memory, modules, streams):
             for name, op in wire.CONSTANTS.items():
                 fn = getattr(mod, name[len("NVP_OP_") :], None) if name.startswith("NVP_OP_") else None
                 if fn is not None:

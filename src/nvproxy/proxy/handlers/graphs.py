@@ -26,7 +26,8 @@ CAPTURE_ACTIVE = 1  # cudaStreamCaptureStatusActive
 # stream work a capture takes, and which argument is its stream
 CAPTURABLE = {wire.NVP_OP_LAUNCH: 5, wire.NVP_OP_MEMCPY: 3, wire.NVP_OP_MEMCPY_2D: 6, wire.NVP_OP_MEMSET: 3,
               wire.NVP_OP_MEMSET_2D: 5, wire.NVP_OP_EVENT_RECORD: 1, wire.NVP_OP_STREAM_WAIT_EVENT: 0,
-              wire.NVP_OP_HOST_FUNC: 0, wire.NVP_OP_GRAPH_LAUNCH: 1, wire.NVP_OP_COPY_3D: 0}
+              wire.NVP_OP_HOST_FUNC: 0, wire.NVP_OP_GRAPH_LAUNCH: 1, wire.NVP_OP_COPY_3D: 0,
+              wire.NVP_OP_DRV_MEMSET: 6}
 EVENT_ARG = {wire.NVP_OP_EVENT_RECORD: 0, wire.NVP_OP_STREAM_WAIT_EVENT: 1}  # (which argument is the event)
 
 

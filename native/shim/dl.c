@@ -1,0 +1,86 @@
+/* dlopen interposition: a program (or a library, or an interpreter such as Python) that opens the CUDA driver,
+ * the CUDA runtime or one of NVIDIA's math libraries by name gets the shim itself, which exports their functions,
+ * so that dlsym(handle, "cuInit") yields the shim's and nothing reaches the GPU from the application's process.
+ * A statically linked runtime opens libcuda.so.1 the same way: it lands on the shim, whose cuGetExportTable
+ * refuses it loudly.  Every other name goes to the real dlopen, by a tail call, so that it still sees its
+ * caller's return address (the caller's RUNPATH and $ORIGIN, and its namespace, follow from it).
+ *
+ * Under DMTCP the shim is a plugin after DMTCP's own libraries, whose dlopen wrapper calls this one as its next;
+ * the next dlopen after the shim is found through dmtcp_dlsym there (plain dlsym(RTLD_NEXT) is DMTCP's wrapper). */
+#include "shim.h"
+
+#include <dlfcn.h>
+#include <string.h>
+
+extern void *dmtcp_dlsym(void *handle, const char *symbol) __attribute__((weak));
+
+typedef void *(*dlopen_fn)(const char *, int);
+typedef void *(*dlmopen_fn)(Lmid_t, const char *, int);
+
+static dlopen_fn next_dlopen;
+static dlmopen_fn next_dlmopen;
+
+static void *next_symbol(const char *name) { return dmtcp_dlsym ? dmtcp_dlsym(RTLD_NEXT, name) : dlsym(RTLD_NEXT, name); }
+
+/* the libraries whose functions the shim exports (libNAME.so, libNAME.so.N...) */
+static const char *const INTERPOSED[] = {
+    "libcuda", "libcudart", "libcublas", "libcublasLt", "libcufft", "libcurand", "libcusparse", "libcusolver",
+};
+
+static int interposed(const char *path)
+{
+    if (!path)
+        return 0;
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    for (size_t i = 0; i < sizeof INTERPOSED / sizeof *INTERPOSED; i++) {
+        size_t n = strlen(INTERPOSED[i]);
+        if (!strncmp(base, INTERPOSED[i], n) && !strncmp(base + n, ".so", 3) && (base[n + 3] == 0 || base[n + 3] == '.'))
+            return 1;
+    }
+    return 0;
+}
+
+/* a handle of the shim: dlsym on it finds the shim's functions first */
+static void *self(int mode)
+{
+    static const char *path;
+    if (!path) {
+        Dl_info info;
+        if (!dladdr((void *)interposed, &info) || !info.dli_fname)
+            return NULL;
+        path = info.dli_fname;
+    }
+    if (!next_dlopen)
+        next_dlopen = (dlopen_fn)next_symbol("dlopen");
+    int flags = RTLD_NOLOAD | (mode & (RTLD_GLOBAL | RTLD_NODELETE)) | (mode & RTLD_NOW ? RTLD_NOW : RTLD_LAZY);
+    return next_dlopen ? next_dlopen(path, flags) : NULL;
+}
+
+static void trace(const char *call, const char *file)
+{
+    if (nvp_trace_enabled())
+        nvp_log("nvproxy: %s(\"%s\"): the shim, which exports its functions", call, file);
+}
+
+NVP_EXPORT void *dlopen(const char *file, int mode)
+{
+    if (interposed(file)) {
+        trace("dlopen", file);
+        return self(mode);
+    }
+    if (!next_dlopen)
+        next_dlopen = (dlopen_fn)next_symbol("dlopen");
+    return next_dlopen(file, mode); /* (a tail call: the caller's return address stays the real dlopen's) */
+}
+
+NVP_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int mode)
+{
+    if (interposed(file)) { /* (in the program's own namespace: another one would have no shim) */
+        trace("dlmopen", file);
+        return self(mode);
+    }
+    if (!next_dlmopen)
+        next_dlmopen = (dlmopen_fn)next_symbol("dlmopen");
+    return next_dlmopen(lmid, file, mode);
+}
