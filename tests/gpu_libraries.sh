@@ -4,10 +4,12 @@
 # teed to $OUT/lib.log.  Extra arguments go to pytest, e.g. -k gpu_program (the programs) or -k gpu_sample.
 # The run stops itself before the device tool's 10 minutes (NVPROXY_GPU_TIMEOUT seconds, default 560) so that the
 # log comes back; pytest-xdist, where installed, runs NVPROXY_GPU_WORKERS tests at a time (default 4).
+# Carry .gpu-wheels, .samples and .dmtcp (git-ignored; without .dmtcp the DMTCP tests are skipped, saying so).
 # Usage, from the repository root: bash tests/gpu_libraries.sh [pytest arguments]
 set -u
 . scripts/device-setup.sh
 export NVPROXY_SAMPLES_DIR=$PWD/.samples
+if [ -x .dmtcp/bin/dmtcp_launch ]; then export NVPROXY_DMTCP_DIR=$PWD/.dmtcp; fi
 out=${OUT:-/tmp}/lib.log
 workers=()
 if python3 -c 'import xdist' 2>/dev/null; then workers=(-n "${NVPROXY_GPU_WORKERS:-4}"); fi
