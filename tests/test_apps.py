@@ -42,6 +42,7 @@ PROGRAMS = [
     ("thread_churn", ()),
     ("pinned_at_checkpoint", ()),
     ("pinned_fds", ()),
+    ("texobj_lifecycle", ()),
 ]
 IDS = ["-".join((n, *a)) for n, a in PROGRAMS]
 

@@ -137,6 +137,8 @@ static cudaError_t destroy(int surface, unsigned long long value)
     cudaError_t e = nvp_enter();
     if (e)
         return e;
+    if (!value) /* no object: native CUDA succeeds, and codes destroy tables they never bound (GROMACS' PME) */
+        return cudaSuccess;
     uint64_t a[NVP_MAX_ARGS] = {(uint64_t)surface, value};
     struct nvp_reply r = {0};
     if (!(e = nvp_call(NVP_OP_TEX_DESTROY, a, NULL, 0, &r, -1)))
