@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The math-library tests on a bare GPU machine of the device tool: set nvproxy up, then run
-# tests/test_libraries.py with -m gpu (the library programs and NVIDIA's library samples of .samples), the log
-# teed to $OUT/lib.log.  Extra arguments go to pytest, e.g. -k gpu_program (the programs) or -k gpu_sample.
+# The math-library tests on a bare GPU machine of the device tool: set nvproxy up, then run with -m gpu
+# tests/test_libraries.py (the library programs) and tests/test_library_samples.py (NVIDIA's library samples of
+# .samples), the log teed to $OUT/lib.log.  Extra arguments go to pytest, e.g. -k matches_native.
 # The run stops itself before the device tool's 10 minutes (NVPROXY_GPU_TIMEOUT seconds, default 560) so that the
 # log comes back; pytest-xdist, where installed, runs NVPROXY_GPU_WORKERS tests at a time (default 4).
 # Carry .gpu-wheels, .samples and .dmtcp (git-ignored; without .dmtcp the DMTCP tests are skipped, saying so).
@@ -14,6 +14,6 @@ out=${OUT:-/tmp}/lib.log
 workers=()
 if python3 -c 'import xdist' 2>/dev/null; then workers=(-n "${NVPROXY_GPU_WORKERS:-4}"); fi
 nvidia-smi -L 2>&1 | tee "$out"
-timeout -k 10 "${NVPROXY_GPU_TIMEOUT:-560}" python3 -m pytest -m gpu tests/test_libraries.py -v -x -rs \
-    --durations=0 "${workers[@]}" "$@" 2>&1 | tee -a "$out"
+timeout -k 10 "${NVPROXY_GPU_TIMEOUT:-560}" python3 -m pytest -m gpu tests/test_libraries.py \
+    tests/test_library_samples.py -v -x -rs --durations=0 "${workers[@]}" "$@" 2>&1 | tee -a "$out"
 exit "${PIPESTATUS[0]}"
