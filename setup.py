@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parent
 SHIM = "nvproxy._native.libnvproxy"
 FAST = "nvproxy._native.libnvproxy_fast"
 HEADERS = [ROOT / "native" / "include" / "nvproxy_wire.h", ROOT / "native" / "proxy" / "fastpath.h",
-           ROOT / "native" / "proxy" / "checksum.h", ROOT / "native" / "proxy" / "fileload.h"]
+           ROOT / "native" / "proxy" / "checksum.h", ROOT / "native" / "proxy" / "fileload.h",
+           ROOT / "native" / "proxy" / "libexec.h"]
 
 
 def cuda_include() -> str:

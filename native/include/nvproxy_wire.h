@@ -127,6 +127,15 @@
 #define NVP_OP_MANAGED_VAR 71    /* a0 module id, a1 the application's copy, a2 size; payload: the variable's name */
 #define NVP_OP_STAGED_FENCE 72    /* a0 posted number: reply once every posted copy up to it is done */
 /* 73-79: NVIDIA math libraries (libcall.c, handlers/libs.py); 80-89: the driver API (driver.c, handlers/driver.py) */
+#define NVP_OP_LIB_CALL 73        /* a math library's function (shim libcall.c, proxy libexec.c, handlers/libs.py): a0 function
+                                     id (src/nvproxy/libs/spec.py), a1 which parameters are host memory this time (bit i:
+                                     parameter i; a mode-dependent scalar or result), a2 bytes of host outputs,
+                                     a3 1: posted (sent without NVP_F_REPLY);
+                                     payload: one u64 slot per parameter, then the host inputs, each padded to 8 bytes
+                                     -> r0 the function's status (or value), r1/r2 status and function id of an earlier
+                                     posted call of this thread that failed (0: none); payload: the host outputs, padded
+                                     likewise, or a returned string.  Without NVP_F_REPLY (a stream-ordered call that
+                                     writes only device memory) a failure is printed and reported by r1/r2 later. */
 #define NVP_OP_DRV_MODULE_UNLOAD 80 /* a0 module id: the proxy forgets it and its kernels (cuModuleUnload) */
 #define NVP_OP_DRV_MEMSET 81      /* a0 ptr, a1 pitch, a2 value, a3 element size (1, 2, 4), a4 width (elements),
                                      a5 height, a6 stream (cuMemsetD16/D32, 2D or not) */

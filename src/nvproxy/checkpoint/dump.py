@@ -10,6 +10,7 @@ from typing import Any
 
 from .. import fatbin
 from ..errors import CudaError
+from ..libs import state as libstate
 from ..proxy import managed_vars
 from ..proxy.handlers import arrays, graphs, ipc
 from ..proxy.state import ProcessState
@@ -56,6 +57,7 @@ def describe(state: ProcessState) -> dict[str, Any]:
         **arrays.describe(state),
         **managed_vars.describe(state),
         **ipc.describe(state),
+        **libstate.describe(state),
         "peer_grants": sorted([dev, owner] for dev, owner in state.peer_grants),
         # kernel printf output the drain brought out that no reply has carried to the application yet
         "printf_text": state.backend.pending_text().hex(),

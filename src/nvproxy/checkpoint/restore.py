@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import CudaError
+from ..libs import state as libstate
 from ..proxy import libc, managed_vars
 from ..proxy.handlers import arrays, ipc
 from ..proxy.state import HostRange, ProcessState
@@ -170,6 +171,8 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
         if early is not None:
             phase("contents_loaded")
         _load_contents(state, img, h, exported, loaded, before, phase, progress)
+        libstate.restore(state, h)  # (the math libraries' objects: after the memory they may point to)
+        phase("libraries")
     finally:
         if early is not None:
             early.close()

@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import wire
 from . import fastpath
-from .handlers import arrays, device, graphs, ipc, memory, modules, streams
+from .handlers import arrays, device, graphs, ipc, libs, memory, modules, streams
 from .handlers import driver as driver_api
 from .server import SPIN_S
 from .state import ProcessState

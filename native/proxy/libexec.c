@@ -1,0 +1,195 @@
+/* Executing the math libraries' calls in the proxy (see libexec.h). */
+#define _GNU_SOURCE
+#include "libexec.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EXPORT __attribute__((visibility("default")))
+#define NLIBS 8
+static void *libs[NLIBS];
+static void **syms; /* per function: its address, once looked up */
+static char err[512];
+
+EXPORT int nvpl_table_count(void) { return nvpl_table_size; }
+EXPORT const char *nvpl_error(void) { return err; }
+
+EXPORT int nvpl_open(int lib, const char *path)
+{
+    if (lib < 0 || lib >= NLIBS)
+        return -1;
+    if (libs[lib])
+        return 0;
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        strncpy(err, e ? e : "dlopen failed", sizeof err - 1);
+        return -1;
+    }
+    libs[lib] = h;
+    return 0;
+}
+
+/* ---- handles: nvproxy's id -> the library's own, per kind (an open-addressed table) ---- */
+struct hent {
+    uint64_t id; /* 0: empty; ~0: removed */
+    int kind;
+    uint64_t real;
+};
+static struct hent *ht;
+static size_t hcap, hused;
+#define REMOVED UINT64_MAX
+
+static size_t hslot(int kind, uint64_t id)
+{
+    return (size_t)(((id ^ ((uint64_t)kind << 56)) * 0x9E3779B97F4A7C15ull) >> 17) & (hcap - 1);
+}
+
+static struct hent *hfind(int kind, uint64_t id)
+{
+    if (!hcap || !id || id == REMOVED)
+        return NULL;
+    for (size_t i = hslot(kind, id);; i = (i + 1) & (hcap - 1)) {
+        if (ht[i].id == id && ht[i].kind == kind)
+            return &ht[i];
+        if (!ht[i].id)
+            return NULL;
+    }
+}
+
+EXPORT void nvpl_learn(int kind, uint64_t id, uint64_t real)
+{
+    struct hent *e = hfind(kind, id);
+    if (e) {
+        e->real = real;
+        return;
+    }
+    if ((hused + 1) * 2 > hcap) {
+        size_t old = hcap;
+        struct hent *ot = ht;
+        hcap = hcap ? hcap * 2 : 256;
+        ht = calloc(hcap, sizeof *ht);
+        hused = 0;
+        for (size_t i = 0; i < old; i++)
+            if (ot[i].id && ot[i].id != REMOVED)
+                nvpl_learn(ot[i].kind, ot[i].id, ot[i].real);
+        free(ot);
+    }
+    size_t i = hslot(kind, id);
+    while (ht[i].id && ht[i].id != REMOVED)
+        i = (i + 1) & (hcap - 1);
+    if (!ht[i].id)
+        hused++;
+    ht[i] = (struct hent){id, kind, real};
+}
+
+EXPORT void nvpl_forget(int kind, uint64_t id)
+{
+    struct hent *e = hfind(kind, id);
+    if (e)
+        e->id = REMOVED;
+}
+
+EXPORT void nvpl_forget_all(void)
+{
+    free(ht);
+    ht = NULL;
+    hcap = hused = 0;
+}
+
+/* ---- one call ---- */
+static uint64_t pad8(uint64_t n) { return (n + 7) & ~(uint64_t)7; }
+
+static int fail(struct nvpl_result *res, int error, int param)
+{
+    res->error = error;
+    res->param = param;
+    return error;
+}
+
+EXPORT int nvpl_call(uint32_t fid, uint64_t hostmask, const uint8_t *payload, size_t len, uint8_t *out, size_t out_cap,
+              struct nvpl_result *res)
+{
+    memset(res, 0, sizeof *res);
+    if (fid >= (uint32_t)nvpl_table_size || !nvpl_table[fid].call)
+        return fail(res, NVPL_E_BAD, -1);
+    const struct nvpl_fn *f = &nvpl_table[fid];
+    if (!libs[f->lib])
+        return fail(res, NVPL_E_NOLIB, -1);
+    if (!syms && !(syms = calloc((size_t)nvpl_table_size, sizeof *syms)))
+        return fail(res, NVPL_E_BAD, -1);
+    if (!syms[fid] && !(syms[fid] = dlsym(libs[f->lib], f->name)))
+        return fail(res, NVPL_E_NOSYM, -1);
+    int n = f->nparams;
+    if (len < (size_t)n * 8)
+        return fail(res, NVPL_E_BAD, -1);
+    uint64_t slot[NVPL_MAX_PARAMS], v[NVPL_MAX_PARAMS];
+    memcpy(slot, payload, (size_t)n * 8);
+    size_t in = (size_t)n * 8, o = 0;
+    uint64_t made[NVPL_MAX_CREATED] = {0};
+    int nmade = 0;
+    for (int i = 0; i < n; i++) {
+        char r = f->roles[i];
+        int kind = f->kinds[2 * i] == '-' ? -1 : (f->kinds[2 * i] - '0') * 10 + (f->kinds[2 * i + 1] - '0');
+        int host = r == 'i' || r == 'o' || r == 'b' || r == 't' || r == 'x' ||
+                   ((r == 'S' || r == 'R' || r == 'B') && (hostmask >> i & 1));
+        if (r == 'h' || r == 'd') {
+            struct hent *e = hfind(kind, slot[i]);
+            if (!e)
+                return fail(res, NVPL_E_HANDLE, i);
+            v[i] = e->real;
+        } else if (r == 'c') {
+            if (nmade == NVPL_MAX_CREATED)
+                return fail(res, NVPL_E_BAD, i);
+            v[i] = (uint64_t)(uintptr_t)&made[nmade++];
+        } else if (host) {
+            int dir_in = r == 'i' || r == 'b' || r == 't' || r == 'x' || r == 'S' || r == 'B';
+            int dir_out = r == 'o' || r == 'b' || r == 'R' || r == 'B';
+            if (slot[i] == NVPL_NULL_SLOT) {
+                v[i] = 0;
+                continue;
+            }
+            uint64_t k = slot[i];
+            if (dir_in && (k > len - in || pad8(k) > len - in))
+                return fail(res, NVPL_E_BAD, i);
+            if (dir_out) {
+                if (k > out_cap - o || pad8(k) > out_cap - o)
+                    return fail(res, NVPL_E_OUT, i);
+                if (dir_in)
+                    memcpy(out + o, payload + in, k);
+                else
+                    memset(out + o, 0, k);
+                v[i] = (uint64_t)(uintptr_t)(out + o);
+                o += pad8(k);
+            } else {
+                if (r == 't' && (!k || payload[in + k - 1]))
+                    return fail(res, NVPL_E_BAD, i); /* (a string ends in its NUL) */
+                v[i] = (uint64_t)(uintptr_t)(payload + in);
+            }
+            if (dir_in)
+                in += pad8(k);
+        } else {
+            v[i] = slot[i];
+        }
+    }
+    int64_t ret = f->call(syms[fid], v);
+    res->out_len = o;
+    if ((f->flags & NVPL_RET_MASK) == NVPL_RET_STRING) {
+        const char *s = (const char *)(uintptr_t)ret;
+        size_t k = s ? strlen(s) + 1 : 0;
+        if (k > out_cap)
+            k = out_cap;
+        if (k) {
+            memcpy(out, s, k);
+            out[k - 1] = 0;
+        }
+        res->out_len = k;
+        ret = (int64_t)k;
+    }
+    res->ret = ret;
+    for (int k = 0; k < nmade; k++)
+        res->created[k] = (f->flags & NVPL_INT_CREATE) ? (uint64_t)(uint32_t)made[k] : made[k];
+    return NVPL_OK;
+}

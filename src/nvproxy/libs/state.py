@@ -1,0 +1,308 @@
+"""The math libraries' objects in the proxy, and how a restore makes them again.
+
+Handles are nvproxy's ids (the shim hands them out); this module owns the table from id to the library's real
+handle (and teaches it to the executor) and a record of every call that made or configured one: its creation,
+the configuration kept (the last call per function and key: SetStream, SetPointerMode, SetAttribute(attr),
+cufftMakePlan*, curandSetPseudoRandomGeneratorSeed...), analyses done for it, and for cuRAND generators their
+generation calls.  A restore runs the records again in their order, after device memory is back, so every
+handle gets a real object configured as before (library workspaces are made by the library again).  A
+generator's generation calls are run again into scratch memory, which leaves it where the old one was: the
+random sequence goes on as an uninterrupted run's would.  Records hold the requests as they came (wire
+streams, nvproxy's ids), so they are translated again by the proxy that replays them.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..checkpoint.image import ImageError
+from . import spec
+
+PER_THREAD = 2  # the wire id of cudaStreamPerThread
+
+
+@dataclass
+class Handle:
+    kind: int
+    hid: int
+    real: int
+    dev: int
+    stream: int = 0  # the wire stream a stream setter gave it
+    setter: int = -1  # that setter's record
+    bound: Any = None  # with the per-thread stream: the channel whose stream the library was given
+
+
+@dataclass
+class Record:
+    fid: int
+    hostmask: int
+    payload: bytes
+    out_cap: int
+    dev: int
+    owner: tuple[int, int] | None
+    refs: set[tuple[int, int]] = field(default_factory=set)
+    count: int = 1  # generation calls: how many times in a row
+
+
+@dataclass
+class Outcome:
+    ret: int
+    out: bytes
+    ran: bool  # the function ran (ret is its status or value)
+
+
+class LibState:
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.spec = spec.load()
+        self.exe: Any = None  # native.Executor, made when a library is first opened
+        self.opened: dict[str, str | None] = {}  # library -> None (open), or why it cannot be
+        self.handles: dict[tuple[int, int], Handle] = {}
+        self.records: dict[int, Record] = {}  # in call order
+        self.keys: dict[tuple[Any, ...], int] = {}  # a configuration's key -> its record
+        self.last_generation: dict[tuple[int, int], int] = {}  # a generator -> its latest generation record
+        self.serial = 0
+        self.told: set[str] = set()
+
+    # ---- serving ----
+    def tell_once(self, name: str, text: str) -> None:
+        if name not in self.told:
+            self.told.add(name)
+            print(f"nvproxy: {text}", file=sys.stderr)
+
+    def _open(self, f: spec.Func) -> str | None:
+        lib = self.spec.libs[f.lib]
+        if f.lib not in self.opened:
+            from . import native  # (cffi and the executor: only once a library is used)
+
+            sim = self.backend.name == "sim"
+            paths = native.candidates(lib.soname, sim)
+            if not paths:
+                self.opened[f.lib] = "the sim backend has no GPU libraries (NVPROXY_LIB_DIR names none)"
+            else:
+                if self.exe is None:
+                    self.exe = native.Executor()
+                self.opened[f.lib] = self.exe.open(list(self.spec.libs).index(f.lib), paths)
+        return self.opened[f.lib]
+
+    def run(self, ch: Any, dev: int, fid: int, hostmask: int, payload: bytes, out_cap: int,
+            stream_of: Callable[[int], int], record: bool = True) -> Outcome:
+        """Execute a request; its status (or value) and host outputs.  stream_of: a wire stream's real handle."""
+        f = self.spec.func(fid)
+        lib = self.spec.libs[f.lib]
+        if f.how != "forward":
+            self.tell_once(f.name, f"{f.name} is not forwarded ({f.why})")
+            return Outcome(lib.status("not_supported"), b"", False)
+        why = self._open(f)
+        if why is not None:
+            self.tell_once(f.name, f"{f.name} is not forwarded: {lib.soname} cannot be opened in the proxy ({why})")
+            return Outcome(lib.status("not_supported"), b"", False)
+        assert self.exe is not None
+        n = len(f.params)
+        if len(payload) < 8 * n:
+            return Outcome(lib.status("invalid_value"), b"", False)
+        slots = struct.unpack_from(f"<{n}Q", payload)
+        body: bytes | bytearray = payload
+        streams = [p.index for p in f.params if p.role == "stream"]
+        devs = [p.index for p in f.params if p.role == "dev" or (p.role in spec.MODE_ROLES and not hostmask >> p.index
+                                                                 & 1)] if self.backend.name == "sim" else []
+        if streams or devs:
+            body = bytearray(payload)
+            for i in streams:
+                struct.pack_into("<Q", body, 8 * i, stream_of(slots[i]))
+            for i in devs:  # (the sim backend's device memory lies elsewhere in the proxy: test doubles need it)
+                struct.pack_into("<Q", body, 8 * i, _sim_address(self.backend, slots[i]))
+        if ch is not None:
+            self._bind(f, slots, ch, stream_of)
+        sync = (lambda: self.backend.device_sync(dev)) if f.sync and hostmask else None
+        res = self.exe.call(fid, hostmask, body, out_cap, sync)
+        if res.error:
+            return self._refused(f, res)
+        ok = f.retkind != "status" or res.ret == 0
+        if ok and record:
+            self._note(f, slots, hostmask, payload, out_cap, res, ch, dev)
+        return Outcome(res.ret, res.out, True)
+
+    def _refused(self, f: spec.Func, res: Any) -> Outcome:
+        from . import native
+
+        lib = self.spec.libs[f.lib]
+        if res.error == native.E_HANDLE:
+            return Outcome(lib.status("invalid_handle"), b"", False)
+        if res.error == native.E_NOSYM:
+            self.tell_once(f.name, f"{f.name} is not forwarded: {lib.soname} has no such function")
+            return Outcome(lib.status("not_supported"), b"", False)
+        print(f"nvproxy: a malformed request for {f.name} (parameter {res.param}); refused", file=sys.stderr)
+        return Outcome(lib.status("invalid_value"), b"", False)
+
+    def _bind(self, f: spec.Func, slots: tuple[int, ...], ch: Any, stream_of: Callable[[int], int]) -> None:
+        """A handle given cudaStreamPerThread works on the calling thread's stream: where another thread calls
+        with it, the library is given that thread's per-thread stream first."""
+        if f.owner < 0 or f.params[f.owner].role != "handle":
+            return
+        p = f.params[f.owner]
+        h = self.handles.get((p.kind, slots[f.owner]))
+        if h is None or h.stream != PER_THREAD or h.bound is ch or h.setter not in self.records:
+            return
+        r = self.records[h.setter]
+        self.run(ch, h.dev, r.fid, r.hostmask, r.payload, r.out_cap, stream_of, record=False)
+        h.bound = ch
+
+    # ---- records ----
+    def _refs(self, f: spec.Func, slots: tuple[int, ...]) -> set[tuple[int, int]]:
+        return {(p.kind, slots[p.index]) for p in f.params if p.role in ("handle", "destroy", "create")}
+
+    def _add(self, rec: Record) -> int:
+        self.serial += 1
+        self.records[self.serial] = rec
+        return self.serial
+
+    def _note(self, f: spec.Func, slots: tuple[int, ...], hostmask: int, payload: bytes, out_cap: int,
+              res: Any, ch: Any, dev: int) -> None:
+        assert self.exe is not None
+        owner = (f.params[f.owner].kind, slots[f.owner]) if f.owner >= 0 else None
+        if f.state == "create":
+            created = [p for p in f.params if p.role == "create"]
+            for p, real in zip(created, res.created, strict=False):
+                self.handles[(p.kind, slots[p.index])] = Handle(p.kind, slots[p.index], real, dev)
+                self.exe.learn(p.kind, slots[p.index], real)
+            self._add(Record(f.fid, hostmask, payload, out_cap, dev, owner, self._refs(f, slots)))
+        elif f.state == "destroy" and owner is not None:
+            self._drop(owner)
+        elif f.state == "config" and owner is not None and owner in self.handles:
+            key = (owner, f.fid, tuple(slots[k] for k in f.key))
+            old = self.keys.pop(key, None)
+            if old is not None:
+                self.records.pop(old, None)
+            n = self.keys[key] = self._add(Record(f.fid, hostmask, payload, out_cap, dev, owner,
+                                                  self._refs(f, slots)))
+            self.last_generation.pop(owner, None)
+            if f.stream_setter:
+                h = self.handles[owner]
+                h.stream = next(slots[p.index] for p in f.params if p.role == "stream")
+                h.setter, h.bound = n, ch
+        elif f.state == "generate" and owner is not None and owner in self.handles:
+            self._generated(f, slots, hostmask, payload, out_cap, dev, owner)
+
+    def _generated(self, f: spec.Func, slots: tuple[int, ...], hostmask: int, payload: bytes, out_cap: int,
+                   dev: int, owner: tuple[int, int]) -> None:
+        """A generation call: counted into the generator's latest record when it is the same call (its output
+        pointer aside: a replay writes scratch memory)."""
+        out = _output_param(f)
+        body = bytearray(payload)
+        struct.pack_into("<Q", body, 8 * out, 0)
+        last = self.records.get(self.last_generation.get(owner, -1))
+        if last is not None and last.fid == f.fid and last.payload == bytes(body) and last.hostmask == hostmask:
+            last.count += 1
+            return
+        self.last_generation[owner] = self._add(Record(f.fid, hostmask, bytes(body), out_cap, dev, owner,
+                                                       self._refs(f, slots)))
+
+    def _drop(self, h: tuple[int, int]) -> None:
+        """A handle destroyed: its records, and those naming it, go."""
+        gone = self.handles.pop(h, None)
+        if gone is not None and self.exe is not None:
+            self.exe.forget(*h)
+        for n in [n for n, r in self.records.items() if h in r.refs or r.owner == h]:
+            del self.records[n]
+        for k in [k for k, n in self.keys.items() if n not in self.records]:
+            del self.keys[k]
+        self.last_generation.pop(h, None)
+
+    # ---- checkpoint and restore ----
+    def describe(self) -> dict[str, Any]:
+        recs = []
+        for r in self.records.values():
+            f = self.spec.func(r.fid)
+            recs.append([f.name, r.hostmask, r.payload.hex(), r.out_cap, r.dev, r.count])
+        return {"lib_records": recs} if recs else {}
+
+    def restore(self, state: Any, records: list[list[Any]]) -> None:
+        """Make every recorded object again (device memory is back; streams exist), in call order."""
+        for name, hostmask, payload_hex, out_cap, dev, count in records:
+            f = self.spec.named(name)
+            if f is None:
+                raise ImageError(f"the image holds a call of {name}, which this nvproxy does not know")
+            payload = bytes.fromhex(payload_hex)
+            self.backend.activate(dev)
+
+            def stream_of(w: int, dev: int = dev) -> int:
+                s = state.stream(w, dev, lambda d: self.backend.legacy_stream(d))
+                return int(self.backend.handle_value(s))
+
+            if f.state == "generate":
+                self._replay_generation(state, f, hostmask, payload, out_cap, dev, count, stream_of)
+                continue
+            out = self.run(None, dev, f.fid, hostmask, payload, out_cap, stream_of)
+            if not out.ran or (f.retkind == "status" and out.ret != 0):
+                raise ImageError(f"{name} failed making a library object again (status {out.ret})")
+
+    def _replay_generation(self, state: Any, f: spec.Func, hostmask: int, payload: bytes, out_cap: int, dev: int,
+                           count: int, stream_of: Callable[[int], int]) -> None:
+        out = _output_param(f)
+        slots = struct.unpack_from(f"<{len(f.params)}Q", payload)
+        nbytes = max(_count(f, slots) * f.params[out].elem(self.spec.types), 1)
+        scratch = state.alloc(dev, nbytes)
+        try:
+            body = bytearray(payload)
+            struct.pack_into("<Q", body, 8 * out, scratch)
+            for _ in range(count):
+                res = self.run(None, dev, f.fid, hostmask, bytes(body), out_cap, stream_of, record=False)
+                if not res.ran or res.ret != 0:
+                    raise ImageError(f"{f.name} failed advancing a generator again (status {res.ret})")
+            self.backend.device_sync(dev)
+        finally:
+            state.free(scratch, idle=True)
+        owner = (f.params[f.owner].kind, slots[f.owner])
+        self.last_generation[owner] = self._add(Record(f.fid, hostmask, payload, out_cap, dev, owner,
+                                                       self._refs(f, slots), count))
+
+
+def _sim_address(backend: Any, va: int) -> int:
+    """Where the sim backend keeps the device memory at va (va itself where it knows none: pinned host memory is
+    at the same address, and a library stand-in can be given other values)."""
+    from . import native
+
+    try:
+        view = backend.mem.view(va, 1)
+    except Exception:
+        return va
+    return int(native.ffi.cast("uintptr_t", native.ffi.from_buffer(view)))
+
+
+def _output_param(f: spec.Func) -> int:
+    return next(p.index for p in f.params if p.role == "dev")
+
+
+def _count(f: spec.Func, slots: tuple[int, ...]) -> int:
+    """How many values a generation call makes (its first size_t parameter)."""
+    return next(slots[p.index] for p in f.params if p.role == "val" and p.type.kind == "u8")
+
+
+_STATES: weakref.WeakKeyDictionary[Any, LibState] = weakref.WeakKeyDictionary()
+
+
+def of(state: Any) -> LibState:
+    """The process state's library objects (made on first use)."""
+    ls = _STATES.get(state)
+    if ls is None:
+        ls = _STATES[state] = LibState(state.backend)
+    return ls
+
+
+def describe(state: Any) -> dict[str, Any]:
+    """The image header's part for the libraries (dump.describe)."""
+    ls = _STATES.get(state)
+    return ls.describe() if ls is not None else {}
+
+
+def restore(state: Any, header: dict[str, Any]) -> None:
+    """After a restore's device memory and streams: the libraries' objects (restore._replay)."""
+    records = header.get("lib_records")
+    if records:
+        of(state).restore(state, records)

@@ -1,0 +1,103 @@
+"""Library calls through the proxy on the sim backend, against stand-ins of the libraries (tests/libfakes: the
+sim backend has no GPU libraries, so the proxy loads these, NVPROXY_LIB_DIR): handles and their checks, pointer
+modes, host inputs and outputs, posted calls, strings, int plan handles, functions that fail loudly, and the
+objects rebuilt at a migration at every call (a generator going on with its sequence)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import nvproxy_cmd, run
+
+FAKES = Path(__file__).resolve().parent / "libfakes"
+LIBS = {"cublas": "libcublas.so.13", "curand": "libcurand.so.10", "cufft": "libcufft.so.12"}
+
+
+@pytest.fixture(scope="module")
+def fakes(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(the stand-in libraries' directory, the test program)"""
+    nvcc = shutil.which("nvcc")
+    if not nvcc:
+        pytest.skip("nvcc is not on PATH: the test program cannot be built")
+    d = tmp_path_factory.mktemp("libfakes")
+    for name, soname in LIBS.items():
+        subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(d / soname), str(FAKES / f"fake_{name}.c"), "-lm"],
+                       check=True)
+        (d / f"lib{name}.so").symlink_to(soname)
+    exe = d / "libs_app"
+    subprocess.run([nvcc, "-cudart", "shared", "-o", str(exe), str(FAKES / "libs_app.cu"), f"-L{d}", "-lcublas",
+                    "-lcurand", "-lcufft", "-Xlinker", f"-rpath={d}"], check=True)
+    return d, exe
+
+
+def lcg_values(seed: int, skip: int, n: int) -> list[int]:
+    """fake_curand.c's sequence."""
+    a, c, m = 6364136223846793005, 1442695040888963407, (1 << 64) - 1
+    state = (seed * a + c) & m
+    out = []
+    for i in range(skip + n):
+        state = (state * a + c) & m
+        if i >= skip:
+            out.append(state >> 32)
+    return out
+
+
+def expected() -> list[str]:
+    x = np.arange(1, 9, dtype=np.float32)
+    y = np.arange(0, 16, 2, dtype=np.float32) + np.float32(0.5) * x
+    lines = ["stream kept: 1", "version 130001, status name CUBLAS_STATUS_SUCCESS",
+             "saxpy: " + " ".join(f"{v:g}" for v in y), f"dot (host result): {float(np.dot(x, y)):g}",
+             f"mode 1, dot (device result): {float(np.dot(x[::2], y[::2])):g}", "bad pointer mode: 7",
+             "sgemm: 6 8 8 10", "stale handle: 1", "cublasXtCreate: 15"]
+    done = 0
+    for r in range(6):
+        k = 3 if r % 2 else 4
+        v = lcg_values(1234, done, k)
+        done += k
+        lines.append(f"random {r}: {v[0]} {v[1]} {v[2]}")
+    return lines
+
+
+def run_app(fakes: tuple[Path, Path], **env: str) -> subprocess.CompletedProcess:
+    d, exe = fakes
+    return run(nvproxy_cmd(exe, "sim", "libs_app"), env=dict(os.environ, NVPROXY_LIB_DIR=str(d), **env))
+
+
+def test_library_calls_are_forwarded(fakes: tuple[Path, Path]) -> None:
+    r = run_app(fakes)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[: len(expected())] == expected()
+    fft = [float(v) for v in lines[len(expected())].split()[1:]]
+    assert np.allclose(fft, [10, 0, -2, 2, -2, 0, -2, -2], atol=1e-5)
+    assert lines[len(expected()) + 1:] == ["destroyed plan: 1", "destroyed handle: 1", "done"]
+    assert r.stderr.count("nvproxy: cublasXtCreate is not forwarded") == 1, r.stderr
+
+
+def test_without_the_libraries_calls_fail_cleanly(fakes: tuple[Path, Path]) -> None:
+    """The sim backend has no GPU libraries: a call gets the library's "not supported" status and one line."""
+    _d, exe = fakes
+    env = {k: v for k, v in os.environ.items() if k != "NVPROXY_LIB_DIR"}
+    r = run(nvproxy_cmd(exe, "sim", "libs_app"), env=env)
+    assert r.returncode == 1
+    assert r.stdout.splitlines() == ["cublasCreate_v2(&h) failed: 15"]
+    assert "cublasCreate_v2 is not forwarded: libcublas.so.13 cannot be opened in the proxy" in r.stderr
+
+
+def test_library_objects_survive_migration_at_every_call(fakes: tuple[Path, Path], tmp_path: Path) -> None:
+    """Migrated at each of its calls in turn (handles, plans, a generator and their configuration made again in
+    the new proxy; the generator's sequence goes on), the program prints what an uninterrupted run prints."""
+    count = tmp_path / "calls"
+    reference = run_app(fakes, NVPROXY_CALLS_OUT=str(count))
+    assert reference.returncode == 0, reference.stderr
+    calls = int(count.read_text())
+    assert calls > 40
+    for call in range(1, calls + 1):
+        r = run_app(fakes, NVPROXY_MIGRATE_AT=str(call))
+        assert r.returncode == 0 and "migrated process" in r.stderr, f"at call {call}: {r.stderr}"
+        assert r.stdout == reference.stdout, f"migrated at call {call} of {calls}: {r.stderr}"
