@@ -20,7 +20,10 @@ typedef void *(*dlmopen_fn)(Lmid_t, const char *, int);
 static dlopen_fn next_dlopen;
 static dlmopen_fn next_dlmopen;
 
-static void *next_symbol(const char *name) { return dmtcp_dlsym ? dmtcp_dlsym(RTLD_NEXT, name) : dlsym(RTLD_NEXT, name); }
+static void *next_symbol(const char *name)
+{
+    return dmtcp_dlsym ? dmtcp_dlsym(RTLD_NEXT, name) : dlsym(RTLD_NEXT, name);
+}
 
 /* the libraries whose functions the shim exports (libNAME.so, libNAME.so.N...) */
 static const char *const INTERPOSED[] = {
@@ -35,7 +38,8 @@ static int interposed(const char *path)
     base = base ? base + 1 : path;
     for (size_t i = 0; i < sizeof INTERPOSED / sizeof *INTERPOSED; i++) {
         size_t n = strlen(INTERPOSED[i]);
-        if (!strncmp(base, INTERPOSED[i], n) && !strncmp(base + n, ".so", 3) && (base[n + 3] == 0 || base[n + 3] == '.'))
+        const char *rest = base + n;
+        if (!strncmp(base, INTERPOSED[i], n) && !strncmp(rest, ".so", 3) && (rest[3] == 0 || rest[3] == '.'))
             return 1;
     }
     return 0;

@@ -803,11 +803,14 @@ NVP_EXPORT cudaError_t cudaGetDriverEntryPoint_ptsz(const char *symbol, void **f
 #undef cuGetExportTable
 NVP_EXPORT CUresult CUDAAPI cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId)
 {
+    static _Atomic int said;
     (void)pExportTableId;
     if (ppExportTable)
         *ppExportTable = NULL;
-    nvp_log("nvproxy: cuGetExportTable called: this program carries its own CUDA runtime (linked statically, or "
-            "inside a library), which nvproxy cannot intercept and no checkpoint could save; rebuild it with "
-            "`nvcc -cudart shared` (CMake: CMAKE_CUDA_RUNTIME_LIBRARY=Shared); returning CUDA_ERROR_NOT_SUPPORTED");
+    if (!atomic_exchange(&said, 1)) /* (such a runtime asks for several tables) */
+        nvp_log("nvproxy: cuGetExportTable called: this program carries its own CUDA runtime (linked statically, "
+                "or inside a library), which nvproxy cannot intercept and no checkpoint could save; rebuild it with "
+                "`nvcc -cudart shared` (CMake: CMAKE_CUDA_RUNTIME_LIBRARY=Shared); "
+                "returning CUDA_ERROR_NOT_SUPPORTED");
     return CUDA_ERROR_NOT_SUPPORTED;
 }

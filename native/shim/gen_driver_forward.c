@@ -867,20 +867,6 @@ NVP_EXPORT CUresult CUDAAPI cuStreamGetFlags_ptsz(CUstream hStream, unsigned int
     return NVP_DRV_RT(cudaStreamGetFlags(nvp_drv_ptsz(hStream), flags));
 }
 
-#undef cuStreamGetId
-NVP_EXPORT CUresult CUDAAPI cuStreamGetId(CUstream hStream, unsigned long long *streamId)
-{
-    NVP_DRV_ENTER(1);
-    return NVP_DRV_RT(cudaStreamGetId(hStream, streamId));
-}
-
-#undef cuStreamGetId_ptsz
-NVP_EXPORT CUresult CUDAAPI cuStreamGetId_ptsz(CUstream hStream, unsigned long long *streamId)
-{
-    NVP_DRV_ENTER(1);
-    return NVP_DRV_RT(cudaStreamGetId(nvp_drv_ptsz(hStream), streamId));
-}
-
 #undef cuStreamGetPriority
 NVP_EXPORT CUresult CUDAAPI cuStreamGetPriority(CUstream hStream, int *priority)
 {

@@ -124,7 +124,6 @@ FORWARD: dict[str, F] = {
     "cuStreamGetPriority": F("cudaStreamGetPriority(hStream, priority)"),
     "cuStreamGetFlags": F("cudaStreamGetFlags(hStream, flags)"),
     "cuStreamGetDevice": F("cudaStreamGetDevice(hStream, device)"),
-    "cuStreamGetId": F("cudaStreamGetId(hStream, streamId)"),
     "cuStreamGetCtx": F("nvp_drv_stream_ctx(hStream, pctx)"),
     "cuStreamAddCallback": F("cudaStreamAddCallback(hStream, (cudaStreamCallback_t)callback, userData, flags)"),
     "cuLaunchHostFunc": F("cudaLaunchHostFunc(hStream, (cudaHostFn_t)fn, userData)"),
