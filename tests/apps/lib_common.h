@@ -12,17 +12,25 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstring>
+#include <string>
 #include <unistd.h>
 
 // A library call that returns a status (every library's success is 0): any other value ends the program, naming
-// the call and the status.
+// the call and the status ("FAILED file:line call(...) -> status N"; LCHECK_AS: a call made through a pointer,
+// named).
+static inline void lib_failed(const char *file, int line, const char *call, long long status) {
+    printf("FAILED %s:%d %s -> status %lld\n", file, line, call, status);
+    exit(1);
+}
 #define LCHECK(x)                                                                                  \
     do {                                                                                           \
         long long s_ = (long long)(x);                                                             \
-        if (s_ != 0) {                                                                             \
-            printf("FAILED %s:%d %s -> status %lld\n", __FILE__, __LINE__, #x, s_);                \
-            exit(1);                                                                               \
-        }                                                                                          \
+        if (s_ != 0) lib_failed(__FILE__, __LINE__, #x, s_);                                       \
+    } while (0)
+#define LCHECK_AS(name, x)                                                                         \
+    do {                                                                                           \
+        long long s_ = (long long)(x);                                                             \
+        if (s_ != 0) lib_failed(__FILE__, __LINE__, (std::string(name) + "(...)").c_str(), s_);    \
     } while (0)
 
 struct Steps {

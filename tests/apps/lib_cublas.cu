@@ -185,20 +185,20 @@ int main(int argc, char **argv) {
             break;
         }
         case 7: {  // strided batched SGEMM
-            float *a = (float *)malloc(sizeof(float) * SB * SB * SBATCH), *b = (float *)malloc(sizeof(float) * SB * SB * SBATCH);
-            fill_f(a, (size_t)SB * SB * SBATCH, 50 + round);
-            fill_f(b, (size_t)SB * SB * SBATCH, 60 + round);
-            CHECK(cudaMemcpy(SA, a, sizeof(float) * SB * SB * SBATCH, cudaMemcpyHostToDevice));
-            CHECK(cudaMemcpy(SBm, b, sizeof(float) * SB * SB * SBATCH, cudaMemcpyHostToDevice));
+            const size_t n = (size_t)SB * SB * SBATCH;
+            float *a = (float *)malloc(sizeof(float) * n), *b = (float *)malloc(sizeof(float) * n);
+            fill_f(a, n, 50 + round);
+            fill_f(b, n, 60 + round);
+            CHECK(cudaMemcpy(SA, a, sizeof(float) * n, cudaMemcpyHostToDevice));
+            CHECK(cudaMemcpy(SBm, b, sizeof(float) * n, cudaMemcpyHostToDevice));
             long long stride = SB * SB;
             LCHECK(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_T, SB, SB, SB, &one, SA, SB, stride, SBm, SB,
                                              stride, &zero, SC, SB, stride, SBATCH));
-            float *c = host_copy(SC, (size_t)SB * SB * SBATCH);
+            float *c = host_copy(SC, n);
             for (int i = 0; i < SBATCH; i += 21)
                 check_gemm("strided batched", false, true, SB, SB, SB, 1.0, a + i * stride, SB,
                            b + i * stride, SB, 0.0, c, c + i * stride, SB, 0, 1e-5, 1.0);
-            step_done(steps, k, "sgemm strided batched 64 x 32x32 NT %016llx",
-                      checksum(c, sizeof(float) * SB * SB * SBATCH));
+            step_done(steps, k, "sgemm strided batched 64 x 32x32 NT %016llx", checksum(c, sizeof(float) * n));
             free(a);
             free(b);
             free(c);
@@ -278,8 +278,8 @@ int main(int argc, char **argv) {
             LCHECK(cublasGetAtomicsMode(h, &am));
             LCHECK(cublasGetMathMode(h, &mm));
             LCHECK(cublasGetStream(h, &got));
-            step_done(steps, k, "version %d major %d (%s) pointer mode %s atomics %s math %s stream %s; %s: %s", version,
-                      major, major == CUBLAS_VER_MAJOR ? "as the header" : "NOT as the header",
+            step_done(steps, k, "version %d major %d (%s) pointer mode %s atomics %s math %s stream %s; %s: %s",
+                      version, major, major == CUBLAS_VER_MAJOR ? "as the header" : "NOT as the header",
                       pm == CUBLAS_POINTER_MODE_HOST ? "host" : "device",
                       am == CUBLAS_ATOMICS_NOT_ALLOWED ? "not allowed" : "allowed", math_name(mm),
                       got == st ? "ours" : "NOT ours", cublasGetStatusName(CUBLAS_STATUS_NOT_SUPPORTED),

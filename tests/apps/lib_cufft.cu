@@ -38,12 +38,18 @@ template <typename C> static void dft_bin(const C *x, int n, int stride, int k, 
     *im = m;
 }
 
+// a complex value within tol of (re, im), relative to max(|part|, scale)
+template <typename C>
+static void expect_close_c(const char *what, size_t where, C got, double re, double im, double tol, double scale) {
+    expect_close(what, where, got.x, re, tol, scale);
+    expect_close(what, where, got.y, im, tol, scale);
+}
+
 template <typename C> static void check_bin(const char *what, const C *x, const C *X, int n, int stride, int k,
                                             int sign, double tol) {
     double re, im;
     dft_bin(x, n, stride, k, sign, &re, &im);
-    expect_close(what, k, X[(size_t)k * stride].x, re, tol, sqrt((double)n));
-    expect_close(what, k, X[(size_t)k * stride].y, im, tol, sqrt((double)n));
+    expect_close_c(what, k, X[(size_t)k * stride], re, im, tol, sqrt((double)n));
 }
 
 static void fill_c(float2 *p, size_t n, unsigned seed) { fill_f((float *)p, 2 * n, seed); }
@@ -100,8 +106,7 @@ int main(int argc, char **argv) {
             launch_scale(sig1, N1, 1.0f / N1, st);
             float2 *back = host_copy(sig1, N1);
             for (int i = 0; i < N1; i++) {
-                expect_close("1D round trip", i, back[i].x, x[i].x, 1e-5);
-                expect_close("1D round trip", i, back[i].y, x[i].y, 1e-5);
+                expect_close_c("1D round trip", i, back[i], x[i].x, x[i].y, 1e-5, 1.0);
             }
             step_done(steps, k, "1D C2C %d forward %016llx inverse %016llx", N1, checksum(X, sizeof(float2) * N1),
                       checksum(back, sizeof(float2) * N1));
@@ -126,12 +131,12 @@ int main(int argc, char **argv) {
                             re += r[i * N2 + j] * cos(t);
                             im += r[i * N2 + j] * sin(t);
                         }
-                    expect_close("2D R2C", kx * (N2 / 2 + 1) + ky, X[kx * (N2 / 2 + 1) + ky].x, re, 1e-4, N2);
-                    expect_close("2D R2C", kx * (N2 / 2 + 1) + ky, X[kx * (N2 / 2 + 1) + ky].y, im, 1e-4, N2);
+                    expect_close_c("2D R2C", kx * (N2 / 2 + 1) + ky, X[kx * (N2 / 2 + 1) + ky], re, im, 1e-4, N2);
                 }
             LCHECK(cufftExecC2R(p2c, spec2, r2));
             float *back = host_copy(r2, N2 * N2);
-            for (int i = 0; i < N2 * N2; i++) expect_close("2D round trip", i, back[i], (double)N2 * N2 * r[i], 1e-4, N2 * N2);
+            for (int i = 0; i < N2 * N2; i++)
+                expect_close("2D round trip", i, back[i], (double)N2 * N2 * r[i], 1e-4, N2 * N2);
             step_done(steps, k, "2D R2C/C2R %dx%d %016llx %016llx", N2, N2, checksum(X, sizeof(float2) * nc),
                       checksum(back, sizeof(float) * N2 * N2));
             free(r);
@@ -153,8 +158,7 @@ int main(int argc, char **argv) {
                     im += x[i].x * sin(t) + x[i].y * cos(t);
                 }
                 int at = (b[0] * N3 + b[1]) * N3 + b[2];
-                expect_close("3D C2C", at, X[at].x, re, 1e-4, sqrt((double)n3));
-                expect_close("3D C2C", at, X[at].y, im, 1e-4, sqrt((double)n3));
+                expect_close_c("3D C2C", at, X[at], re, im, 1e-4, sqrt((double)n3));
             }
             filter3d<<<(n3 + 255) / 256, 256, 0, st>>>(grid, N3, 200.0f);
             CHECK(cudaGetLastError());
@@ -177,10 +181,10 @@ int main(int argc, char **argv) {
                 for (int f = 0; f < NB; f += 255) {
                     double re, im;
                     dft_bin(x + b, NB, BATCH, f, -1, &re, &im);
-                    expect_close("plan many", b * NB + f, X[b * NB + f].x, re, 1e-4, sqrt((double)NB));
-                    expect_close("plan many", b * NB + f, X[b * NB + f].y, im, 1e-4, sqrt((double)NB));
+                    expect_close_c("plan many", b * NB + f, X[b * NB + f], re, im, 1e-4, sqrt((double)NB));
                 }
-            step_done(steps, k, "plan many %d x %d strided %016llx", BATCH, NB, checksum(X, sizeof(float2) * NB * BATCH));
+            step_done(steps, k, "plan many %d x %d strided %016llx", BATCH, NB,
+                      checksum(X, sizeof(float2) * NB * BATCH));
             free(x);
             free(X);
             break;
@@ -195,8 +199,7 @@ int main(int argc, char **argv) {
             LCHECK(cufftExecZ2Z(pz, zspec, z, CUFFT_INVERSE));
             double2 *back = host_copy(z, NZ);
             for (int i = 0; i < NZ; i++) {
-                expect_close("Z2Z round trip", i, back[i].x, NZ * x[i].x, 1e-12, NZ);
-                expect_close("Z2Z round trip", i, back[i].y, NZ * x[i].y, 1e-12, NZ);
+                expect_close_c("Z2Z round trip", i, back[i], NZ * x[i].x, NZ * x[i].y, 1e-12, NZ);
             }
             step_done(steps, k, "Z2Z %d %016llx %016llx", NZ, checksum(X, sizeof(double2) * NZ),
                       checksum(back, sizeof(double2) * NZ));
@@ -212,7 +215,8 @@ int main(int argc, char **argv) {
             LCHECK(cufftExecC2C(pw, win, wout, CUFFT_INVERSE));
             float2 *X = host_copy(wout, NW * WBATCH);
             for (int b = 0; b < WBATCH; b++)
-                for (int f = 1; f < NW; f += 2047) check_bin("own work area", x + b * NW, X + b * NW, NW, 1, f, 1, 1e-4);
+                for (int f = 1; f < NW; f += 2047)
+                    check_bin("own work area", x + b * NW, X + b * NW, NW, 1, f, 1, 1e-4);
             step_done(steps, k, "C2C %d x %d in a work area of %zu bytes %016llx", WBATCH, NW, pw_bytes,
                       checksum(X, sizeof(float2) * NW * WBATCH));
             free(x);

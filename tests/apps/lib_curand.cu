@@ -5,6 +5,8 @@
 // from pairs of them.  Steps and output: lib_common.h.  Build: nvcc -cudart shared -lcurand.
 #include "lib_common.h"
 #include <curand.h>
+#include <functional>
+#include <vector>
 
 static const int OPS = 10;
 static const size_t N = 1 << 20;
@@ -25,23 +27,40 @@ __global__ void inside(const float *u, int pairs, unsigned *partial) {
     if (threadIdx.x == 0) partial[blockIdx.x] = s[0];
 }
 
-// mean and variance of n values, checked against what the distribution gives
-template <typename T>
-static void check_moments(const char *what, const T *v, size_t n, double mean, double var, double tol) {
-    double s = 0, s2 = 0;
-    for (size_t i = 0; i < n; i++) s += (double)v[i];
-    double m = s / n;
-    for (size_t i = 0; i < n; i++) s2 += ((double)v[i] - m) * ((double)v[i] - m);
-    expect_close(what, 0, m, mean, tol);
-    expect_close(what, 1, s2 / n, var, 10 * tol);
+enum Kind { U32, F32, F64 };
+enum Range { ANY, UNIT, POSITIVE_LOGS };  // POSITIVE_LOGS: all above 0, the moments those of their logarithms
+
+// one kind of draw: a generate call (its name, for a failure), where its numbers go, and their distribution
+struct Draw {
+    const char *what, *call;
+    Kind kind;
+    bool on_host;
+    double mean, var, tol;
+    Range range;
+    std::function<curandStatus_t(void *)> generate;
+};
+
+static double value(const void *v, Kind kind, size_t i) {
+    return kind == U32 ? ((const unsigned *)v)[i] : kind == F32 ? ((const float *)v)[i] : ((const double *)v)[i];
 }
 
-template <typename T> static void check_range(const char *what, const T *v, size_t n, double lo, double hi) {
-    for (size_t i = 0; i < n; i++)
-        if (!((double)v[i] > lo && (double)v[i] <= hi)) {
-            printf("MISMATCH %s at %zu: %g outside (%g, %g]\n", what, i, (double)v[i], lo, hi);
+// the N numbers of a draw (in host memory) checked against their distribution: in range, mean and variance
+static void check_draw(const Draw &d, const void *v) {
+    std::vector<double> x(N);
+    double sum = 0, sum2 = 0;
+    for (size_t i = 0; i < N; i++) {
+        x[i] = value(v, d.kind, i);
+        if ((d.range == UNIT && !(x[i] > 0 && x[i] <= 1)) || (d.range == POSITIVE_LOGS && !(x[i] > 0))) {
+            printf("MISMATCH %s at %zu: %g out of range\n", d.what, i, x[i]);
             exit(1);
         }
+        if (d.range == POSITIVE_LOGS) x[i] = log(x[i]);
+        sum += x[i];
+    }
+    double mean = sum / N;
+    for (double e : x) sum2 += (e - mean) * (e - mean);
+    expect_close(d.what, 0, mean, d.mean, d.tol);
+    expect_close(d.what, 1, sum2 / N, d.var, 10 * d.tol);
 }
 
 int main(int argc, char **argv) {
@@ -64,114 +83,53 @@ int main(int argc, char **argv) {
 
     void *out = device_alloc<double>(N);
     unsigned *partial = device_alloc<unsigned>(BLOCKS);
-    float *hostbuf = (float *)malloc(sizeof(float) * N);
+
+    const Draw draws[] = {
+        {"xorwow 32-bit", "curandGenerate", U32, false, 0x1p31, 0x1p64 / 12, 0.01, ANY,
+         [&](void *p) { return curandGenerate(xorwow, (unsigned *)p, N); }},
+        {"xorwow uniform", "curandGenerateUniform", F32, false, 0.5, 1.0 / 12, 0.005, UNIT,
+         [&](void *p) { return curandGenerateUniform(xorwow, (float *)p, N); }},
+        {"xorwow normal", "curandGenerateNormal", F32, false, 0.0, 1.0, 0.01, ANY,
+         [&](void *p) { return curandGenerateNormal(xorwow, (float *)p, N, 0.0f, 1.0f); }},
+        {"philox log-normal", "curandGenerateLogNormal", F32, false, 0.0, 0.25, 0.01, POSITIVE_LOGS,
+         [&](void *p) { return curandGenerateLogNormal(philox, (float *)p, N, 0.0f, 0.5f); }},
+        {"philox poisson 4.5", "curandGeneratePoisson", U32, false, 4.5, 4.5, 0.01, ANY,
+         [&](void *p) { return curandGeneratePoisson(philox, (unsigned *)p, N, 4.5); }},
+        {"philox uniform double", "curandGenerateUniformDouble", F64, false, 0.5, 1.0 / 12, 0.005, UNIT,
+         [&](void *p) { return curandGenerateUniformDouble(philox, (double *)p, N); }},
+        {"xorwow normal double", "curandGenerateNormalDouble", F64, false, 2.0, 9.0, 0.01, ANY,
+         [&](void *p) { return curandGenerateNormalDouble(xorwow, (double *)p, N, 2.0, 3.0); }},
+        // the host generator: numbers made in the program's memory
+        {"host xorwow uniform", "curandGenerateUniform", F32, true, 0.5, 1.0 / 12, 0.005, UNIT,
+         [&](void *p) { return curandGenerateUniform(host, (float *)p, N); }},
+        // quasi-random points fill the square evenly
+        {"sobol32 2 dimensions", "curandGenerateUniform", F32, false, 0.5, 1.0 / 12, 0.001, UNIT,
+         [&](void *p) { return curandGenerateUniform(sobol, (float *)p, N); }},
+    };
+    static_assert(sizeof draws / sizeof *draws == OPS - 1, "a draw for each step but the last");
+    void *drawn = malloc(sizeof(double) * N);
 
     for (int k = 0; k < steps.count; k++) {
-        int round = k / OPS;
-        unsigned long long sum;
-        switch (k % OPS) {
-        case 0: {
-            LCHECK(curandGenerate(xorwow, (unsigned *)out, N));
-            unsigned *v = host_copy((unsigned *)out, N);
-            double m = 0;
-            for (size_t i = 0; i < N; i++) m += (v[i] >> 8) / 16777216.0;
-            expect_close("xorwow bits", 0, m / N, 0.5, 0.01);
-            sum = checksum(v, sizeof(unsigned) * N);
-            free(v);
-            step_done(steps, k, "xorwow 32-bit %016llx", sum);
-            break;
+        if (k % OPS < OPS - 1) {
+            const Draw &d = draws[k % OPS];
+            LCHECK_AS(d.call, d.generate(d.on_host ? drawn : out));
+            if (!d.on_host) CHECK(cudaMemcpy(drawn, out, (d.kind == F64 ? 8 : 4) * N, cudaMemcpyDeviceToHost));
+            check_draw(d, drawn);
+            step_done(steps, k, "%s %016llx", d.what, checksum(drawn, (d.kind == F64 ? 8 : 4) * N));
+            continue;
         }
-        case 1: {
-            LCHECK(curandGenerateUniform(xorwow, (float *)out, N));
-            float *v = host_copy((float *)out, N);
-            check_range("xorwow uniform", v, N, 0.0, 1.0);
-            check_moments("xorwow uniform", v, N, 0.5, 1.0 / 12, 0.005);
-            sum = checksum(v, sizeof(float) * N);
-            free(v);
-            step_done(steps, k, "xorwow uniform %016llx", sum);
-            break;
-        }
-        case 2: {
-            LCHECK(curandGenerateNormal(xorwow, (float *)out, N, 0.0f, 1.0f));
-            float *v = host_copy((float *)out, N);
-            check_moments("xorwow normal", v, N, 0.0, 1.0, 0.01);
-            sum = checksum(v, sizeof(float) * N);
-            free(v);
-            step_done(steps, k, "xorwow normal %016llx", sum);
-            break;
-        }
-        case 3: {
-            LCHECK(curandGenerateLogNormal(philox, (float *)out, N, 0.0f, 0.5f));
-            float *v = host_copy((float *)out, N);
-            check_range("philox log-normal", v, N, 0.0, INFINITY);
-            for (size_t i = 0; i < N; i++) v[i] = logf(v[i]);  // (the sum is taken of what the library gave)
-            check_moments("philox log-normal", v, N, 0.0, 0.25, 0.01);
-            free(v);
-            sum = device_checksum(out, sizeof(float) * N);
-            step_done(steps, k, "philox log-normal %016llx", sum);
-            break;
-        }
-        case 4: {
-            double lambda = 4.5 + round;
-            LCHECK(curandGeneratePoisson(philox, (unsigned *)out, N, lambda));
-            unsigned *v = host_copy((unsigned *)out, N);
-            check_moments("philox poisson", v, N, lambda, lambda, 0.01);
-            sum = checksum(v, sizeof(unsigned) * N);
-            free(v);
-            step_done(steps, k, "philox poisson %.1f %016llx", lambda, sum);
-            break;
-        }
-        case 5: {
-            LCHECK(curandGenerateUniformDouble(philox, (double *)out, N));
-            double *v = host_copy((double *)out, N);
-            check_range("philox uniform double", v, N, 0.0, 1.0);
-            check_moments("philox uniform double", v, N, 0.5, 1.0 / 12, 0.005);
-            sum = checksum(v, sizeof(double) * N);
-            free(v);
-            step_done(steps, k, "philox uniform double %016llx", sum);
-            break;
-        }
-        case 6: {
-            LCHECK(curandGenerateNormalDouble(xorwow, (double *)out, N, 2.0, 3.0));
-            double *v = host_copy((double *)out, N);
-            check_moments("xorwow normal double", v, N, 2.0, 9.0, 0.01);
-            sum = checksum(v, sizeof(double) * N);
-            free(v);
-            step_done(steps, k, "xorwow normal double %016llx", sum);
-            break;
-        }
-        case 7: {  // the host generator: numbers made in the program's memory
-            LCHECK(curandGenerateUniform(host, hostbuf, N));
-            check_range("host uniform", hostbuf, N, 0.0, 1.0);
-            check_moments("host uniform", hostbuf, N, 0.5, 1.0 / 12, 0.005);
-            step_done(steps, k, "host xorwow uniform %016llx", checksum(hostbuf, sizeof(float) * N));
-            break;
-        }
-        case 8: {  // quasi-random points fill the square evenly
-            LCHECK(curandGenerateUniform(sobol, (float *)out, N));
-            float *v = host_copy((float *)out, N);
-            check_range("sobol", v, N, 0.0, 1.0);
-            check_moments("sobol", v, N, 0.5, 1.0 / 12, 0.001);
-            sum = checksum(v, sizeof(float) * N);
-            free(v);
-            step_done(steps, k, "sobol32 2 dimensions %016llx", sum);
-            break;
-        }
-        case 9: {  // pi from pairs of uniform numbers, counted by the program's kernel on the generator's stream
-            LCHECK(curandGenerateUniform(xorwow, (float *)out, N));
-            inside<<<BLOCKS, THREADS, 0, st>>>((const float *)out, (int)(N / 2), partial);
-            CHECK(cudaGetLastError());
-            unsigned counts[BLOCKS];
-            CHECK(cudaMemcpyAsync(counts, partial, sizeof counts, cudaMemcpyDeviceToHost, st));
-            CHECK(cudaStreamSynchronize(st));
-            unsigned long long in = 0;
-            for (unsigned c : counts) in += c;
-            double pi = 4.0 * in / (N / 2);
-            expect_close("pi", 0, pi, M_PI, 0.005);
-            step_done(steps, k, "pi %.6f from %llu of %zu pairs", pi, in, N / 2);
-            break;
-        }
-        }
+        // pi from pairs of uniform numbers, counted by the program's kernel on the generator's stream
+        LCHECK(curandGenerateUniform(xorwow, (float *)out, N));
+        inside<<<BLOCKS, THREADS, 0, st>>>((const float *)out, (int)(N / 2), partial);
+        CHECK(cudaGetLastError());
+        unsigned counts[BLOCKS];
+        CHECK(cudaMemcpyAsync(counts, partial, sizeof counts, cudaMemcpyDeviceToHost, st));
+        CHECK(cudaStreamSynchronize(st));
+        unsigned long long in = 0;
+        for (unsigned c : counts) in += c;
+        double pi = 4.0 * in / (N / 2);
+        expect_close("pi", 0, pi, M_PI, 0.005);
+        step_done(steps, k, "pi %.6f from %llu of %zu pairs", pi, in, N / 2);
     }
 
     CHECK(cudaStreamSynchronize(st));
@@ -183,7 +141,7 @@ int main(int argc, char **argv) {
     CHECK(cudaFree(out));
     CHECK(cudaFree(partial));
     CHECK(cudaStreamDestroy(st));
-    free(hostbuf);
+    free(drawn);
     printf("Test PASSED\n");
     return 0;
 }

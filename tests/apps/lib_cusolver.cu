@@ -144,7 +144,8 @@ int main(int argc, char **argv) {
             random_matrix(noise, NC, NC, 60 + round);
             for (int i = 0; i < NC; i++)
                 for (int j = 0; j < NC; j++)
-                    a[i + (size_t)j * NC] = i == j ? (i == bad ? -1.0 : 1.0) : 0.001 * (noise[i + j * NC] + noise[j + i * NC]);
+                    a[i + (size_t)j * NC] =
+                        i == j ? (i == bad ? -1.0 : 1.0) : 0.001 * (noise[i + j * NC] + noise[j + i * NC]);
             CHECK(cudaMemcpyAsync(dA, a.data(), sizeof(double) * a.size(), cudaMemcpyHostToDevice, st));
             int lwork;
             LCHECK(cusolverDnDpotrf_bufferSize(h, CUBLAS_FILL_MODE_LOWER, NC, dA, NC, &lwork));
@@ -251,8 +252,9 @@ int main(int argc, char **argv) {
             LCHECK(cusolverGetProperty(MAJOR_VERSION, &major));
             cusolverDeterministicMode_t mode;
             LCHECK(cusolverDnGetDeterministicMode(h, &mode));
-            step_done(steps, k, "version %d major %d (%s) %s; workspaces getrf %d potrf %d syevd %d gesvd %d Xgetrf %d "
-                      "+ %d on the host", version, major, major == CUSOLVER_VER_MAJOR ? "as the header" : "NOT as the header",
+            step_done(steps, k,
+                      "version %d major %d (%s) %s; workspaces getrf %d potrf %d syevd %d gesvd %d Xgetrf %d + %d on "
+                      "the host", version, major, major == CUSOLVER_VER_MAJOR ? "as the header" : "NOT as the header",
                       mode == CUSOLVER_DETERMINISTIC_RESULTS ? "deterministic" : "NOT deterministic", lworks[0],
                       lworks[1], lworks[2], lworks[3], lworks[4], lworks[5]);
             break;

@@ -32,6 +32,13 @@ static bool said(const char *lib, const char *call, int status, const char *deta
     return status == 0;
 }
 
+// the same, with the value the call gave where it succeeded
+static bool said(const char *lib, const char *call, int status, const char *what, long long value) {
+    char detail[64];
+    snprintf(detail, sizeof detail, ": %s %lld", what, value);
+    return said(lib, call, status, status ? "" : detail);
+}
+
 static void expect(bool ok, const char *what) {
     if (!ok) {
         printf("MISMATCH %s\n", what);
@@ -49,10 +56,8 @@ static void try_cublas() {
     void *h = nullptr;
     if (!said("cublas", "cublasCreate_v2", create(&h))) return;
     int v = 0;
-    char detail[64];
     int s = version(h, &v);
-    snprintf(detail, sizeof detail, ": version %d", v);
-    said("cublas", "cublasGetVersion_v2", s, s ? "" : detail);
+    said("cublas", "cublasGetVersion_v2", s, "version", v);
     float a[16], b[16], c[16], one = 1, zero = 0, *d;
     for (int i = 0; i < 16; i++) {
         a[i] = (float)(i % 5) - 2;
@@ -93,10 +98,8 @@ static void try_cufft() {
     auto destroy = sym<int (*)(int)>(l, "cufftDestroy");
     auto version = sym<int (*)(int *)>(l, "cufftGetVersion");
     int v = 0;
-    char detail[64];
     int s = version(&v);
-    snprintf(detail, sizeof detail, ": version %d", v);
-    said("cufft", "cufftGetVersion", s, s ? "" : detail);
+    said("cufft", "cufftGetVersion", s, "version", v);
     int plan = 0;
     if (!said("cufft", "cufftPlan1d", plan1d(&plan, 8, 0x29 /* CUFFT_C2C */, 1))) return;
     float2 x[8] = {}, *d;
@@ -146,10 +149,8 @@ static void try_cusparse() {
     void *h = nullptr;
     if (!said("cusparse", "cusparseCreate", create(&h))) return;
     int v = 0;
-    char detail[64];
     int s = version(h, &v);
-    snprintf(detail, sizeof detail, ": version %d", v);
-    said("cusparse", "cusparseGetVersion", s, s ? "" : detail);
+    said("cusparse", "cusparseGetVersion", s, "version", v);
     said("cusparse", "cusparseDestroy", destroy(h));
 }
 
