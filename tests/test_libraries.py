@@ -44,6 +44,12 @@ def library_of(symbol: str) -> str | None:
     return max((lib for lib in LIBRARIES if symbol.startswith(lib)), key=len, default=None)
 
 
+def migrating_at(call: int) -> dict[str, str]:
+    """The environment of a run that `nvproxy migrate` moves to a new proxy at its call-th CUDA call (the shim's test
+    hook NVPROXY_MIGRATE_AT); the DMTCP tests' hooks are test_dmtcp's (Session.checkpoint_at_call, calls_made)."""
+    return dict(os.environ, NVPROXY_MIGRATE_AT=str(call))
+
+
 @pytest.fixture(scope="session")
 def lib_build(build):
     """A library program built -cudart shared and linked against its library (the toolkit's headers)."""
@@ -86,7 +92,7 @@ def test_gpu_program_migrated_at_calls(lib_build, name: str, tmp_path: Path) -> 
     (calls,), out = calls_made(cmd, tmp_path)
     assert out == want
     for call in sorted({calls // 4, calls // 2, 3 * calls // 4}):
-        r = run(cmd, env=dict(os.environ, NVPROXY_MIGRATE_AT=str(call)))
+        r = run(cmd, env=migrating_at(call))
         where = f"migrated at call {call} of {calls}"
         assert r.returncode == 0 and "migrated process" in r.stderr, f"{where}: {r.stdout[-2000:]}{r.stderr[-4000:]}"
         assert r.stdout == want, f"{where}: {r.stderr[-4000:]}"

@@ -6,7 +6,6 @@ lap2D_5pt_n100.mtx, which the samples lack, read lap2D_5pt_n32.mtx of cuSolverSp
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import run
 from test_dmtcp import Session, calls_made
+from test_libraries import migrating_at
 from test_public_samples import SAMPLES, stable
 
 CG = ("-lcublas", "-lcusparse")
@@ -128,7 +128,7 @@ def test_gpu_sample_migrated_at_a_call(sample_build, sample: LibrarySample, tmp_
     want = native_sample(exe, cwd, sample.args)
     cmd = sample_cmd(exe, *sample.args)
     (calls,), _out = calls_made(cmd, tmp_path, cwd=cwd)
-    r = run(cmd, cwd=cwd, env=dict(os.environ, NVPROXY_MIGRATE_AT=str(calls // 2)))
+    r = run(cmd, cwd=cwd, env=migrating_at(calls // 2))
     where = f"migrated at call {calls // 2} of {calls}"
     assert r.returncode == want.returncode and "migrated process" in r.stderr, f"{where}: {r.stderr[-4000:]}"
     assert stable(r.stdout, exe.name) == stable(want.stdout, exe.name), f"{where}: {r.stderr[-4000:]}"
