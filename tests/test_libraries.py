@@ -22,7 +22,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from conftest import APPS, nvproxy_cmd, run
+from conftest import APPS, gpu_count, nvproxy_cmd, run
 from test_checkpoint import migrate_mid_run, nvproxy
 from test_dmtcp import Session, calls_made
 
@@ -103,6 +103,29 @@ def test_gpu_program_migrated_at_calls(lib_build, name: str, tmp_path: Path) -> 
 def test_gpu_program_migrated_mid_run(lib_build, name: str) -> None:
     """nvproxy migrate while the program runs (after its step 3, wherever it is then)."""
     migrate_mid_run(lib_build, "gpu", name, (MID_STEPS, PAUSE_MS), "step 3:", (MID_STEPS,))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_gpu_program_migrated_to_another_gpu(lib_build, name: str) -> None:
+    """nvproxy migrate --device 1 after step 2: the library's state is made again on the other GPU (of the same
+    model: the same results) and the program goes on to native's output."""
+    if gpu_count() < 2:
+        pytest.skip("needs two GPUs (nvidia-smi -L lists fewer)")
+    exe = lib_build(name)
+    want = native(exe, MID_STEPS)
+    app = subprocess.Popen(nvproxy_cmd(exe, "gpu", name, MID_STEPS, PAUSE_MS), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    assert app.stdout is not None
+    try:
+        lines = [app.stdout.readline() for _ in range(3)]
+        r = nvproxy("migrate", str(app.pid), "--device", "1")
+        assert r.returncode == 0, r.stdout + r.stderr
+        out, err = app.communicate(timeout=300)
+    finally:
+        if app.poll() is None:
+            app.kill()
+    assert "".join(lines) + out == want and app.returncode == 0, err[-4000:]
 
 
 @pytest.mark.gpu
