@@ -142,8 +142,8 @@ memory types: device DEVICE, pinned host HOST, malloc'ed CUDA_ERROR_INVALID_VALU
 address range: the allocation's, 262144 bytes; memory info consistent
 cuGetProcAddress of an unknown name: NULL, status 1
 cuGetProcAddress of cuMemAlloc for CUDA 1.0: NULL, status 2
-step 0: counter 1, sample sum 102592.0
-step 1: counter 3, sample sum 153888.0
+step 0: counter 1, sample sum 102592.0, graph's 52648.0
+step 1: counter 3, sample sum 153888.0, graph's 52648.0
 Test PASSED
 """
 
@@ -238,8 +238,8 @@ def test_dlopen_leaves_the_callers_search_path_alone(tmp_path: Path) -> None:
 
 
 def test_driver_api_state_survives_migration(build, images: dict[str, Path]) -> None:
-    """Module (and its variable), memory, stream and events made by driver calls: the run goes on after a
-    migration mid-run as if none happened."""
+    """Module (and its variable), memory, stream, events and a captured graph (with a 32-bit memset) made by
+    driver calls: the run goes on after a migration mid-run as if none happened."""
     from test_checkpoint import migrate_mid_run
 
     args = driver_args(images, "ptx", DRIVER, "data", "created")
@@ -288,6 +288,24 @@ def test_driver_api_state_comes_back_in_a_new_proxy(build, images: dict[str, Pat
     out, err = app.communicate(timeout=120)
     assert "starting a new one from" in err, err
     assert "".join(lines) + out == reference.stdout, err
+
+
+def test_driver_api_state_survives_a_dmtcp_restart(build, images: dict[str, Path], tmp_path: Path) -> None:
+    """Under DMTCP, where DMTCP's own dlopen wrapper comes before the shim's, the driver API still reaches the
+    shim, and a checkpoint mid-run and a restart give an uninterrupted run's output."""
+    from test_dmtcp import Session
+
+    session = Session(tmp_path / "dmtcp")
+    exe = build("driver_api")
+    args = driver_args(images, "cubin", DRIVER, "data", "created", "16")
+    reference = run(nvproxy_cmd(exe, "sim", "driver_api", *args, "0")).stdout.splitlines(keepends=True)
+    app = session.launch(nvproxy_cmd(exe, "sim", "driver_api", *args, "150"))
+    session.wait_for(app, "step 2:")
+    session.checkpoint_and_kill(app)
+    r = session.restart()
+    after = r.stdout.splitlines(keepends=True)
+    assert after and after[0] in reference, r.stderr
+    assert after == reference[reference.index(after[0]) :] and r.returncode == 0, r.stderr
 
 
 # ---- on a GPU: the same output natively and through nvproxy ----

@@ -70,6 +70,12 @@ FN(cuEventSynchronize);
 FN(cuEventQuery);
 FN(cuEventElapsedTime);
 FN(cuLaunchKernel);
+FN(cuStreamBeginCapture);
+FN(cuStreamEndCapture);
+FN(cuGraphInstantiateWithFlags);
+FN(cuGraphLaunch);
+FN(cuGraphExecDestroy);
+FN(cuGraphDestroy);
 FN(cuPointerGetAttribute);
 FN(cuGetErrorName);
 FN(cuGetProcAddress);
@@ -129,7 +135,9 @@ static void resolve(const char *library) {
     GET(cuMemcpyDtoHAsync); GET(cuMemsetD8); GET(cuMemsetD16); GET(cuMemsetD32); GET(cuMemsetD2D32);
     GET(cuMemsetD32Async); GET(cuStreamCreate); GET(cuStreamDestroy); GET(cuStreamSynchronize); GET(cuStreamQuery);
     GET(cuEventCreate); GET(cuEventDestroy); GET(cuEventRecord); GET(cuEventSynchronize); GET(cuEventQuery);
-    GET(cuEventElapsedTime); GET(cuLaunchKernel); GET(cuPointerGetAttribute); GET(cuGetErrorName);
+    GET(cuEventElapsedTime); GET(cuLaunchKernel); GET(cuStreamBeginCapture); GET(cuStreamEndCapture);
+    GET(cuGraphInstantiateWithFlags); GET(cuGraphLaunch); GET(cuGraphExecDestroy); GET(cuGraphDestroy);
+    GET(cuPointerGetAttribute); GET(cuGetErrorName);
     GET(cuGetProcAddress);
     Dl_info info;
     if (dladdr((void *)p_cuInit, &info) && info.dli_fname) {
@@ -364,7 +372,19 @@ int main(int argc, char **argv) {
     CK(p_cuGetProcAddress("cuMemAlloc", &fn, 1000, 0, &status));
     printf("cuGetProcAddress of cuMemAlloc for CUDA 1.0: %s, status %d\n", fn ? "a function" : "NULL", (int)status);
 
-    // rounds a checkpoint may come between: the counter, the buffers and the module all live on
+    // a graph captured from driver calls: a 32-bit memset, then a kernel of the module
+    CUdeviceptr w;
+    CK(p_cuMemAlloc(&w, bytes));
+    void *graph_params[] = {&w, &x, &a, &nn};
+    CUgraph graph;
+    CUgraphExec exec;
+    CK(p_cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CK(p_cuMemsetD32Async(w, 0x40000000u, n, s));
+    CK(p_cuLaunchKernel(scale_add, n / 256, 1, 1, 256, 1, 1, 0, s, graph_params, nullptr));
+    CK(p_cuStreamEndCapture(s, &graph));
+    CK(p_cuGraphInstantiateWithFlags(&exec, graph, 0));
+
+    // rounds a checkpoint may come between: the counter, the buffers, the module and the graph all live on
     for (int step = 0; step < steps; step++) {
         int k = step + 1;
         void *bump_params[] = {&k};
@@ -376,13 +396,20 @@ int main(int argc, char **argv) {
         int c = 0;
         CK(p_cuMemcpyDtoH(&c, counter, sizeof c));
         CK(p_cuMemcpyDtoH(hy.data(), y, bytes));
-        double acc = 0;
+        double acc = 0, graph_acc = 0;
         for (int i = 0; i < n; i += 97) acc += hy[i];
-        printf("step %d: counter %d, sample sum %.1f\n", step, c, acc);
+        CK(p_cuGraphLaunch(exec, s));
+        CK(p_cuStreamSynchronize(s));
+        CK(p_cuMemcpyDtoH(hy.data(), w, bytes));
+        for (int i = 0; i < n; i += 97) graph_acc += hy[i];
+        printf("step %d: counter %d, sample sum %.1f, graph's %.1f\n", step, c, acc, graph_acc);
         fflush(stdout);
         if (pause_ms) usleep(pause_ms * 1000);
     }
 
+    CK(p_cuGraphExecDestroy(exec));
+    CK(p_cuGraphDestroy(graph));
+    CK(p_cuMemFree(w));
     CK(p_cuEventDestroy(e0));
     CK(p_cuEventDestroy(e1));
     CK(p_cuStreamDestroy(s));

@@ -279,8 +279,12 @@ class GpuBackend:
 
     def memset_elem(self, ptr: int, pitch: int, value: int, elsize: int, width: int, height: int,
                     stream: object) -> None:
-        fn = {1: "cuMemsetD2D8Async", 2: "cuMemsetD2D16Async", 4: "cuMemsetD2D32Async"}[elsize]
-        cd.check(getattr(self.L, fn)(ptr, pitch, value, width, height, stream), fn)
+        bits = 8 * elsize
+        if height == 1:  # (a 2D memset's pitch is bounded; one row need not be)
+            cd.check(getattr(self.L, f"cuMemsetD{bits}Async")(ptr, value, width, stream), f"cuMemsetD{bits}Async")
+        else:
+            cd.check(getattr(self.L, f"cuMemsetD2D{bits}Async")(ptr, pitch, value, width, height, stream),
+                     f"cuMemsetD2D{bits}Async")
 
     # ---- CUDA IPC (proxy/handlers/ipc.py) ----
     def export_fd(self, dev: int, handle: int) -> int:
