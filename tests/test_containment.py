@@ -21,6 +21,7 @@ from nvproxy.containment import check_program
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBCUDA = json.loads((ROOT / "native" / "shim" / "libcuda_api.json").read_text())
+BACKENDS = ["sim", pytest.param("gpu", marks=pytest.mark.gpu)]
 DRIVER = "libcuda.so.1"
 RUNTIME = "libcudart.so.13"
 
@@ -129,7 +130,7 @@ out of range device: CUDA_ERROR_INVALID_DEVICE
 context current: yes, on device 0
 loading junk: an error
 missing function: CUDA_ERROR_NOT_FOUND; the same function twice: same
-global counter: 4 bytes; missing global: CUDA_ERROR_NOT_FOUND
+global counter: 4 bytes; missing global: CUDA_ERROR_NOT_FOUND, leaving 0 bytes
 sum_struct parameter 1 at 8, 36 bytes; past the last: CUDA_ERROR_INVALID_VALUE; scale_add max threads >= 256
 scale_add: 0 wrong of 65536; elapsed time measured
 sum_struct through a parameter buffer: 109.50
@@ -237,13 +238,15 @@ def test_dlopen_leaves_the_callers_search_path_alone(tmp_path: Path) -> None:
 # ---- state the driver API made survives checkpoints ----
 
 
-def test_driver_api_state_survives_migration(build, images: dict[str, Path]) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("image", ["ptx", "cubin"])
+def test_driver_api_state_survives_migration(build, images: dict[str, Path], backend: str, image: str) -> None:
     """Module (and its variable), memory, stream, events and a captured graph (with a 32-bit memset) made by
     driver calls: the run goes on after a migration mid-run as if none happened."""
     from test_checkpoint import migrate_mid_run
 
-    args = driver_args(images, "ptx", DRIVER, "data", "created")
-    migrate_mid_run(build, "sim", "driver_api", (*args, "24", "150"), "step 2:", (*args, "24", "0"))
+    args = driver_args(images, image, DRIVER, "data", "created")
+    migrate_mid_run(build, backend, "driver_api", (*args, "24", "150"), "step 2:", (*args, "24", "0"))
 
 
 def test_driver_api_migrated_at_its_calls(build, images: dict[str, Path], tmp_path: Path) -> None:

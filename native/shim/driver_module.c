@@ -188,10 +188,10 @@ NVP_EXPORT CUresult CUDAAPI cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *byte
     size_t size = 0;
     cudaError_t saved = cudaPeekAtLastError();
     CUresult r = nvp_drv_rt_result(saved, nvp_module_global(hmod, name, &addr, &size));
-    if (!r && dptr)
-        *dptr = addr;
-    if (!r && bytes)
-        *bytes = size;
+    if (dptr) /* (a failed lookup leaves zeros, as natively) */
+        *dptr = r ? 0 : addr;
+    if (bytes)
+        *bytes = r ? 0 : size;
     return r;
 }
 

@@ -170,7 +170,7 @@ static int opened_gpu() {
     DIR *d = opendir("/proc/self/fd");
     int found = 0;
     for (struct dirent *e; d && (e = readdir(d));) {
-        char link[64], target[256];
+        char link[300], target[256];
         snprintf(link, sizeof link, "/proc/self/fd/%s", e->d_name);
         ssize_t n = readlink(link, target, sizeof target - 1);
         if (n > 0) {
@@ -262,9 +262,11 @@ int main(int argc, char **argv) {
     CUdeviceptr counter;
     size_t counter_bytes = 0;
     CK(p_cuModuleGetGlobal(&counter, &counter_bytes, mod, "counter"));
-    printf("global counter: %zu bytes; missing global: %s\n", counter_bytes,
-           name_of(p_cuModuleGetGlobal(&counter, &counter_bytes, mod, "no_such_variable")));
-    CK(p_cuModuleGetGlobal(&counter, &counter_bytes, mod, "counter"));
+    CUdeviceptr missing_ptr = 1;
+    size_t missing_bytes = 1;
+    CUresult miss = p_cuModuleGetGlobal(&missing_ptr, &missing_bytes, mod, "no_such_variable");
+    printf("global counter: %zu bytes; missing global: %s, leaving %zu bytes\n", counter_bytes, name_of(miss),
+           missing_bytes);
     size_t off = 0, size = 0;
     int max_threads = 0;
     CK(p_cuFuncGetParamInfo(sum_struct, 1, &off, &size));
