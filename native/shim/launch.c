@@ -792,6 +792,14 @@ static struct module *driver_module(void *h)
     return m;
 }
 
+/* the live module h names, after the common entry check */
+static cudaError_t entered(void *h, struct module **out)
+{
+    if (!(*out = driver_module(h)))
+        return cudaErrorInvalidResourceHandle;
+    return nvp_enter();
+}
+
 static void module_drop(struct module *m) /* (under R.load) */
 {
     uint64_t a[NVP_MAX_ARGS] = {(uint64_t)m->id};
@@ -832,10 +840,8 @@ cudaError_t nvp_module_load(const void *image, size_t size, void **out)
 
 cudaError_t nvp_module_unload(void *h)
 {
-    struct module *m = driver_module(h);
-    if (!m)
-        return cudaErrorInvalidResourceHandle;
-    cudaError_t e = nvp_enter();
+    struct module *m;
+    cudaError_t e = entered(h, &m);
     if (e)
         return e;
     pthread_mutex_lock(&R.load);
@@ -846,9 +852,10 @@ cudaError_t nvp_module_unload(void *h)
 
 cudaError_t nvp_module_function(void *h, const char *name, void **out)
 {
-    struct module *m = driver_module(h);
-    if (!m)
-        return cudaErrorInvalidResourceHandle;
+    struct module *m;
+    cudaError_t e = entered(h, &m);
+    if (e)
+        return e;
     struct kernel *k = NULL;
     pthread_mutex_lock(&R.lock);
     for (size_t i = 0; i < R.kernels.cap && !k; i++) {
@@ -870,8 +877,7 @@ cudaError_t nvp_module_function(void *h, const char *name, void **out)
     pthread_mutex_lock(&R.lock);
     k->id = ++R.nkernels;
     pthread_mutex_unlock(&R.lock);
-    cudaError_t e = kernel_ready(k);
-    if (e) {
+    if ((e = kernel_ready(k))) {
         free(k->params);
         free(k->name);
         free(k);
@@ -886,10 +892,8 @@ cudaError_t nvp_module_function(void *h, const char *name, void **out)
 
 cudaError_t nvp_module_global(void *h, const char *name, uint64_t *addr, size_t *size)
 {
-    struct module *m = driver_module(h);
-    if (!m)
-        return cudaErrorInvalidResourceHandle;
-    cudaError_t e = nvp_enter();
+    struct module *m;
+    cudaError_t e = entered(h, &m);
     if (e)
         return e;
     pthread_mutex_lock(&R.load);
