@@ -138,6 +138,8 @@ kernelParams and extra at once: CUDA_ERROR_INVALID_VALUE
 no launch geometry: CUDA_ERROR_INVALID_VALUE
 memset: ab 1234 1.0 deadbeef deadbeef deadbeef abababab (past: ab ab)
 misaligned cuMemsetD32: CUDA_ERROR_INVALID_VALUE
+2D copies: 0 wrong; a pitch narrower than the width: CUDA_ERROR_INVALID_VALUE
+potential block size: whole warps
 device to device copy: equal
 memory types: device DEVICE, pinned host HOST, malloc'ed CUDA_ERROR_INVALID_VALUE
 address range: the allocation's, 262144 bytes; memory info consistent
@@ -154,6 +156,7 @@ VARIANTS = [
     ("ptx", DRIVER, "ex", "primary"),
     ("cubin", RUNTIME, "data", "created"),
     ("ptx", RUNTIME, "file", "primary"),
+    ("fatbin", DRIVER, "library", "created"),
 ]
 
 

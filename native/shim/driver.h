@@ -71,12 +71,16 @@ static inline cudaIpcEventHandle_t nvp_drv_ipc_event(CUipcEventHandle h)
 /* cuMemsetD{8,16,32}, 2D or not (height 1), on stream s (NULL: the legacy stream, or with ptds the thread's) */
 CUresult nvp_drv_memset(CUdeviceptr dst, size_t pitch, unsigned value, unsigned elsize, size_t width, size_t height,
                         CUstream s, int ptds);
+/* cuMemcpy2D (async or not) of host, device or unified memory, on stream s (NULL: the legacy stream, or with ptds
+ * the thread's) */
+CUresult nvp_drv_copy2d(const CUDA_MEMCPY2D *c, CUstream s, int async, int ptds);
 CUresult nvp_drv_peer(CUcontext peer, unsigned flags, int enable);
 CUresult nvp_drv_stream_ctx(CUstream s, CUcontext *pctx);
 
 /* ---- launch.c: modules the program loads itself ---- */
 cudaError_t nvp_module_load(const void *image, size_t size, void **out);
 cudaError_t nvp_module_unload(void *mod);
+int nvp_module_known(void *mod); /* a module the program loaded and has not unloaded */
 cudaError_t nvp_module_function(void *mod, const char *name, void **out);
 cudaError_t nvp_module_global(void *mod, const char *name, uint64_t *addr, size_t *size);
 void *nvp_kernel_module(const void *func);

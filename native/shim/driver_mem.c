@@ -24,6 +24,38 @@ CUresult nvp_drv_memset(CUdeviceptr dst, size_t pitch, unsigned value, unsigned 
     return nvp_drv_code(nvp_call(NVP_OP_DRV_MEMSET, a, NULL, 0, NULL, -1));
 }
 
+/* one side of a 2D copy: where its first byte is (NULL: a kind of memory nvproxy does not copy so) */
+static char *side(CUmemorytype type, const void *host, CUdeviceptr dev, size_t x, size_t y, size_t pitch)
+{
+    char *base = type == CU_MEMORYTYPE_HOST                                     ? (char *)host
+                 : type == CU_MEMORYTYPE_DEVICE || type == CU_MEMORYTYPE_UNIFIED ? (char *)(uintptr_t)dev
+                                                                                 : NULL;
+    return base ? base + y * pitch + x : NULL;
+}
+
+CUresult nvp_drv_copy2d(const CUDA_MEMCPY2D *c, CUstream s, int async, int ptds)
+{
+    if (!c)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (c->srcMemoryType == CU_MEMORYTYPE_ARRAY || c->dstMemoryType == CU_MEMORYTYPE_ARRAY)
+        return nvp_drv_unsupported("cuMemcpy2D with a CUDA array");
+    const char *src = side(c->srcMemoryType, c->srcHost, c->srcDevice, c->srcXInBytes, c->srcY, c->srcPitch);
+    char *dst = side(c->dstMemoryType, c->dstHost, c->dstDevice, c->dstXInBytes, c->dstY, c->dstPitch);
+    if (!src || !dst)
+        return CUDA_ERROR_INVALID_VALUE;
+    cudaStream_t st = ptds && !s ? cudaStreamPerThread : (cudaStream_t)s;
+    if (async || ptds) { /* (a synchronous one on the thread's stream: issued there, then waited for) */
+        cudaError_t saved = cudaPeekAtLastError();
+        cudaError_t e = cudaMemcpy2DAsync(dst, c->dstPitch, src, c->srcPitch, c->WidthInBytes, c->Height,
+                                          cudaMemcpyDefault, st);
+        if (!e && !async)
+            e = cudaStreamSynchronize(st);
+        return nvp_drv_rt_result(saved, e);
+    }
+    return NVP_DRV_RT(cudaMemcpy2D(dst, c->dstPitch, src, c->srcPitch, c->WidthInBytes, c->Height,
+                                   cudaMemcpyDefault));
+}
+
 CUresult nvp_drv_peer(CUcontext peer, unsigned flags, int enable)
 {
     int dev;

@@ -69,7 +69,7 @@ static size_t image_size(const void *image, const void **data)
 
 static CUresult load(CUmodule *module, const void *image, size_t size)
 {
-    NVP_DRV_ENTER(1);
+    NVP_DRV_ENTER(0);
     if (!module || !image || !size)
         return CUDA_ERROR_INVALID_VALUE;
     void *m = NULL;
@@ -87,11 +87,16 @@ static CUresult load_image(CUmodule *module, const void *image)
 }
 
 #undef cuModuleLoadData
-NVP_EXPORT CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image) { return load_image(module, image); }
+NVP_EXPORT CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image)
+{
+    NVP_DRV_ENTER(1);
+    return load_image(module, image);
+}
 
 #undef cuModuleLoadFatBinary
 NVP_EXPORT CUresult CUDAAPI cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
 {
+    NVP_DRV_ENTER(1);
     return load_image(module, fatCubin);
 }
 
@@ -101,6 +106,7 @@ NVP_EXPORT CUresult CUDAAPI cuModuleLoadFatBinary(CUmodule *module, const void *
 NVP_EXPORT CUresult CUDAAPI cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
                                                CUjit_option *options, void **optionValues)
 {
+    NVP_DRV_ENTER(1);
     if (numOptions && (!options || !optionValues))
         return CUDA_ERROR_INVALID_VALUE;
     for (unsigned i = 0; i < numOptions; i++) {
@@ -119,10 +125,8 @@ NVP_EXPORT CUresult CUDAAPI cuModuleLoadDataEx(CUmodule *module, const void *ima
     return load_image(module, image);
 }
 
-#undef cuModuleLoad
-NVP_EXPORT CUresult CUDAAPI cuModuleLoad(CUmodule *module, const char *fname)
+static CUresult load_file(CUmodule *module, const char *fname)
 {
-    NVP_DRV_ENTER(1);
     if (!module || !fname)
         return CUDA_ERROR_INVALID_VALUE;
     int fd = open(fname, O_RDONLY | O_CLOEXEC);
@@ -152,6 +156,13 @@ NVP_EXPORT CUresult CUDAAPI cuModuleLoad(CUmodule *module, const char *fname)
     CUresult r = data != buf ? CUDA_ERROR_INVALID_IMAGE : load(module, buf, size < n + 1 ? size : n + 1);
     free(buf);
     return r;
+}
+
+#undef cuModuleLoad
+NVP_EXPORT CUresult CUDAAPI cuModuleLoad(CUmodule *module, const char *fname)
+{
+    NVP_DRV_ENTER(1);
+    return load_file(module, fname);
 }
 
 #undef cuModuleUnload
@@ -195,6 +206,73 @@ NVP_EXPORT CUresult CUDAAPI cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *byte
     return r;
 }
 
+/* ---- libraries (context-independent loading): a library is a module, loaded into each device's context as it
+ * is used there (the proxy loads a module on a device when one of its kernels is first used on it), and a CUkernel
+ * is the kernel object a CUfunction is ---- */
+
+#undef cuLibraryLoadData
+NVP_EXPORT CUresult CUDAAPI cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
+                                              void **jitOptionsValues, unsigned int numJitOptions,
+                                              CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                                              unsigned int numLibraryOptions)
+{
+    (void)jitOptions, (void)jitOptionsValues, (void)numJitOptions; /* (only shape the JIT compilation of PTX) */
+    (void)libraryOptions, (void)libraryOptionValues, (void)numLibraryOptions;
+    NVP_DRV_ENTER(0);
+    return load_image((CUmodule *)library, code);
+}
+
+#undef cuLibraryLoadFromFile
+NVP_EXPORT CUresult CUDAAPI cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions,
+                                                  void **jitOptionsValues, unsigned int numJitOptions,
+                                                  CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                                                  unsigned int numLibraryOptions)
+{
+    (void)jitOptions, (void)jitOptionsValues, (void)numJitOptions;
+    (void)libraryOptions, (void)libraryOptionValues, (void)numLibraryOptions;
+    NVP_DRV_ENTER(0);
+    return load_file((CUmodule *)library, fileName);
+}
+
+#undef cuLibraryUnload
+NVP_EXPORT CUresult CUDAAPI cuLibraryUnload(CUlibrary library) { return cuModuleUnload((CUmodule)library); }
+
+#undef cuLibraryGetModule
+NVP_EXPORT CUresult CUDAAPI cuLibraryGetModule(CUmodule *pMod, CUlibrary library)
+{
+    NVP_DRV_ENTER(1);
+    if (!pMod)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!nvp_module_known(library))
+        return CUDA_ERROR_INVALID_HANDLE;
+    *pMod = (CUmodule)library;
+    return CUDA_SUCCESS;
+}
+
+#undef cuLibraryGetKernel
+NVP_EXPORT CUresult CUDAAPI cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name)
+{
+    return cuModuleGetFunction((CUfunction *)pKernel, (CUmodule)library, name);
+}
+
+#undef cuLibraryGetGlobal
+NVP_EXPORT CUresult CUDAAPI cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name)
+{
+    return cuModuleGetGlobal_v2(dptr, bytes, (CUmodule)library, name);
+}
+
+#undef cuKernelGetFunction
+NVP_EXPORT CUresult CUDAAPI cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
+{
+    NVP_DRV_ENTER(1);
+    if (!pFunc)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!nvp_kernel_module(kernel))
+        return CUDA_ERROR_INVALID_HANDLE;
+    *pFunc = (CUfunction)kernel;
+    return CUDA_SUCCESS;
+}
+
 #undef cuModuleGetLoadingMode
 NVP_EXPORT CUresult CUDAAPI cuModuleGetLoadingMode(CUmoduleLoadingMode *mode)
 {
@@ -233,6 +311,84 @@ NVP_EXPORT CUresult CUDAAPI cuFuncGetAttribute(int *pi, CUfunction_attribute att
         return nvp_drv_unsupported("cuFuncGetAttribute of a cluster attribute");
     }
     return CUDA_SUCCESS;
+}
+
+#undef cuKernelGetAttribute
+NVP_EXPORT CUresult CUDAAPI cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev)
+{
+    (void)dev; /* (a kernel's attributes are the same on every device nvproxy serves a process on) */
+    return cuFuncGetAttribute(pi, attrib, (CUfunction)kernel);
+}
+
+#undef cuKernelGetName
+NVP_EXPORT CUresult CUDAAPI cuKernelGetName(const char **name, CUkernel hfunc)
+{
+    NVP_DRV_ENTER(0);
+    return NVP_DRV_RT(cudaFuncGetName(name, (const void *)hfunc));
+}
+
+#undef cuKernelGetParamInfo
+NVP_EXPORT CUresult CUDAAPI cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, size_t *paramOffset,
+                                                 size_t *paramSize)
+{
+    return cuFuncGetParamInfo((CUfunction)kernel, paramIndex, paramOffset, paramSize);
+}
+
+/* The block size of the highest occupancy (as the runtime's cudaOccupancyMaxPotentialBlockSize finds it): each
+ * size of whole warps, from the largest down, asked of the proxy. */
+static CUresult potential_block(int *minGridSize, int *blockSize, CUfunction f, CUoccupancyB2DSize smem_of,
+                                size_t smem, int limit, unsigned flags)
+{
+    NVP_DRV_ENTER(1);
+    if (!minGridSize || !blockSize)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct cudaFuncAttributes a;
+    CUresult r = NVP_DRV_RT(cudaFuncGetAttributes(&a, f));
+    const struct nvp_device_info *d = r ? NULL : nvp_device_info(nvp_current_device());
+    if (r || !d)
+        return r ? r : CUDA_ERROR_DEVICE_UNAVAILABLE;
+    int warp = d->attr[CU_DEVICE_ATTRIBUTE_WARP_SIZE], most = d->attr[CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK];
+    int per_sm = d->attr[CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR];
+    if (a.maxThreadsPerBlock < most)
+        most = a.maxThreadsPerBlock;
+    if (limit > 0 && limit < most)
+        most = limit;
+    int best = 0, best_size = 0, best_blocks = 0;
+    for (int b = (most + warp - 1) / warp * warp; b > 0 && best < per_sm; b -= warp) {
+        int size = b < most ? b : most, blocks = 0;
+        r = NVP_DRV_RT(cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+            &blocks, (const void *)f, size, smem_of ? smem_of(size) : smem, flags));
+        if (r)
+            return r;
+        if (blocks * size > best) {
+            best = blocks * size;
+            best_size = size;
+            best_blocks = blocks;
+        }
+    }
+    *minGridSize = best_blocks * d->attr[CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT];
+    *blockSize = best_size;
+    return CUDA_SUCCESS;
+}
+
+#undef cuOccupancyMaxPotentialBlockSize
+NVP_EXPORT CUresult CUDAAPI cuOccupancyMaxPotentialBlockSize(int *minGridSize, int *blockSize, CUfunction func,
+                                                             CUoccupancyB2DSize blockSizeToDynamicSMemSize,
+                                                             size_t dynamicSMemSize, int blockSizeLimit)
+{
+    return potential_block(minGridSize, blockSize, func, blockSizeToDynamicSMemSize, dynamicSMemSize,
+                           blockSizeLimit, 0);
+}
+
+#undef cuOccupancyMaxPotentialBlockSizeWithFlags
+NVP_EXPORT CUresult CUDAAPI cuOccupancyMaxPotentialBlockSizeWithFlags(int *minGridSize, int *blockSize,
+                                                                      CUfunction func,
+                                                                      CUoccupancyB2DSize blockSizeToDynamicSMemSize,
+                                                                      size_t dynamicSMemSize, int blockSizeLimit,
+                                                                      unsigned int flags)
+{
+    return potential_block(minGridSize, blockSize, func, blockSizeToDynamicSMemSize, dynamicSMemSize,
+                           blockSizeLimit, flags);
 }
 
 #undef cuFuncGetParamInfo

@@ -404,6 +404,48 @@ NVP_EXPORT CUresult CUDAAPI cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t By
     return NVP_DRV_RT(cudaMemcpy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, ByteCount, cudaMemcpyDefault));
 }
 
+#undef cuMemcpy2DAsync_v2
+NVP_EXPORT CUresult CUDAAPI cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *pCopy, CUstream hStream)
+{
+    NVP_DRV_ENTER(1);
+    return nvp_drv_done(nvp_drv_copy2d(pCopy, hStream, 1, 0));
+}
+
+#undef cuMemcpy2DAsync_v2_ptsz
+NVP_EXPORT CUresult CUDAAPI cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D *pCopy, CUstream hStream)
+{
+    NVP_DRV_ENTER(1);
+    return nvp_drv_done(nvp_drv_copy2d(pCopy, hStream, 1, 1));
+}
+
+#undef cuMemcpy2DUnaligned_v2
+NVP_EXPORT CUresult CUDAAPI cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D *pCopy)
+{
+    NVP_DRV_ENTER(1);
+    return nvp_drv_done(nvp_drv_copy2d(pCopy, NULL, 0, 0));
+}
+
+#undef cuMemcpy2DUnaligned_v2_ptds
+NVP_EXPORT CUresult CUDAAPI cuMemcpy2DUnaligned_v2_ptds(const CUDA_MEMCPY2D *pCopy)
+{
+    NVP_DRV_ENTER(1);
+    return nvp_drv_done(nvp_drv_copy2d(pCopy, NULL, 0, 1));
+}
+
+#undef cuMemcpy2D_v2
+NVP_EXPORT CUresult CUDAAPI cuMemcpy2D_v2(const CUDA_MEMCPY2D *pCopy)
+{
+    NVP_DRV_ENTER(1);
+    return nvp_drv_done(nvp_drv_copy2d(pCopy, NULL, 0, 0));
+}
+
+#undef cuMemcpy2D_v2_ptds
+NVP_EXPORT CUresult CUDAAPI cuMemcpy2D_v2_ptds(const CUDA_MEMCPY2D *pCopy)
+{
+    NVP_DRV_ENTER(1);
+    return nvp_drv_done(nvp_drv_copy2d(pCopy, NULL, 0, 1));
+}
+
 #undef cuMemcpyAsync
 NVP_EXPORT CUresult CUDAAPI cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
 {

@@ -792,6 +792,8 @@ static struct module *driver_module(void *h)
     return m;
 }
 
+int nvp_module_known(void *h) { return driver_module(h) != NULL; }
+
 /* the live module h names, after the common entry check */
 static cudaError_t entered(void *h, struct module **out)
 {

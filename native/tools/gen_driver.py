@@ -97,6 +97,8 @@ FORWARD: dict[str, F] = {
     "cuMemcpyPeerAsync": F(f"cudaMemcpyAsync({DEVPTR}dstDevice, {CDEVPTR}srcDevice, ByteCount, cudaMemcpyDefault, "
                            "hStream)", "nvp_drv_ctx_ok(dstContext) && nvp_drv_ctx_ok(srcContext)",
                            "CUDA_ERROR_INVALID_CONTEXT"),
+    "cuMemcpy2D_v2 cuMemcpy2DUnaligned_v2": F("nvp_drv_copy2d(pCopy, NULL, 0, $PT)"),
+    "cuMemcpy2DAsync_v2": F("nvp_drv_copy2d(pCopy, hStream, 1, $PT)"),
     "cuMemsetD8_v2": F(f"cudaMemset({DEVPTR}dstDevice, uc, N)"),
     "cuMemsetD8Async": F(f"cudaMemsetAsync({DEVPTR}dstDevice, uc, N, hStream)"),
     "cuMemsetD16_v2": F("nvp_drv_memset(dstDevice, 0, us, 2, N, 1, NULL, $PT)"),

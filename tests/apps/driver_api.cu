@@ -4,8 +4,9 @@
 // buffer), copies, sets memory 8, 16 and 32 bits at a time, times with events, and runs `steps` more rounds
 // (pausing `pause_ms` between them) whose output a checkpoint or migration must not change.
 //
-//   driver_api IMAGE LIBRARY(libcuda.so.1|libcudart.so.13) LOAD(data|file|ex) CONTEXT(primary|created) [steps]
-//              [pause_ms]
+//   driver_api IMAGE LIBRARY(libcuda.so.1|libcudart.so.13) LOAD(data|file|ex|library) CONTEXT(primary|created)
+//              [steps] [pause_ms]
+// (library: cuLibraryLoadData, and scale_add through cuLibraryGetKernel and cuKernelGetFunction)
 //
 // Stdout is the same natively and through nvproxy; stderr tells where the driver's functions came from and
 // whether the process opened a GPU device itself.
@@ -39,6 +40,13 @@ FN(cuModuleLoadData);
 FN(cuModuleLoadDataEx);
 FN(cuModuleLoad);
 FN(cuModuleUnload);
+FN(cuLibraryLoadData);
+FN(cuLibraryGetModule);
+FN(cuLibraryGetKernel);
+FN(cuLibraryUnload);
+FN(cuKernelGetFunction);
+FN(cuMemcpy2D);
+FN(cuOccupancyMaxPotentialBlockSize);
 FN(cuModuleGetFunction);
 FN(cuModuleGetGlobal);
 FN(cuFuncGetAttribute);
@@ -129,6 +137,8 @@ static void resolve(const char *library) {
     GET(cuDeviceGetAttribute); GET(cuDeviceTotalMem); GET(cuDevicePrimaryCtxRetain); GET(cuDevicePrimaryCtxRelease);
     GET(cuCtxCreate); GET(cuCtxDestroy); GET(cuCtxSetCurrent); GET(cuCtxGetCurrent);
     GET(cuModuleLoadData); GET(cuModuleLoadDataEx); GET(cuModuleLoad); GET(cuModuleUnload);
+    GET(cuLibraryLoadData); GET(cuLibraryGetModule); GET(cuLibraryGetKernel); GET(cuLibraryUnload);
+    GET(cuKernelGetFunction); GET(cuMemcpy2D); GET(cuOccupancyMaxPotentialBlockSize);
     GET(cuModuleGetFunction); GET(cuModuleGetGlobal); GET(cuFuncGetAttribute); GET(cuFuncGetParamInfo);
     GET(cuMemAlloc); GET(cuMemFree); GET(cuMemAllocHost); GET(cuMemFreeHost); GET(cuMemGetInfo);
     GET(cuMemGetAddressRange); GET(cuMemcpyHtoD); GET(cuMemcpyDtoH); GET(cuMemcpyDtoD); GET(cuMemcpyHtoDAsync);
@@ -237,7 +247,11 @@ int main(int argc, char **argv) {
 
     std::vector<char> data = read_file(image);
     CUmodule mod;
-    if (!strcmp(how, "file")) {
+    CUlibrary lib = nullptr;
+    if (!strcmp(how, "library")) {
+        CK(p_cuLibraryLoadData(&lib, data.data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+        CK(p_cuLibraryGetModule(&mod, lib));
+    } else if (!strcmp(how, "file")) {
         CK(p_cuModuleLoad(&mod, image));
     } else if (!strcmp(how, "ex")) {
         char log[256] = "";
@@ -252,7 +266,13 @@ int main(int argc, char **argv) {
     CUresult bad = p_cuModuleLoadData(&bad_mod, junk);
     printf("loading junk: %s\n", bad == CUDA_SUCCESS ? "CUDA_SUCCESS" : "an error");
     CUfunction scale_add, bump, sum_struct, missing;
-    CK(p_cuModuleGetFunction(&scale_add, mod, "scale_add"));
+    if (lib) {
+        CUkernel kernel;
+        CK(p_cuLibraryGetKernel(&kernel, lib, "scale_add"));
+        CK(p_cuKernelGetFunction(&scale_add, kernel));
+    } else {
+        CK(p_cuModuleGetFunction(&scale_add, mod, "scale_add"));
+    }
     CK(p_cuModuleGetFunction(&bump, mod, "bump"));
     CK(p_cuModuleGetFunction(&sum_struct, mod, "sum_struct"));
     CUfunction again;
@@ -345,6 +365,41 @@ int main(int argc, char **argv) {
            back[64 + 16], back[128 + 64]);
     printf("misaligned cuMemsetD32: %s\n", name_of(p_cuMemsetD32(z + 2, 0, 4)));
 
+    // a 2D copy into the middle of a pitched area and back out of it
+    std::vector<float> block(8 * 64), out(8 * 16, -1);
+    for (size_t i = 0; i < block.size(); i++) block[i] = (float)i;
+    CUDA_MEMCPY2D c2 = {};
+    c2.srcMemoryType = CU_MEMORYTYPE_HOST;
+    c2.srcHost = block.data();
+    c2.srcPitch = 64 * sizeof(float);
+    c2.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    c2.dstDevice = z;
+    c2.dstXInBytes = 16;
+    c2.dstY = 2;
+    c2.dstPitch = 256;
+    c2.WidthInBytes = 16 * sizeof(float);
+    c2.Height = 8;
+    CK(p_cuMemcpy2D(&c2));
+    CUDA_MEMCPY2D back2 = {};
+    back2.srcMemoryType = CU_MEMORYTYPE_UNIFIED;
+    back2.srcDevice = z + 2 * 256 + 16;
+    back2.srcPitch = 256;
+    back2.dstMemoryType = CU_MEMORYTYPE_HOST;
+    back2.dstHost = out.data();
+    back2.dstPitch = 16 * sizeof(float);
+    back2.WidthInBytes = 16 * sizeof(float);
+    back2.Height = 8;
+    CK(p_cuMemcpy2D(&back2));
+    int bad2d = 0;
+    for (int r = 0; r < 8; r++)
+        for (int c = 0; c < 16; c++) bad2d += out[r * 16 + c] != block[r * 64 + c];
+    CUDA_MEMCPY2D narrow = c2;
+    narrow.dstPitch = 32;
+    printf("2D copies: %d wrong; a pitch narrower than the width: %s\n", bad2d, name_of(p_cuMemcpy2D(&narrow)));
+    int min_grid = 0, block_size = 0;
+    CK(p_cuOccupancyMaxPotentialBlockSize(&min_grid, &block_size, scale_add, nullptr, 0, 0));
+    printf("potential block size: %s\n", block_size > 0 && block_size % 32 == 0 && min_grid > 0 ? "whole warps" : "?");
+
     // copies between device buffers, pointer attributes, address ranges
     CK(p_cuMemcpyDtoD(z, y, bytes));
     CK(p_cuMemsetD32Async(y, 0, n, s));
@@ -419,7 +474,10 @@ int main(int argc, char **argv) {
     CK(p_cuMemFree(y));
     CK(p_cuMemFree(z));
     CK(p_cuMemFreeHost(host));
-    CK(p_cuModuleUnload(mod));
+    if (lib)
+        CK(p_cuLibraryUnload(lib));
+    else
+        CK(p_cuModuleUnload(mod));
     if (!strcmp(context, "created")) {
         CK(p_cuCtxDestroy(ctx));
     } else {
