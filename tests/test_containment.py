@@ -183,6 +183,36 @@ def test_driver_api_through_the_proxy(build, images: dict[str, Path], variant: t
     assert "opened a GPU device itself: no; libcuda mapped: no" in r.stderr, r.stderr
 
 
+MIX_EXPECTED = """\
+cuInit after the runtime: CUDA_SUCCESS
+cuCtxGetCurrent: CUDA_SUCCESS
+primary retain: CUDA_SUCCESS
+the runtime's context is the primary one: yes
+cuMemAlloc: CUDA_SUCCESS
+cuMemsetD32: CUDA_SUCCESS
+cuMemcpyDtoH: CUDA_SUCCESS, 3.0 3.0
+pointer attribute of malloc'ed memory: CUDA_ERROR_INVALID_VALUE
+cudaGetLastError after it: cudaSuccess
+other thread: current none; cuMemAlloc: CUDA_ERROR_INVALID_CONTEXT
+other thread: set primary: CUDA_SUCCESS; cuMemAlloc: CUDA_SUCCESS; cuMemFree: CUDA_SUCCESS
+cuMemFree: CUDA_SUCCESS
+primary release: CUDA_SUCCESS
+Test PASSED
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_runtime_and_driver_in_one_program(build, backend: str) -> None:
+    """The runtime's current context is the driver's primary one; a thread without runtime calls has none; a
+    failing driver call leaves the runtime's last error alone (natively too, on the GPU)."""
+    exe = build("driver_runtime_mix")
+    r = run(nvproxy_cmd(exe, backend, "driver_runtime_mix"))
+    assert r.returncode == 0 and r.stdout == MIX_EXPECTED, r.stdout + r.stderr
+    if backend == "gpu":
+        native = run([str(exe)])
+        assert native.stdout == MIX_EXPECTED, native.stdout + native.stderr
+
+
 def test_driver_calls_nvproxy_does_not_forward_fail_loudly(build) -> None:
     r = run(nvproxy_cmd(build("driver_unsupported"), "sim", "driver_unsupported"))
     assert r.returncode == 0, r.stdout + r.stderr

@@ -39,6 +39,7 @@ static __thread struct CUctx_st *cur;              /* the thread's current conte
 static __thread struct CUctx_st *stack[CTX_STACK]; /* cuCtxPushCurrent's */
 static __thread int depth;
 static __thread uint64_t drv_seq; /* the thread's last request when its last driver call returned */
+static __thread int bound;        /* the runtime was used on this thread since it last chose no context */
 
 CUresult nvp_drv_unsupported(const char *call)
 {
@@ -85,6 +86,15 @@ CUresult nvp_drv_ctx_device(CUcontext c, int *dev)
     return CUDA_SUCCESS;
 }
 
+/* At a driver call's entry: did the thread make runtime calls since its last driver call returned?  (The
+ * runtime makes its device's primary context current on the thread, natively.) */
+static void note_runtime(void)
+{
+    uint64_t last = nvp_last_request();
+    if (last && last != drv_seq)
+        bound = 1;
+}
+
 /* the thread's current context, or NULL */
 static struct CUctx_st *current(void)
 {
@@ -93,8 +103,7 @@ static struct CUctx_st *current(void)
         return NULL; /* (destroyed by another thread) */
     if (cur && cur->dev == dev)
         return cur;
-    uint64_t last = nvp_last_request();
-    if (cur || (last && last != drv_seq)) /* the runtime switched devices, or was used here: its context */
+    if (cur || bound) /* the runtime switched devices, or was used here: its context */
         cur = nvp_drv_primary(dev);
     return cur;
 }
@@ -111,6 +120,7 @@ static int initialized(void)
 
 CUresult nvp_drv_enter(int need_ctx)
 {
+    note_runtime();
     if (!initialized())
         return CUDA_ERROR_NOT_INITIALIZED;
     if (need_ctx && !current())
@@ -169,6 +179,7 @@ CUresult nvp_drv_rt_result(cudaError_t saved, cudaError_t e)
 #undef cuInit
 NVP_EXPORT CUresult CUDAAPI cuInit(unsigned int Flags)
 {
+    note_runtime();
     if (Flags)
         return CUDA_ERROR_INVALID_VALUE;
     cudaError_t e = nvp_connect();
@@ -183,6 +194,7 @@ NVP_EXPORT CUresult CUDAAPI cuInit(unsigned int Flags)
 #undef cuDriverGetVersion
 NVP_EXPORT CUresult CUDAAPI cuDriverGetVersion(int *driverVersion)
 {
+    note_runtime();
     if (!driverVersion)
         return CUDA_ERROR_INVALID_VALUE;
     int v = nvp_driver_version();
@@ -324,6 +336,7 @@ NVP_EXPORT CUresult CUDAAPI cuDeviceGetProperties(CUdevprop *p, CUdevice dev)
 static CUresult make_current(struct CUctx_st *c)
 {
     cur = c;
+    bound = 0; /* (no context chosen: the runtime's next call binds one again) */
     if (c && c->dev != nvp_current_device()) {
         cudaError_t saved = cudaPeekAtLastError();
         CUresult r = nvp_drv_rt_result(saved, cudaSetDevice(c->dev));
@@ -710,6 +723,7 @@ static CUresult proc_address(const char *symbol, void **pfn, int version, cuuint
                                                   CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)))
         return CUDA_ERROR_INVALID_VALUE;
     *pfn = NULL;
+    note_runtime();
     int driver = nvp_driver_version();
     if (version > (driver ? driver : CUDA_VERSION))
         return nvp_drv_done(CUDA_ERROR_INVALID_VALUE);
