@@ -237,16 +237,22 @@ NVP_EXPORT CUresult CUDAAPI cuLibraryLoadFromFile(CUlibrary *library, const char
 #undef cuLibraryUnload
 NVP_EXPORT CUresult CUDAAPI cuLibraryUnload(CUlibrary library) { return cuModuleUnload((CUmodule)library); }
 
+/* a handle that is another of the shim's objects too (a library its module, a kernel its function) */
+static CUresult same_object(void **out, void *h, int known)
+{
+    NVP_DRV_ENTER(1);
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!known)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *out = h;
+    return CUDA_SUCCESS;
+}
+
 #undef cuLibraryGetModule
 NVP_EXPORT CUresult CUDAAPI cuLibraryGetModule(CUmodule *pMod, CUlibrary library)
 {
-    NVP_DRV_ENTER(1);
-    if (!pMod)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!nvp_module_known(library))
-        return CUDA_ERROR_INVALID_HANDLE;
-    *pMod = (CUmodule)library;
-    return CUDA_SUCCESS;
+    return same_object((void **)pMod, library, nvp_module_known(library));
 }
 
 #undef cuLibraryGetKernel
@@ -264,13 +270,7 @@ NVP_EXPORT CUresult CUDAAPI cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes,
 #undef cuKernelGetFunction
 NVP_EXPORT CUresult CUDAAPI cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
 {
-    NVP_DRV_ENTER(1);
-    if (!pFunc)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!nvp_kernel_module(kernel))
-        return CUDA_ERROR_INVALID_HANDLE;
-    *pFunc = (CUfunction)kernel;
-    return CUDA_SUCCESS;
+    return same_object((void **)pFunc, kernel, nvp_kernel_module(kernel) != NULL);
 }
 
 #undef cuModuleGetLoadingMode
