@@ -49,7 +49,7 @@ def test_every_exported_function_has_an_entry_point() -> None:
     ("cublasCreate_v2", "create", False),
     ("cufftPlanMany", "create val in in val val in val val val val", False),
     ("cufftExecC2C", "handle dev dev val", True),
-    ("curandGenerateNormal", "handle dev val val val", True),
+    ("curandGenerateNormal", "handle result val val val", True),
     ("cusparseSpMV_bufferSize", "handle val scalar handle handle scalar handle val val out", False),
     ("cusolverDnSgetrf_bufferSize", "handle val val dev val out", False),
     ("cusolverDnSgetrf", "handle val val dev val dev dev dev", True),

@@ -60,6 +60,7 @@ def expected() -> list[str]:
         v = lcg_values(1234, done, k)
         done += k
         lines.append(f"random {r}: {v[0]} {v[1]} {v[2]}")
+    lines.append(f"host generator as the device's: 1 (last {lcg_values(1234, (1 << 20) - 1, 1)[0]})")
     return lines
 
 

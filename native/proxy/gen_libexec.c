@@ -2324,6 +2324,10 @@ static int64_t x998(void *fn, const uint64_t *v)
 {
     return (int64_t)((int32_t (*)(void *, int32_t))fn)((void *)(uintptr_t)v[0], (int32_t)v[1]);
 }
+static int64_t x999(void *fn, const uint64_t *v)
+{
+    return (int64_t)((int32_t (*)(void *, int32_t))fn)((void *)(uintptr_t)v[0], (int32_t)v[1]);
+}
 static int64_t x1002(void *fn, const uint64_t *v)
 {
     return (int64_t)((int32_t (*)(void *))fn)((void *)(uintptr_t)v[0]);
@@ -6874,21 +6878,21 @@ const struct nvpl_fn nvpl_table[] = {
     {"cufftXtSetWorkArea", 2, 0, NULL, NULL, NULL, 0},
     {"cufftXtSetWorkAreaPolicy", 2, 0, NULL, NULL, NULL, 0},
     {"curandCreateGenerator", 3, 2, "cv", "22--", x998, NVPL_RET_STATUS},
-    {"curandCreateGeneratorHost", 3, 0, NULL, NULL, NULL, 0},
+    {"curandCreateGeneratorHost", 3, 2, "cv", "22--", x999, NVPL_RET_STATUS},
     {"curandCreatePoissonDistribution", 3, 0, NULL, NULL, NULL, 0},
     {"curandDestroyDistribution", 3, 0, NULL, NULL, NULL, 0},
     {"curandDestroyGenerator", 3, 1, "d", "22", x1002, NVPL_RET_STATUS},
-    {"curandGenerate", 3, 3, "hpv", "22----", x1003, NVPL_RET_STATUS},
-    {"curandGenerateLogNormal", 3, 5, "hpvvv", "22--------", x1004, NVPL_RET_STATUS},
-    {"curandGenerateLogNormalDouble", 3, 5, "hpvvv", "22--------", x1005, NVPL_RET_STATUS},
-    {"curandGenerateLongLong", 3, 3, "hpv", "22----", x1006, NVPL_RET_STATUS},
-    {"curandGenerateNormal", 3, 5, "hpvvv", "22--------", x1007, NVPL_RET_STATUS},
-    {"curandGenerateNormalDouble", 3, 5, "hpvvv", "22--------", x1008, NVPL_RET_STATUS},
-    {"curandGeneratePoisson", 3, 4, "hpvv", "22------", x1009, NVPL_RET_STATUS},
-    {"curandGeneratePoissonMethod", 3, 5, "hpvvv", "22--------", x1010, NVPL_RET_STATUS},
+    {"curandGenerate", 3, 3, "hRv", "22----", x1003, NVPL_RET_STATUS},
+    {"curandGenerateLogNormal", 3, 5, "hRvvv", "22--------", x1004, NVPL_RET_STATUS},
+    {"curandGenerateLogNormalDouble", 3, 5, "hRvvv", "22--------", x1005, NVPL_RET_STATUS},
+    {"curandGenerateLongLong", 3, 3, "hRv", "22----", x1006, NVPL_RET_STATUS},
+    {"curandGenerateNormal", 3, 5, "hRvvv", "22--------", x1007, NVPL_RET_STATUS},
+    {"curandGenerateNormalDouble", 3, 5, "hRvvv", "22--------", x1008, NVPL_RET_STATUS},
+    {"curandGeneratePoisson", 3, 4, "hRvv", "22------", x1009, NVPL_RET_STATUS},
+    {"curandGeneratePoissonMethod", 3, 5, "hRvvv", "22--------", x1010, NVPL_RET_STATUS},
     {"curandGenerateSeeds", 3, 1, "h", "22", x1011, NVPL_RET_STATUS},
-    {"curandGenerateUniform", 3, 3, "hpv", "22----", x1012, NVPL_RET_STATUS},
-    {"curandGenerateUniformDouble", 3, 3, "hpv", "22----", x1013, NVPL_RET_STATUS},
+    {"curandGenerateUniform", 3, 3, "hRv", "22----", x1012, NVPL_RET_STATUS},
+    {"curandGenerateUniformDouble", 3, 3, "hRv", "22----", x1013, NVPL_RET_STATUS},
     {"curandGetDirectionVectors32", 3, 0, NULL, NULL, NULL, 0},
     {"curandGetDirectionVectors64", 3, 0, NULL, NULL, NULL, 0},
     {"curandGetProperty", 3, 2, "vo", "----", x1016, NVPL_RET_STATUS},

@@ -135,7 +135,9 @@ EXPORT int nvpl_call(uint32_t fid, uint64_t hostmask, const uint8_t *payload, si
         int kind = f->kinds[2 * i] == '-' ? -1 : (f->kinds[2 * i] - '0') * 10 + (f->kinds[2 * i + 1] - '0');
         int host = r == 'i' || r == 'o' || r == 'b' || r == 't' || r == 'x' ||
                    ((r == 'S' || r == 'R' || r == 'B') && (hostmask >> i & 1));
-        if (r == 'h' || r == 'd') {
+        if ((r == 'h' || r == 'd') && !slot[i]) {
+            v[i] = 0; /* (NULL: the library answers it) */
+        } else if (r == 'h' || r == 'd') {
             struct hent *e = hfind(kind, slot[i]);
             if (!e)
                 return fail(res, NVPL_E_HANDLE, i);

@@ -11436,12 +11436,19 @@ NVP_EXPORT int32_t curandCreateGenerator(void *generator, int32_t rng_type)
     nvpl_begin(&nvpl_c_, 998, 2);
     nvpl_create(&nvpl_c_, 0, generator, 22, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)rng_type;
-    return (int32_t)nvpl_end(&nvpl_c_);
+    int64_t nvpl_r_ = nvpl_end(&nvpl_c_);
+    if (nvpl_r_ == 0)
+        nvpl_note_mode(nvpl_c_.created, 1);
+    return (int32_t)nvpl_r_;
 }
 
-NVP_EXPORT int32_t curandCreateGeneratorHost(void)
+NVP_EXPORT int32_t curandCreateGeneratorHost(void *generator, int32_t rng_type)
 {
-    return (int32_t)nvpl_fail(999);
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 999, 2);
+    nvpl_create(&nvpl_c_, 0, generator, 22, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)rng_type;
+    return (int32_t)nvpl_end(&nvpl_c_);
 }
 
 NVP_EXPORT int32_t curandCreatePoissonDistribution(void)
@@ -11467,7 +11474,7 @@ NVP_EXPORT int32_t curandGenerate(void *generator, void *outputPtr, uint64_t num
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1003, 3);
     nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
-    nvpl_c_.slot[1] = (uint64_t)(uintptr_t)outputPtr;
+    nvpl_buf(&nvpl_c_, 1, outputPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(generator))) ? (int64_t)(4*num) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)num;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -11477,7 +11484,7 @@ NVP_EXPORT int32_t curandGenerateLogNormal(void *generator, void *outputPtr, uin
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1004, 5);
     nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
-    nvpl_c_.slot[1] = (uint64_t)(uintptr_t)outputPtr;
+    nvpl_buf(&nvpl_c_, 1, outputPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(generator))) ? (int64_t)(4*n) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)n;
     nvpl_c_.slot[3] = nvpl_bits_f4(mean);
     nvpl_c_.slot[4] = nvpl_bits_f4(stddev);
@@ -11489,7 +11496,7 @@ NVP_EXPORT int32_t curandGenerateLogNormalDouble(void *generator, void *outputPt
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1005, 5);
     nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
-    nvpl_c_.slot[1] = (uint64_t)(uintptr_t)outputPtr;
+    nvpl_buf(&nvpl_c_, 1, outputPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(generator))) ? (int64_t)(8*n) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)n;
     nvpl_c_.slot[3] = nvpl_bits_f8(mean);
     nvpl_c_.slot[4] = nvpl_bits_f8(stddev);
@@ -11501,7 +11508,7 @@ NVP_EXPORT int32_t curandGenerateLongLong(void *generator, void *outputPtr, uint
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1006, 3);
     nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
-    nvpl_c_.slot[1] = (uint64_t)(uintptr_t)outputPtr;
+    nvpl_buf(&nvpl_c_, 1, outputPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(generator))) ? (int64_t)(8*num) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)num;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -11511,7 +11518,7 @@ NVP_EXPORT int32_t curandGenerateNormal(void *generator, void *outputPtr, uint64
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1007, 5);
     nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
-    nvpl_c_.slot[1] = (uint64_t)(uintptr_t)outputPtr;
+    nvpl_buf(&nvpl_c_, 1, outputPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(generator))) ? (int64_t)(4*n) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)n;
     nvpl_c_.slot[3] = nvpl_bits_f4(mean);
     nvpl_c_.slot[4] = nvpl_bits_f4(stddev);
@@ -11523,7 +11530,7 @@ NVP_EXPORT int32_t curandGenerateNormalDouble(void *generator, void *outputPtr, 
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1008, 5);
     nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
-    nvpl_c_.slot[1] = (uint64_t)(uintptr_t)outputPtr;
+    nvpl_buf(&nvpl_c_, 1, outputPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(generator))) ? (int64_t)(8*n) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)n;
     nvpl_c_.slot[3] = nvpl_bits_f8(mean);
     nvpl_c_.slot[4] = nvpl_bits_f8(stddev);
@@ -11535,7 +11542,7 @@ NVP_EXPORT int32_t curandGeneratePoisson(void *generator, void *outputPtr, uint6
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1009, 4);
     nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
-    nvpl_c_.slot[1] = (uint64_t)(uintptr_t)outputPtr;
+    nvpl_buf(&nvpl_c_, 1, outputPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(generator))) ? (int64_t)(4*n) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)n;
     nvpl_c_.slot[3] = nvpl_bits_f8(lambda);
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -11546,7 +11553,7 @@ NVP_EXPORT int32_t curandGeneratePoissonMethod(void *generator, void *outputPtr,
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1010, 5);
     nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
-    nvpl_c_.slot[1] = (uint64_t)(uintptr_t)outputPtr;
+    nvpl_buf(&nvpl_c_, 1, outputPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(generator))) ? (int64_t)(4*n) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)n;
     nvpl_c_.slot[3] = nvpl_bits_f8(lambda);
     nvpl_c_.slot[4] = (uint64_t)(int64_t)method;
@@ -11566,7 +11573,7 @@ NVP_EXPORT int32_t curandGenerateUniform(void *generator, void *outputPtr, uint6
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1012, 3);
     nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
-    nvpl_c_.slot[1] = (uint64_t)(uintptr_t)outputPtr;
+    nvpl_buf(&nvpl_c_, 1, outputPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(generator))) ? (int64_t)(4*num) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)num;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -11576,7 +11583,7 @@ NVP_EXPORT int32_t curandGenerateUniformDouble(void *generator, void *outputPtr,
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1013, 3);
     nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
-    nvpl_c_.slot[1] = (uint64_t)(uintptr_t)outputPtr;
+    nvpl_buf(&nvpl_c_, 1, outputPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(generator))) ? (int64_t)(8*num) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)num;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -28952,7 +28959,7 @@ const struct nvpl_fn_info nvpl_fns[] = {
     {"cufftXtSetWorkArea", 2, 0, "multi-GPU cuFFT is not forwarded"},
     {"cufftXtSetWorkAreaPolicy", 2, 0, "multi-GPU cuFFT is not forwarded"},
     {"curandCreateGenerator", 3, 0, NULL},
-    {"curandCreateGeneratorHost", 3, 0, "host generators are not forwarded"},
+    {"curandCreateGeneratorHost", 3, 0, NULL},
     {"curandCreatePoissonDistribution", 3, 0, "discrete distributions are read by the application's kernels"},
     {"curandDestroyDistribution", 3, 0, "discrete distributions are read by the application's kernels"},
     {"curandDestroyGenerator", 3, 0, NULL},

@@ -223,7 +223,7 @@ void nvpl_begin(struct nvpl_call *c, uint32_t fid, int nparams)
 void nvpl_handle(struct nvpl_call *c, int i, uint64_t h, int kind, int destroy)
 {
     c->slot[i] = h;
-    if (hkind(h) != kind) {
+    if (h && hkind(h) != kind) { /* (NULL goes to the library, which answers it as natively) */
         refuse(c, lib_of(c)->invalid_handle);
         return;
     }
@@ -258,7 +258,7 @@ static uint64_t pad8(uint64_t n) { return (n + 7) & ~(uint64_t)7; }
 
 static void add_buf(struct nvpl_call *c, int i, void *p, int dir, uint64_t len)
 {
-    if (len > NVP_MAX_PAYLOAD / 4) {
+    if (len > NVP_MAX_PAYLOAD - (size_t)NVPL_MAX_PARAMS * 8 - c->in_bytes - c->out_bytes) {
         refuse(c, lib_of(c)->invalid_value);
         return;
     }

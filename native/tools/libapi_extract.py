@@ -24,6 +24,7 @@ The description's format, one record a line:
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import shutil
@@ -59,7 +60,9 @@ DEFINES = ["__attribute__(x)=", "__extension__=", "__restrict=", "__restrict__="
            "_Static_assert(a,b)=", "__builtin_offsetof(a,b)=0"]
 STUBS = {"cudalibxt.h": "typedef struct cudaXtDesc_t cudaXtDesc;\ntypedef struct cudaLibXtDesc_t cudaLibXtDesc;\n"}
 
-SYSTEM_OPAQUE = {"FILE"}  # the C library's types: their layout is the host's, not the toolkit's
+# the C library's types (their layout is the host's, not the toolkit's), and cufftXt.h's multi-GPU descriptors
+# (cudalibxt.h, beside cufftXt.h in a full toolkit, is found before any stub: its types must read the same)
+SYSTEM_OPAQUE = {"FILE", "cudaLibXtDesc", "cudaXtDesc"}
 
 
 def scalar_kind(words: tuple[str, ...]) -> str:
@@ -352,10 +355,14 @@ def main() -> int:
     includes = args.include or default_includes()
     syms = args.syms or (None if args.libdir else default_syms())
     files = generate(includes, syms, args.libdir or (None if syms else default_libdir()))
-    stale = [p.name for p, text in files.items() if not p.exists() or p.read_text() != text]
+    stale = [p for p, text in files.items() if not p.exists() or p.read_text() != text]
     if args.check:
         if stale:
-            print("out of date:", ", ".join(stale))
+            print("out of date:", ", ".join(p.name for p in stale))
+            for p in stale:
+                old = p.read_text().splitlines() if p.exists() else []
+                sys.stdout.writelines(difflib.unified_diff(old, files[p].splitlines(), str(p), "the headers'",
+                                                           lineterm="\n", n=0))
             return 1
         return 0
     OUT.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,7 @@ int curandCreateGenerator(struct gen **g, int type)
     (*g)->fresh = 1;
     return 0;
 }
+int curandCreateGeneratorHost(struct gen **g, int type) { return curandCreateGenerator(g, type); }
 int curandDestroyGenerator(struct gen *g)
 {
     free(g);

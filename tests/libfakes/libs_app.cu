@@ -3,6 +3,7 @@
 // function that is not forwarded.  Declares what it uses itself (the CI machine has no math-library headers).
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <cuda_runtime.h>
 
 extern "C" {
@@ -26,6 +27,7 @@ int cublasGetMatrix(int, int, int, const void *, int, void *, int);
 const char *cublasGetStatusName(int);
 int cublasXtCreate(void **);
 int curandCreateGenerator(curandGenerator_t *, int);
+int curandCreateGeneratorHost(curandGenerator_t *, int);
 int curandDestroyGenerator(curandGenerator_t);
 int curandSetPseudoRandomGeneratorSeed(curandGenerator_t, unsigned long long);
 int curandSetStream(curandGenerator_t, cudaStream_t);
@@ -117,6 +119,23 @@ int main()
         CHECK(cudaMemcpy(v, dv, sizeof v, cudaMemcpyDeviceToHost));
         printf("random %d: %u %u %u\n", round, v[0], v[1], v[2]);
     }
+
+    // a host generator: its numbers come back in the reply (4 MiB, more than a socket holds at once)
+    curandGenerator_t hg;
+    CHECK(curandCreateGeneratorHost(&hg, 100));
+    CHECK(curandSetPseudoRandomGeneratorSeed(hg, 1234ULL));
+    const size_t big = 1 << 20;
+    unsigned *hv = (unsigned *)malloc(big * sizeof(unsigned)), *dbig, *dv2 = (unsigned *)malloc(big * sizeof(unsigned));
+    CHECK(curandGenerate(hg, hv, big));
+    curandGenerator_t g2;
+    CHECK(curandCreateGenerator(&g2, 100));
+    CHECK(curandSetPseudoRandomGeneratorSeed(g2, 1234ULL));
+    CHECK(cudaMalloc(&dbig, big * sizeof(unsigned)));
+    CHECK(curandGenerate(g2, dbig, big));
+    CHECK(cudaMemcpy(dv2, dbig, big * sizeof(unsigned), cudaMemcpyDeviceToHost));
+    printf("host generator as the device's: %d (last %u)\n", memcmp(hv, dv2, big * sizeof(unsigned)) == 0, hv[big - 1]);
+    CHECK(curandDestroyGenerator(g2));
+    CHECK(curandDestroyGenerator(hg));
 
     int plan;
     CHECK(cufftPlan1d(&plan, 4, 0x29, 1));

@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..checkpoint.image import ImageError
+from ..errors import CudaError
 from . import spec
 
 PER_THREAD = 2  # the wire id of cudaStreamPerThread
+NULL_SLOT = (1 << 64) - 1  # a host buffer given as NULL
 
 
 @dataclass
@@ -119,7 +121,7 @@ class LibState:
                 struct.pack_into("<Q", body, 8 * i, _sim_address(self.backend, slots[i]))
         if ch is not None:
             self._bind(f, slots, ch, stream_of)
-        sync = (lambda: self.backend.device_sync(dev)) if f.sync and hostmask else None
+        sync = (lambda: self.backend.device_sync(dev)) if f.sync and _host_buffers(f, slots, hostmask) else None
         res = self.exe.call(fid, hostmask, body, out_cap, sync)
         if res.error:
             return self._refused(f, res)
@@ -195,7 +197,8 @@ class LibState:
         pointer aside: a replay writes scratch memory)."""
         out = _output_param(f)
         body = bytearray(payload)
-        struct.pack_into("<Q", body, 8 * out, 0)
+        if not hostmask >> out & 1:  # (device memory: a replay writes scratch; host memory: its length stays)
+            struct.pack_into("<Q", body, 8 * out, 0)
         last = self.records.get(self.last_generation.get(owner, -1))
         if last is not None and last.fid == f.fid and last.payload == bytes(body) and last.hostmask == hostmask:
             last.count += 1
@@ -232,7 +235,10 @@ class LibState:
             self.backend.activate(dev)
 
             def stream_of(w: int, dev: int = dev) -> int:
-                s = state.stream(w, dev, lambda d: self.backend.legacy_stream(d))
+                try:
+                    s = state.stream(w, dev, lambda d: self.backend.legacy_stream(d))
+                except CudaError:  # (destroyed since it was given: natively the handle kept a dangling stream)
+                    s = self.backend.legacy_stream(dev)
                 return int(self.backend.handle_value(s))
 
             if f.state == "generate":
@@ -246,18 +252,21 @@ class LibState:
                            count: int, stream_of: Callable[[int], int]) -> None:
         out = _output_param(f)
         slots = struct.unpack_from(f"<{len(f.params)}Q", payload)
+        host = hostmask >> out & 1  # (a host generator: its output comes back, to be dropped)
         nbytes = max(_count(f, slots) * f.params[out].elem(self.spec.types), 1)
-        scratch = state.alloc(dev, nbytes)
+        scratch = 0 if host else state.alloc(dev, nbytes)
         try:
             body = bytearray(payload)
-            struct.pack_into("<Q", body, 8 * out, scratch)
+            if not host:
+                struct.pack_into("<Q", body, 8 * out, scratch)
             for _ in range(count):
                 res = self.run(None, dev, f.fid, hostmask, bytes(body), out_cap, stream_of, record=False)
                 if not res.ran or res.ret != 0:
                     raise ImageError(f"{f.name} failed advancing a generator again (status {res.ret})")
             self.backend.device_sync(dev)
         finally:
-            state.free(scratch, idle=True)
+            if scratch:
+                state.free(scratch, idle=True)
         owner = (f.params[f.owner].kind, slots[f.owner])
         self.last_generation[owner] = self._add(Record(f.fid, hostmask, payload, out_cap, dev, owner,
                                                        self._refs(f, slots), count))
@@ -275,8 +284,14 @@ def _sim_address(backend: Any, va: int) -> int:
     return int(native.ffi.cast("uintptr_t", native.ffi.from_buffer(view)))
 
 
+def _host_buffers(f: spec.Func, slots: tuple[int, ...], hostmask: int) -> bool:
+    """Does the call give the library host memory (not NULL, not empty)?"""
+    return any((p.role in ("in", "out", "inout") or (p.role in spec.MODE_ROLES and hostmask >> p.index & 1))
+               and slots[p.index] not in (0, NULL_SLOT) for p in f.params)
+
+
 def _output_param(f: spec.Func) -> int:
-    return next(p.index for p in f.params if p.role == "dev")
+    return next(p.index for p in f.params if p.role in ("dev", "result"))
 
 
 def _count(f: spec.Func, slots: tuple[int, ...]) -> int:

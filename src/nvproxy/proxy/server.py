@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 import os
 import queue
+import select
 import selectors
 import socket
 import struct
@@ -116,12 +117,22 @@ class Channel:
     def _send(self, data: bytes) -> None:
         with self._send_lock:
             try:
-                self.sock.sendall(data)
+                self._send_all(data)
             except OSError:
                 self.closed = True
             mb = self.mailbox
             if mb is not None:
                 mb.replied()
+
+    def _send_all(self, data: bytes) -> None:
+        """All of data, on a non-blocking socket: a reply larger than the socket's buffer (a library call's host
+        outputs) waits for the thread, which is reading it, to make room."""
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[self.sock.send(view) :]
+            except BlockingIOError:
+                select.select([], [self.sock], [], 1.0)
 
     def reply(self, result: Any, err: int) -> None:
         if self._pending == 0:
