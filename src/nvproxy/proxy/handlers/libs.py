@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import struct
 import sys
 import weakref
 from typing import Any
 
+from ... import wire
 from ...libs import state as libstate
+from . import graphs
 
 # per channel: an earlier posted call that failed (status, function id), for the thread's next reply
 _failed: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakKeyDictionary()
@@ -21,7 +24,13 @@ def LIB_CALL(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple
     f = ls.spec.func(fid)
     if f.retkind == "string":
         out_cap = max(out_cap, 1024)
-    out = ls.run(ch, ch.dev, fid, hostmask, payload, out_cap, lambda w: p.backend.handle_value(p.stream(ch, w)))
+    log = _capture(p, ch, ls, f, payload) if p.state.captures else None
+    # (a call into a stream capture changes no library state that a restore makes again: the capture's log makes it
+    # again, with the capture)
+    out = ls.run(ch, ch.dev, fid, hostmask, payload, out_cap, lambda w: p.backend.handle_value(p.stream(ch, w)),
+                 record=log is None)
+    if log is not None and out.ran:
+        log.calls.append((wire.NVP_OP_LIB_CALL, a, payload))
     ret = out.ret & 0xFFFFFFFFFFFFFFFF
     if posted:
         if f.retkind == "status" and out.ret != 0:
@@ -31,3 +40,25 @@ def LIB_CALL(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple
         return None
     earlier, efid = _failed.pop(ch, (0, 0))
     return (ret, earlier & 0xFFFFFFFF, efid), out.out
+
+
+def _capture(p: Any, ch: Any, ls: Any, f: Any, payload: bytes) -> Any:
+    """The capture log of the stream the call works on, where that stream is being captured (its stream parameter,
+    or the stream its handle was given)."""
+    n = len(f.params)
+    if f.how != "forward" or len(payload) < 8 * n:
+        return None
+    slots = struct.unpack_from(f"<{n}Q", payload)
+    streams = [slots[q.index] for q in f.params if q.role == "stream"]
+    if not streams and f.owner >= 0 and f.params[f.owner].role == "handle":
+        h = ls.handles.get((f.params[f.owner].kind, slots[f.owner]))
+        streams = [h.stream] if h is not None else []
+    for w in streams:
+        try:
+            s = p.stream(ch, w)
+        except Exception:
+            return None
+        status, cid = p.backend.capture_status(s)
+        if status == graphs.CAPTURE_ACTIVE:
+            return p.state.captures.get(cid)
+    return None
