@@ -1,5 +1,5 @@
 /* Does a DMA from pinned memory that the CPU has just written (its cache lines dirty) run slower, and what avoids
- * it (session 14: streaming stores)?  On the GPU machine:
+ * it (streaming stores)?  On the GPU machine:
  *   gcc -O2 -mavx2 -mclflushopt -mclwb -I/usr/local/cuda/include -o dma dma_after_cpu_writes.c -lcuda */
 #define _GNU_SOURCE
 #include "probe.h"

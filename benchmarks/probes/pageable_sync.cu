@@ -1,4 +1,4 @@
-// What the runtime's own pageable cudaMemcpy waits for (session 16): after a kernel on the legacy, a blocking or
+// What the runtime's own pageable cudaMemcpy waits for: after a kernel on the legacy, a blocking or
 // a non-blocking stream, and how long back-to-back copies take (and whether the DMA had ended when one returned).
 // Native only.  On the GPU machine: nvcc -cudart shared -o pageable_sync pageable_sync.cu && ./pageable_sync
 #include <cstdio>

@@ -1,4 +1,4 @@
-/* Where a synchronous pinned copy's time goes (session 14): the driver's ways of waiting for a copy, memfd
+/* Where a synchronous pinned copy's time goes: the driver's ways of waiting for a copy, memfd
  * against cuMemHostAlloc memory, VMM against cuMemAlloc memory, and a round trip between two processes over a Unix
  * socket and through shared memory.  On the GPU machine: nvcc -O2 -o round_trips round_trips.c -lcuda */
 #define _GNU_SOURCE

@@ -1,4 +1,4 @@
-// How fast can a small copy from the device reach the host (session 18)?  Natively, per copy, median of many:
+// How fast can a small copy from the device reach the host?  Natively, per copy, median of many:
 // the runtime's cudaMemcpy to pageable and to pinned memory, an async copy engine copy to pinned memory waited
 // for by spinning on the stream, and a copy kernel that stores into mapped pinned memory and raises a flag there
 // that the host spins on (so no driver call waits).  On the GPU machine: nvcc -O2 -o small_d2h small_d2h.cu
