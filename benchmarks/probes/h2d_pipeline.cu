@@ -1,4 +1,4 @@
-// Small copies to the device issued back to back, as nvproxy's posted copies are how long the driver
+// Small copies to the device issued back to back, as nvproxy's posted copies are: how long the driver
 // takes to issue each, and how many the device finishes per second, from pinned memory by the copy engine (with an
 // event recorded after each, as the proxy does, and with a query of an earlier one's event, as the proxy learns
 // which are done) and by a copy kernel reading mapped pinned memory; beside the runtime's cudaMemcpy from pageable
