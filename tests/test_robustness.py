@@ -418,3 +418,17 @@ def test_a_stalled_control_client_holds_up_nothing(build, tmp_path: Path) -> Non
     assert len(dropped) == 2, err
     assert "control message of" in dropped[0] and "no whole request within" in dropped[1], err
     assert "handed over to the new proxy" in err, err
+
+
+def test_a_kernel_the_sim_cannot_run_fails_its_launch(build) -> None:
+    """vector_add without its Python kernel: the launch fails as a kernel without code for the device fails
+    natively (cudaErrorNoKernelImageForDevice, which the program's check after the launch sees), and the proxy
+    names the kernel once."""
+    r = run([sys.executable, "-m", "nvproxy", "run", "--backend", "sim", "--", str(build("vector_add"))])
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stdout.splitlines()  # (nothing after the failed check)
+    assert len(lines) == 1 and lines[0].startswith("FAILED ") and lines[0].endswith(
+        "vector_add.cu:22 cudaGetLastError() -> cudaErrorNoKernelImageForDevice (no kernel image is available for "
+        "execution on the device)"), r.stdout + r.stderr
+    named = [line for line in r.stderr.splitlines() if "has no Python implementation" in line]
+    assert len(named) == 1 and "kernel vecAdd (_Z6vecAddPKfS0_Pfi)" in named[0], r.stderr
