@@ -15,6 +15,7 @@ from typing import Any
 from .. import wire
 from ..checkpoint import hostimage
 from ..checkpoint.dump import dump, estimate, prefault
+from ..checkpoint.image import WriteError
 from . import control
 from .handlers.ipc import export_event, export_fd
 
@@ -89,8 +90,10 @@ def checkpoint(server: Any, conn: socket.socket, path: str, disconnect: bool = F
             himg.write_file(path, stats["image_bytes"])
             stats["file_s"] = time.monotonic() - t
             reply = {"ok": True, "stats": dict(stats, path=path)}
+        except WriteError as e:  # (it names path; the temporary file is gone)
+            reply = {"ok": False, "error": str(e)}
         except Exception as e:
-            reply = {"ok": False, "error": f"writing {path}: {e}"}
+            reply = {"ok": False, "error": f"cannot write {path}: {e}"}
         finally:
             hostimage.after_checkpoint(server.dispatch.state, himg)
         try:
