@@ -4,7 +4,10 @@ proxy) and only then lets the program go on."""
 
 from __future__ import annotations
 
+import os
 import queue
+import select
+import signal
 import subprocess
 import threading
 from collections.abc import Mapping
@@ -81,3 +84,14 @@ class Gated:
         self.p.wait(timeout=WAIT_S)
         self._err_reader.join(timeout=WAIT_S)
         return "".join(self.lines), self.err
+
+
+def kill_and_wait(pid: int) -> None:
+    """SIGKILL pid and return once it has ended (its pidfd turns readable)."""
+    fd = os.pidfd_open(pid)
+    try:
+        os.kill(pid, signal.SIGKILL)
+        if not select.select([fd], [], [], WAIT_S)[0]:
+            pytest.fail(f"process {pid} outlived SIGKILL for {WAIT_S} s")
+    finally:
+        os.close(fd)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from conftest import APPS, MISREPORT, gpu_count, misreported_assert, nvproxy_cmd, run
-from gated import Gated
+from gated import Gated, kill_and_wait
 
 from nvproxy.checkpoint import earlycheck
 from nvproxy.checkpoint.image import ImageError, read_header
@@ -396,16 +396,16 @@ def test_recover_from_image_after_the_proxy_died(build, backend: str, steps: int
     image = tmp_path / "last.img"
     env = dict(os.environ, NVPROXY_RECOVER=str(image), NVPROXY_RESTORE_READ="map" if steps == 20 else "bounce")
     env.pop("LD_PRELOAD", None)
-    app = subprocess.Popen(nvproxy_cmd(exe, backend, "ckpt_steps", str(steps), "400"), stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, env=env)
-    assert app.stdout is not None
-    lines = [app.stdout.readline() for _ in range(6)]  # the program now sleeps 400 ms
-    assert nvproxy("checkpoint", str(app.pid), "-o", str(image)).returncode == 0
-    pid, _sock = find_proxy(app.pid)
-    os.kill(pid, 9)
-    out, err = app.communicate(timeout=120)
+    with Gated(nvproxy_cmd(exe, backend, "ckpt_steps", str(steps), "-1"), env) as app:
+        app.line()
+        for _ in range(5):
+            app.go()  # (six steps done; the program waits until the proxy is checkpointed and dead)
+        assert nvproxy("checkpoint", str(app.pid), "-o", str(image)).returncode == 0
+        pid, _sock = find_proxy(app.pid)
+        kill_and_wait(pid)
+        out, err = app.finish()
     assert "starting a new one from" in err, err
-    assert "".join(lines) + out == reference.stdout, err
+    assert out == reference.stdout, err
     if steps == 6 and backend == "sim":
         early = re.search(r"(\d+) of its (\d+) chunks were summed while the proxy started", err)
         assert early and early.group(1) == early.group(2) != "0", err
