@@ -43,18 +43,27 @@ class Gated:
             self._out.put(line)
         self._out.put(None)
 
-    def line(self) -> str:
-        """The program's next line of output (its next step is done and it waits for go())."""
+    def _next(self) -> str | None:
+        """The program's next line of output; None at its end."""
         try:
             got = self._out.get(timeout=WAIT_S)
         except queue.Empty:
             self.p.kill()
             pytest.fail(f"the program printed nothing for {WAIT_S} s after:\n{''.join(self.lines)}")
+        if got is not None:
+            self.lines.append(got)
+        return got
+
+    def _ended(self) -> None:
+        self.p.wait(timeout=WAIT_S)
+        self._err_reader.join(timeout=WAIT_S)
+
+    def line(self) -> str:
+        """The program's next line of output (its next step is done and it waits for go())."""
+        got = self._next()
         if got is None:
-            self.p.wait()
-            self._err_reader.join()
+            self._ended()
             pytest.fail(f"the program ended early ({self.p.returncode}):\n{''.join(self.lines)}\n{self.err}")
-        self.lines.append(got)
         return got
 
     def go(self) -> str:
@@ -72,17 +81,9 @@ class Gated:
         """Let the program run to its end: (all its output, its stderr)."""
         assert self.p.stdin is not None
         self.p.stdin.close()
-        while True:
-            try:
-                got = self._out.get(timeout=WAIT_S)
-            except queue.Empty:
-                self.p.kill()
-                pytest.fail(f"the program printed nothing for {WAIT_S} s after:\n{''.join(self.lines)}")
-            if got is None:
-                break
-            self.lines.append(got)
-        self.p.wait(timeout=WAIT_S)
-        self._err_reader.join(timeout=WAIT_S)
+        while self._next() is not None:
+            pass
+        self._ended()
         return "".join(self.lines), self.err
 
 

@@ -83,6 +83,7 @@ def checkpoint(server: Any, conn: socket.socket, path: str, disconnect: bool = F
     """The application goes on as soon as the device memory is in the buffer;
     a thread writes the file from it and then answers."""
     himg, stats = _dump(server, disconnect)
+    before = server.writer
 
     def persist() -> None:
         try:
@@ -101,6 +102,8 @@ def checkpoint(server: Any, conn: socket.socket, path: str, disconnect: bool = F
         except OSError:
             pass
         conn.close()
+        if before is not None:  # (whoever waits for the last writer, the proxy's end, waits for every answer)
+            before.join()
 
     server.writer = threading.Thread(target=persist, name="nvproxy-image-writer")
     server.writer.start()
@@ -153,6 +156,8 @@ def hand_over(server: Any, conn: socket.socket, image: str | None) -> None:
             os.close(fd)
     verdict, _b, _f = control.recv(conn)
     if verdict.get("cmd") == "done":
+        if server.writer is not None:  # (a checkpoint's answer is on its way: not cut off by the exit)
+            server.writer.join()
         print(f"nvproxy: handed over to the new proxy ({stats['device_bytes'] >> 20} MiB in "
               f"{stats['seconds']:.2f} s)", file=sys.stderr)
         os.unlink(server.ctl_path)
