@@ -249,6 +249,14 @@ def test_a_restore_refuses_an_image_others_could_have_written(build, tmp_path: P
         read_header(image)
 
 
+def test_a_restore_refuses_what_is_not_a_file_without_waiting(tmp_path: Path) -> None:
+    """A FIFO given as an image is refused at once (opening it for reading would wait for a writer)."""
+    fifo = tmp_path / "f.img"
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(ImageError, match=f"{fifo} is not a regular file"):
+        read_header(fifo)
+
+
 def test_a_failed_image_write_keeps_the_older_image_and_names_the_users_path(build, tmp_path: Path) -> None:
     """A checkpoint whose file cannot be written (here the proxy may write no file over 1 MiB) says so of the
     path the user gave, leaves the image that was there as it was and no temporary file, and the application

@@ -114,7 +114,7 @@ def open_trusted(path: str | Path) -> int:
     """path opened for reading (an fd the caller closes), if it is an image this user may trust: a regular file
     of its own that neither its group nor others may write (ssh's rule for keys); else ImageError, one line
     naming path and the rule.  Checked on the open file: what is checked is what is read."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # (a FIFO there must not hang the restore)
     try:
         st = os.fstat(fd)
         rule = "a restore reads only a regular file of the restoring user's own that no one else may write"
@@ -126,6 +126,7 @@ def open_trusted(path: str | Path) -> int:
             who = " and ".join(w for w, bit in (("its group", stat.S_IWGRP), ("others", stat.S_IWOTH))
                                if st.st_mode & bit)
             raise ImageError(f"{path} is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o}); {rule}")
+        os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
         raise
