@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from conftest import nvproxy_cmd, run
+from gated import Gated, kill_and_wait
 
 from nvproxy import boot
 from nvproxy.launcher import find_proxy, proxy_argv
@@ -27,37 +27,28 @@ def test_the_boot_stage_needs_nothing_but_the_standard_library() -> None:
 
 def test_proxies_start_through_the_boot_stage(build, tmp_path: Path) -> None:
     """`nvproxy run` starts its proxy with -S and BOOT, and so does the shim when it starts one itself (here:
-    NVPROXY_RECOVER after the first proxy was killed); the program runs to its expected output either way."""
+    NVPROXY_RECOVER after the first proxy was killed); the program runs to its expected output either way.  The
+    program waits between steps until the test lets it go on: the checkpoint and the kill come between the same
+    two steps however long they take."""
     exe = build("ckpt_steps")
     reference = run(nvproxy_cmd(exe, "sim", "ckpt_steps", "20", "0"))
     image = tmp_path / "last.img"
     env = dict(os.environ, NVPROXY_RECOVER=str(image))
     env.pop("LD_PRELOAD", None)
-    app = subprocess.Popen(nvproxy_cmd(exe, "sim", "ckpt_steps", "20", "400"), stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, env=env)
-    assert app.stdout is not None
-    lines = [app.stdout.readline() for _ in range(6)]
-    cmdlines = []
-    pid, _sock = find_proxy(app.pid)
-    cmdlines.append(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))
-    assert run([sys.executable, "-m", "nvproxy", "checkpoint", str(app.pid), "-o", str(image)]).returncode == 0
-    os.kill(pid, 9)
-    deadline = time.monotonic() + 60
-    while app.poll() is None and time.monotonic() < deadline:  # (the shim starts the next one on its next call)
-        try:
-            new, _ = find_proxy(app.pid)
-        except SystemExit:
-            time.sleep(0.01)
-            continue
-        if new != pid:
-            try:
-                cmdlines.append(Path(f"/proc/{new}/cmdline").read_bytes().split(b"\0"))
-            except OSError:
-                continue
-            break
-    out, err = app.communicate(timeout=120)
-    assert "".join(lines) + out == reference.stdout, err
-    assert len(cmdlines) == 2, err
+    with Gated(nvproxy_cmd(exe, "sim", "ckpt_steps", "20", "-1"), env) as app:
+        app.line()
+        for _ in range(5):
+            app.go()
+        pid, _sock = find_proxy(app.pid)
+        cmdlines = [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
+        assert run([sys.executable, "-m", "nvproxy", "checkpoint", str(app.pid), "-o", str(image)]).returncode == 0
+        kill_and_wait(pid)
+        app.go()  # (its first call found the proxy gone: the shim started the next one, which serves it now)
+        new, _sock = find_proxy(app.pid)
+        cmdlines.append(Path(f"/proc/{new}/cmdline").read_bytes().split(b"\0"))
+        out, err = app.finish()
+    assert out == reference.stdout, err
+    assert new != pid, err
     want = [a.encode() for a in proxy_argv()[1:]]
     for argv in cmdlines:
         assert argv[1 : 1 + len(want)] == want, argv

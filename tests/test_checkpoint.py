@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from conftest import APPS, MISREPORT, gpu_count, misreported_assert, nvproxy_cmd, run
+from gated import Gated, kill_and_wait
 
 from nvproxy.checkpoint import earlycheck
 from nvproxy.checkpoint.image import ImageError, read_header
@@ -221,6 +222,105 @@ def test_image_format_is_checked(tmp_path: Path) -> None:
         read_header(future)
 
 
+@pytest.mark.parametrize("refusal", ["owner", "writable"])
+def test_a_restore_refuses_an_image_others_could_have_written(build, tmp_path: Path, refusal: str) -> None:
+    """An image says what the restoring proxy maps and runs: a proxy (as NVPROXY_RECOVER, DMTCP's restart and a
+    restore from a file start one) reads only a file of the user's own that no one else may write, and says
+    which rule the image broke, once."""
+    image = _image_of_ckpt_steps(build, tmp_path)
+    if refusal == "owner":
+        if os.getuid() != 0:
+            pytest.skip("giving a file to another user takes root")
+        os.chown(image, 65534, -1)
+        want = f"{image} belongs to uid 65534, not to this user (uid 0)"
+    else:
+        os.chmod(image, 0o646)
+        want = f"{image} is writable by others (mode 0646)"
+    sock = tmp_path / "p.sock"
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # (an application that has ended: a proxy that did restore ends at once)
+    r = run([sys.executable, "-m", "nvproxy", "proxy", "--backend", "sim", "--socket", str(sock), "--owner-pid",
+             str(gone.pid), "--restore", str(image)], timeout=120)
+    assert r.returncode == 1, r.stderr
+    said = [line for line in r.stderr.splitlines() if str(image) in line]
+    assert len(said) == 1 and want in said[0] and "no one else may write" in said[0], r.stderr
+    assert not sock.exists()
+    with pytest.raises(ImageError, match="no one else may write"):
+        read_header(image)
+
+
+def test_a_restore_refuses_what_is_not_a_file_without_waiting(tmp_path: Path) -> None:
+    """A FIFO given as an image is refused at once (opening it for reading would wait for a writer)."""
+    fifo = tmp_path / "f.img"
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(ImageError, match=f"{fifo} is not a regular file"):
+        read_header(fifo)
+
+
+def test_a_failed_image_write_keeps_the_older_image_and_names_the_users_path(build, tmp_path: Path) -> None:
+    """A checkpoint whose file cannot be written (here the proxy may write no file over 1 MiB) says so of the
+    path the user gave, leaves the image that was there as it was and no temporary file, and the application
+    goes on; the next checkpoint works."""
+    import resource
+
+    from nvproxy.launcher import find_proxy
+
+    exe = build("ckpt_steps")
+    reference = run(nvproxy_cmd(exe, "sim", "ckpt_steps", "4", "0"))
+    where = tmp_path / "images"
+    where.mkdir()
+    image = where / "a.img"
+    with Gated(nvproxy_cmd(exe, "sim", "ckpt_steps", "4", "-1")) as app:
+        app.line()
+        assert nvproxy("checkpoint", str(app.pid), "-o", str(image)).returncode == 0  # (the buffer has grown)
+        before = image.read_bytes()
+        pid, _sock = find_proxy(app.pid)
+        limits = resource.prlimit(pid, resource.RLIMIT_FSIZE)
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (1 << 20, limits[1]))
+        app.go()
+        r = nvproxy("checkpoint", str(app.pid), "-o", str(image))
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert f"cannot write {image}: File too large" in r.stderr and ".tmp" not in r.stderr, r.stderr
+        assert os.listdir(where) == ["a.img"] and image.read_bytes() == before
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, limits)
+        app.go()
+        assert nvproxy("checkpoint", str(app.pid), "-o", str(image)).returncode == 0
+        assert os.listdir(where) == ["a.img"] and stat.S_IMODE(image.stat().st_mode) == 0o600
+        assert image.read_bytes() != before
+        out, err = app.finish()
+    assert out == reference.stdout, err
+
+
+def test_an_image_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
+    """atomic_file: 0600 whatever the umask; a write that fails midway (any exception) leaves neither the file nor
+    its temporary one, and an error of the system names the user's path."""
+    from nvproxy.checkpoint.image import WriteError, atomic_file
+
+    target = tmp_path / "x.img"
+    old = os.umask(0)
+    try:
+        atomic_file(target, lambda fd: os.write(fd, b"whole"))
+    finally:
+        os.umask(old)
+    assert target.read_bytes() == b"whole" and stat.S_IMODE(target.stat().st_mode) == 0o600
+
+    def broken(fd: int) -> None:
+        os.write(fd, b"part")
+        raise RuntimeError("the copy failed")
+
+    with pytest.raises(RuntimeError, match="the copy failed"):
+        atomic_file(tmp_path / "y.img", broken)
+    assert os.listdir(tmp_path) == ["x.img"]
+    with pytest.raises(WriteError) as e:
+        atomic_file(tmp_path / "no" / "z.img", lambda fd: None)
+    assert str(e.value) == f"cannot write {tmp_path / 'no' / 'z.img'}: No such file or directory"
+    (tmp_path / "d.img").mkdir()  # (written whole, then it cannot take the place of a directory)
+    with pytest.raises(WriteError) as e:
+        atomic_file(tmp_path / "d.img", lambda fd: os.write(fd, b"whole"))
+    assert str(e.value) == f"cannot write {tmp_path / 'd.img'}: Is a directory"
+    assert sorted(os.listdir(tmp_path)) == ["d.img", "x.img"]
+
+
 def test_apps_dir_has_the_program() -> None:
     assert (APPS / "ckpt_steps.cu").exists() and (APPS / "ckpt_steps_sim.py").exists()
 
@@ -304,16 +404,16 @@ def test_recover_from_image_after_the_proxy_died(build, backend: str, steps: int
     image = tmp_path / "last.img"
     env = dict(os.environ, NVPROXY_RECOVER=str(image), NVPROXY_RESTORE_READ="map" if steps == 20 else "bounce")
     env.pop("LD_PRELOAD", None)
-    app = subprocess.Popen(nvproxy_cmd(exe, backend, "ckpt_steps", str(steps), "400"), stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, env=env)
-    assert app.stdout is not None
-    lines = [app.stdout.readline() for _ in range(6)]  # the program now sleeps 400 ms
-    assert nvproxy("checkpoint", str(app.pid), "-o", str(image)).returncode == 0
-    pid, _sock = find_proxy(app.pid)
-    os.kill(pid, 9)
-    out, err = app.communicate(timeout=120)
+    with Gated(nvproxy_cmd(exe, backend, "ckpt_steps", str(steps), "-1"), env) as app:
+        app.line()
+        for _ in range(5):
+            app.go()  # (six steps done; the program waits until the proxy is checkpointed and dead)
+        assert nvproxy("checkpoint", str(app.pid), "-o", str(image)).returncode == 0
+        pid, _sock = find_proxy(app.pid)
+        kill_and_wait(pid)
+        out, err = app.finish()
     assert "starting a new one from" in err, err
-    assert "".join(lines) + out == reference.stdout, err
+    assert out == reference.stdout, err
     if steps == 6 and backend == "sim":
         early = re.search(r"(\d+) of its (\d+) chunks were summed while the proxy started", err)
         assert early and early.group(1) == early.group(2) != "0", err

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import nvproxy_cmd, run
+from gated import Gated
 
 from nvproxy import shim_path, wire
 from nvproxy.launcher import find_proxy
@@ -375,3 +376,59 @@ def test_a_proxy_that_cannot_start_says_why(monkeypatch, capfd, tmp_path: Path) 
         launcher.spawn_proxy(os.getpid(), dict(os.environ), sock=str(tmp_path / "p.sock"))
     assert time.monotonic() - t < 30
     assert "nvproxy: could not start a proxy: FileNotFoundError" in capfd.readouterr().err
+
+
+def _control_client(ctl: str, send: bytes) -> socket.socket:
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.connect(ctl)
+    c.sendall(send)
+    c.settimeout(120)  # (a failure bound for the recv that waits for the proxy to drop it)
+    return c
+
+
+def test_a_stalled_control_client_holds_up_nothing(build, tmp_path: Path) -> None:
+    """A process of the user that connects to the control socket and sends one byte, or garbage, holds up neither
+    the application's calls nor a real checkpoint or migration made meanwhile; the proxy drops it (the garbage at
+    once, the stalled one when its time for a request is up), saying so once."""
+    exe = build("ckpt_steps")
+    reference = run(nvproxy_cmd(exe, "sim", "ckpt_steps", "9", "0"))
+    assert reference.returncode == 0, reference.stderr
+    with Gated(nvproxy_cmd(exe, "sim", "ckpt_steps", "9", "-1")) as app:
+        app.line()
+        pid, sock = proxy_of(app.pid)
+        stalled = _control_client(f"{sock}.{pid}.ctl", b"\1")
+        # (accepted before the checkpoint's connection, which came later)
+        image = tmp_path / "a.img"
+        r = run([sys.executable, "-m", "nvproxy", "checkpoint", str(app.pid), "-o", str(image)], timeout=60)
+        assert r.returncode == 0 and image.exists(), r.stdout + r.stderr
+        for _ in range(3):
+            app.go()  # (the application's calls go on, the stalled client still connected)
+        garbage = _control_client(f"{sock}.{pid}.ctl", b"\xff" * 16)  # (a request of 2**32 + 2**64 bytes)
+        assert garbage.recv(1) == b""
+        app.go()
+        assert stalled.recv(1) == b""
+        again = _control_client(f"{sock}.{pid}.ctl", b"\1")
+        r = run([sys.executable, "-m", "nvproxy", "migrate", str(app.pid)], timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert again.recv(1) == b""  # (the old proxy is gone)
+        out, err = app.finish()
+        assert out == reference.stdout, err
+        assert app.p.returncode == 0, err
+    dropped = [line for line in err.splitlines() if "dropped a control connection" in line]
+    assert len(dropped) == 2, err
+    assert "control message of" in dropped[0] and "no whole request within" in dropped[1], err
+    assert "handed over to the new proxy" in err, err
+
+
+def test_a_kernel_the_sim_cannot_run_fails_its_launch(build) -> None:
+    """vector_add without its Python kernel: the launch fails as a kernel without code for the device fails
+    natively (cudaErrorNoKernelImageForDevice, which the program's check after the launch sees), and the proxy
+    names the kernel once."""
+    r = run([sys.executable, "-m", "nvproxy", "run", "--backend", "sim", "--", str(build("vector_add"))])
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stdout.splitlines()  # (nothing after the failed check)
+    assert len(lines) == 1 and lines[0].startswith("FAILED ") and lines[0].endswith(
+        "vector_add.cu:22 cudaGetLastError() -> cudaErrorNoKernelImageForDevice (no kernel image is available for "
+        "execution on the device)"), r.stdout + r.stderr
+    named = [line for line in r.stderr.splitlines() if "has no Python implementation" in line]
+    assert len(named) == 1 and "kernel vecAdd (_Z6vecAddPKfS0_Pfi)" in named[0], r.stderr

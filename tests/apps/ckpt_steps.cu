@@ -2,7 +2,8 @@
 // device state (small and large allocations, a __device__ variable), on two
 // streams, through pinned memory and host callbacks, and prints a checksum.
 // A run checkpointed/migrated at any point must print exactly what an
-// uninterrupted run prints.  argv[1]: steps (default 40); argv[2]: ms between steps.
+// uninterrupted run prints.  argv[1]: steps (default 40); argv[2]: ms between steps, or -1: after each step,
+// wait for a line on standard input (a test's go-ahead; at its end of file, wait no more).
 #include "check.h"
 #include <cmath>
 #include <unistd.h>
@@ -54,6 +55,8 @@ int main(int argc, char **argv) {
     CHECK(cudaEventRecord(t_start, 0));
     float first_ms = -1;
     Acc acc = {0, 0, pin, 2 * m};
+    char line[64];
+    bool gated = pause_ms < 0;
     for (int step = 0; step < steps; step++) {
         step_small<<<(m + 255) / 256, 256, 0, s1>>>(small, m, step);
         CHECK(cudaEventRecord(done, s1));
@@ -72,7 +75,10 @@ int main(int argc, char **argv) {
         CHECK(cudaMemcpyFromSymbol(&c, dev_counter, sizeof c));
         printf("step %d: fold %016llx counter %llu calls %d\n", step, acc.sum, c, acc.calls);
         fflush(stdout);
-        usleep(pause_ms * 1000);
+        if (pause_ms >= 0)
+            usleep(pause_ms * 1000);
+        else if (gated && !fgets(line, sizeof line, stdin))
+            gated = false;
     }
     finish<<<1, 1>>>(large);
     CHECK(cudaEventRecord(t_end, 0));

@@ -32,6 +32,7 @@ from ..errors import (
     INVALID_RESOURCE_HANDLE,
     INVALID_VALUE,
     MEMORY_ALLOCATION,
+    NO_KERNEL_IMAGE,
     NOT_READY,
     STREAM_CAPTURE_INVALIDATED,
     STREAM_CAPTURE_UNSUPPORTED,
@@ -747,7 +748,22 @@ class SimBackend:
             raise CudaError(INVALID_DEVICE_FUNCTION, f"sim: no kernel {name} in module")
         return SimKernel(name, info, mod.globals, device=mod.device)
 
+    @staticmethod
+    def _runnable(k: SimKernel) -> Callable[..., None]:
+        """k's Python implementation; without one, k fails as a kernel without code for the device does natively
+        (cudaErrorNoKernelImageForDevice from its launches and attribute queries), saying which kernel it is."""
+        fn = sim_kernels.lookup(k.name)
+        if fn is None:
+            name = sim_kernels.plain_name(k.name)
+            print(f"nvproxy(sim): kernel {name}{f' ({k.name})' if name != k.name else ''} has no Python "
+                  "implementation; the sim backend cannot run it "
+                  "(register one with nvproxy.sim_kernels and NVPROXY_SIM_KERNELS)", file=sys.stderr)
+            raise CudaError(NO_KERNEL_IMAGE, k.name)
+        return fn
+
     def kernel_info(self, k: SimKernel) -> dict[str, object]:
+        """(what a launch asks first: a kernel the sim cannot run fails here, so the launch itself fails)"""
+        self._runnable(k)
         return {
             "params": k.info.params,
             "param_size": k.info.param_size,
@@ -773,11 +789,7 @@ class SimBackend:
         if self._kept(stream, functools.partial(self.launch, k, grid, block, shmem, None, params, cooperative)):
             return
         self.check()
-        fn = sim_kernels.lookup(k.name)
-        if fn is None:
-            print(f"nvproxy(sim): kernel {k.name} has no Python implementation; the sim backend cannot run it "
-                  "(register one with nvproxy.sim_kernels and NVPROXY_SIM_KERNELS)", file=sys.stderr)
-            raise CudaError(INVALID_DEVICE_FUNCTION, k.name)
+        fn = self._runnable(k)
         args: list[object] = []
         for off, size in k.info.params:
             raw = params[off : off + size]

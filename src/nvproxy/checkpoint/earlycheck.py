@@ -18,7 +18,7 @@ from typing import Any
 
 from . import fileload
 from .checksum import READ_PIECE
-from .image import region_chunks
+from .image import ImageError, region_chunks
 
 # (the proxy's main thread imports and the driver makes the context meanwhile: leave them a core each)
 THREADS = max(1, min(16, (os.cpu_count() or 4) - 3))
@@ -47,5 +47,5 @@ def start(path: str, header: dict[str, Any]) -> fileload.Check | None:
         return None
     try:
         return fileload.Check(path, chunks, THREADS, READ_PIECE)
-    except OSError:
+    except (OSError, ImageError):
         return None

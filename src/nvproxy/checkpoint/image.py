@@ -13,13 +13,19 @@ The same bytes are the image whether they lie in a file or in the proxy's host
 image buffer (hostimage.py), which a migration hands to the new proxy as is.
 
 The file is written under a temporary name in the same directory, fsynced and
-renamed, so an image is either complete or absent; it is created 0600.
+renamed (and the directory fsynced), so an image is either complete or absent;
+it is created 0600, and a failed write leaves no temporary file behind.
+
+An image says what the restoring proxy maps, loads and runs, so a restore reads
+only an image the restoring user may trust, by ssh's rule for keys: a regular
+file owned by that user and writable by no one else.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -46,6 +52,13 @@ class ImageError(Exception):
     pass
 
 
+class WriteError(OSError):
+    """Writing an image failed: said of the user's path (never of the temporary file)."""
+
+    def __str__(self) -> str:
+        return f"cannot write {self.filename}: {self.strerror}"
+
+
 class Layout:
     """Where each region goes: 4 KiB-aligned offsets after the prefix; the header follows the last."""
 
@@ -65,27 +78,59 @@ def encode_header(header: dict[str, Any], at: int) -> tuple[bytes, bytes]:
 
 
 def atomic_file(path: str | Path, write: Callable[[int], None]) -> None:
-    """Create path, 0600, with write(fd) under a temporary name, fsynced and renamed:
-    the file is either complete or absent (an older one stays until then)."""
+    """Create path, 0600, with write(fd) under a temporary name in its directory, fsynced and renamed, then the
+    directory fsynced: the file is either complete or absent (an older one stays until then).  Whatever fails,
+    the temporary file is removed; a failing system call raises WriteError naming path."""
+    import tempfile
     from pathlib import Path  # (here: a restoring proxy reads its header before pathlib is worth importing)
 
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp: str | None = None
     try:
-        write(fd)
-        os.fsync(fd)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # (0600, O_EXCL)
+        try:
+            write(fd)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+        tmp = None
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError as e:
+        raise WriteError(e.errno, e.strerror or str(e), str(path)) from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def open_trusted(path: str | Path) -> int:
+    """path opened for reading (an fd the caller closes), if it is an image this user may trust: a regular file
+    of its own that neither its group nor others may write (ssh's rule for keys); else ImageError, one line
+    naming path and the rule.  Checked on the open file: what is checked is what is read."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # (a FIFO there must not hang the restore)
+    try:
+        st = os.fstat(fd)
+        rule = "a restore reads only a regular file of the restoring user's own that no one else may write"
+        if not stat.S_ISREG(st.st_mode):
+            raise ImageError(f"{path} is not a regular file; {rule}")
+        if st.st_uid != os.getuid():
+            raise ImageError(f"{path} belongs to uid {st.st_uid}, not to this user (uid {os.getuid()}); {rule}")
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            who = " and ".join(w for w, bit in (("its group", stat.S_IWGRP), ("others", stat.S_IWOTH))
+                               if st.st_mode & bit)
+            raise ImageError(f"{path} is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o}); {rule}")
+        os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
-        tmp.unlink(missing_ok=True)
         raise
-    os.close(fd)
-    os.rename(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    return fd
 
 
 def parse_header(read: Callable[[int, int], bytes], what: str) -> dict[str, Any]:
@@ -107,7 +152,7 @@ def parse_header(read: Callable[[int, int], bytes], what: str) -> dict[str, Any]
 
 def read_header(path: str | Path) -> tuple[int, dict[str, Any]]:
     """(open fd, header); the caller closes the fd."""
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_trusted(path)
     try:
         return fd, parse_header(lambda off, n: os.pread(fd, n, off), str(path))
     except BaseException:

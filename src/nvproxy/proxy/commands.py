@@ -15,6 +15,7 @@ from typing import Any
 from .. import wire
 from ..checkpoint import hostimage
 from ..checkpoint.dump import dump, estimate, prefault
+from ..checkpoint.image import WriteError
 from . import control
 from .handlers.ipc import export_event, export_fd
 
@@ -82,6 +83,7 @@ def checkpoint(server: Any, conn: socket.socket, path: str, disconnect: bool = F
     """The application goes on as soon as the device memory is in the buffer;
     a thread writes the file from it and then answers."""
     himg, stats = _dump(server, disconnect)
+    before = server.writer
 
     def persist() -> None:
         try:
@@ -89,8 +91,10 @@ def checkpoint(server: Any, conn: socket.socket, path: str, disconnect: bool = F
             himg.write_file(path, stats["image_bytes"])
             stats["file_s"] = time.monotonic() - t
             reply = {"ok": True, "stats": dict(stats, path=path)}
+        except WriteError as e:  # (it names path; the temporary file is gone)
+            reply = {"ok": False, "error": str(e)}
         except Exception as e:
-            reply = {"ok": False, "error": f"writing {path}: {e}"}
+            reply = {"ok": False, "error": f"cannot write {path}: {e}"}
         finally:
             hostimage.after_checkpoint(server.dispatch.state, himg)
         try:
@@ -98,6 +102,8 @@ def checkpoint(server: Any, conn: socket.socket, path: str, disconnect: bool = F
         except OSError:
             pass
         conn.close()
+        if before is not None:  # (whoever waits for the last writer, the proxy's end, waits for every answer)
+            before.join()
 
     server.writer = threading.Thread(target=persist, name="nvproxy-image-writer")
     server.writer.start()
@@ -150,6 +156,8 @@ def hand_over(server: Any, conn: socket.socket, image: str | None) -> None:
             os.close(fd)
     verdict, _b, _f = control.recv(conn)
     if verdict.get("cmd") == "done":
+        if server.writer is not None:  # (a checkpoint's answer is on its way: not cut off by the exit)
+            server.writer.join()
         print(f"nvproxy: handed over to the new proxy ({stats['device_bytes'] >> 20} MiB in "
               f"{stats['seconds']:.2f} s)", file=sys.stderr)
         os.unlink(server.ctl_path)

@@ -9,12 +9,18 @@ the JSON and the blob; file descriptors travel with SCM_RIGHTS, in batches.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
+import time
 from typing import Any
 
 HEAD = struct.Struct("<IQ")
 FDS_PER_MESSAGE = 200
+
+
+class BadMessage(ValueError):
+    """A control message that breaks the format or a reader's limits."""
 
 
 def send(sock: socket.socket, obj: dict[str, Any], blob: bytes = b"", fds: list[int] = ()) -> None:
@@ -28,9 +34,19 @@ def send(sock: socket.socket, obj: dict[str, Any], blob: bytes = b"", fds: list[
     sock.sendall(data + blob)
 
 
-def _exact(sock: socket.socket, n: int) -> bytes:
+def _bounded(sock: socket.socket, deadline: float | None) -> None:
+    """Let sock's next read wait no later than deadline (a monotonic time; None: as the socket is set)."""
+    if deadline is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the control message did not arrive in time")
+        sock.settimeout(left)
+
+
+def _exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
     out = bytearray()
     while len(out) < n:
+        _bounded(sock, deadline)
         chunk = sock.recv(min(n - len(out), 1 << 20))
         if not chunk:
             raise ConnectionError("control connection closed")
@@ -38,16 +54,45 @@ def _exact(sock: socket.socket, n: int) -> bytes:
     return bytes(out)
 
 
-def recv(sock: socket.socket) -> tuple[dict[str, Any], bytes, list[int]]:
+def recv(sock: socket.socket, deadline: float | None = None, limit: int | None = None
+         ) -> tuple[dict[str, Any], bytes, list[int]]:
+    """One message.  deadline: a monotonic time by which all of it must have come (else TimeoutError); limit:
+    the most bytes of JSON and blob, and of descriptor batches, to accept (else BadMessage).  Descriptors that
+    came with a message that is then refused are closed."""
     size = HEAD.size + 4
-    head, fds, _flags, _addr = socket.recv_fds(sock, size, FDS_PER_MESSAGE)
-    if len(head) < size:
-        head += _exact(sock, size - len(head))
-    n, blob_len = HEAD.unpack(head[: HEAD.size])
-    (batches,) = struct.unpack("<I", head[HEAD.size :])
-    fds = list(fds)
-    for _ in range(batches - 1):
-        _m, more, _f, _a = socket.recv_fds(sock, 1, FDS_PER_MESSAGE)
-        fds += more
-    body = _exact(sock, n + blob_len)
-    return json.loads(body[:n]), body[n:], fds
+    fds: list[int] = []
+    try:
+        _bounded(sock, deadline)
+        head, got, _flags, _addr = socket.recv_fds(sock, size, FDS_PER_MESSAGE)
+        fds += got
+        if not head:
+            raise ConnectionError("control connection closed")
+        if len(head) < size:
+            head += _exact(sock, size - len(head), deadline)
+        n, blob_len = HEAD.unpack(head[: HEAD.size])
+        (batches,) = struct.unpack("<I", head[HEAD.size :])
+        if limit is not None and (n + blob_len > limit or batches > 1 + limit // FDS_PER_MESSAGE):
+            raise BadMessage(f"a control message of {n + blob_len} bytes in {batches} parts; at most {limit}")
+        for _ in range(batches - 1):
+            _bounded(sock, deadline)
+            _m, more, _f, _a = socket.recv_fds(sock, 1, FDS_PER_MESSAGE)
+            fds += more
+        body = _exact(sock, n + blob_len, deadline)
+        try:
+            obj = json.loads(body[:n])
+        except ValueError:
+            raise BadMessage("a control message that is not JSON") from None
+        if not isinstance(obj, dict):
+            raise BadMessage("a control message that is not a JSON object")
+    except BaseException:
+        for fd in fds:
+            _close(fd)
+        raise
+    return obj, body[n:], fds
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass

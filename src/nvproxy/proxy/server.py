@@ -53,6 +53,9 @@ SERVE_IN_C = os.environ.get("NVPROXY_SERVE_IN_C", "1") != "0"
 # several calling threads at once too (NVPROXY_SERVE_MANY=0: only a single one, as before session 20, to compare)
 SERVE_MANY = os.environ.get("NVPROXY_SERVE_MANY", "1") != "0"
 SERVE_IDLE_US, SERVE_BUDGET_US = 200, 2000
+# the control socket's requests are read off the event loop, each by a thread of its own: a client gets
+# CONTROL_READ_S for its whole request (small JSON: CONTROL_LIMIT bytes at most), CONTROL_READERS at once
+CONTROL_READ_S, CONTROL_LIMIT, CONTROL_READERS = 10.0, 1 << 20, 8
 
 
 class Deferred:
@@ -224,7 +227,15 @@ class Server:
         self.sel.register(self.listener, selectors.EVENT_READ, self._accept)
         self.ctl_path = f"{sock_path}.{os.getpid()}.ctl"
         self.ctl = listen_at(self.ctl_path, 4)
+        self.ctl.setblocking(False)
         self.sel.register(self.ctl, selectors.EVENT_READ, self._control)
+        # whole control requests, from their readers' threads; a byte on the wake socket says one came
+        self.ctl_requests: queue.SimpleQueue[tuple[socket.socket, dict[str, Any]]] = queue.SimpleQueue()
+        self.ctl_readers = threading.BoundedSemaphore(CONTROL_READERS)
+        self.ctl_wake, wake_w = socket.socketpair()
+        self.ctl_wake.setblocking(False)
+        self.ctl_wake_w = wake_w
+        self.sel.register(self.ctl_wake, selectors.EVENT_READ, self._control_requests)
         try:
             self.owner_fd = os.pidfd_open(owner_pid)
             self.sel.register(self.owner_fd, selectors.EVENT_READ, self._owner_gone)
@@ -537,29 +548,75 @@ class Server:
 
     # ---- control socket: checkpoint, hand-over (commands.py) ----
     def _control(self, _key: Any) -> None:
+        """A control connection: its request is read on a thread of its own, so that a client that sends part of
+        one, or nothing, never holds up the application's calls; the command itself runs here, between calls."""
         got = self._accept_from(self.ctl)
         if got is None:
             return
-        conn, _pid, uid = got
-        conn.setblocking(True)
-        conn.settimeout(600)
+        conn, pid, uid = got
+        if uid != os.getuid():
+            print(f"nvproxy: refused a control connection from pid {pid} uid {uid}: control is for the proxy's own "
+                  "user", file=sys.stderr)
+            conn.close()
+            return
+        if not self.ctl_readers.acquire(blocking=False):
+            print(f"nvproxy: dropped a control connection from pid {pid}: {CONTROL_READERS} others are still "
+                  "sending their requests", file=sys.stderr)
+            conn.close()
+            return
+        threading.Thread(target=self._read_control, args=(conn, pid), name="nvproxy-control", daemon=True).start()
+
+    def _read_control(self, conn: socket.socket, pid: int) -> None:
+        """(its own thread) One request, whole within CONTROL_READ_S, for the event loop; else the connection is
+        dropped, with one line."""
         try:
-            if uid != os.getuid():
-                raise PermissionError("control connections are for the proxy's own user")
-            msg, _blob, fds = control.recv(conn)
-            for fd in fds:
-                os.close(fd)
-            if commands.handle(self, conn, msg):
-                conn = None  # answered later, by a thread of its own
+            try:
+                msg, _blob, fds = control.recv(conn, time.monotonic() + CONTROL_READ_S, CONTROL_LIMIT)
+            except TimeoutError:
+                why = f"no whole request within {CONTROL_READ_S:.0f} s"
+            except ConnectionError:
+                why = "it closed the connection before a whole request"
+            except (OSError, ValueError) as e:
+                why = str(e)
+            else:
+                for fd in fds:
+                    os.close(fd)
+                self.ctl_requests.put((conn, msg))
+                try:
+                    self.ctl_wake_w.send(b"\0")
+                except OSError:
+                    pass  # (the loop has ended)
+                return
+            print(f"nvproxy: dropped a control connection from pid {pid}: {why}", file=sys.stderr)
+            conn.close()
+        finally:
+            self.ctl_readers.release()
+
+    def _control_requests(self, _key: Any) -> None:
+        try:
+            self.ctl_wake.recv(4096)
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                conn, msg = self.ctl_requests.get_nowait()
+            except queue.Empty:
+                return
+            self._command(conn, msg)
+
+    def _command(self, conn: socket.socket, msg: dict[str, Any]) -> None:
+        conn.settimeout(600)  # (a hand-over waits for the new proxy's verdict)
+        later = False
+        try:
+            later = commands.handle(self, conn, msg)  # (True: a thread of its own answers, and closes conn)
         except Exception as e:  # the application goes on, whatever the controller did
             print(f"nvproxy: control command failed: {e}", file=sys.stderr)
             try:
-                if conn is not None:
-                    control.send(conn, {"ok": False, "error": str(e)})
+                control.send(conn, {"ok": False, "error": str(e)})
             except OSError:
                 pass
         finally:
-            if conn is not None:
+            if not later:
                 conn.close()
 
     def quiesce(self) -> None:
