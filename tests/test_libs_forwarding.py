@@ -54,11 +54,11 @@ def expected() -> list[str]:
              "saxpy: " + " ".join(f"{v:g}" for v in y), f"dot (host result): {float(np.dot(x, y)):g}",
              f"mode 1, dot (device result): {float(np.dot(x[::2], y[::2])):g}", "bad pointer mode: 7",
              "sgemm: 6 8 8 10", "stale handle: 1", "cublasXtCreate: 15"]
-    done = 0
-    for r in range(6):
-        k = 3 if r % 2 else 4
-        v = lcg_values(1234, done, k)
-        done += k
+    done = {1234: 0, 777: 0}
+    for r in range(8):
+        seed, k = (777 if r % 2 else 1234), (4 if r % 4 < 2 else 3)
+        v = lcg_values(seed, done[seed], k)
+        done[seed] += k
         lines.append(f"random {r}: {v[0]} {v[1]} {v[2]}")
     lines.append(f"host generator as the device's: 1 (last {lcg_values(1234, (1 << 20) - 1, 1)[0]})")
     return lines

@@ -108,14 +108,17 @@ int main()
     void *xt = 0;
     printf("cublasXtCreate: %d\n", cublasXtCreate(&xt));
 
-    curandGenerator_t g;
-    CHECK(curandCreateGenerator(&g, 100));
+    // two generators: one a restore sets to an offset (Philox), one whose numbers it makes again (MT19937)
+    curandGenerator_t g, g3;
+    CHECK(curandCreateGenerator(&g, 161));
     CHECK(curandSetPseudoRandomGeneratorSeed(g, 1234ULL));
     CHECK(curandSetStream(g, s));
+    CHECK(curandCreateGenerator(&g3, 142));
+    CHECK(curandSetPseudoRandomGeneratorSeed(g3, 777ULL));
     unsigned *dv, v[4];
     CHECK(cudaMalloc(&dv, sizeof v));
-    for (int round = 0; round < 6; round++) {
-        CHECK(curandGenerate(g, dv, round % 2 ? 3 : 4));
+    for (int round = 0; round < 8; round++) {
+        CHECK(curandGenerate(round % 2 ? g3 : g, dv, round % 4 < 2 ? 4 : 3));
         CHECK(cudaMemcpy(v, dv, sizeof v, cudaMemcpyDeviceToHost));
         printf("random %d: %u %u %u\n", round, v[0], v[1], v[2]);
     }
@@ -153,6 +156,7 @@ int main()
     CHECK(cufftDestroy(plan));
     printf("destroyed plan: %d\n", cufftExecC2C(plan, dsig, dsig, -1));
     CHECK(curandDestroyGenerator(g));
+    CHECK(curandDestroyGenerator(g3));
     CHECK(cublasDestroy_v2(h));
     printf("destroyed handle: %d\n", cublasSdot_v2(h, n, dx, 1, dy, 1, &dot));
     CHECK(cudaStreamDestroy(s));

@@ -227,11 +227,15 @@ class LibState:
 
     def restore(self, state: Any, records: list[list[Any]]) -> None:
         """Make every recorded object again (device memory is back; streams exist), in call order."""
+        parsed = []
         for name, hostmask, payload_hex, out_cap, dev, count in records:
             f = self.spec.named(name)
             if f is None:
                 raise ImageError(f"the image holds a call of {name}, which this nvproxy does not know")
-            payload = bytes.fromhex(payload_hex)
+            parsed.append((f, hostmask, bytes.fromhex(payload_hex), out_cap, dev, count))
+        skip = _skip_ahead(self.spec, parsed)
+        skipped: set[tuple[int, int]] = set()
+        for f, hostmask, payload, out_cap, dev, count in parsed:
             self.backend.activate(dev)
 
             def stream_of(w: int, dev: int = dev) -> int:
@@ -242,11 +246,28 @@ class LibState:
                 return int(self.backend.handle_value(s))
 
             if f.state == "generate":
+                owner = _owner(f, payload)
+                if owner in skip:  # (at its first generation record: an offset past every value it made)
+                    self._skip(owner, skip.pop(owner), dev, stream_of)
+                    skipped.add(owner)
+                if owner in skipped:
+                    self.last_generation[owner] = self._add(Record(f.fid, hostmask, payload, out_cap, dev, owner,
+                                                                   {owner}, count))
+                    continue
                 self._replay_generation(state, f, hostmask, payload, out_cap, dev, count, stream_of)
                 continue
             out = self.run(None, dev, f.fid, hostmask, payload, out_cap, stream_of)
             if not out.ran or (f.retkind == "status" and out.ret != 0):
-                raise ImageError(f"{name} failed making a library object again (status {out.ret})")
+                raise ImageError(f"{f.name} failed making a library object again (status {out.ret})")
+
+    def _skip(self, owner: tuple[int, int], offset: int, dev: int, stream_of: Callable[[int], int]) -> None:
+        """A generator set to go on from offset (its values made so far: _skip_ahead)."""
+        setter = self.spec.named(self.spec.libs["curand"].ann.SKIP_AHEAD_BY[1])
+        assert setter is not None
+        payload = struct.pack("<QQ", owner[1], offset)
+        res = self.run(None, dev, setter.fid, 0, payload, 0, stream_of, record=False)
+        if not res.ran or res.ret != 0:
+            raise ImageError(f"{setter.name} failed setting a generator's offset again (status {res.ret})")
 
     def _replay_generation(self, state: Any, f: spec.Func, hostmask: int, payload: bytes, out_cap: int, dev: int,
                            count: int, stream_of: Callable[[int], int]) -> None:
@@ -288,6 +309,38 @@ def _host_buffers(f: spec.Func, slots: tuple[int, ...], hostmask: int) -> bool:
     """Does the call give the library host memory (not NULL, not empty)?"""
     return any((p.role in ("in", "out", "inout") or (p.role in spec.MODE_ROLES and hostmask >> p.index & 1))
                and slots[p.index] not in (0, NULL_SLOT) for p in f.params)
+
+
+def _owner(f: spec.Func, payload: bytes) -> tuple[int, int]:
+    return f.params[f.owner].kind, struct.unpack_from("<Q", payload, 8 * f.owner)[0]
+
+
+def _skip_ahead(sp: spec.Spec, parsed: list[tuple[Any, ...]]) -> dict[tuple[int, int], int]:
+    """The generators a restore sets to an offset instead of making their numbers again (the curand annotations'
+    SKIP_AHEAD), each with that offset: its own offset, plus every value it made."""
+    ann = sp.libs["curand"].ann
+    create, offset_setter, ordering = ann.SKIP_AHEAD_BY
+    kinds: dict[tuple[int, int], int] = {}  # generator -> curandRngType_t
+    base: dict[tuple[int, int], int] = {}
+    made: dict[tuple[int, int], int] = {}
+    bad: set[tuple[int, int]] = set()
+    for f, _hostmask, payload, _out_cap, _dev, count in parsed:
+        if f.lib != "curand" or f.owner < 0:
+            continue
+        owner = _owner(f, payload)
+        slots = struct.unpack_from(f"<{len(f.params)}Q", payload)
+        if f.name == create:
+            kinds[owner] = slots[1]
+        elif f.state == "generate":
+            allowed = ann.SKIP_AHEAD.get(kinds.get(owner, -1), ())
+            if allowed is not None and f.name not in allowed:
+                bad.add(owner)
+            made[owner] = made.get(owner, 0) + _count(f, slots) * count
+        elif owner in made or f.name == ordering:  # (configured once it had begun, or another ordering)
+            bad.add(owner)
+        elif f.name == offset_setter:
+            base[owner] = slots[1]
+    return {g: base.get(g, 0) + n for g, n in made.items() if g not in bad and g in kinds}
 
 
 def _output_param(f: spec.Func) -> int:
