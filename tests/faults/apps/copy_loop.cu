@@ -1,0 +1,33 @@
+// Copies in a loop, for faults that strike in the middle of one: every round copies a pattern to the device,
+// from there to a second buffer and back, and checks it.  argv[1]: "pageable" or "pinned" host memory;
+// argv[2]: MiB per copy; argv[3]: rounds.
+#include "../../apps/check.h"
+#include <cstring>
+
+int main(int argc, char **argv) {
+    bool pinned = argc > 1 && !strcmp(argv[1], "pinned");
+    size_t bytes = (size_t)(argc > 2 ? atoi(argv[2]) : 16) << 20;
+    int rounds = argc > 3 ? atoi(argv[3]) : 8;
+    unsigned *host, *back;
+    if (pinned) {
+        CHECK(cudaMallocHost(&host, bytes));
+        CHECK(cudaMallocHost(&back, bytes));
+    } else {
+        host = (unsigned *)malloc(bytes);
+        back = (unsigned *)malloc(bytes);
+    }
+    unsigned *d, *d2;
+    CHECK(cudaMalloc(&d, bytes));
+    CHECK(cudaMalloc(&d2, bytes));
+    size_t n = bytes / sizeof(unsigned);
+    for (int r = 0; r < rounds; r++) {
+        for (size_t i = 0; i < n; i++) host[i] = (unsigned)(i * 2654435761u) ^ (unsigned)r;
+        CHECK(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(d2, d, bytes, cudaMemcpyDeviceToDevice));
+        CHECK(cudaMemcpy(back, d2, bytes, cudaMemcpyDeviceToHost));
+        printf("round %d: %s %016llx\n", r, memcmp(host, back, bytes) ? "MISMATCH" : "ok", checksum(back, 4096));
+        fflush(stdout);
+    }
+    printf("Test PASSED\n");
+    return 0;
+}
