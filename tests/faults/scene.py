@@ -133,6 +133,12 @@ class Watched:
 
         self.until(sent, within, f"request {n}")
 
+    def say(self, line: str = "go") -> None:
+        """A line on its stdin (started with stdin=True)."""
+        assert self.p.stdin is not None
+        self.p.stdin.write(f"{line}\n".encode())
+        self.p.stdin.flush()
+
     def exit(self, within: float, what: str = "the program's end") -> int:
         """Wait for the process to end, and for the end of its stdout; its status."""
         try:
@@ -170,13 +176,20 @@ def said(w: Watched) -> list[str]:
     return [x for x in w.err if not TRACE.match(x)]
 
 
-def clear_error(w: Watched, *names: str, alone: bool = False) -> str:
-    """The error among what w said on stderr: no traceback, every line one of the product's messages (a message is
-    one line), and one line that names each of names (any of a tuple's).  alone: nothing else was said."""
+def tidy(w: Watched) -> list[str]:
+    """What w said on stderr, checked: no traceback, every line one of the product's messages (a message is one
+    line)."""
     lines = said(w)
     assert not any("Traceback" in x for x in lines), "a Python traceback:\n" + tail(lines)
     strangers = [x for x in lines if not x.startswith("nvproxy")]
     assert not strangers, "lines that are no message of nvproxy's (a message is one line):\n" + tail(strangers)
+    return lines
+
+
+def clear_error(w: Watched, *names: str | tuple[str, ...], alone: bool = False) -> str:
+    """The error among what w said on stderr (tidy), one line that names each of names (any of a tuple's).  alone:
+    nothing else was said."""
+    lines = tidy(w)
 
     def names_all(x: str) -> bool:
         return all(any(n in x for n in (name if isinstance(name, tuple) else (name,))) for name in names)
@@ -201,13 +214,18 @@ def same_output(w: Watched, reference: list[str]) -> None:
     assert w.out == reference, f"output differs from the undisturbed run's:\n{tail(w.out)}\n---\n{tail(reference)}"
 
 
+def a_prefix(w: Watched, reference: list[str]) -> None:
+    """A program killed: what it printed is what the undisturbed run printed up to there."""
+    assert w.out == reference[: len(w.out)], f"output differs:\n{tail(w.out)}\n---\n{tail(reference)}"
+
+
 def cut_short(w: Watched, reference: list[str], error: str = "cudaErrorDevicesUnavailable") -> None:
     """The program printed what the undisturbed run printed up to where it failed, then its failure (a CHECK's
     FAILED line naming error), or all of it where the fault came after its last call."""
     printed = [x for x in w.out if not x.startswith("FAILED")]
-    failed = [x for x in w.out if x.startswith("FAILED")]
+    failed = w.out[len(printed):]
+    assert w.out == printed + failed and len(failed) <= 1, f"output goes on after a failure:\n{tail(w.out)}"
     assert printed == reference[: len(printed)], f"output differs:\n{tail(w.out)}\n---\n{tail(reference)}"
-    assert len(failed) <= 1 and w.out[len(printed):] == failed, tail(w.out)
     assert all(error in x for x in failed), f"the program failed otherwise than with {error}: {failed}"
     if not failed:
         assert printed == reference, f"no failure, and not all of the output:\n{tail(w.out)}"
@@ -248,13 +266,13 @@ class Scene:
         self.concluded = False
 
     def start(self, exe: Path, *args: object, env: dict[str, str] | None = None, wrap: tuple[str, ...] = (),
-              name: str | None = None) -> Watched:
+              name: str | None = None, stdin: bool = False) -> Watched:
         """exe run through `nvproxy run` (the sim kernels of tests/apps/<name>_sim.py; the backend and kernels
         from the command line unless env sets them); wrap: a command that execs the rest (same pid)."""
         env = dict(self.env, **(env or {}))
         opts = [] if "NVPROXY_BACKEND" in env else ["--backend", self.backend]
         opts += [] if "NVPROXY_SIM_KERNELS" in env else sim_kernels(name or exe.name)
-        w = Watched([*wrap, sys.executable, "-m", "nvproxy", "run", *opts, "--", exe, *args], env)
+        w = Watched([*wrap, sys.executable, "-m", "nvproxy", "run", *opts, "--", exe, *args], env, stdin)
         self.apps.append(w)
         return w
 

@@ -1,6 +1,8 @@
 // Copies in a loop, for faults that strike in the middle of one: every round copies a pattern to the device,
-// from there to a second buffer and back, and checks it.  argv[1]: "pageable" or "pinned" host memory;
-// argv[2]: MiB per copy; argv[3]: rounds.
+// from there to a second buffer and back, and checks it; it first prints a checksum of what the second buffer
+// kept from the round before (device memory that a restore must bring back).  argv[1]: "pageable" or "pinned" host memory;
+// argv[2]: MiB per copy; argv[3]: rounds; argv[4] "gated": each round waits for a line on stdin (a quiet moment
+// for the test, with nothing of the program's in flight).
 #include "../../apps/check.h"
 #include <cstring>
 
@@ -8,6 +10,7 @@ int main(int argc, char **argv) {
     bool pinned = argc > 1 && !strcmp(argv[1], "pinned");
     size_t bytes = (size_t)(argc > 2 ? atoi(argv[2]) : 16) << 20;
     int rounds = argc > 3 ? atoi(argv[3]) : 8;
+    bool gated = argc > 4 && !strcmp(argv[4], "gated");
     unsigned *host, *back;
     if (pinned) {
         CHECK(cudaMallocHost(&host, bytes));
@@ -20,12 +23,20 @@ int main(int argc, char **argv) {
     CHECK(cudaMalloc(&d, bytes));
     CHECK(cudaMalloc(&d2, bytes));
     size_t n = bytes / sizeof(unsigned);
+    char line[16];
     for (int r = 0; r < rounds; r++) {
+        if (gated && !fgets(line, sizeof line, stdin)) return 2;
+        unsigned long long kept = 0;
+        if (r > 0) {
+            CHECK(cudaMemcpy(back, d2, bytes, cudaMemcpyDeviceToHost));
+            kept = checksum(back + n - 16384, 65536);
+        }
         for (size_t i = 0; i < n; i++) host[i] = (unsigned)(i * 2654435761u) ^ (unsigned)r;
         CHECK(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice));
         CHECK(cudaMemcpy(d2, d, bytes, cudaMemcpyDeviceToDevice));
         CHECK(cudaMemcpy(back, d2, bytes, cudaMemcpyDeviceToHost));
-        printf("round %d: %s %016llx\n", r, memcmp(host, back, bytes) ? "MISMATCH" : "ok", checksum(back, 4096));
+        printf("round %d: kept %016llx, %s %016llx\n", r, kept, memcmp(host, back, bytes) ? "MISMATCH" : "ok",
+               checksum(back, 4096));
         fflush(stdout);
     }
     printf("Test PASSED\n");
