@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .scene import FAULT_APPS, START_S, Scene
+from .scene import FAULT_APPS, HANG_S, START_S, Scene
 
 
 @pytest.fixture
@@ -46,6 +46,12 @@ class Reference:
     out: list[str]
     seconds: float
     requests: int
+
+    @property
+    def bound(self) -> float:
+        """The bound on a program's end after a fault: HANG_S beyond twice the undisturbed run (what is left of the
+        run, or a new proxy's start, on a loaded machine)."""
+        return HANG_S + 2 * self.seconds
 
 
 @pytest.fixture(scope="session")

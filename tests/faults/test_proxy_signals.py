@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .scene import HANG_S, Snapshot, clear_error, cut_short, nothing_said, same_output, seeded, succeeded
+from .scene import Snapshot, clear_error, cut_short, nothing_said, same_output, seeded, succeeded
 
 pytestmark = pytest.mark.faults
 BACKENDS = ["sim", pytest.param("gpu", marks=pytest.mark.gpu)]
@@ -45,7 +45,7 @@ def test_a_killed_proxy_is_a_clear_error(scene, build, reference, backend: str, 
     if how == "stop-kill":
         stopped_for(rng, proxy)
     os.kill(proxy, signal.SIGKILL)
-    app.exit(ref.seconds + HANG_S, f"the program's end after its proxy was killed at request {n}")
+    app.exit(ref.bound, f"the program's end after its proxy was killed at request {n}")
     clear_error(app, "lost the proxy")
     cut_short(app, ref.out)
     scene.conclude()
@@ -64,7 +64,7 @@ def test_a_stopped_proxy_that_goes_on_loses_nothing(scene, build, reference, bac
     proxy = scene.proxy_of(app)
     stopped_for(rng, proxy)
     os.kill(proxy, signal.SIGCONT)
-    app.exit(ref.seconds + HANG_S, f"the program's end after its proxy was stopped at request {n}")
+    app.exit(ref.bound, f"the program's end after its proxy was stopped at request {n}")
     succeeded(app)
     nothing_said(app)
     same_output(app, ref.out)
@@ -95,7 +95,7 @@ def test_a_killed_proxy_recovers_from_an_image_of_that_moment(scene, fault_app, 
     before = Snapshot.of(image)
     os.kill(proxy, signal.SIGKILL)
     os.kill(app.pid, signal.SIGCONT)
-    app.exit(ref.seconds + HANG_S, f"the program's end after a recovery at request {n}")
+    app.exit(ref.bound, f"the program's end after a recovery at request {n}")
     succeeded(app)
     clear_error(app, "restored", str(image))
     same_output(app, ref.out)
