@@ -285,9 +285,13 @@ class Scene:
         return w
 
     def proxy_of(self, app: Watched) -> int:
-        pid, _sock = find_proxy(app.pid)
+        return self.socket_of(app)[0]
+
+    def socket_of(self, app: Watched) -> tuple[int, str]:
+        """The pid of app's proxy and its socket's path."""
+        pid, sock = find_proxy(app.pid)
         self.proxies.add(pid)
-        return pid
+        return pid, sock
 
     def image_dir(self, name: str = "images") -> Path:
         """A directory for images, checked for temporary files at the end."""
