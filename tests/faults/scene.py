@@ -82,6 +82,7 @@ class Watched:
         self.seq = 0
         self._cond = threading.Condition()
         self._open = {"out": True, "err": True}
+        self._feeding = False
         for key, stream, into in (("out", self.p.stdout, self.out), ("err", self.p.stderr, self.err)):
             threading.Thread(target=self._read, args=(key, stream, into), daemon=True).start()
 
@@ -93,6 +94,8 @@ class Watched:
                 into.append(line)
                 if m and m.group(1):
                     self.seq = max(self.seq, int(m.group(2) or m.group(1)))
+                if self._feeding and into is self.out:
+                    self.say()
                 self._cond.notify_all()
         with self._cond:
             self._open[key] = False
@@ -138,6 +141,19 @@ class Watched:
         assert self.p.stdin is not None
         self.p.stdin.write(f"{line}\n".encode())
         self.p.stdin.flush()
+
+    def feed(self) -> None:
+        """A line on stdin now and after each line of stdout, until halt()."""
+        with self._cond:
+            self._feeding = True
+            self.say()
+
+    def halt(self) -> None:
+        """No more lines: the end of its stdin."""
+        with self._cond:
+            self._feeding = False
+            assert self.p.stdin is not None
+            self.p.stdin.close()
 
     def exit(self, within: float, what: str = "the program's end") -> int:
         """Wait for the process to end, and for the end of its stdout; its status."""
