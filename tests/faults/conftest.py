@@ -76,3 +76,53 @@ def reference() -> Callable[..., Reference]:
         return made[key]
 
     return get
+
+
+# Every NVPROXY_* variable the product reads: the kind of value it takes (which picks the bad values of
+# test_settings.py) and where it acts (the scene that exercises it: "run" the program; "checkpoint" it too;
+# "recover" its proxy killed after a checkpoint and recovered from the image, NVPROXY_RECOVER; "image": the value
+# is the image that recovery reads).  "internal": set by nvproxy itself for the processes it starts, where a value
+# of the user's is replaced.  src/nvproxy/settings.py, where it exists, says which variables there are
+# (test_settings.described); this table the kinds and places of those it knows.
+SETTINGS: dict[str, tuple[str, str]] = {
+    "NVPROXY_BACKEND": ("choice", "run"),
+    "NVPROXY_SIM_DEVICES": ("count", "run"),
+    "NVPROXY_SIM_KERNELS": ("python-files", "run"),
+    "NVPROXY_PROXY_LOG": ("new-file", "run"),
+    "NVPROXY_RECOVER": ("image", "image"),
+    "NVPROXY_PYTHON": ("program", "recover"),
+    "NVPROXY_DMTCP_DIR": ("directory", "run"),
+    "NVPROXY_IMAGE_DIR": ("directory", "run"),
+    "NVPROXY_DEVICES": ("devices", "run"),
+    "NVPROXY_SPIN_US": ("count", "run"),
+    "NVPROXY_COPY_THREADS": ("count", "run"),
+    "NVPROXY_CKPT_BUFFER": ("choice", "checkpoint"),
+    "NVPROXY_RESTORE_READ": ("choice", "recover"),
+    "NVPROXY_EARLY_CHECK": ("choice", "recover"),
+    "NVPROXY_EARLY_CONTEXT": ("switch", "run"),
+    "NVPROXY_TRACE": ("switch", "run"),
+    "NVPROXY_CRASH_TRACE": ("switch", "run"),
+    "NVPROXY_FASTPATH": ("switch", "run"),
+    "NVPROXY_SERVE_IN_C": ("switch", "run"),
+    "NVPROXY_SERVE_MANY": ("switch", "run"),
+    "NVPROXY_MAILBOX": ("switch", "run"),
+    "NVPROXY_POSTED_COPIES": ("switch", "run"),
+    "NVPROXY_UNANSWERED_COPIES": ("switch", "run"),
+    "NVPROXY_POSTED_REPLY_FIRST": ("switch", "run"),
+    "NVPROXY_STREAM_STORES": ("switch", "run"),
+    "NVPROXY_SMALL_STREAM_STORES": ("switch", "run"),
+    "NVPROXY_SMALL_PARALLEL": ("switch", "run"),
+    "NVPROXY_DMA_ROUND_KIB": ("count", "run"),
+    "NVPROXY_CHECKPOINT_AT": ("count", "run"),
+    "NVPROXY_CHECKPOINT_IN": ("choice", "run"),
+    "NVPROXY_CHECKPOINT_WAITERS": ("count", "run"),
+    "NVPROXY_MIGRATE_AT": ("count", "run"),
+    "NVPROXY_CALLS_OUT": ("new-file", "run"),
+    "NVPROXY_TEST_PAUSE_MS": ("count", "run"),
+    "NVPROXY_SOCKET": ("internal", "run"),
+    "NVPROXY_OWNER_PID": ("internal", "run"),
+    "NVPROXY_PROXY_PID": ("internal", "run"),
+    "NVPROXY_BOOT": ("internal", "run"),
+    "NVPROXY_ROOT": ("internal", "run"),
+    "NVPROXY_DMTCP_NOCHECKPOINT": ("internal", "run"),
+}

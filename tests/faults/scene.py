@@ -127,6 +127,12 @@ class Watched:
 
         self.until(seen, within, f"a line starting with {prefix!r}")
 
+    def reaches(self, prefix: str, within: float = START_S) -> bool:
+        """Wait for a line of stdout that starts with prefix: False where stdout ended first."""
+        self.until(lambda: any(x.startswith(prefix) for x in self.out) or not self._open["out"], within,
+                   f"a line starting with {prefix!r} or the end")
+        return any(x.startswith(prefix) for x in self.out)
+
     def request(self, n: int, within: float = START_S) -> None:
         """Wait until the shim has sent its nth request (NVPROXY_TRACE=1)."""
         def sent() -> bool:
@@ -181,6 +187,17 @@ class Watched:
             except OSError:
                 pass
             self.p.wait()
+
+
+def appears(d: Path, pattern: str, within: float = START_S) -> Path | None:
+    """The first file of d matching pattern, polled for until within s have passed (None then)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        found = next(d.glob(pattern), None)
+        if found is not None:
+            return found
+        time.sleep(0.001)
+    return None
 
 
 def tail(lines: list[str], n: int = 40) -> str:

@@ -1,5 +1,5 @@
 """Where a checkpoint image cannot be written: a file size limit, a full file system, read-only places, a missing
-directory, a directory in the way."""
+directory, a file where its directory should be."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ TARGETS = {
     "read-only-directory": Target("Permission denied", only="user"),  # (chmod 0500)
     "sysfs": Target("Permission denied", path="/sys/nvproxy-faults.img"),
     "missing-directory": Target("No such file or directory", path="/nonexistent-nvproxy-faults/image.img"),
-    "a-directory": Target("Is a directory"),
+    "file-in-the-way": Target("Not a directory"),  # (DIR/file/image.img, DIR/file a file)
 }
 
 
@@ -87,18 +87,18 @@ def test_an_image_that_cannot_be_written(scene, fault_app, reference, target: st
     exe = fault_app("copy_loop")
     ref = reference(exe, *ARGS)
     d = scene.image_dir("target")
-    image = Path(t.path) if t.path else d / "image.img"
+    image = Path(t.path) if t.path else d / ("file/image.img" if target == "file-in-the-way" else "image.img")
     wrap = ("unshare", "-m", "sh", "-c", t.mount.replace("DIR", shlex.quote(str(d))) + ' && exec "$@"', "sh")
     app = scene.start(exe, *ARGS, "gated", stdin=True, wrap=wrap if t.mount else ())
     app.say()
     app.line("round 0:")
     proxy = scene.proxy_of(app)
-    seen = Path(f"/proc/{app.pid}/root{d}")  # (the directory as the program and its proxy see it)
+    seen, seen_image = (Path(f"/proc/{app.pid}/root{p}") for p in (d, image))  # (as the program and proxy see them)
     first = None
     if t.first:
         r = checkpoint(scene, app, image)
         assert r.rc == 0, "\n".join(r.out + r.err)
-        first = Snapshot.of(seen / image.name)
+        first = Snapshot.of(seen_image)
     limit = resource.prlimit(proxy, resource.RLIMIT_FSIZE)
     if target == "file-size-limit":
         resource.prlimit(proxy, resource.RLIMIT_FSIZE, (1 << 20, limit[1]))
@@ -106,20 +106,19 @@ def test_an_image_that_cannot_be_written(scene, fault_app, reference, target: st
         fill(seen)
     elif target == "read-only-directory":
         d.chmod(0o500)
-    elif target == "a-directory":
-        image.mkdir()
-        (image / "kept").write_text("kept")
+    elif target == "file-in-the-way":
+        image.parent.write_text("kept")
     r = checkpoint(scene, app, image)
     assert r.rc != 0, "\n".join(r.out)
     clear_error(r, str(image), t.reason, alone=True)
     if first is not None:
         first.intact()
-    elif target == "a-directory":
-        assert [p.name for p in image.iterdir()] == ["kept"]
+    elif target == "file-in-the-way":
+        assert image.parent.read_text() == "kept"
     else:
-        assert not (seen / image.name).exists()
-    if seen.is_dir():
-        assert [p.name for p in seen.iterdir() if p.name.endswith(".tmp")] == [], "a temporary image is left"
+        assert not seen_image.exists()
+    if seen_image.parent.is_dir():
+        assert [p.name for p in seen_image.parent.iterdir() if p.name.endswith(".tmp")] == [], "a temporary image"
     # the fault lifted, the proxy writes an image elsewhere, and the program goes on
     resource.prlimit(proxy, resource.RLIMIT_FSIZE, limit)
     d.chmod(0o700)

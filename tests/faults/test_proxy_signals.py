@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .scene import Snapshot, clear_error, cut_short, nothing_said, same_output, seeded, succeeded
+from .scene import HANG_S, Snapshot, appears, clear_error, cut_short, nothing_said, same_output, seeded, succeeded
 
 pytestmark = pytest.mark.faults
 BACKENDS = ["sim", pytest.param("gpu", marks=pytest.mark.gpu)]
@@ -100,4 +100,35 @@ def test_a_killed_proxy_recovers_from_an_image_of_that_moment(scene, fault_app, 
     clear_error(app, "restored", str(image))
     same_output(app, ref.out)
     before.intact()
+    scene.conclude()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_proxy_killed_while_it_writes_an_image(scene, fault_app, reference, backend: str) -> None:
+    """Killed once its temporary image file appears: the checkpoint fails with one line naming the process or the
+    image; the image written before at that path stays as it was and no temporary file is left; the program's next
+    call fails clearly."""
+    exe = fault_app("copy_loop")
+    args = ("pinned", "64", "2")
+    ref = reference(exe, *args, backend=backend)
+    d = scene.image_dir()
+    image = d / "image.img"
+    app = scene.start(exe, *args, "gated", stdin=True)
+    app.say()
+    app.line("round 0:")
+    proxy = scene.proxy_of(app)
+    r = scene.nvproxy("checkpoint", app.pid, "-o", image)
+    assert r.rc == 0, "\n".join(r.out + r.err)
+    before = Snapshot.of(image)
+    ckpt = scene.nvproxy("checkpoint", app.pid, "-o", image, wait=False)
+    assert appears(d, ".*.tmp"), "no temporary image file appeared"
+    os.kill(proxy, signal.SIGKILL)
+    ckpt.exit(HANG_S, "the checkpoint's end after the proxy was killed")
+    assert ckpt.rc != 0, "the image was written before the kill came: the case tested nothing"
+    clear_error(ckpt, (str(app.pid), str(image)), alone=True)
+    before.intact()
+    app.say()
+    app.exit(ref.bound)
+    clear_error(app, "lost the proxy")
+    cut_short(app, ref.out)
     scene.conclude()
