@@ -119,6 +119,8 @@ SETTINGS: dict[str, tuple[str, str]] = {
     "NVPROXY_MIGRATE_AT": ("count", "run"),
     "NVPROXY_CALLS_OUT": ("new-file", "run"),
     "NVPROXY_TEST_PAUSE_MS": ("count", "run"),
+    "NVPROXY_LIB_DIR": ("directory", "run"),
+    "NVPROXY_LIB_SYNC": ("switch", "run"),
     "NVPROXY_SOCKET": ("internal", "run"),
     "NVPROXY_OWNER_PID": ("internal", "run"),
     "NVPROXY_PROXY_PID": ("internal", "run"),
