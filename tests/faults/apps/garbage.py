@@ -73,6 +73,7 @@ GARBAGE = {
     "unknown-op": lambda rng: hello(7) + request(999, 1),
 }
 CLOSES_ITS_END = {"truncated-header"}
+REQUESTS = {"unknown-op": 1, "random-requests": 20}  # well-formed requests the garbage carries (seq 1...)
 
 
 def main() -> int:
@@ -99,9 +100,7 @@ def main() -> int:
         if rep is None or rep[1] != 0:
             print(f"good: not served (hello: {rep})")
             return 1
-        seq = 1 if what in ("silent", "random", "bad-hello", "truncated-header", "absurd-length") else 2
-        seq = 21 if what == "random-requests" else seq
-        good.sendall(request(wire.NVP_OP_GRAPH_CREATE, seq, 1, 0))
+        good.sendall(request(wire.NVP_OP_GRAPH_CREATE, 1 + REQUESTS.get(what, 0), 1, 0))
         rep = reply(good)
         print("good: served" if rep is not None and rep[1] == 0 else f"good: not served (a call: {rep})")
     except TimeoutError:
