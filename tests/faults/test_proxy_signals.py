@@ -9,7 +9,18 @@ import time
 
 import pytest
 
-from .scene import HANG_S, Snapshot, appears, clear_error, cut_short, nothing_said, same_output, seeded, succeeded
+from .scene import (
+    HANG_S,
+    Scene,
+    Snapshot,
+    appears,
+    clear_error,
+    cut_short,
+    nothing_said,
+    same_output,
+    seeded,
+    succeeded,
+)
 
 pytestmark = pytest.mark.faults
 BACKENDS = ["sim", pytest.param("gpu", marks=pytest.mark.gpu)]
@@ -21,6 +32,18 @@ def strike(rng: random.Random, requests: int) -> int:
     """A request in the first four fifths of the run's (the program goes on for a step's pause or more after it,
     longer than the test takes to react)."""
     return rng.randrange(3, requests * 4 // 5)
+
+
+def struck(scene: Scene, build, reference, backend: str, seed: int) -> tuple:
+    """ckpt_steps, its trace on, run to a random request: (the seed's random numbers, the undisturbed run, the
+    program, its proxy, that request)."""
+    rng = random.Random(seed)
+    exe = build("ckpt_steps")
+    ref = reference(exe, *ARGS, backend=backend, trace=True)
+    n = strike(rng, ref.requests)
+    app = scene.start(exe, *ARGS, env=TRACE)
+    app.request(n)
+    return rng, ref, app, scene.proxy_of(app), n
 
 
 def stopped_for(rng: random.Random, pid: int) -> None:
@@ -35,13 +58,7 @@ def stopped_for(rng: random.Random, pid: int) -> None:
 def test_a_killed_proxy_is_a_clear_error(scene, build, reference, backend: str, seed: int, how: str) -> None:
     """The program's next call fails with cudaErrorDevicesUnavailable and one line says the proxy was lost; what
     it printed before is the undisturbed run's; it ends at once; nothing of its proxy is left."""
-    rng = random.Random(seed)
-    exe = build("ckpt_steps")
-    ref = reference(exe, *ARGS, backend=backend, trace=True)
-    n = strike(rng, ref.requests)
-    app = scene.start(exe, *ARGS, env=TRACE)
-    app.request(n)
-    proxy = scene.proxy_of(app)
+    rng, ref, app, proxy, n = struck(scene, build, reference, backend, seed)
     if how == "stop-kill":
         stopped_for(rng, proxy)
     os.kill(proxy, signal.SIGKILL)
@@ -55,13 +72,7 @@ def test_a_killed_proxy_is_a_clear_error(scene, build, reference, backend: str, 
 @pytest.mark.parametrize("seed", seeded(2))
 def test_a_stopped_proxy_that_goes_on_loses_nothing(scene, build, reference, backend: str, seed: int) -> None:
     """SIGSTOP, then SIGCONT: the program waits, then prints what the undisturbed run prints, and nothing else."""
-    rng = random.Random(seed)
-    exe = build("ckpt_steps")
-    ref = reference(exe, *ARGS, backend=backend, trace=True)
-    n = strike(rng, ref.requests)
-    app = scene.start(exe, *ARGS, env=TRACE)
-    app.request(n)
-    proxy = scene.proxy_of(app)
+    rng, ref, app, proxy, n = struck(scene, build, reference, backend, seed)
     stopped_for(rng, proxy)
     os.kill(proxy, signal.SIGCONT)
     app.exit(ref.bound, f"the program's end after its proxy was stopped at request {n}")

@@ -10,6 +10,8 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -114,11 +116,18 @@ CONTROL_GARBAGE = {
 }
 
 
-def timed_checkpoint(scene: Scene, app: Watched) -> float:
-    """A checkpoint, undisturbed: how long its command took."""
+@contextmanager
+def control_client(scene: Scene, fault_app) -> Iterator[tuple[Watched, socket.socket, float]]:
+    """copy_loop after its first round, how long an undisturbed checkpoint of it took, and a connection to its
+    proxy's control socket."""
+    app = gated(scene, fault_app)
+    pid, sock = scene.socket_of(app)
     t = time.monotonic()
     checkpoint_within(scene, app, START_S)
-    return time.monotonic() - t
+    took = time.monotonic() - t
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+        c.connect(f"{sock}.{pid}.ctl")
+        yield app, c, took
 
 
 @pytest.mark.parametrize("seed", seeded(1))
@@ -129,11 +138,7 @@ def test_garbage_on_the_control_socket(scene, fault_app, reference, garbage: str
     and the program prints what the undisturbed run prints."""
     make, then, words = CONTROL_GARBAGE[garbage]
     ref = reference(fault_app("copy_loop"), *ARGS)
-    app = gated(scene, fault_app)
-    pid, sock = scene.socket_of(app)
-    before = timed_checkpoint(scene, app)
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
-        c.connect(f"{sock}.{pid}.ctl")
+    with control_client(scene, fault_app) as (app, c, before):
         c.settimeout(HANG_S)
         c.sendall(make(random.Random(seed)))
         if then == "reply":
@@ -156,11 +161,7 @@ def test_a_stalled_control_client_holds_nothing_up(scene, fault_app, reference, 
     """A control client connects, sends a little and then nothing, and stays: the program goes on, and a checkpoint
     meanwhile takes no longer than one before (HANG_S aside)."""
     ref = reference(fault_app("copy_loop"), *ARGS)
-    app = gated(scene, fault_app)
-    pid, sock = scene.socket_of(app)
-    before = timed_checkpoint(scene, app)
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
-        c.connect(f"{sock}.{pid}.ctl")
+    with control_client(scene, fault_app) as (app, c, before):
         c.sendall(STALLS[stall])
         checkpoint_within(scene, app, 2 * before + HANG_S)
         finish(app, ref)
