@@ -81,9 +81,10 @@ def reference() -> Callable[..., Reference]:
 # Every NVPROXY_* variable the product reads: the kind of value it takes (which picks the bad values of
 # test_settings.py) and where it acts (the scene that exercises it: "run" the program; "checkpoint" it too;
 # "recover" its proxy killed after a checkpoint and recovered from the image, NVPROXY_RECOVER; "image": the value
-# is the image that recovery reads).  "internal": set by nvproxy itself for the processes it starts, where a value
-# of the user's is replaced.  src/nvproxy/settings.py, where it exists, says which variables there are
-# (test_settings.described); this table the kinds and places of those it knows.
+# is the image that recovery reads; "dmtcp": `nvproxy checkpoint --dmtcp`, which needs no program).  "internal":
+# set by nvproxy itself for the processes it starts, where a value of the user's is replaced.
+# src/nvproxy/settings.py, where it exists, says which variables there are (test_settings.described); this table
+# the kinds and places of those it knows.
 SETTINGS: dict[str, tuple[str, str]] = {
     "NVPROXY_BACKEND": ("choice", "run"),
     "NVPROXY_SIM_DEVICES": ("count", "run"),
@@ -91,7 +92,7 @@ SETTINGS: dict[str, tuple[str, str]] = {
     "NVPROXY_PROXY_LOG": ("new-file", "run"),
     "NVPROXY_RECOVER": ("image", "image"),
     "NVPROXY_PYTHON": ("program", "recover"),
-    "NVPROXY_DMTCP_DIR": ("directory", "run"),
+    "NVPROXY_DMTCP_DIR": ("directory", "dmtcp"),
     "NVPROXY_IMAGE_DIR": ("directory", "run"),
     "NVPROXY_DEVICES": ("devices", "run"),
     "NVPROXY_SPIN_US": ("count", "run"),

@@ -309,9 +309,10 @@ class Scene:
         self.apps.append(w)
         return w
 
-    def nvproxy(self, *args: object, within: float = START_S, wait: bool = True) -> Watched:
+    def nvproxy(self, *args: object, within: float = START_S, wait: bool = True,
+                env: dict[str, str] | None = None) -> Watched:
         """An nvproxy command (its end awaited within `within` s, unless not wait)."""
-        w = Watched([sys.executable, "-m", "nvproxy", *args], self.env)
+        w = Watched([sys.executable, "-m", "nvproxy", *args], dict(self.env, **(env or {})))
         self.commands.append(w)
         if wait:
             w.exit(within, f"nvproxy {args[0]}")

@@ -23,26 +23,30 @@ ARGS = ("pinned", "8", "3")  # copy_loop
 
 @dataclass(frozen=True)
 class Target:
-    """A place where an image cannot go: the error it gives (strerror); mount: shell commands that make it in a
-    private mount namespace of the program and its proxy (DIR: the image directory); path: the image's path, where
-    it is not DIR/image.img; first: an image is written there before, and must stay as it was; only: "root" or
-    "user", where only they meet the fault."""
+    """A place where an image cannot go: the reason its error must give (any of these words); mount: shell commands
+    that make it in a private mount namespace of the program and its proxy (DIR: the image directory); path: the
+    image's path, where it is not DIR/image.img; first: an image is written there before, and must stay as it was;
+    only: "root" or "user", where only they meet the fault."""
 
-    reason: str
+    reason: tuple[str, ...]
     mount: str = ""
     path: str = ""
     first: bool = False
     only: str = ""
 
 
+NOT_WRITABLE = ("Permission denied", "not writable", "permission")
+NO_DIRECTORY = ("No such file or directory", "no directory", "does not exist", "Not a directory", "not a directory")
 TARGETS = {
-    "file-size-limit": Target("File too large", first=True),  # (RLIMIT_FSIZE of the proxy, lowered)
-    "disk-full": Target("No space left on device", mount="mount -t tmpfs -o size=64m nvproxy-faults DIR", first=True),
-    "read-only-mount": Target("Read-only file system", mount="mount --bind DIR DIR && mount -o remount,bind,ro DIR"),
-    "read-only-directory": Target("Permission denied", only="user"),  # (chmod 0500)
-    "sysfs": Target("Permission denied", path="/sys/nvproxy-faults.img"),
-    "missing-directory": Target("No such file or directory", path="/nonexistent-nvproxy-faults/image.img"),
-    "file-in-the-way": Target("Not a directory"),  # (DIR/file/image.img, DIR/file a file)
+    "file-size-limit": Target(("File too large", "too large", "size limit"), first=True),  # (RLIMIT_FSIZE, lowered)
+    "disk-full": Target(("No space left on device", "no space", "full"),
+                        mount="mount -t tmpfs -o size=64m nvproxy-faults DIR", first=True),
+    "read-only-mount": Target(("Read-only file system", "read-only"),
+                              mount="mount --bind DIR DIR && mount -o remount,bind,ro DIR"),
+    "read-only-directory": Target(NOT_WRITABLE, only="user"),  # (chmod 0500)
+    "sysfs": Target(NOT_WRITABLE, path="/sys/nvproxy-faults.img"),
+    "missing-directory": Target(NO_DIRECTORY, path="/nonexistent-nvproxy-faults/image.img"),
+    "file-in-the-way": Target(NO_DIRECTORY),  # (DIR/file/image.img, DIR/file a file)
 }
 
 

@@ -74,6 +74,12 @@ def test_a_bad_value(scene, fault_app, reference, name: str, value: str) -> None
     kind, where, _bad = described()[name]
     value = value.format(dir=scene.image_dir("bad"), file=FAULT_APPS / "copy_loop.cu")
     names = (name, value) if kind in PATHS else name
+    if where == "dmtcp":
+        r = scene.nvproxy("checkpoint", "--dmtcp", env={name: value})
+        assert r.rc != 0, "\n".join(r.out)
+        clear_error(r, names, alone=True)
+        scene.conclude()
+        return
     exe = fault_app("copy_loop")
     ref = reference(exe, *ARGS)
     image = scene.image_dir() / "good.img"
