@@ -71,7 +71,6 @@ class Damage:
 TRUNCATED = ("truncated", "short", "incomplete", "ends at", "damaged")
 CORRUPTED = ("checksum", "damaged", "corrupt")
 DAMAGES = {
-    "truncated-half": Damage(truncate(lambda n: n // 2), TRUNCATED),
     "truncated-to-prefix": Damage(truncate(lambda n: PREFIX.size), TRUNCATED),
     "truncated-header": Damage(truncate(lambda n: n - 7), TRUNCATED),
     "empty": Damage(truncate(lambda n: 0), (*TRUNCATED, "empty", "not an nvproxy checkpoint image")),
@@ -80,7 +79,6 @@ DAMAGES = {
     "flipped-header": Damage(flip(lambda p, h: h["_at"] + h["_len"] // 2), CORRUPTED),
     "bad-magic": Damage(flip(lambda p, h: 0), ("not an nvproxy checkpoint image",)),
     "foreign-owner": Damage(lambda p: os.chown(p, NOBODY, NOBODY), ("owned by", "owner", "uid"), only_root=True),
-    "format-1": Damage(rewrite({"format": 1}), ("format", "version")),
     "format-99": Damage(rewrite({"format": 99}), ("format", "version")),
     "checksum-md5": Damage(rewrite({"checksum": "md5"}), ("md5",)),
 }
