@@ -14,7 +14,7 @@ import pytest
 
 from nvproxy.checkpoint.image import PREFIX
 
-from .scene import Snapshot, clear_error, cut_short
+from .scene import Snapshot, clear_error, cut_short, said
 
 pytestmark = pytest.mark.faults
 BACKENDS = ["sim", pytest.param("gpu", marks=pytest.mark.gpu)]
@@ -106,7 +106,10 @@ def test_a_damaged_image_is_refused(scene, fault_app, reference, backend: str, d
     damaged = Snapshot.of(image)
     os.kill(scene.proxy_of(app), signal.SIGKILL)
     app.say()
+    restored = app.reaches("round 1:", ref.bound)
+    app.halt()
     app.exit(ref.bound, "the program's end after a refused recovery")
+    assert not restored, "the recovery restored the damaged image:\n" + "\n".join(said(app))
     clear_error(app, str(image), d.says)
     cut_short(app, ref.out)
     damaged.intact()
