@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "libexec.h"
 #include "nvproxy_wire.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -217,6 +218,8 @@ static int stream_of(const struct nvpf_chan *ch, uint64_t wire, void **out)
     *out = e->handle;
     return 1;
 }
+
+static int lib_stream_of(void *ch, uint64_t wire, void **out) { return stream_of(ch, wire, out); }
 
 static int event_of(uint64_t wire, void **out)
 {
@@ -685,6 +688,10 @@ static int execute(struct nvpf_chan *ch, const struct nvp_req *q, const uint8_t 
         return reply(ch, D.event_query(e));
     case NVP_OP_FLUSH:
         return wants_reply ? reply(ch, 0) : DONE;
+    case NVP_OP_LIB_CALL: /* a posted math-library call Python let C make (libexec.c) */
+        if (wants_reply || translating || !nvpl_fast(ch, q->a, payload, plen, lib_stream_of))
+            return TO_PYTHON;
+        return DONE;
     default:
         return TO_PYTHON;
     }

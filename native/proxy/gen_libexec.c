@@ -5625,7 +5625,19 @@ static int64_t x2017(void *fn, const uint64_t *v)
 {
     return (int64_t)((int32_t (*)(void *, int32_t, int32_t, void *, void *, void *, void *, void *, float, int32_t, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (void *)(uintptr_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6], (void *)(uintptr_t)v[7], nvpl_f4(v[8]), (int32_t)v[9], (void *)(uintptr_t)v[10], (void *)(uintptr_t)v[11]);
 }
+static int64_t x2018(void *fn, const uint64_t *v)
+{
+    return (int64_t)((int32_t (*)(void *, int32_t, int32_t, void *, void *, void *, void *, void *, float, int32_t, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (void *)(uintptr_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6], (void *)(uintptr_t)v[7], nvpl_f4(v[8]), (int32_t)v[9], (void *)(uintptr_t)v[10], (void *)(uintptr_t)v[11]);
+}
+static int64_t x2019(void *fn, const uint64_t *v)
+{
+    return (int64_t)((int32_t (*)(void *, int32_t, int32_t, void *, void *, void *, void *, void *, float, int32_t, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (void *)(uintptr_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6], (void *)(uintptr_t)v[7], nvpl_f4(v[8]), (int32_t)v[9], (void *)(uintptr_t)v[10], (void *)(uintptr_t)v[11]);
+}
 static int64_t x2020(void *fn, const uint64_t *v)
+{
+    return (int64_t)((int32_t (*)(void *, int32_t, int32_t, void *, void *, void *, void *, void *, float, int32_t, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (void *)(uintptr_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6], (void *)(uintptr_t)v[7], nvpl_f4(v[8]), (int32_t)v[9], (void *)(uintptr_t)v[10], (void *)(uintptr_t)v[11]);
+}
+static int64_t x2021(void *fn, const uint64_t *v)
 {
     return (int64_t)((int32_t (*)(void *, int32_t, int32_t, void *, void *, void *, void *, void *, float, int32_t, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (void *)(uintptr_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6], (void *)(uintptr_t)v[7], nvpl_f4(v[8]), (int32_t)v[9], (void *)(uintptr_t)v[10], (void *)(uintptr_t)v[11]);
 }
@@ -5697,7 +5709,19 @@ static int64_t x2073(void *fn, const uint64_t *v)
 {
     return (int64_t)((int32_t (*)(void *, int32_t, int32_t, void *, void *, void *, void *, void *, double, int32_t, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (void *)(uintptr_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6], (void *)(uintptr_t)v[7], nvpl_f8(v[8]), (int32_t)v[9], (void *)(uintptr_t)v[10], (void *)(uintptr_t)v[11]);
 }
+static int64_t x2074(void *fn, const uint64_t *v)
+{
+    return (int64_t)((int32_t (*)(void *, int32_t, int32_t, void *, void *, void *, void *, void *, double, int32_t, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (void *)(uintptr_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6], (void *)(uintptr_t)v[7], nvpl_f8(v[8]), (int32_t)v[9], (void *)(uintptr_t)v[10], (void *)(uintptr_t)v[11]);
+}
+static int64_t x2075(void *fn, const uint64_t *v)
+{
+    return (int64_t)((int32_t (*)(void *, int32_t, int32_t, void *, void *, void *, void *, void *, double, int32_t, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (void *)(uintptr_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6], (void *)(uintptr_t)v[7], nvpl_f8(v[8]), (int32_t)v[9], (void *)(uintptr_t)v[10], (void *)(uintptr_t)v[11]);
+}
 static int64_t x2076(void *fn, const uint64_t *v)
+{
+    return (int64_t)((int32_t (*)(void *, int32_t, int32_t, void *, void *, void *, void *, void *, double, int32_t, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (void *)(uintptr_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6], (void *)(uintptr_t)v[7], nvpl_f8(v[8]), (int32_t)v[9], (void *)(uintptr_t)v[10], (void *)(uintptr_t)v[11]);
+}
+static int64_t x2077(void *fn, const uint64_t *v)
 {
     return (int64_t)((int32_t (*)(void *, int32_t, int32_t, void *, void *, void *, void *, void *, double, int32_t, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (void *)(uintptr_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6], (void *)(uintptr_t)v[7], nvpl_f8(v[8]), (int32_t)v[9], (void *)(uintptr_t)v[10], (void *)(uintptr_t)v[11]);
 }
@@ -5769,7 +5793,19 @@ static int64_t x2154(void *fn, const uint64_t *v)
 {
     return (int64_t)((int32_t (*)(void *, int32_t, int32_t, void *, void *, void *, void *, void *, float, int32_t, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (void *)(uintptr_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6], (void *)(uintptr_t)v[7], nvpl_f4(v[8]), (int32_t)v[9], (void *)(uintptr_t)v[10], (void *)(uintptr_t)v[11]);
 }
+static int64_t x2155(void *fn, const uint64_t *v)
+{
+    return (int64_t)((int32_t (*)(void *, int32_t, int32_t, void *, void *, void *, void *, void *, float, int32_t, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (void *)(uintptr_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6], (void *)(uintptr_t)v[7], nvpl_f4(v[8]), (int32_t)v[9], (void *)(uintptr_t)v[10], (void *)(uintptr_t)v[11]);
+}
+static int64_t x2156(void *fn, const uint64_t *v)
+{
+    return (int64_t)((int32_t (*)(void *, int32_t, int32_t, void *, void *, void *, void *, void *, float, int32_t, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (void *)(uintptr_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6], (void *)(uintptr_t)v[7], nvpl_f4(v[8]), (int32_t)v[9], (void *)(uintptr_t)v[10], (void *)(uintptr_t)v[11]);
+}
 static int64_t x2157(void *fn, const uint64_t *v)
+{
+    return (int64_t)((int32_t (*)(void *, int32_t, int32_t, void *, void *, void *, void *, void *, float, int32_t, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (void *)(uintptr_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6], (void *)(uintptr_t)v[7], nvpl_f4(v[8]), (int32_t)v[9], (void *)(uintptr_t)v[10], (void *)(uintptr_t)v[11]);
+}
+static int64_t x2158(void *fn, const uint64_t *v)
 {
     return (int64_t)((int32_t (*)(void *, int32_t, int32_t, void *, void *, void *, void *, void *, float, int32_t, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (void *)(uintptr_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6], (void *)(uintptr_t)v[7], nvpl_f4(v[8]), (int32_t)v[9], (void *)(uintptr_t)v[10], (void *)(uintptr_t)v[11]);
 }
@@ -5809,6 +5845,18 @@ static int64_t x2191(void *fn, const uint64_t *v)
 {
     return (int64_t)((int32_t (*)(void *, int32_t, int32_t, void *, void *, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (void *)(uintptr_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6]);
 }
+static int64_t x2193(void *fn, const uint64_t *v)
+{
+    return (int64_t)((int32_t (*)(void *, int32_t, int32_t, void *, void *, void *, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (void *)(uintptr_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6], (void *)(uintptr_t)v[7]);
+}
+static int64_t x2200(void *fn, const uint64_t *v)
+{
+    return (int64_t)((int32_t (*)(void *, int32_t, int32_t, int32_t, void *, void *, void *, void *, void *, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (int32_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6], (void *)(uintptr_t)v[7], (void *)(uintptr_t)v[8], (void *)(uintptr_t)v[9], (void *)(uintptr_t)v[10]);
+}
+static int64_t x2201(void *fn, const uint64_t *v)
+{
+    return (int64_t)((int32_t (*)(void *, int32_t, int32_t, int32_t, void *, void *, void *, void *, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (int32_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6], (void *)(uintptr_t)v[7], (void *)(uintptr_t)v[8], (void *)(uintptr_t)v[9]);
+}
 static int64_t x2202(void *fn, const uint64_t *v)
 {
     return (int64_t)((int32_t (*)(void *, int32_t, int32_t, int32_t, void *, void *, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (int32_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6], (void *)(uintptr_t)v[7]);
@@ -5816,6 +5864,18 @@ static int64_t x2202(void *fn, const uint64_t *v)
 static int64_t x2203(void *fn, const uint64_t *v)
 {
     return (int64_t)((int32_t (*)(void *, int32_t, int32_t, int32_t, void *, void *, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (int32_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6], (void *)(uintptr_t)v[7]);
+}
+static int64_t x2208(void *fn, const uint64_t *v)
+{
+    return (int64_t)((int32_t (*)(void *, int32_t, int32_t, void *, void *, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (void *)(uintptr_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6]);
+}
+static int64_t x2209(void *fn, const uint64_t *v)
+{
+    return (int64_t)((int32_t (*)(void *, int32_t, int32_t, void *, void *, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (void *)(uintptr_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6]);
+}
+static int64_t x2212(void *fn, const uint64_t *v)
+{
+    return (int64_t)((int32_t (*)(void *, int32_t, int32_t, void *, void *, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (void *)(uintptr_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6]);
 }
 static int64_t x2220(void *fn, const uint64_t *v)
 {
@@ -5845,7 +5905,19 @@ static int64_t x2233(void *fn, const uint64_t *v)
 {
     return (int64_t)((int32_t (*)(void *, int32_t, int32_t, void *, void *, void *, void *, void *, double, int32_t, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (void *)(uintptr_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6], (void *)(uintptr_t)v[7], nvpl_f8(v[8]), (int32_t)v[9], (void *)(uintptr_t)v[10], (void *)(uintptr_t)v[11]);
 }
+static int64_t x2234(void *fn, const uint64_t *v)
+{
+    return (int64_t)((int32_t (*)(void *, int32_t, int32_t, void *, void *, void *, void *, void *, double, int32_t, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (void *)(uintptr_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6], (void *)(uintptr_t)v[7], nvpl_f8(v[8]), (int32_t)v[9], (void *)(uintptr_t)v[10], (void *)(uintptr_t)v[11]);
+}
+static int64_t x2235(void *fn, const uint64_t *v)
+{
+    return (int64_t)((int32_t (*)(void *, int32_t, int32_t, void *, void *, void *, void *, void *, double, int32_t, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (void *)(uintptr_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6], (void *)(uintptr_t)v[7], nvpl_f8(v[8]), (int32_t)v[9], (void *)(uintptr_t)v[10], (void *)(uintptr_t)v[11]);
+}
 static int64_t x2236(void *fn, const uint64_t *v)
+{
+    return (int64_t)((int32_t (*)(void *, int32_t, int32_t, void *, void *, void *, void *, void *, double, int32_t, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (void *)(uintptr_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6], (void *)(uintptr_t)v[7], nvpl_f8(v[8]), (int32_t)v[9], (void *)(uintptr_t)v[10], (void *)(uintptr_t)v[11]);
+}
+static int64_t x2237(void *fn, const uint64_t *v)
 {
     return (int64_t)((int32_t (*)(void *, int32_t, int32_t, void *, void *, void *, void *, void *, double, int32_t, void *, void *))fn)((void *)(uintptr_t)v[0], (int32_t)v[1], (int32_t)v[2], (void *)(uintptr_t)v[3], (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], (void *)(uintptr_t)v[6], (void *)(uintptr_t)v[7], nvpl_f8(v[8]), (int32_t)v[9], (void *)(uintptr_t)v[10], (void *)(uintptr_t)v[11]);
 }
@@ -7897,10 +7969,10 @@ const struct nvpl_fn nvpl_table[] = {
     {"cusolverSpCcsreigvsiHost", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpCcsrlsqvqrHost", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpCcsrlsvchol", 5, 12, "hvvhppppvvpo", "28----33----------------", x2017, NVPL_RET_STATUS},
-    {"cusolverSpCcsrlsvcholHost", 5, 0, NULL, NULL, NULL, 0},
-    {"cusolverSpCcsrlsvluHost", 5, 0, NULL, NULL, NULL, 0},
+    {"cusolverSpCcsrlsvcholHost", 5, 12, "hvvhiiiivvoo", "28----33----------------", x2018, NVPL_RET_STATUS},
+    {"cusolverSpCcsrlsvluHost", 5, 12, "hvvhiiiivvoo", "28----33----------------", x2019, NVPL_RET_STATUS},
     {"cusolverSpCcsrlsvqr", 5, 12, "hvvhppppvvpo", "28----33----------------", x2020, NVPL_RET_STATUS},
-    {"cusolverSpCcsrlsvqrHost", 5, 0, NULL, NULL, NULL, 0},
+    {"cusolverSpCcsrlsvqrHost", 5, 12, "hvvhiiiivvoo", "28----33----------------", x2021, NVPL_RET_STATUS},
     {"cusolverSpCcsrluAnalysisHost", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpCcsrluBufferInfoHost", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpCcsrluExtractBTFHost", 5, 0, NULL, NULL, NULL, 0},
@@ -7953,10 +8025,10 @@ const struct nvpl_fn nvpl_table[] = {
     {"cusolverSpDcsreigvsiHost", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpDcsrlsqvqrHost", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpDcsrlsvchol", 5, 12, "hvvhppppvvpo", "28----33----------------", x2073, NVPL_RET_STATUS},
-    {"cusolverSpDcsrlsvcholHost", 5, 0, NULL, NULL, NULL, 0},
-    {"cusolverSpDcsrlsvluHost", 5, 0, NULL, NULL, NULL, 0},
+    {"cusolverSpDcsrlsvcholHost", 5, 12, "hvvhiiiivvoo", "28----33----------------", x2074, NVPL_RET_STATUS},
+    {"cusolverSpDcsrlsvluHost", 5, 12, "hvvhiiiivvoo", "28----33----------------", x2075, NVPL_RET_STATUS},
     {"cusolverSpDcsrlsvqr", 5, 12, "hvvhppppvvpo", "28----33----------------", x2076, NVPL_RET_STATUS},
-    {"cusolverSpDcsrlsvqrHost", 5, 0, NULL, NULL, NULL, 0},
+    {"cusolverSpDcsrlsvqrHost", 5, 12, "hvvhiiiivvoo", "28----33----------------", x2077, NVPL_RET_STATUS},
     {"cusolverSpDcsrluAnalysisHost", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpDcsrluBufferInfoHost", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpDcsrluExtractBTFHost", 5, 0, NULL, NULL, NULL, 0},
@@ -8034,10 +8106,10 @@ const struct nvpl_fn nvpl_table[] = {
     {"cusolverSpScsreigvsiHost", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpScsrlsqvqrHost", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpScsrlsvchol", 5, 12, "hvvhppppvvpo", "28----33----------------", x2154, NVPL_RET_STATUS},
-    {"cusolverSpScsrlsvcholHost", 5, 0, NULL, NULL, NULL, 0},
-    {"cusolverSpScsrlsvluHost", 5, 0, NULL, NULL, NULL, 0},
+    {"cusolverSpScsrlsvcholHost", 5, 12, "hvvhiiiivvoo", "28----33----------------", x2155, NVPL_RET_STATUS},
+    {"cusolverSpScsrlsvluHost", 5, 12, "hvvhiiiivvoo", "28----33----------------", x2156, NVPL_RET_STATUS},
     {"cusolverSpScsrlsvqr", 5, 12, "hvvhppppvvpo", "28----33----------------", x2157, NVPL_RET_STATUS},
-    {"cusolverSpScsrlsvqrHost", 5, 0, NULL, NULL, NULL, 0},
+    {"cusolverSpScsrlsvqrHost", 5, 12, "hvvhiiiivvoo", "28----33----------------", x2158, NVPL_RET_STATUS},
     {"cusolverSpScsrluAnalysisHost", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpScsrluBufferInfoHost", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpScsrluExtractBTFHost", 5, 0, NULL, NULL, NULL, 0},
@@ -8072,26 +8144,26 @@ const struct nvpl_fn nvpl_table[] = {
     {"cusolverSpXcsr2csc_bufferSizeHost", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpXcsrcholAnalysis", 5, 7, "hvvhpph", "28----33----04", x2191, NVPL_RET_STATUS},
     {"cusolverSpXcsrcholAnalysisHost", 5, 0, NULL, NULL, NULL, 0},
-    {"cusolverSpXcsrissymHost", 5, 0, NULL, NULL, NULL, 0},
+    {"cusolverSpXcsrissymHost", 5, 8, "hvvhiiio", "28----33--------", x2193, NVPL_RET_STATUS},
     {"cusolverSpXcsrluAnalysisHost", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpXcsrluConfigHost", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpXcsrluNnzHost", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpXcsrluNnzMHost", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpXcsrmetisndHost", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpXcsrnsepHost", 5, 0, NULL, NULL, NULL, 0},
-    {"cusolverSpXcsrpermHost", 5, 0, NULL, NULL, NULL, 0},
-    {"cusolverSpXcsrperm_bufferSizeHost", 5, 0, NULL, NULL, NULL, 0},
+    {"cusolverSpXcsrpermHost", 5, 11, "hvvvhbbiibo", "28------33------------", x2200, NVPL_RET_STATUS},
+    {"cusolverSpXcsrperm_bufferSizeHost", 5, 10, "hvvvhiiiio", "28------33----------", x2201, NVPL_RET_STATUS},
     {"cusolverSpXcsrqrAnalysis", 5, 8, "hvvvhpph", "28------33----09", x2202, NVPL_RET_STATUS},
     {"cusolverSpXcsrqrAnalysisBatched", 5, 8, "hvvvhpph", "28------33----09", x2203, NVPL_RET_STATUS},
     {"cusolverSpXcsrqrAnalysisHost", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpXcsrqrConfigInfo", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpXcsrsubmHost", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpXcsrsubmNnzHost", 5, 0, NULL, NULL, NULL, 0},
-    {"cusolverSpXcsrsymamdHost", 5, 0, NULL, NULL, NULL, 0},
-    {"cusolverSpXcsrsymmdqHost", 5, 0, NULL, NULL, NULL, 0},
+    {"cusolverSpXcsrsymamdHost", 5, 7, "hvvhiio", "28----33------", x2208, NVPL_RET_STATUS},
+    {"cusolverSpXcsrsymmdqHost", 5, 7, "hvvhiio", "28----33------", x2209, NVPL_RET_STATUS},
     {"cusolverSpXcsrsympermHost", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpXcsrsymperm_bufferSizeHost", 5, 0, NULL, NULL, NULL, 0},
-    {"cusolverSpXcsrsymrcmHost", 5, 0, NULL, NULL, NULL, 0},
+    {"cusolverSpXcsrsymrcmHost", 5, 7, "hvvhiio", "28----33------", x2212, NVPL_RET_STATUS},
     {"cusolverSpXgluZeroPivot", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpXsnluAnalysis", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpXsnluFlops", 5, 0, NULL, NULL, NULL, 0},
@@ -8113,10 +8185,10 @@ const struct nvpl_fn nvpl_table[] = {
     {"cusolverSpZcsreigvsiHost", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpZcsrlsqvqrHost", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpZcsrlsvchol", 5, 12, "hvvhppppvvpo", "28----33----------------", x2233, NVPL_RET_STATUS},
-    {"cusolverSpZcsrlsvcholHost", 5, 0, NULL, NULL, NULL, 0},
-    {"cusolverSpZcsrlsvluHost", 5, 0, NULL, NULL, NULL, 0},
+    {"cusolverSpZcsrlsvcholHost", 5, 12, "hvvhiiiivvoo", "28----33----------------", x2234, NVPL_RET_STATUS},
+    {"cusolverSpZcsrlsvluHost", 5, 12, "hvvhiiiivvoo", "28----33----------------", x2235, NVPL_RET_STATUS},
     {"cusolverSpZcsrlsvqr", 5, 12, "hvvhppppvvpo", "28----33----------------", x2236, NVPL_RET_STATUS},
-    {"cusolverSpZcsrlsvqrHost", 5, 0, NULL, NULL, NULL, 0},
+    {"cusolverSpZcsrlsvqrHost", 5, 12, "hvvhiiiivvoo", "28----33----------------", x2237, NVPL_RET_STATUS},
     {"cusolverSpZcsrluAnalysisHost", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpZcsrluBufferInfoHost", 5, 0, NULL, NULL, NULL, 0},
     {"cusolverSpZcsrluExtractBTFHost", 5, 0, NULL, NULL, NULL, 0},

@@ -3,6 +3,7 @@
 #include "libexec.h"
 
 #include <dlfcn.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,7 @@ EXPORT int nvpl_open(int lib, const char *path)
 struct hent {
     uint64_t id; /* 0: empty; ~0: removed */
     int kind;
+    int slow; /* its calls are Python's (a handle on the per-thread stream: Python gives it the caller's) */
     uint64_t real;
 };
 static struct hent *ht;
@@ -73,8 +75,10 @@ EXPORT void nvpl_learn(int kind, uint64_t id, uint64_t real)
         ht = calloc(hcap, sizeof *ht);
         hused = 0;
         for (size_t i = 0; i < old; i++)
-            if (ot[i].id && ot[i].id != REMOVED)
+            if (ot[i].id && ot[i].id != REMOVED) {
                 nvpl_learn(ot[i].kind, ot[i].id, ot[i].real);
+                hfind(ot[i].kind, ot[i].id)->slow = ot[i].slow;
+            }
         free(ot);
     }
     size_t i = hslot(kind, id);
@@ -82,7 +86,7 @@ EXPORT void nvpl_learn(int kind, uint64_t id, uint64_t real)
         i = (i + 1) & (hcap - 1);
     if (!ht[i].id)
         hused++;
-    ht[i] = (struct hent){id, kind, real};
+    ht[i] = (struct hent){id, kind, 0, real};
 }
 
 EXPORT void nvpl_forget(int kind, uint64_t id)
@@ -109,24 +113,44 @@ static int fail(struct nvpl_result *res, int error, int param)
     return error;
 }
 
+/* The function of fid, its library open and its address known; or NULL with res->error set. */
+static const struct nvpl_fn *function(uint32_t fid, struct nvpl_result *res)
+{
+    if (fid >= (uint32_t)nvpl_table_size || !nvpl_table[fid].call)
+        return fail(res, NVPL_E_BAD, -1), NULL;
+    const struct nvpl_fn *f = &nvpl_table[fid];
+    if (!libs[f->lib])
+        return fail(res, NVPL_E_NOLIB, -1), NULL;
+    if (!syms && !(syms = calloc((size_t)nvpl_table_size, sizeof *syms)))
+        return fail(res, NVPL_E_BAD, -1), NULL;
+    if (!syms[fid] && !(syms[fid] = dlsym(libs[f->lib], f->name)))
+        return fail(res, NVPL_E_NOSYM, -1), NULL;
+    return f;
+}
+
+/* nvpl_call with the slots given apart (payload: the request's, slots and host inputs) */
+static int call_slots(uint32_t fid, const struct nvpl_fn *f, uint64_t hostmask, const uint64_t *slot,
+                      const uint8_t *payload, size_t len, uint8_t *out, size_t out_cap, struct nvpl_result *res);
+
 EXPORT int nvpl_call(uint32_t fid, uint64_t hostmask, const uint8_t *payload, size_t len, uint8_t *out, size_t out_cap,
               struct nvpl_result *res)
 {
     memset(res, 0, sizeof *res);
-    if (fid >= (uint32_t)nvpl_table_size || !nvpl_table[fid].call)
+    const struct nvpl_fn *f = function(fid, res);
+    if (!f)
+        return res->error;
+    if (len < (size_t)f->nparams * 8)
         return fail(res, NVPL_E_BAD, -1);
-    const struct nvpl_fn *f = &nvpl_table[fid];
-    if (!libs[f->lib])
-        return fail(res, NVPL_E_NOLIB, -1);
-    if (!syms && !(syms = calloc((size_t)nvpl_table_size, sizeof *syms)))
-        return fail(res, NVPL_E_BAD, -1);
-    if (!syms[fid] && !(syms[fid] = dlsym(libs[f->lib], f->name)))
-        return fail(res, NVPL_E_NOSYM, -1);
+    uint64_t slot[NVPL_MAX_PARAMS];
+    memcpy(slot, payload, (size_t)f->nparams * 8);
+    return call_slots(fid, f, hostmask, slot, payload, len, out, out_cap, res);
+}
+
+static int call_slots(uint32_t fid, const struct nvpl_fn *f, uint64_t hostmask, const uint64_t *slot,
+                      const uint8_t *payload, size_t len, uint8_t *out, size_t out_cap, struct nvpl_result *res)
+{
     int n = f->nparams;
-    if (len < (size_t)n * 8)
-        return fail(res, NVPL_E_BAD, -1);
-    uint64_t slot[NVPL_MAX_PARAMS], v[NVPL_MAX_PARAMS];
-    memcpy(slot, payload, (size_t)n * 8);
+    uint64_t v[NVPL_MAX_PARAMS] = {0};
     size_t in = (size_t)n * 8, o = 0;
     uint64_t made[NVPL_MAX_CREATED] = {0};
     int nmade = 0;
@@ -194,4 +218,95 @@ EXPORT int nvpl_call(uint32_t fid, uint64_t hostmask, const uint8_t *payload, si
     for (int k = 0; k < nmade; k++)
         res->created[k] = (f->flags & NVPL_INT_CREATE) ? (uint64_t)(uint32_t)made[k] : made[k];
     return NVPL_OK;
+}
+
+/* ---- posted calls in the fast path (fastpath.c): the functions and handles Python let C call ---- */
+static uint8_t *fast_fns; /* per function: 1 once Python allows it */
+
+EXPORT void nvpl_allow_fast(uint32_t fid)
+{
+    if (fid >= (uint32_t)nvpl_table_size)
+        return;
+    if (!fast_fns && !(fast_fns = calloc((size_t)nvpl_table_size, 1)))
+        return;
+    fast_fns[fid] = 1;
+}
+
+EXPORT void nvpl_handle_slow(int kind, uint64_t id, int slow)
+{
+    struct hent *e = hfind(kind, id);
+    if (e)
+        e->slow = slow;
+}
+
+/* failures of posted calls C made, by channel, until Python's next reply on it carries them */
+#define FAILS 64
+static struct {
+    const void *ch;
+    int status;
+    uint32_t fid;
+} fails[FAILS];
+
+static void note_failure(const void *ch, int status, uint32_t fid)
+{
+    for (int i = 0; i < FAILS; i++)
+        if (fails[i].ch == ch)
+            return; /* (the first is reported) */
+    for (int i = 0; i < FAILS; i++)
+        if (!fails[i].ch) {
+            fails[i].ch = ch;
+            fails[i].status = status;
+            fails[i].fid = fid;
+            return;
+        }
+}
+
+EXPORT int nvpl_take_failure(const void *ch, uint32_t *fid)
+{
+    for (int i = 0; i < FAILS; i++)
+        if (fails[i].ch == ch) {
+            int status = fails[i].status;
+            *fid = fails[i].fid;
+            fails[i].ch = NULL;
+            return status;
+        }
+    return 0;
+}
+
+int nvpl_fast(void *ch, const uint64_t *a, const uint8_t *payload, size_t len,
+              int (*stream_of)(void *ch, uint64_t wire, void **s))
+{
+    uint32_t fid = (uint32_t)a[0];
+    if (!fast_fns || fid >= (uint32_t)nvpl_table_size || !fast_fns[fid] || a[2] || !a[3])
+        return 0; /* (not allowed yet, outputs, or not posted) */
+    struct nvpl_result res;
+    memset(&res, 0, sizeof res);
+    const struct nvpl_fn *f = function(fid, &res);
+    if (!f || len < (size_t)f->nparams * 8)
+        return 0;
+    uint64_t slot[NVPL_MAX_PARAMS];
+    memcpy(slot, payload, (size_t)f->nparams * 8);
+    for (int i = 0; i < f->nparams; i++) {
+        char r = f->roles[i];
+        if (r == 's') {
+            void *s;
+            if (!stream_of(ch, slot[i], &s))
+                return 0;
+            slot[i] = (uint64_t)(uintptr_t)s;
+        } else if ((r == 'h' || r == 'd') && slot[i]) {
+            int kind = (f->kinds[2 * i] - '0') * 10 + (f->kinds[2 * i + 1] - '0');
+            struct hent *e = hfind(kind, slot[i]);
+            if (!e || e->slow)
+                return 0; /* (Python answers an unknown handle, and binds a per-thread stream) */
+        }
+    }
+    static uint8_t none[8];
+    if (call_slots(fid, f, a[1], slot, payload, len, none, 0, &res))
+        return 0; /* (Python tells what was wrong with it) */
+    if ((f->flags & NVPL_RET_MASK) == NVPL_RET_STATUS && res.ret) {
+        fprintf(stderr, "nvproxy: %s returned status %d after it had returned (it was posted); the thread's next "
+                "call of its library that waits reports it\n", f->name, (int)res.ret);
+        note_failure(ch, (int)res.ret, fid);
+    }
+    return 1;
 }

@@ -26001,14 +26001,42 @@ NVP_EXPORT int32_t cusolverSpCcsrlsvchol(void *handle, int32_t m, int32_t nnz, v
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
-NVP_EXPORT int32_t cusolverSpCcsrlsvcholHost(void)
+NVP_EXPORT int32_t cusolverSpCcsrlsvcholHost(void *handle, int32_t m, int32_t nnz, void *descrA, void *csrVal, void *csrRowPtr, void *csrColInd, void *b, float tol, int32_t reorder, void *x, void *singularity)
 {
-    return (int32_t)nvpl_fail(2018);
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2018, 12);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_buf(&nvpl_c_, 4, csrVal, NVPL_IN, (int64_t)(8*nnz));
+    nvpl_buf(&nvpl_c_, 5, csrRowPtr, NVPL_IN, (int64_t)(4*(m+1)));
+    nvpl_buf(&nvpl_c_, 6, csrColInd, NVPL_IN, (int64_t)(4*nnz));
+    nvpl_buf(&nvpl_c_, 7, b, NVPL_IN, (int64_t)(8*m));
+    nvpl_c_.slot[8] = nvpl_bits_f4(tol);
+    nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
+    nvpl_buf(&nvpl_c_, 10, x, NVPL_OUT, (int64_t)(8*m));
+    nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
 }
 
-NVP_EXPORT int32_t cusolverSpCcsrlsvluHost(void)
+NVP_EXPORT int32_t cusolverSpCcsrlsvluHost(void *handle, int32_t n, int32_t nnzA, void *descrA, void *csrValA, void *csrRowPtrA, void *csrColIndA, void *b, float tol, int32_t reorder, void *x, void *singularity)
 {
-    return (int32_t)nvpl_fail(2019);
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2019, 12);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)nnzA;
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_buf(&nvpl_c_, 4, csrValA, NVPL_IN, (int64_t)(8*nnzA));
+    nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_IN, (int64_t)(4*(n+1)));
+    nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnzA));
+    nvpl_buf(&nvpl_c_, 7, b, NVPL_IN, (int64_t)(8*n));
+    nvpl_c_.slot[8] = nvpl_bits_f4(tol);
+    nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
+    nvpl_buf(&nvpl_c_, 10, x, NVPL_OUT, (int64_t)(8*n));
+    nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
 }
 
 NVP_EXPORT int32_t cusolverSpCcsrlsvqr(void *handle, int32_t m, int32_t nnz, void *descrA, void *csrVal, void *csrRowPtr, void *csrColInd, void *b, float tol, int32_t reorder, void *x, void *singularity)
@@ -26030,9 +26058,23 @@ NVP_EXPORT int32_t cusolverSpCcsrlsvqr(void *handle, int32_t m, int32_t nnz, voi
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
-NVP_EXPORT int32_t cusolverSpCcsrlsvqrHost(void)
+NVP_EXPORT int32_t cusolverSpCcsrlsvqrHost(void *handle, int32_t m, int32_t nnz, void *descrA, void *csrValA, void *csrRowPtrA, void *csrColIndA, void *b, float tol, int32_t reorder, void *x, void *singularity)
 {
-    return (int32_t)nvpl_fail(2021);
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2021, 12);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_buf(&nvpl_c_, 4, csrValA, NVPL_IN, (int64_t)(8*nnz));
+    nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_IN, (int64_t)(4*(m+1)));
+    nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnz));
+    nvpl_buf(&nvpl_c_, 7, b, NVPL_IN, (int64_t)(8*m));
+    nvpl_c_.slot[8] = nvpl_bits_f4(tol);
+    nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
+    nvpl_buf(&nvpl_c_, 10, x, NVPL_OUT, (int64_t)(8*m));
+    nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
 }
 
 NVP_EXPORT int32_t cusolverSpCcsrluAnalysisHost(void)
@@ -26454,14 +26496,42 @@ NVP_EXPORT int32_t cusolverSpDcsrlsvchol(void *handle, int32_t m, int32_t nnz, v
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
-NVP_EXPORT int32_t cusolverSpDcsrlsvcholHost(void)
+NVP_EXPORT int32_t cusolverSpDcsrlsvcholHost(void *handle, int32_t m, int32_t nnz, void *descrA, void *csrVal, void *csrRowPtr, void *csrColInd, void *b, double tol, int32_t reorder, void *x, void *singularity)
 {
-    return (int32_t)nvpl_fail(2074);
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2074, 12);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_buf(&nvpl_c_, 4, csrVal, NVPL_IN, (int64_t)(8*nnz));
+    nvpl_buf(&nvpl_c_, 5, csrRowPtr, NVPL_IN, (int64_t)(4*(m+1)));
+    nvpl_buf(&nvpl_c_, 6, csrColInd, NVPL_IN, (int64_t)(4*nnz));
+    nvpl_buf(&nvpl_c_, 7, b, NVPL_IN, (int64_t)(8*m));
+    nvpl_c_.slot[8] = nvpl_bits_f8(tol);
+    nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
+    nvpl_buf(&nvpl_c_, 10, x, NVPL_OUT, (int64_t)(8*m));
+    nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
 }
 
-NVP_EXPORT int32_t cusolverSpDcsrlsvluHost(void)
+NVP_EXPORT int32_t cusolverSpDcsrlsvluHost(void *handle, int32_t n, int32_t nnzA, void *descrA, void *csrValA, void *csrRowPtrA, void *csrColIndA, void *b, double tol, int32_t reorder, void *x, void *singularity)
 {
-    return (int32_t)nvpl_fail(2075);
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2075, 12);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)nnzA;
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_buf(&nvpl_c_, 4, csrValA, NVPL_IN, (int64_t)(8*nnzA));
+    nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_IN, (int64_t)(4*(n+1)));
+    nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnzA));
+    nvpl_buf(&nvpl_c_, 7, b, NVPL_IN, (int64_t)(8*n));
+    nvpl_c_.slot[8] = nvpl_bits_f8(tol);
+    nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
+    nvpl_buf(&nvpl_c_, 10, x, NVPL_OUT, (int64_t)(8*n));
+    nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
 }
 
 NVP_EXPORT int32_t cusolverSpDcsrlsvqr(void *handle, int32_t m, int32_t nnz, void *descrA, void *csrVal, void *csrRowPtr, void *csrColInd, void *b, double tol, int32_t reorder, void *x, void *singularity)
@@ -26483,9 +26553,23 @@ NVP_EXPORT int32_t cusolverSpDcsrlsvqr(void *handle, int32_t m, int32_t nnz, voi
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
-NVP_EXPORT int32_t cusolverSpDcsrlsvqrHost(void)
+NVP_EXPORT int32_t cusolverSpDcsrlsvqrHost(void *handle, int32_t m, int32_t nnz, void *descrA, void *csrValA, void *csrRowPtrA, void *csrColIndA, void *b, double tol, int32_t reorder, void *x, void *singularity)
 {
-    return (int32_t)nvpl_fail(2077);
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2077, 12);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_buf(&nvpl_c_, 4, csrValA, NVPL_IN, (int64_t)(8*nnz));
+    nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_IN, (int64_t)(4*(m+1)));
+    nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnz));
+    nvpl_buf(&nvpl_c_, 7, b, NVPL_IN, (int64_t)(8*m));
+    nvpl_c_.slot[8] = nvpl_bits_f8(tol);
+    nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
+    nvpl_buf(&nvpl_c_, 10, x, NVPL_OUT, (int64_t)(8*m));
+    nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
 }
 
 NVP_EXPORT int32_t cusolverSpDcsrluAnalysisHost(void)
@@ -27032,14 +27116,42 @@ NVP_EXPORT int32_t cusolverSpScsrlsvchol(void *handle, int32_t m, int32_t nnz, v
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
-NVP_EXPORT int32_t cusolverSpScsrlsvcholHost(void)
+NVP_EXPORT int32_t cusolverSpScsrlsvcholHost(void *handle, int32_t m, int32_t nnz, void *descrA, void *csrVal, void *csrRowPtr, void *csrColInd, void *b, float tol, int32_t reorder, void *x, void *singularity)
 {
-    return (int32_t)nvpl_fail(2155);
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2155, 12);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_buf(&nvpl_c_, 4, csrVal, NVPL_IN, (int64_t)(4*nnz));
+    nvpl_buf(&nvpl_c_, 5, csrRowPtr, NVPL_IN, (int64_t)(4*(m+1)));
+    nvpl_buf(&nvpl_c_, 6, csrColInd, NVPL_IN, (int64_t)(4*nnz));
+    nvpl_buf(&nvpl_c_, 7, b, NVPL_IN, (int64_t)(4*m));
+    nvpl_c_.slot[8] = nvpl_bits_f4(tol);
+    nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
+    nvpl_buf(&nvpl_c_, 10, x, NVPL_OUT, (int64_t)(4*m));
+    nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
 }
 
-NVP_EXPORT int32_t cusolverSpScsrlsvluHost(void)
+NVP_EXPORT int32_t cusolverSpScsrlsvluHost(void *handle, int32_t n, int32_t nnzA, void *descrA, void *csrValA, void *csrRowPtrA, void *csrColIndA, void *b, float tol, int32_t reorder, void *x, void *singularity)
 {
-    return (int32_t)nvpl_fail(2156);
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2156, 12);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)nnzA;
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_buf(&nvpl_c_, 4, csrValA, NVPL_IN, (int64_t)(4*nnzA));
+    nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_IN, (int64_t)(4*(n+1)));
+    nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnzA));
+    nvpl_buf(&nvpl_c_, 7, b, NVPL_IN, (int64_t)(4*n));
+    nvpl_c_.slot[8] = nvpl_bits_f4(tol);
+    nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
+    nvpl_buf(&nvpl_c_, 10, x, NVPL_OUT, (int64_t)(4*n));
+    nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
 }
 
 NVP_EXPORT int32_t cusolverSpScsrlsvqr(void *handle, int32_t m, int32_t nnz, void *descrA, void *csrVal, void *csrRowPtr, void *csrColInd, void *b, float tol, int32_t reorder, void *x, void *singularity)
@@ -27061,9 +27173,23 @@ NVP_EXPORT int32_t cusolverSpScsrlsvqr(void *handle, int32_t m, int32_t nnz, voi
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
-NVP_EXPORT int32_t cusolverSpScsrlsvqrHost(void)
+NVP_EXPORT int32_t cusolverSpScsrlsvqrHost(void *handle, int32_t m, int32_t nnz, void *descrA, void *csrValA, void *csrRowPtrA, void *csrColIndA, void *b, float tol, int32_t reorder, void *x, void *singularity)
 {
-    return (int32_t)nvpl_fail(2158);
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2158, 12);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_buf(&nvpl_c_, 4, csrValA, NVPL_IN, (int64_t)(4*nnz));
+    nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_IN, (int64_t)(4*(m+1)));
+    nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnz));
+    nvpl_buf(&nvpl_c_, 7, b, NVPL_IN, (int64_t)(4*m));
+    nvpl_c_.slot[8] = nvpl_bits_f4(tol);
+    nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
+    nvpl_buf(&nvpl_c_, 10, x, NVPL_OUT, (int64_t)(4*m));
+    nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
 }
 
 NVP_EXPORT int32_t cusolverSpScsrluAnalysisHost(void)
@@ -27331,9 +27457,19 @@ NVP_EXPORT int32_t cusolverSpXcsrcholAnalysisHost(void)
     return (int32_t)nvpl_fail(2192);
 }
 
-NVP_EXPORT int32_t cusolverSpXcsrissymHost(void)
+NVP_EXPORT int32_t cusolverSpXcsrissymHost(void *handle, int32_t m, int32_t nnzA, void *descrA, void *csrRowPtrA, void *csrEndPtrA, void *csrColIndA, void *issym)
 {
-    return (int32_t)nvpl_fail(2193);
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2193, 8);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)nnzA;
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_buf(&nvpl_c_, 4, csrRowPtrA, NVPL_IN, (int64_t)(4*(m+1)));
+    nvpl_buf(&nvpl_c_, 5, csrEndPtrA, NVPL_IN, (int64_t)(4*m));
+    nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnzA));
+    nvpl_buf(&nvpl_c_, 7, issym, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
 }
 
 NVP_EXPORT int32_t cusolverSpXcsrluAnalysisHost(void)
@@ -27366,14 +27502,42 @@ NVP_EXPORT int32_t cusolverSpXcsrnsepHost(void)
     return (int32_t)nvpl_fail(2199);
 }
 
-NVP_EXPORT int32_t cusolverSpXcsrpermHost(void)
+NVP_EXPORT int32_t cusolverSpXcsrpermHost(void *handle, int32_t m, int32_t n, int32_t nnzA, void *descrA, void *csrRowPtrA, void *csrColIndA, void *p, void *q, void *map, void *pBuffer)
 {
-    return (int32_t)nvpl_fail(2200);
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2200, 11);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_INOUT, (int64_t)(4*(m+1)));
+    nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_INOUT, (int64_t)(4*nnzA));
+    nvpl_buf(&nvpl_c_, 7, p, NVPL_IN, (int64_t)(4*m));
+    nvpl_buf(&nvpl_c_, 8, q, NVPL_IN, (int64_t)(4*n));
+    nvpl_buf(&nvpl_c_, 9, map, NVPL_INOUT, (int64_t)(4*nnzA));
+    nvpl_buf(&nvpl_c_, 10, pBuffer, NVPL_OUT, (int64_t)(nvpl_noted_size(NVPL_H(handle))));
+    return (int32_t)nvpl_end(&nvpl_c_);
 }
 
-NVP_EXPORT int32_t cusolverSpXcsrperm_bufferSizeHost(void)
+NVP_EXPORT int32_t cusolverSpXcsrperm_bufferSizeHost(void *handle, int32_t m, int32_t n, int32_t nnzA, void *descrA, void *csrRowPtrA, void *csrColIndA, void *p, void *q, void *bufferSizeInBytes)
 {
-    return (int32_t)nvpl_fail(2201);
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2201, 10);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_IN, (int64_t)(4*(m+1)));
+    nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnzA));
+    nvpl_buf(&nvpl_c_, 7, p, NVPL_IN, (int64_t)(4*m));
+    nvpl_buf(&nvpl_c_, 8, q, NVPL_IN, (int64_t)(4*n));
+    nvpl_buf(&nvpl_c_, 9, bufferSizeInBytes, NVPL_OUT, (int64_t)(8));
+    int64_t nvpl_r_ = nvpl_end(&nvpl_c_);
+    if (nvpl_r_ == 0)
+        nvpl_note_size(NVPL_H(handle), bufferSizeInBytes);
+    return (int32_t)nvpl_r_;
 }
 
 NVP_EXPORT int32_t cusolverSpXcsrqrAnalysis(void *handle, int32_t m, int32_t n, int32_t nnzA, void *descrA, void *csrRowPtrA, void *csrColIndA, void *info)
@@ -27426,14 +27590,32 @@ NVP_EXPORT int32_t cusolverSpXcsrsubmNnzHost(void)
     return (int32_t)nvpl_fail(2207);
 }
 
-NVP_EXPORT int32_t cusolverSpXcsrsymamdHost(void)
+NVP_EXPORT int32_t cusolverSpXcsrsymamdHost(void *handle, int32_t n, int32_t nnzA, void *descrA, void *csrRowPtrA, void *csrColIndA, void *p)
 {
-    return (int32_t)nvpl_fail(2208);
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2208, 7);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)nnzA;
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_buf(&nvpl_c_, 4, csrRowPtrA, NVPL_IN, (int64_t)(4*(n+1)));
+    nvpl_buf(&nvpl_c_, 5, csrColIndA, NVPL_IN, (int64_t)(4*nnzA));
+    nvpl_buf(&nvpl_c_, 6, p, NVPL_OUT, (int64_t)(4*n));
+    return (int32_t)nvpl_end(&nvpl_c_);
 }
 
-NVP_EXPORT int32_t cusolverSpXcsrsymmdqHost(void)
+NVP_EXPORT int32_t cusolverSpXcsrsymmdqHost(void *handle, int32_t n, int32_t nnzA, void *descrA, void *csrRowPtrA, void *csrColIndA, void *p)
 {
-    return (int32_t)nvpl_fail(2209);
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2209, 7);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)nnzA;
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_buf(&nvpl_c_, 4, csrRowPtrA, NVPL_IN, (int64_t)(4*(n+1)));
+    nvpl_buf(&nvpl_c_, 5, csrColIndA, NVPL_IN, (int64_t)(4*nnzA));
+    nvpl_buf(&nvpl_c_, 6, p, NVPL_OUT, (int64_t)(4*n));
+    return (int32_t)nvpl_end(&nvpl_c_);
 }
 
 NVP_EXPORT int32_t cusolverSpXcsrsympermHost(void)
@@ -27446,9 +27628,18 @@ NVP_EXPORT int32_t cusolverSpXcsrsymperm_bufferSizeHost(void)
     return (int32_t)nvpl_fail(2211);
 }
 
-NVP_EXPORT int32_t cusolverSpXcsrsymrcmHost(void)
+NVP_EXPORT int32_t cusolverSpXcsrsymrcmHost(void *handle, int32_t n, int32_t nnzA, void *descrA, void *csrRowPtrA, void *csrColIndA, void *p)
 {
-    return (int32_t)nvpl_fail(2212);
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2212, 7);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)nnzA;
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_buf(&nvpl_c_, 4, csrRowPtrA, NVPL_IN, (int64_t)(4*(n+1)));
+    nvpl_buf(&nvpl_c_, 5, csrColIndA, NVPL_IN, (int64_t)(4*nnzA));
+    nvpl_buf(&nvpl_c_, 6, p, NVPL_OUT, (int64_t)(4*n));
+    return (int32_t)nvpl_end(&nvpl_c_);
 }
 
 NVP_EXPORT int32_t cusolverSpXgluZeroPivot(void)
@@ -27627,14 +27818,42 @@ NVP_EXPORT int32_t cusolverSpZcsrlsvchol(void *handle, int32_t m, int32_t nnz, v
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
-NVP_EXPORT int32_t cusolverSpZcsrlsvcholHost(void)
+NVP_EXPORT int32_t cusolverSpZcsrlsvcholHost(void *handle, int32_t m, int32_t nnz, void *descrA, void *csrVal, void *csrRowPtr, void *csrColInd, void *b, double tol, int32_t reorder, void *x, void *singularity)
 {
-    return (int32_t)nvpl_fail(2234);
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2234, 12);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_buf(&nvpl_c_, 4, csrVal, NVPL_IN, (int64_t)(16*nnz));
+    nvpl_buf(&nvpl_c_, 5, csrRowPtr, NVPL_IN, (int64_t)(4*(m+1)));
+    nvpl_buf(&nvpl_c_, 6, csrColInd, NVPL_IN, (int64_t)(4*nnz));
+    nvpl_buf(&nvpl_c_, 7, b, NVPL_IN, (int64_t)(16*m));
+    nvpl_c_.slot[8] = nvpl_bits_f8(tol);
+    nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
+    nvpl_buf(&nvpl_c_, 10, x, NVPL_OUT, (int64_t)(16*m));
+    nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
 }
 
-NVP_EXPORT int32_t cusolverSpZcsrlsvluHost(void)
+NVP_EXPORT int32_t cusolverSpZcsrlsvluHost(void *handle, int32_t n, int32_t nnzA, void *descrA, void *csrValA, void *csrRowPtrA, void *csrColIndA, void *b, double tol, int32_t reorder, void *x, void *singularity)
 {
-    return (int32_t)nvpl_fail(2235);
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2235, 12);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)nnzA;
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_buf(&nvpl_c_, 4, csrValA, NVPL_IN, (int64_t)(16*nnzA));
+    nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_IN, (int64_t)(4*(n+1)));
+    nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnzA));
+    nvpl_buf(&nvpl_c_, 7, b, NVPL_IN, (int64_t)(16*n));
+    nvpl_c_.slot[8] = nvpl_bits_f8(tol);
+    nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
+    nvpl_buf(&nvpl_c_, 10, x, NVPL_OUT, (int64_t)(16*n));
+    nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
 }
 
 NVP_EXPORT int32_t cusolverSpZcsrlsvqr(void *handle, int32_t m, int32_t nnz, void *descrA, void *csrVal, void *csrRowPtr, void *csrColInd, void *b, double tol, int32_t reorder, void *x, void *singularity)
@@ -27656,9 +27875,23 @@ NVP_EXPORT int32_t cusolverSpZcsrlsvqr(void *handle, int32_t m, int32_t nnz, voi
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
-NVP_EXPORT int32_t cusolverSpZcsrlsvqrHost(void)
+NVP_EXPORT int32_t cusolverSpZcsrlsvqrHost(void *handle, int32_t m, int32_t nnz, void *descrA, void *csrValA, void *csrRowPtrA, void *csrColIndA, void *b, double tol, int32_t reorder, void *x, void *singularity)
 {
-    return (int32_t)nvpl_fail(2237);
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2237, 12);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_buf(&nvpl_c_, 4, csrValA, NVPL_IN, (int64_t)(16*nnz));
+    nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_IN, (int64_t)(4*(m+1)));
+    nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnz));
+    nvpl_buf(&nvpl_c_, 7, b, NVPL_IN, (int64_t)(16*m));
+    nvpl_c_.slot[8] = nvpl_bits_f8(tol);
+    nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
+    nvpl_buf(&nvpl_c_, 10, x, NVPL_OUT, (int64_t)(16*m));
+    nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
 }
 
 NVP_EXPORT int32_t cusolverSpZcsrluAnalysisHost(void)
@@ -29965,53 +30198,53 @@ const struct nvpl_fn_info nvpl_fns[] = {
     {"cusolverRfSolve", 5, NVPL_ORDERED, NULL},
     {"cusolverSpCcsrbtfHost", 5, 0, "not declared in the headers"},
     {"cusolverSpCcsrcholBufferInfo", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpCcsrcholBufferInfoHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpCcsrcholBufferInfoHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpCcsrcholDiag", 5, NVPL_ORDERED, NULL},
     {"cusolverSpCcsrcholFactor", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpCcsrcholFactorHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpCcsrcholFactorHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpCcsrcholSolve", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpCcsrcholSolveHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpCcsrcholSolveHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpCcsrcholZeroPivot", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpCcsrcholZeroPivotHost", 5, 0, "cusolverSp's host computations are not forwarded"},
-    {"cusolverSpCcsreigsHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpCcsrcholZeroPivotHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
+    {"cusolverSpCcsreigsHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpCcsreigvsi", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpCcsreigvsiHost", 5, 0, "cusolverSp's host computations are not forwarded"},
-    {"cusolverSpCcsrlsqvqrHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpCcsreigvsiHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
+    {"cusolverSpCcsrlsqvqrHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpCcsrlsvchol", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpCcsrlsvcholHost", 5, 0, "cusolverSp's host computations are not forwarded"},
-    {"cusolverSpCcsrlsvluHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpCcsrlsvcholHost", 5, NVPL_ORDERED, NULL},
+    {"cusolverSpCcsrlsvluHost", 5, NVPL_ORDERED, NULL},
     {"cusolverSpCcsrlsvqr", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpCcsrlsvqrHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpCcsrlsvqrHost", 5, NVPL_ORDERED, NULL},
     {"cusolverSpCcsrluAnalysisHost", 5, 0, "not declared in the headers"},
-    {"cusolverSpCcsrluBufferInfoHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpCcsrluBufferInfoHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpCcsrluExtractBTFHost", 5, 0, "not declared in the headers"},
-    {"cusolverSpCcsrluExtractHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpCcsrluExtractHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpCcsrluExtractMHost", 5, 0, "not declared in the headers"},
-    {"cusolverSpCcsrluFactorHost", 5, 0, "cusolverSp's host computations are not forwarded"},
-    {"cusolverSpCcsrluSolveHost", 5, 0, "cusolverSp's host computations are not forwarded"},
-    {"cusolverSpCcsrluZeroPivotHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpCcsrluFactorHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
+    {"cusolverSpCcsrluSolveHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
+    {"cusolverSpCcsrluZeroPivotHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpCcsrlucondHost", 5, 0, "not declared in the headers"},
     {"cusolverSpCcsrqrBufferInfo", 5, NVPL_ORDERED, NULL},
     {"cusolverSpCcsrqrBufferInfoBatched", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpCcsrqrBufferInfoHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpCcsrqrBufferInfoHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpCcsrqrFactor", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpCcsrqrFactorHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpCcsrqrFactorHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpCcsrqrSetup", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpCcsrqrSetupHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpCcsrqrSetupHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpCcsrqrSolve", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpCcsrqrSolveHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpCcsrqrSolveHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpCcsrqrZeroPivot", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpCcsrqrZeroPivotHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpCcsrqrZeroPivotHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpCcsrqrrcond", 5, 0, "not declared in the headers"},
     {"cusolverSpCcsrqrsvBatched", 5, NVPL_ORDERED, NULL},
     {"cusolverSpCcsrsubm2denseHost", 5, 0, "not declared in the headers"},
-    {"cusolverSpCcsrzfdHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpCcsrzfdHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpCreate", 5, 0, NULL},
     {"cusolverSpCreateCsrcholInfo", 5, 0, NULL},
-    {"cusolverSpCreateCsrcholInfoHost", 5, 0, "cusolverSp's host computations are not forwarded"},
-    {"cusolverSpCreateCsrluInfoHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpCreateCsrcholInfoHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
+    {"cusolverSpCreateCsrluInfoHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpCreateCsrqrInfo", 5, 0, NULL},
-    {"cusolverSpCreateCsrqrInfoHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpCreateCsrqrInfoHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpCreateGluInfo", 5, 0, "not declared in the headers"},
     {"cusolverSpCreateSnluInfo", 5, 0, "not declared in the headers"},
     {"cusolverSpCsnluBuffersize", 5, 0, "not declared in the headers"},
@@ -30021,53 +30254,53 @@ const struct nvpl_fn_info nvpl_fns[] = {
     {"cusolverSpCsymgthrHost", 5, 0, "not declared in the headers"},
     {"cusolverSpDcsrbtfHost", 5, 0, "not declared in the headers"},
     {"cusolverSpDcsrcholBufferInfo", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpDcsrcholBufferInfoHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpDcsrcholBufferInfoHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpDcsrcholDiag", 5, NVPL_ORDERED, NULL},
     {"cusolverSpDcsrcholFactor", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpDcsrcholFactorHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpDcsrcholFactorHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpDcsrcholSolve", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpDcsrcholSolveHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpDcsrcholSolveHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpDcsrcholZeroPivot", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpDcsrcholZeroPivotHost", 5, 0, "cusolverSp's host computations are not forwarded"},
-    {"cusolverSpDcsreigsHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpDcsrcholZeroPivotHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
+    {"cusolverSpDcsreigsHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpDcsreigvsi", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpDcsreigvsiHost", 5, 0, "cusolverSp's host computations are not forwarded"},
-    {"cusolverSpDcsrlsqvqrHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpDcsreigvsiHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
+    {"cusolverSpDcsrlsqvqrHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpDcsrlsvchol", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpDcsrlsvcholHost", 5, 0, "cusolverSp's host computations are not forwarded"},
-    {"cusolverSpDcsrlsvluHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpDcsrlsvcholHost", 5, NVPL_ORDERED, NULL},
+    {"cusolverSpDcsrlsvluHost", 5, NVPL_ORDERED, NULL},
     {"cusolverSpDcsrlsvqr", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpDcsrlsvqrHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpDcsrlsvqrHost", 5, NVPL_ORDERED, NULL},
     {"cusolverSpDcsrluAnalysisHost", 5, 0, "not declared in the headers"},
-    {"cusolverSpDcsrluBufferInfoHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpDcsrluBufferInfoHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpDcsrluExtractBTFHost", 5, 0, "not declared in the headers"},
-    {"cusolverSpDcsrluExtractHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpDcsrluExtractHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpDcsrluExtractMHost", 5, 0, "not declared in the headers"},
-    {"cusolverSpDcsrluFactorHost", 5, 0, "cusolverSp's host computations are not forwarded"},
-    {"cusolverSpDcsrluSolveHost", 5, 0, "cusolverSp's host computations are not forwarded"},
-    {"cusolverSpDcsrluZeroPivotHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpDcsrluFactorHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
+    {"cusolverSpDcsrluSolveHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
+    {"cusolverSpDcsrluZeroPivotHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpDcsrlucondHost", 5, 0, "not declared in the headers"},
     {"cusolverSpDcsrqrBufferInfo", 5, NVPL_ORDERED, NULL},
     {"cusolverSpDcsrqrBufferInfoBatched", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpDcsrqrBufferInfoHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpDcsrqrBufferInfoHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpDcsrqrFactor", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpDcsrqrFactorHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpDcsrqrFactorHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpDcsrqrSetup", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpDcsrqrSetupHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpDcsrqrSetupHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpDcsrqrSolve", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpDcsrqrSolveHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpDcsrqrSolveHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpDcsrqrZeroPivot", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpDcsrqrZeroPivotHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpDcsrqrZeroPivotHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpDcsrqrrcond", 5, 0, "not declared in the headers"},
     {"cusolverSpDcsrqrsvBatched", 5, NVPL_ORDERED, NULL},
     {"cusolverSpDcsrsubm2denseHost", 5, 0, "not declared in the headers"},
-    {"cusolverSpDcsrzfdHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpDcsrzfdHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpDestroy", 5, 0, NULL},
     {"cusolverSpDestroyCsrcholInfo", 5, 0, NULL},
-    {"cusolverSpDestroyCsrcholInfoHost", 5, 0, "cusolverSp's host computations are not forwarded"},
-    {"cusolverSpDestroyCsrluInfoHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpDestroyCsrcholInfoHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
+    {"cusolverSpDestroyCsrluInfoHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpDestroyCsrqrInfo", 5, 0, NULL},
-    {"cusolverSpDestroyCsrqrInfoHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpDestroyCsrqrInfoHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpDestroyGluInfo", 5, 0, "not declared in the headers"},
     {"cusolverSpDestroySnluInfo", 5, 0, "not declared in the headers"},
     {"cusolverSpDgluAnalysis", 5, 0, "not declared in the headers"},
@@ -30102,47 +30335,47 @@ const struct nvpl_fn_info nvpl_fns[] = {
     {"cusolverSpQcsrqrrcond", 5, 0, "not declared in the headers"},
     {"cusolverSpScsrbtfHost", 5, 0, "not declared in the headers"},
     {"cusolverSpScsrcholBufferInfo", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpScsrcholBufferInfoHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpScsrcholBufferInfoHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpScsrcholDiag", 5, NVPL_ORDERED, NULL},
     {"cusolverSpScsrcholFactor", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpScsrcholFactorHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpScsrcholFactorHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpScsrcholSolve", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpScsrcholSolveHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpScsrcholSolveHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpScsrcholZeroPivot", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpScsrcholZeroPivotHost", 5, 0, "cusolverSp's host computations are not forwarded"},
-    {"cusolverSpScsreigsHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpScsrcholZeroPivotHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
+    {"cusolverSpScsreigsHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpScsreigvsi", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpScsreigvsiHost", 5, 0, "cusolverSp's host computations are not forwarded"},
-    {"cusolverSpScsrlsqvqrHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpScsreigvsiHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
+    {"cusolverSpScsrlsqvqrHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpScsrlsvchol", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpScsrlsvcholHost", 5, 0, "cusolverSp's host computations are not forwarded"},
-    {"cusolverSpScsrlsvluHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpScsrlsvcholHost", 5, NVPL_ORDERED, NULL},
+    {"cusolverSpScsrlsvluHost", 5, NVPL_ORDERED, NULL},
     {"cusolverSpScsrlsvqr", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpScsrlsvqrHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpScsrlsvqrHost", 5, NVPL_ORDERED, NULL},
     {"cusolverSpScsrluAnalysisHost", 5, 0, "not declared in the headers"},
-    {"cusolverSpScsrluBufferInfoHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpScsrluBufferInfoHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpScsrluExtractBTFHost", 5, 0, "not declared in the headers"},
-    {"cusolverSpScsrluExtractHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpScsrluExtractHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpScsrluExtractMHost", 5, 0, "not declared in the headers"},
-    {"cusolverSpScsrluFactorHost", 5, 0, "cusolverSp's host computations are not forwarded"},
-    {"cusolverSpScsrluSolveHost", 5, 0, "cusolverSp's host computations are not forwarded"},
-    {"cusolverSpScsrluZeroPivotHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpScsrluFactorHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
+    {"cusolverSpScsrluSolveHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
+    {"cusolverSpScsrluZeroPivotHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpScsrlucondHost", 5, 0, "not declared in the headers"},
     {"cusolverSpScsrqrBufferInfo", 5, NVPL_ORDERED, NULL},
     {"cusolverSpScsrqrBufferInfoBatched", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpScsrqrBufferInfoHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpScsrqrBufferInfoHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpScsrqrFactor", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpScsrqrFactorHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpScsrqrFactorHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpScsrqrSetup", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpScsrqrSetupHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpScsrqrSetupHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpScsrqrSolve", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpScsrqrSolveHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpScsrqrSolveHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpScsrqrZeroPivot", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpScsrqrZeroPivotHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpScsrqrZeroPivotHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpScsrqrrcond", 5, 0, "not declared in the headers"},
     {"cusolverSpScsrqrsvBatched", 5, NVPL_ORDERED, NULL},
     {"cusolverSpScsrsubm2denseHost", 5, 0, "not declared in the headers"},
-    {"cusolverSpScsrzfdHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpScsrzfdHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpSetStream", 5, 0, NULL},
     {"cusolverSpSsnluBuffersize", 5, 0, "not declared in the headers"},
     {"cusolverSpSsnluFactor", 5, 0, "not declared in the headers"},
@@ -30152,27 +30385,27 @@ const struct nvpl_fn_info nvpl_fns[] = {
     {"cusolverSpXcsr2cscHost", 5, 0, "not declared in the headers"},
     {"cusolverSpXcsr2csc_bufferSizeHost", 5, 0, "not declared in the headers"},
     {"cusolverSpXcsrcholAnalysis", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpXcsrcholAnalysisHost", 5, 0, "cusolverSp's host computations are not forwarded"},
-    {"cusolverSpXcsrissymHost", 5, 0, "cusolverSp's host computations are not forwarded"},
-    {"cusolverSpXcsrluAnalysisHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpXcsrcholAnalysisHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
+    {"cusolverSpXcsrissymHost", 5, NVPL_ORDERED, NULL},
+    {"cusolverSpXcsrluAnalysisHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpXcsrluConfigHost", 5, 0, "not declared in the headers"},
-    {"cusolverSpXcsrluNnzHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpXcsrluNnzHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpXcsrluNnzMHost", 5, 0, "not declared in the headers"},
-    {"cusolverSpXcsrmetisndHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpXcsrmetisndHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpXcsrnsepHost", 5, 0, "not declared in the headers"},
-    {"cusolverSpXcsrpermHost", 5, 0, "cusolverSp's host computations are not forwarded"},
-    {"cusolverSpXcsrperm_bufferSizeHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpXcsrpermHost", 5, NVPL_ORDERED, NULL},
+    {"cusolverSpXcsrperm_bufferSizeHost", 5, 0, NULL},
     {"cusolverSpXcsrqrAnalysis", 5, NVPL_ORDERED, NULL},
     {"cusolverSpXcsrqrAnalysisBatched", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpXcsrqrAnalysisHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpXcsrqrAnalysisHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpXcsrqrConfigInfo", 5, 0, "not declared in the headers"},
     {"cusolverSpXcsrsubmHost", 5, 0, "not declared in the headers"},
     {"cusolverSpXcsrsubmNnzHost", 5, 0, "not declared in the headers"},
-    {"cusolverSpXcsrsymamdHost", 5, 0, "cusolverSp's host computations are not forwarded"},
-    {"cusolverSpXcsrsymmdqHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpXcsrsymamdHost", 5, NVPL_ORDERED, NULL},
+    {"cusolverSpXcsrsymmdqHost", 5, NVPL_ORDERED, NULL},
     {"cusolverSpXcsrsympermHost", 5, 0, "not declared in the headers"},
     {"cusolverSpXcsrsymperm_bufferSizeHost", 5, 0, "not declared in the headers"},
-    {"cusolverSpXcsrsymrcmHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpXcsrsymrcmHost", 5, NVPL_ORDERED, NULL},
     {"cusolverSpXgluZeroPivot", 5, 0, "not declared in the headers"},
     {"cusolverSpXsnluAnalysis", 5, 0, "not declared in the headers"},
     {"cusolverSpXsnluFlops", 5, 0, "not declared in the headers"},
@@ -30181,47 +30414,47 @@ const struct nvpl_fn_info nvpl_fns[] = {
     {"cusolverSpXsnluSetReorder", 5, 0, "not declared in the headers"},
     {"cusolverSpZcsrbtfHost", 5, 0, "not declared in the headers"},
     {"cusolverSpZcsrcholBufferInfo", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpZcsrcholBufferInfoHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpZcsrcholBufferInfoHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpZcsrcholDiag", 5, NVPL_ORDERED, NULL},
     {"cusolverSpZcsrcholFactor", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpZcsrcholFactorHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpZcsrcholFactorHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpZcsrcholSolve", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpZcsrcholSolveHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpZcsrcholSolveHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpZcsrcholZeroPivot", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpZcsrcholZeroPivotHost", 5, 0, "cusolverSp's host computations are not forwarded"},
-    {"cusolverSpZcsreigsHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpZcsrcholZeroPivotHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
+    {"cusolverSpZcsreigsHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpZcsreigvsi", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpZcsreigvsiHost", 5, 0, "cusolverSp's host computations are not forwarded"},
-    {"cusolverSpZcsrlsqvqrHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpZcsreigvsiHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
+    {"cusolverSpZcsrlsqvqrHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpZcsrlsvchol", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpZcsrlsvcholHost", 5, 0, "cusolverSp's host computations are not forwarded"},
-    {"cusolverSpZcsrlsvluHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpZcsrlsvcholHost", 5, NVPL_ORDERED, NULL},
+    {"cusolverSpZcsrlsvluHost", 5, NVPL_ORDERED, NULL},
     {"cusolverSpZcsrlsvqr", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpZcsrlsvqrHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpZcsrlsvqrHost", 5, NVPL_ORDERED, NULL},
     {"cusolverSpZcsrluAnalysisHost", 5, 0, "not declared in the headers"},
-    {"cusolverSpZcsrluBufferInfoHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpZcsrluBufferInfoHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpZcsrluExtractBTFHost", 5, 0, "not declared in the headers"},
-    {"cusolverSpZcsrluExtractHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpZcsrluExtractHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpZcsrluExtractMHost", 5, 0, "not declared in the headers"},
-    {"cusolverSpZcsrluFactorHost", 5, 0, "cusolverSp's host computations are not forwarded"},
-    {"cusolverSpZcsrluSolveHost", 5, 0, "cusolverSp's host computations are not forwarded"},
-    {"cusolverSpZcsrluZeroPivotHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpZcsrluFactorHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
+    {"cusolverSpZcsrluSolveHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
+    {"cusolverSpZcsrluZeroPivotHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpZcsrlucondHost", 5, 0, "not declared in the headers"},
     {"cusolverSpZcsrqrBufferInfo", 5, NVPL_ORDERED, NULL},
     {"cusolverSpZcsrqrBufferInfoBatched", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpZcsrqrBufferInfoHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpZcsrqrBufferInfoHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpZcsrqrFactor", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpZcsrqrFactorHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpZcsrqrFactorHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpZcsrqrSetup", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpZcsrqrSetupHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpZcsrqrSetupHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpZcsrqrSolve", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpZcsrqrSolveHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpZcsrqrSolveHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpZcsrqrZeroPivot", 5, NVPL_ORDERED, NULL},
-    {"cusolverSpZcsrqrZeroPivotHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpZcsrqrZeroPivotHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpZcsrqrrcond", 5, 0, "not declared in the headers"},
     {"cusolverSpZcsrqrsvBatched", 5, NVPL_ORDERED, NULL},
     {"cusolverSpZcsrsubm2denseHost", 5, 0, "not declared in the headers"},
-    {"cusolverSpZcsrzfdHost", 5, 0, "cusolverSp's host computations are not forwarded"},
+    {"cusolverSpZcsrzfdHost", 5, 0, "cusolverSp's host computations keeping host buffers between calls are not forwarded"},
     {"cusolverSpZsnluBuffersize", 5, 0, "not declared in the headers"},
     {"cusolverSpZsnluFactor", 5, 0, "not declared in the headers"},
     {"cusolverSpZsnluSolve", 5, 0, "not declared in the headers"},

@@ -23,6 +23,7 @@ struct hrec {
     int dtype; /* data or scale type */
     int lt_mode;
     uint64_t stream;
+    uint64_t size; /* the last buffer size the library answered for it (cusolverSp's host workspace) */
 };
 
 static pthread_mutex_t hlock = PTHREAD_MUTEX_INITIALIZER;
@@ -113,6 +114,20 @@ int nvpl_host_mode(uint64_t h)
 void nvpl_note_mode(uint64_t h, int mode) { WITH_REC(h, r->mode = mode); }
 void nvpl_note_stream(uint64_t h, uint64_t stream) { WITH_REC(h, r->stream = stream); }
 void nvpl_note_dtype(uint64_t h, int dtype) { WITH_REC(h, r->dtype = dtype); }
+
+void nvpl_note_size(uint64_t h, const void *size)
+{
+    uint64_t n;
+    memcpy(&n, size, sizeof n);
+    WITH_REC(h, r->size = n);
+}
+
+uint64_t nvpl_noted_size(uint64_t h)
+{
+    uint64_t n = 0;
+    WITH_REC(h, n = r->size);
+    return n;
+}
 
 int nvpl_handle_dtype(uint64_t h)
 {

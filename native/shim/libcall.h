@@ -91,6 +91,8 @@ int nvpl_dtype_size(int dtype);                     /* bytes of one value of a c
 int nvpl_compute_size(int compute, int ctype);      /* bytes of a cuBLAS scalar, by compute type and C's type */
 int nvpl_scale_size(uint64_t desc);                 /* bytes of a cuBLASLt descriptor's scale type */
 int nvpl_lt_host(uint64_t desc, int beta);          /* is alpha (beta) host memory, by its pointer mode */
+void nvpl_note_size(uint64_t h, const void *size); /* a buffer size the library answered (a size_t) */
+uint64_t nvpl_noted_size(uint64_t h);
 void nvpl_note_lt_attr(uint64_t desc, int attr, const void *buf, size_t n, int scale_attr, int mode_attr);
 
 #endif

@@ -66,6 +66,19 @@ class Executor:
             why.append(ffi.string(self.lib.nvpl_error()).decode(errors="replace"))
         return "; ".join(why) or "no place to look for it"
 
+    def allow_fast(self, fid: int) -> None:
+        """The fast path may make posted calls of fid itself from now on."""
+        self.lib.nvpl_allow_fast(fid)
+
+    def handle_slow(self, kind: int, hid: int, slow: bool) -> None:
+        self.lib.nvpl_handle_slow(kind, hid, int(slow))
+
+    def take_failure(self, chan: Any) -> tuple[int, int]:
+        """(status, function id) of a posted call the fast path made for the channel that failed; (0, 0): none."""
+        fid = ffi.new("uint32_t *")
+        status = self.lib.nvpl_take_failure(chan, fid)
+        return (status, fid[0]) if status else (0, 0)
+
     def learn(self, kind: int, hid: int, real: int) -> None:
         self.lib.nvpl_learn(kind, hid, real)
 

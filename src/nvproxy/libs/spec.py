@@ -375,6 +375,13 @@ def _set_role(spec: Spec, lib: Library, f: Func, p: Param, role: str) -> None:
         if "elem" in size and not elem:
             f.how, f.why = "fail", f.why or f"parameter {p.name} ({p.spelled}): element size unknown"
             return
+        for alias, names in getattr(lib.ann, "ALIASES", {}).items():  # (one word for what functions name apart)
+            if re.search(rf"\b{alias}\b", size):
+                name = next((n for n in names if any(q.name == n for q in f.params)), None)
+                if name is None:
+                    f.how, f.why = "fail", f.why or f"parameter {p.name}: its size ({alias}) is not described"
+                    return
+                size = re.sub(rf"\b{alias}\b", name, size)
         p.size = re.sub(r"\belem\b", str(elem), size)
         if name in MODE_ROLES:
             p.mode = mode or getattr(lib.ann, "MODE", "0")

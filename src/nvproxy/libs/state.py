@@ -70,6 +70,7 @@ class LibState:
         self.last_generation: dict[tuple[int, int], int] = {}  # a generator -> its latest generation record
         self.serial = 0
         self.told: set[str] = set()
+        self.fast: set[int] = set()  # functions the fast path may call
 
     # ---- serving ----
     def tell_once(self, name: str, text: str) -> None:
@@ -93,8 +94,10 @@ class LibState:
         return self.opened[f.lib]
 
     def run(self, ch: Any, dev: int, fid: int, hostmask: int, payload: bytes, out_cap: int,
-            stream_of: Callable[[int], int], record: bool = True) -> Outcome:
-        """Execute a request; its status (or value) and host outputs.  stream_of: a wire stream's real handle."""
+            stream_of: Callable[[int], int], record: bool = True, fast: bool = False) -> Outcome:
+        """Execute a request; its status (or value) and host outputs.  stream_of: a wire stream's real handle.
+        fast: the proxy's C fast path may make later posted calls of this function itself (they change no
+        records), once one ran here."""
         f = self.spec.func(fid)
         lib = self.spec.libs[f.lib]
         if f.how != "forward":
@@ -128,6 +131,9 @@ class LibState:
         ok = f.retkind != "status" or res.ret == 0
         if ok and record:
             self._note(f, slots, hostmask, payload, out_cap, res, ch, dev)
+        if fast and not f.state and f.posted_possible and fid not in self.fast:
+            self.exe.allow_fast(fid)
+            self.fast.add(fid)
         return Outcome(res.ret, res.out, True)
 
     def _refused(self, f: spec.Func, res: Any) -> Outcome:
@@ -188,6 +194,7 @@ class LibState:
                 h = self.handles[owner]
                 h.stream = next(slots[p.index] for p in f.params if p.role == "stream")
                 h.setter, h.bound = n, ch
+                self.exe.handle_slow(owner[0], owner[1], h.stream == PER_THREAD)
         elif f.state == "generate" and owner is not None and owner in self.handles:
             self._generated(f, slots, hostmask, payload, out_cap, dev, owner)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 import sys
 import weakref
@@ -11,6 +12,8 @@ from ... import wire
 from ...libs import state as libstate
 from . import graphs
 
+# the proxy's C fast path makes posted calls of functions that ran here once (NVPROXY_LIB_FAST=0: never)
+FAST = os.environ.get("NVPROXY_LIB_FAST", "1") != "0"
 # per channel: an earlier posted call that failed (status, function id), for the thread's next reply
 _failed: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakKeyDictionary()
 
@@ -28,7 +31,7 @@ def LIB_CALL(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple
     # (a call into a stream capture changes no library state that a restore makes again: the capture's log makes it
     # again, with the capture)
     out = ls.run(ch, ch.dev, fid, hostmask, payload, out_cap, lambda w: p.backend.handle_value(p.stream(ch, w)),
-                 record=log is None)
+                 record=log is None, fast=FAST and p.fast is not None and p.backend.name != "sim")
     if log is not None and out.ran:
         log.calls.append((wire.NVP_OP_LIB_CALL, a, payload))
     ret = out.ret & 0xFFFFFFFFFFFFFFFF
@@ -39,6 +42,10 @@ def LIB_CALL(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple
             _failed.setdefault(ch, (out.ret, fid))
         return None
     earlier, efid = _failed.pop(ch, (0, 0))
+    if ls.exe is not None and ch.fast is not None:  # (a posted call the C fast path made)
+        c_status, c_fid = ls.exe.take_failure(ch.fast)
+        if not earlier:
+            earlier, efid = c_status, c_fid
     return (ret, earlier & 0xFFFFFFFF, efid), out.out
 
 
