@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +85,30 @@ def test_what_is_not_forwarded_says_why() -> None:
     assert "cuBLAS-XT" in sp.named("cublasXtCreate").why
     assert "legacy" in sp.named("cublasSgemm").why
     assert sp.named("cufftXtSetGPUs").how == "fail"
+
+
+def _gen_records(kind: int, *calls: str) -> list[tuple]:
+    """Parsed records of a cuRAND generator (id 7) of type kind: its creation, then generation calls of 100 values."""
+    sp = spec.load()
+    create = sp.named("curandCreateGenerator")
+    recs = [(create, 0, struct.pack("<QQ", 7, kind), 0, 0, 1)]
+    for name in calls:
+        f = sp.named(name)
+        body = [7, 0, 100] + [0] * (len(f.params) - 3)
+        recs.append((f, 0, struct.pack(f"<{len(f.params)}Q", *body), 0, 0, 2))
+    return recs
+
+
+def test_generators_set_to_an_offset_only_where_that_was_measured_to_go_on_alike() -> None:
+    """A restore sets a generator to the offset of the values it made only where a fresh generator went on with the
+    same numbers (one function, measured per generator type); any other makes its numbers again."""
+    from nvproxy.libs.state import _skip_ahead
+
+    sp = spec.load()
+    kind = sp.kind_of(sp.types["curandGenerator_t"].tag)
+    philox, xorwow, mt19937 = 161, 101, 142
+    assert _skip_ahead(sp, _gen_records(philox, "curandGenerateNormal", "curandGenerateNormal")) == {(kind, 7): 400}
+    assert _skip_ahead(sp, _gen_records(xorwow, "curandGenerateUniform")) == {(kind, 7): 200}
+    assert _skip_ahead(sp, _gen_records(xorwow, "curandGenerateNormal")) == {}
+    assert _skip_ahead(sp, _gen_records(philox, "curandGenerateLogNormal", "curandGeneratePoisson")) == {}
+    assert _skip_ahead(sp, _gen_records(mt19937, "curandGenerate")) == {}

@@ -324,12 +324,14 @@ def _owner(f: spec.Func, payload: bytes) -> tuple[int, int]:
 
 def _skip_ahead(sp: spec.Spec, parsed: list[tuple[Any, ...]]) -> dict[tuple[int, int], int]:
     """The generators a restore sets to an offset instead of making their numbers again (the curand annotations'
-    SKIP_AHEAD), each with that offset: its own offset, plus every value it made."""
+    SKIP_AHEAD: device generators that made their numbers with one function only), each with that offset: its own
+    offset, plus every value it made."""
     ann = sp.libs["curand"].ann
     create, offset_setter, ordering = ann.SKIP_AHEAD_BY
     kinds: dict[tuple[int, int], int] = {}  # generator -> curandRngType_t
     base: dict[tuple[int, int], int] = {}
     made: dict[tuple[int, int], int] = {}
+    used: dict[tuple[int, int], str] = {}  # generator -> the one generation function it used
     bad: set[tuple[int, int]] = set()
     for f, _hostmask, payload, _out_cap, _dev, count in parsed:
         if f.lib != "curand" or f.owner < 0:
@@ -340,8 +342,8 @@ def _skip_ahead(sp: spec.Spec, parsed: list[tuple[Any, ...]]) -> dict[tuple[int,
             kinds[owner] = slots[1]
         elif f.state == "generate":
             allowed = ann.SKIP_AHEAD.get(kinds.get(owner, -1), ())
-            if allowed is not None and f.name not in allowed:
-                bad.add(owner)
+            if (allowed is not None and f.name not in allowed) or used.setdefault(owner, f.name) != f.name:
+                bad.add(owner)  # (a function not measured, or a second one: runs of several were not all alike)
             made[owner] = made.get(owner, 0) + _count(f, slots) * count
         elif owner in made or f.name == ordering:  # (configured once it had begun, or another ordering)
             bad.add(owner)
