@@ -324,6 +324,33 @@ struct nvp_param {
 };
 /* CDEF-END */
 
+/* NVP_OP_LIB_CALL's slot of a float or double parameter: its bits (in the low half for a float) */
+static inline uint64_t nvp_slot_of_f4(float f)
+{
+    uint32_t u;
+    __builtin_memcpy(&u, &f, 4);
+    return u;
+}
+static inline uint64_t nvp_slot_of_f8(double d)
+{
+    uint64_t u;
+    __builtin_memcpy(&u, &d, 8);
+    return u;
+}
+static inline float nvp_f4_of_slot(uint64_t v)
+{
+    uint32_t u = (uint32_t)v;
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+}
+static inline double nvp_f8_of_slot(uint64_t v)
+{
+    double d;
+    __builtin_memcpy(&d, &v, 8);
+    return d;
+}
+
 static inline void nvp_cpu_relax(void) /* (in a spin loop: lets a sibling hyperthread run) */
 {
 #if defined(__x86_64__) || defined(__i386__)

@@ -73,18 +73,4 @@ struct nvpl_fn {
 extern const struct nvpl_fn nvpl_table[];
 extern const int nvpl_table_size;
 
-static inline float nvpl_f4(uint64_t v)
-{
-    uint32_t u = (uint32_t)v;
-    float f;
-    __builtin_memcpy(&f, &u, 4);
-    return f;
-}
-static inline double nvpl_f8(uint64_t v)
-{
-    double d;
-    __builtin_memcpy(&d, &v, 8);
-    return d;
-}
-
 #endif

@@ -11486,8 +11486,8 @@ NVP_EXPORT int32_t curandGenerateLogNormal(void *generator, void *outputPtr, uin
     nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
     nvpl_buf(&nvpl_c_, 1, outputPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(generator))) ? (int64_t)(4*n) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)n;
-    nvpl_c_.slot[3] = nvpl_bits_f4(mean);
-    nvpl_c_.slot[4] = nvpl_bits_f4(stddev);
+    nvpl_c_.slot[3] = nvp_slot_of_f4(mean);
+    nvpl_c_.slot[4] = nvp_slot_of_f4(stddev);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -11498,8 +11498,8 @@ NVP_EXPORT int32_t curandGenerateLogNormalDouble(void *generator, void *outputPt
     nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
     nvpl_buf(&nvpl_c_, 1, outputPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(generator))) ? (int64_t)(8*n) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)n;
-    nvpl_c_.slot[3] = nvpl_bits_f8(mean);
-    nvpl_c_.slot[4] = nvpl_bits_f8(stddev);
+    nvpl_c_.slot[3] = nvp_slot_of_f8(mean);
+    nvpl_c_.slot[4] = nvp_slot_of_f8(stddev);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -11520,8 +11520,8 @@ NVP_EXPORT int32_t curandGenerateNormal(void *generator, void *outputPtr, uint64
     nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
     nvpl_buf(&nvpl_c_, 1, outputPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(generator))) ? (int64_t)(4*n) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)n;
-    nvpl_c_.slot[3] = nvpl_bits_f4(mean);
-    nvpl_c_.slot[4] = nvpl_bits_f4(stddev);
+    nvpl_c_.slot[3] = nvp_slot_of_f4(mean);
+    nvpl_c_.slot[4] = nvp_slot_of_f4(stddev);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -11532,8 +11532,8 @@ NVP_EXPORT int32_t curandGenerateNormalDouble(void *generator, void *outputPtr, 
     nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
     nvpl_buf(&nvpl_c_, 1, outputPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(generator))) ? (int64_t)(8*n) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)n;
-    nvpl_c_.slot[3] = nvpl_bits_f8(mean);
-    nvpl_c_.slot[4] = nvpl_bits_f8(stddev);
+    nvpl_c_.slot[3] = nvp_slot_of_f8(mean);
+    nvpl_c_.slot[4] = nvp_slot_of_f8(stddev);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -11544,7 +11544,7 @@ NVP_EXPORT int32_t curandGeneratePoisson(void *generator, void *outputPtr, uint6
     nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
     nvpl_buf(&nvpl_c_, 1, outputPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(generator))) ? (int64_t)(4*n) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)n;
-    nvpl_c_.slot[3] = nvpl_bits_f8(lambda);
+    nvpl_c_.slot[3] = nvp_slot_of_f8(lambda);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -11555,7 +11555,7 @@ NVP_EXPORT int32_t curandGeneratePoissonMethod(void *generator, void *outputPtr,
     nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
     nvpl_buf(&nvpl_c_, 1, outputPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(generator))) ? (int64_t)(4*n) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)n;
-    nvpl_c_.slot[3] = nvpl_bits_f8(lambda);
+    nvpl_c_.slot[3] = nvp_slot_of_f8(lambda);
     nvpl_c_.slot[4] = (uint64_t)(int64_t)method;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -13807,7 +13807,7 @@ NVP_EXPORT int32_t cusparseDcsr2csr_compress(void *handle, int32_t m, int32_t n,
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)csrSortedColIndC;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
-    nvpl_c_.slot[12] = nvpl_bits_f8(tol);
+    nvpl_c_.slot[12] = nvp_slot_of_f8(tol);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -14654,7 +14654,7 @@ NVP_EXPORT int32_t cusparseDnnz_compress(void *handle, int32_t m, void *descr, v
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)nnzPerRow;
     nvpl_buf(&nvpl_c_, 6, nnzC, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
-    nvpl_c_.slot[7] = nvpl_bits_f8(tol);
+    nvpl_c_.slot[7] = nvp_slot_of_f8(tol);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -14691,7 +14691,7 @@ NVP_EXPORT int32_t cusparseDpruneCsr2csrByPercentage(void *handle, int32_t m, in
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_c_.slot[8] = nvpl_bits_f4(percentage);
+    nvpl_c_.slot[8] = nvp_slot_of_f4(percentage);
     nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 33, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
@@ -14713,7 +14713,7 @@ NVP_EXPORT int32_t cusparseDpruneCsr2csrByPercentage_bufferSizeExt(void *handle,
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_c_.slot[8] = nvpl_bits_f4(percentage);
+    nvpl_c_.slot[8] = nvp_slot_of_f4(percentage);
     nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 33, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
@@ -14755,7 +14755,7 @@ NVP_EXPORT int32_t cusparseDpruneCsr2csrNnzByPercentage(void *handle, int32_t m,
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_c_.slot[8] = nvpl_bits_f4(percentage);
+    nvpl_c_.slot[8] = nvp_slot_of_f4(percentage);
     nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 33, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_buf(&nvpl_c_, 11, nnzTotalDevHostPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
@@ -14812,7 +14812,7 @@ NVP_EXPORT int32_t cusparseDpruneDense2csrByPercentage(void *handle, int32_t m, 
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)lda;
-    nvpl_c_.slot[5] = nvpl_bits_f4(percentage);
+    nvpl_c_.slot[5] = nvp_slot_of_f4(percentage);
     nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 33, 0);
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
@@ -14831,7 +14831,7 @@ NVP_EXPORT int32_t cusparseDpruneDense2csrByPercentage_bufferSizeExt(void *handl
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)lda;
-    nvpl_c_.slot[5] = nvpl_bits_f4(percentage);
+    nvpl_c_.slot[5] = nvp_slot_of_f4(percentage);
     nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 33, 0);
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
@@ -14867,7 +14867,7 @@ NVP_EXPORT int32_t cusparseDpruneDense2csrNnzByPercentage(void *handle, int32_t 
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)lda;
-    nvpl_c_.slot[5] = nvpl_bits_f4(percentage);
+    nvpl_c_.slot[5] = nvp_slot_of_f4(percentage);
     nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 33, 0);
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrRowPtrC;
     nvpl_buf(&nvpl_c_, 8, nnzTotalDevHostPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
@@ -15546,7 +15546,7 @@ NVP_EXPORT int32_t cusparseScsr2csr_compress(void *handle, int32_t m, int32_t n,
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)csrSortedColIndC;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
-    nvpl_c_.slot[12] = nvpl_bits_f4(tol);
+    nvpl_c_.slot[12] = nvp_slot_of_f4(tol);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -16216,7 +16216,7 @@ NVP_EXPORT int32_t cusparseSnnz_compress(void *handle, int32_t m, void *descr, v
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)nnzPerRow;
     nvpl_buf(&nvpl_c_, 6, nnzC, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
-    nvpl_c_.slot[7] = nvpl_bits_f4(tol);
+    nvpl_c_.slot[7] = nvp_slot_of_f4(tol);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -16289,7 +16289,7 @@ NVP_EXPORT int32_t cusparseSpGEMM_estimateMemory(void *handle, int32_t opA, int3
     nvpl_c_.slot[8] = (uint64_t)(int64_t)computeType;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)alg;
     nvpl_handle(&nvpl_c_, 10, NVPL_H(spgemmDescr), 34, 0);
-    nvpl_c_.slot[11] = nvpl_bits_f4(chunk_fraction);
+    nvpl_c_.slot[11] = nvp_slot_of_f4(chunk_fraction);
     nvpl_buf(&nvpl_c_, 12, bufferSize3, NVPL_INOUT, (int64_t)(8));
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)externalBuffer3;
     nvpl_buf(&nvpl_c_, 14, bufferSize2, NVPL_INOUT, (int64_t)(8));
@@ -16905,7 +16905,7 @@ NVP_EXPORT int32_t cusparseSpruneCsr2csrByPercentage(void *handle, int32_t m, in
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_c_.slot[8] = nvpl_bits_f4(percentage);
+    nvpl_c_.slot[8] = nvp_slot_of_f4(percentage);
     nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 33, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
@@ -16927,7 +16927,7 @@ NVP_EXPORT int32_t cusparseSpruneCsr2csrByPercentage_bufferSizeExt(void *handle,
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_c_.slot[8] = nvpl_bits_f4(percentage);
+    nvpl_c_.slot[8] = nvp_slot_of_f4(percentage);
     nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 33, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
@@ -16969,7 +16969,7 @@ NVP_EXPORT int32_t cusparseSpruneCsr2csrNnzByPercentage(void *handle, int32_t m,
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_c_.slot[8] = nvpl_bits_f4(percentage);
+    nvpl_c_.slot[8] = nvp_slot_of_f4(percentage);
     nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 33, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_buf(&nvpl_c_, 11, nnzTotalDevHostPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
@@ -17026,7 +17026,7 @@ NVP_EXPORT int32_t cusparseSpruneDense2csrByPercentage(void *handle, int32_t m, 
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)lda;
-    nvpl_c_.slot[5] = nvpl_bits_f4(percentage);
+    nvpl_c_.slot[5] = nvp_slot_of_f4(percentage);
     nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 33, 0);
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
@@ -17045,7 +17045,7 @@ NVP_EXPORT int32_t cusparseSpruneDense2csrByPercentage_bufferSizeExt(void *handl
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)lda;
-    nvpl_c_.slot[5] = nvpl_bits_f4(percentage);
+    nvpl_c_.slot[5] = nvp_slot_of_f4(percentage);
     nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 33, 0);
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
@@ -17081,7 +17081,7 @@ NVP_EXPORT int32_t cusparseSpruneDense2csrNnzByPercentage(void *handle, int32_t 
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)lda;
-    nvpl_c_.slot[5] = nvpl_bits_f4(percentage);
+    nvpl_c_.slot[5] = nvp_slot_of_f4(percentage);
     nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 33, 0);
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrRowPtrC;
     nvpl_buf(&nvpl_c_, 8, nnzTotalDevHostPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
@@ -19132,8 +19132,8 @@ NVP_EXPORT int32_t cusolverDnCheevdx(void *handle, int32_t jobz, int32_t range, 
     nvpl_c_.slot[4] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)lda;
-    nvpl_c_.slot[7] = nvpl_bits_f4(vl);
-    nvpl_c_.slot[8] = nvpl_bits_f4(vu);
+    nvpl_c_.slot[7] = nvp_slot_of_f4(vl);
+    nvpl_c_.slot[8] = nvp_slot_of_f4(vu);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)il;
     nvpl_c_.slot[10] = (uint64_t)(int64_t)iu;
     nvpl_buf(&nvpl_c_, 11, meig, NVPL_OUT, (int64_t)(4));
@@ -19155,8 +19155,8 @@ NVP_EXPORT int32_t cusolverDnCheevdx_bufferSize(void *handle, int32_t jobz, int3
     nvpl_c_.slot[4] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)lda;
-    nvpl_c_.slot[7] = nvpl_bits_f4(vl);
-    nvpl_c_.slot[8] = nvpl_bits_f4(vu);
+    nvpl_c_.slot[7] = nvp_slot_of_f4(vl);
+    nvpl_c_.slot[8] = nvp_slot_of_f4(vu);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)il;
     nvpl_c_.slot[10] = (uint64_t)(int64_t)iu;
     nvpl_buf(&nvpl_c_, 11, meig, NVPL_OUT, (int64_t)(4));
@@ -19297,8 +19297,8 @@ NVP_EXPORT int32_t cusolverDnChegvdx(void *handle, int32_t itype, int32_t jobz, 
     nvpl_c_.slot[7] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)B;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)ldb;
-    nvpl_c_.slot[10] = nvpl_bits_f4(vl);
-    nvpl_c_.slot[11] = nvpl_bits_f4(vu);
+    nvpl_c_.slot[10] = nvp_slot_of_f4(vl);
+    nvpl_c_.slot[11] = nvp_slot_of_f4(vu);
     nvpl_c_.slot[12] = (uint64_t)(int64_t)il;
     nvpl_c_.slot[13] = (uint64_t)(int64_t)iu;
     nvpl_buf(&nvpl_c_, 14, meig, NVPL_OUT, (int64_t)(4));
@@ -19323,8 +19323,8 @@ NVP_EXPORT int32_t cusolverDnChegvdx_bufferSize(void *handle, int32_t itype, int
     nvpl_c_.slot[7] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)B;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)ldb;
-    nvpl_c_.slot[10] = nvpl_bits_f4(vl);
-    nvpl_c_.slot[11] = nvpl_bits_f4(vu);
+    nvpl_c_.slot[10] = nvp_slot_of_f4(vl);
+    nvpl_c_.slot[11] = nvp_slot_of_f4(vu);
     nvpl_c_.slot[12] = (uint64_t)(int64_t)il;
     nvpl_c_.slot[13] = (uint64_t)(int64_t)iu;
     nvpl_buf(&nvpl_c_, 14, meig, NVPL_OUT, (int64_t)(4));
@@ -21165,8 +21165,8 @@ NVP_EXPORT int32_t cusolverDnDsyevdx(void *handle, int32_t jobz, int32_t range, 
     nvpl_c_.slot[4] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)lda;
-    nvpl_c_.slot[7] = nvpl_bits_f8(vl);
-    nvpl_c_.slot[8] = nvpl_bits_f8(vu);
+    nvpl_c_.slot[7] = nvp_slot_of_f8(vl);
+    nvpl_c_.slot[8] = nvp_slot_of_f8(vu);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)il;
     nvpl_c_.slot[10] = (uint64_t)(int64_t)iu;
     nvpl_buf(&nvpl_c_, 11, meig, NVPL_OUT, (int64_t)(4));
@@ -21188,8 +21188,8 @@ NVP_EXPORT int32_t cusolverDnDsyevdx_bufferSize(void *handle, int32_t jobz, int3
     nvpl_c_.slot[4] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)lda;
-    nvpl_c_.slot[7] = nvpl_bits_f8(vl);
-    nvpl_c_.slot[8] = nvpl_bits_f8(vu);
+    nvpl_c_.slot[7] = nvp_slot_of_f8(vl);
+    nvpl_c_.slot[8] = nvp_slot_of_f8(vu);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)il;
     nvpl_c_.slot[10] = (uint64_t)(int64_t)iu;
     nvpl_buf(&nvpl_c_, 11, meig, NVPL_OUT, (int64_t)(4));
@@ -21330,8 +21330,8 @@ NVP_EXPORT int32_t cusolverDnDsygvdx(void *handle, int32_t itype, int32_t jobz, 
     nvpl_c_.slot[7] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)B;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)ldb;
-    nvpl_c_.slot[10] = nvpl_bits_f8(vl);
-    nvpl_c_.slot[11] = nvpl_bits_f8(vu);
+    nvpl_c_.slot[10] = nvp_slot_of_f8(vl);
+    nvpl_c_.slot[11] = nvp_slot_of_f8(vu);
     nvpl_c_.slot[12] = (uint64_t)(int64_t)il;
     nvpl_c_.slot[13] = (uint64_t)(int64_t)iu;
     nvpl_buf(&nvpl_c_, 14, meig, NVPL_OUT, (int64_t)(4));
@@ -21356,8 +21356,8 @@ NVP_EXPORT int32_t cusolverDnDsygvdx_bufferSize(void *handle, int32_t itype, int
     nvpl_c_.slot[7] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)B;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)ldb;
-    nvpl_c_.slot[10] = nvpl_bits_f8(vl);
-    nvpl_c_.slot[11] = nvpl_bits_f8(vu);
+    nvpl_c_.slot[10] = nvp_slot_of_f8(vl);
+    nvpl_c_.slot[11] = nvp_slot_of_f8(vu);
     nvpl_c_.slot[12] = (uint64_t)(int64_t)il;
     nvpl_c_.slot[13] = (uint64_t)(int64_t)iu;
     nvpl_buf(&nvpl_c_, 14, meig, NVPL_OUT, (int64_t)(4));
@@ -21702,7 +21702,7 @@ NVP_EXPORT int32_t cusolverDnIRSParamsSetTol(void *params, double val)
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1707, 2);
     nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 25, 0);
-    nvpl_c_.slot[1] = nvpl_bits_f8(val);
+    nvpl_c_.slot[1] = nvp_slot_of_f8(val);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -21711,7 +21711,7 @@ NVP_EXPORT int32_t cusolverDnIRSParamsSetTolInner(void *params, double val)
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1708, 2);
     nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 25, 0);
-    nvpl_c_.slot[1] = nvpl_bits_f8(val);
+    nvpl_c_.slot[1] = nvp_slot_of_f8(val);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -22948,8 +22948,8 @@ NVP_EXPORT int32_t cusolverDnSsyevdx(void *handle, int32_t jobz, int32_t range, 
     nvpl_c_.slot[4] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)lda;
-    nvpl_c_.slot[7] = nvpl_bits_f4(vl);
-    nvpl_c_.slot[8] = nvpl_bits_f4(vu);
+    nvpl_c_.slot[7] = nvp_slot_of_f4(vl);
+    nvpl_c_.slot[8] = nvp_slot_of_f4(vu);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)il;
     nvpl_c_.slot[10] = (uint64_t)(int64_t)iu;
     nvpl_buf(&nvpl_c_, 11, meig, NVPL_OUT, (int64_t)(4));
@@ -22971,8 +22971,8 @@ NVP_EXPORT int32_t cusolverDnSsyevdx_bufferSize(void *handle, int32_t jobz, int3
     nvpl_c_.slot[4] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)lda;
-    nvpl_c_.slot[7] = nvpl_bits_f4(vl);
-    nvpl_c_.slot[8] = nvpl_bits_f4(vu);
+    nvpl_c_.slot[7] = nvp_slot_of_f4(vl);
+    nvpl_c_.slot[8] = nvp_slot_of_f4(vu);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)il;
     nvpl_c_.slot[10] = (uint64_t)(int64_t)iu;
     nvpl_buf(&nvpl_c_, 11, meig, NVPL_OUT, (int64_t)(4));
@@ -23113,8 +23113,8 @@ NVP_EXPORT int32_t cusolverDnSsygvdx(void *handle, int32_t itype, int32_t jobz, 
     nvpl_c_.slot[7] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)B;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)ldb;
-    nvpl_c_.slot[10] = nvpl_bits_f4(vl);
-    nvpl_c_.slot[11] = nvpl_bits_f4(vu);
+    nvpl_c_.slot[10] = nvp_slot_of_f4(vl);
+    nvpl_c_.slot[11] = nvp_slot_of_f4(vu);
     nvpl_c_.slot[12] = (uint64_t)(int64_t)il;
     nvpl_c_.slot[13] = (uint64_t)(int64_t)iu;
     nvpl_buf(&nvpl_c_, 14, meig, NVPL_OUT, (int64_t)(4));
@@ -23139,8 +23139,8 @@ NVP_EXPORT int32_t cusolverDnSsygvdx_bufferSize(void *handle, int32_t itype, int
     nvpl_c_.slot[7] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)B;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)ldb;
-    nvpl_c_.slot[10] = nvpl_bits_f4(vl);
-    nvpl_c_.slot[11] = nvpl_bits_f4(vu);
+    nvpl_c_.slot[10] = nvp_slot_of_f4(vl);
+    nvpl_c_.slot[11] = nvp_slot_of_f4(vu);
     nvpl_c_.slot[12] = (uint64_t)(int64_t)il;
     nvpl_c_.slot[13] = (uint64_t)(int64_t)iu;
     nvpl_buf(&nvpl_c_, 14, meig, NVPL_OUT, (int64_t)(4));
@@ -23502,7 +23502,7 @@ NVP_EXPORT int32_t cusolverDnXgesvdjSetTolerance(void *info, double tolerance)
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1836, 2);
     nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 40, 0);
-    nvpl_c_.slot[1] = nvpl_bits_f8(tolerance);
+    nvpl_c_.slot[1] = nvp_slot_of_f8(tolerance);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -23987,7 +23987,7 @@ NVP_EXPORT int32_t cusolverDnXsyevjSetTolerance(void *info, double tolerance)
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1861, 2);
     nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 42, 0);
-    nvpl_c_.slot[1] = nvpl_bits_f8(tolerance);
+    nvpl_c_.slot[1] = nvp_slot_of_f8(tolerance);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -24826,8 +24826,8 @@ NVP_EXPORT int32_t cusolverDnZheevdx(void *handle, int32_t jobz, int32_t range, 
     nvpl_c_.slot[4] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)lda;
-    nvpl_c_.slot[7] = nvpl_bits_f8(vl);
-    nvpl_c_.slot[8] = nvpl_bits_f8(vu);
+    nvpl_c_.slot[7] = nvp_slot_of_f8(vl);
+    nvpl_c_.slot[8] = nvp_slot_of_f8(vu);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)il;
     nvpl_c_.slot[10] = (uint64_t)(int64_t)iu;
     nvpl_buf(&nvpl_c_, 11, meig, NVPL_OUT, (int64_t)(4));
@@ -24849,8 +24849,8 @@ NVP_EXPORT int32_t cusolverDnZheevdx_bufferSize(void *handle, int32_t jobz, int3
     nvpl_c_.slot[4] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)lda;
-    nvpl_c_.slot[7] = nvpl_bits_f8(vl);
-    nvpl_c_.slot[8] = nvpl_bits_f8(vu);
+    nvpl_c_.slot[7] = nvp_slot_of_f8(vl);
+    nvpl_c_.slot[8] = nvp_slot_of_f8(vu);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)il;
     nvpl_c_.slot[10] = (uint64_t)(int64_t)iu;
     nvpl_buf(&nvpl_c_, 11, meig, NVPL_OUT, (int64_t)(4));
@@ -24991,8 +24991,8 @@ NVP_EXPORT int32_t cusolverDnZhegvdx(void *handle, int32_t itype, int32_t jobz, 
     nvpl_c_.slot[7] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)B;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)ldb;
-    nvpl_c_.slot[10] = nvpl_bits_f8(vl);
-    nvpl_c_.slot[11] = nvpl_bits_f8(vu);
+    nvpl_c_.slot[10] = nvp_slot_of_f8(vl);
+    nvpl_c_.slot[11] = nvp_slot_of_f8(vu);
     nvpl_c_.slot[12] = (uint64_t)(int64_t)il;
     nvpl_c_.slot[13] = (uint64_t)(int64_t)iu;
     nvpl_buf(&nvpl_c_, 14, meig, NVPL_OUT, (int64_t)(4));
@@ -25017,8 +25017,8 @@ NVP_EXPORT int32_t cusolverDnZhegvdx_bufferSize(void *handle, int32_t itype, int
     nvpl_c_.slot[7] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)B;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)ldb;
-    nvpl_c_.slot[10] = nvpl_bits_f8(vl);
-    nvpl_c_.slot[11] = nvpl_bits_f8(vu);
+    nvpl_c_.slot[10] = nvp_slot_of_f8(vl);
+    nvpl_c_.slot[11] = nvp_slot_of_f8(vu);
     nvpl_c_.slot[12] = (uint64_t)(int64_t)il;
     nvpl_c_.slot[13] = (uint64_t)(int64_t)iu;
     nvpl_buf(&nvpl_c_, 14, meig, NVPL_OUT, (int64_t)(4));
@@ -25793,8 +25793,8 @@ NVP_EXPORT int32_t cusolverRfSetNumericProperties(void *handle, double zero, dou
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1997, 3);
     nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 27, 0);
-    nvpl_c_.slot[1] = nvpl_bits_f8(zero);
-    nvpl_c_.slot[2] = nvpl_bits_f8(boost);
+    nvpl_c_.slot[1] = nvp_slot_of_f8(zero);
+    nvpl_c_.slot[2] = nvp_slot_of_f8(boost);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -25937,7 +25937,7 @@ NVP_EXPORT int32_t cusolverSpCcsrcholZeroPivot(void *handle, void *info, float t
     nvpl_begin(&nvpl_c_, 2011, 4);
     nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
     nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 4, 0);
-    nvpl_c_.slot[2] = nvpl_bits_f4(tol);
+    nvpl_c_.slot[2] = nvp_slot_of_f4(tol);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)position;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -25966,7 +25966,7 @@ NVP_EXPORT int32_t cusolverSpCcsreigvsi(void *handle, int32_t m, int32_t nnz, vo
     nvpl_sval(&nvpl_c_, 7, &mu0, sizeof mu0);
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)x0;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)maxite;
-    nvpl_c_.slot[10] = nvpl_bits_f4(eps);
+    nvpl_c_.slot[10] = nvp_slot_of_f4(eps);
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)mu;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)x;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -25994,7 +25994,7 @@ NVP_EXPORT int32_t cusolverSpCcsrlsvchol(void *handle, int32_t m, int32_t nnz, v
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColInd;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)b;
-    nvpl_c_.slot[8] = nvpl_bits_f4(tol);
+    nvpl_c_.slot[8] = nvp_slot_of_f4(tol);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)x;
     nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
@@ -26013,7 +26013,7 @@ NVP_EXPORT int32_t cusolverSpCcsrlsvcholHost(void *handle, int32_t m, int32_t nn
     nvpl_buf(&nvpl_c_, 5, csrRowPtr, NVPL_IN, (int64_t)(4*(m+1)));
     nvpl_buf(&nvpl_c_, 6, csrColInd, NVPL_IN, (int64_t)(4*nnz));
     nvpl_buf(&nvpl_c_, 7, b, NVPL_IN, (int64_t)(8*m));
-    nvpl_c_.slot[8] = nvpl_bits_f4(tol);
+    nvpl_c_.slot[8] = nvp_slot_of_f4(tol);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
     nvpl_buf(&nvpl_c_, 10, x, NVPL_OUT, (int64_t)(8*m));
     nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
@@ -26032,7 +26032,7 @@ NVP_EXPORT int32_t cusolverSpCcsrlsvluHost(void *handle, int32_t n, int32_t nnzA
     nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_IN, (int64_t)(4*(n+1)));
     nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnzA));
     nvpl_buf(&nvpl_c_, 7, b, NVPL_IN, (int64_t)(8*n));
-    nvpl_c_.slot[8] = nvpl_bits_f4(tol);
+    nvpl_c_.slot[8] = nvp_slot_of_f4(tol);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
     nvpl_buf(&nvpl_c_, 10, x, NVPL_OUT, (int64_t)(8*n));
     nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
@@ -26051,7 +26051,7 @@ NVP_EXPORT int32_t cusolverSpCcsrlsvqr(void *handle, int32_t m, int32_t nnz, voi
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColInd;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)b;
-    nvpl_c_.slot[8] = nvpl_bits_f4(tol);
+    nvpl_c_.slot[8] = nvp_slot_of_f4(tol);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)x;
     nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
@@ -26070,7 +26070,7 @@ NVP_EXPORT int32_t cusolverSpCcsrlsvqrHost(void *handle, int32_t m, int32_t nnz,
     nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_IN, (int64_t)(4*(m+1)));
     nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnz));
     nvpl_buf(&nvpl_c_, 7, b, NVPL_IN, (int64_t)(8*m));
-    nvpl_c_.slot[8] = nvpl_bits_f4(tol);
+    nvpl_c_.slot[8] = nvp_slot_of_f4(tol);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
     nvpl_buf(&nvpl_c_, 10, x, NVPL_OUT, (int64_t)(8*m));
     nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
@@ -26231,7 +26231,7 @@ NVP_EXPORT int32_t cusolverSpCcsrqrZeroPivot(void *handle, void *info, float tol
     nvpl_begin(&nvpl_c_, 2040, 4);
     nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
     nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 9, 0);
-    nvpl_c_.slot[2] = nvpl_bits_f4(tol);
+    nvpl_c_.slot[2] = nvp_slot_of_f4(tol);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)position;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -26432,7 +26432,7 @@ NVP_EXPORT int32_t cusolverSpDcsrcholZeroPivot(void *handle, void *info, double 
     nvpl_begin(&nvpl_c_, 2067, 4);
     nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
     nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 4, 0);
-    nvpl_c_.slot[2] = nvpl_bits_f8(tol);
+    nvpl_c_.slot[2] = nvp_slot_of_f8(tol);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)position;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -26458,10 +26458,10 @@ NVP_EXPORT int32_t cusolverSpDcsreigvsi(void *handle, int32_t m, int32_t nnz, vo
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColIndA;
-    nvpl_c_.slot[7] = nvpl_bits_f8(mu0);
+    nvpl_c_.slot[7] = nvp_slot_of_f8(mu0);
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)x0;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)maxite;
-    nvpl_c_.slot[10] = nvpl_bits_f8(eps);
+    nvpl_c_.slot[10] = nvp_slot_of_f8(eps);
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)mu;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)x;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -26489,7 +26489,7 @@ NVP_EXPORT int32_t cusolverSpDcsrlsvchol(void *handle, int32_t m, int32_t nnz, v
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColInd;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)b;
-    nvpl_c_.slot[8] = nvpl_bits_f8(tol);
+    nvpl_c_.slot[8] = nvp_slot_of_f8(tol);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)x;
     nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
@@ -26508,7 +26508,7 @@ NVP_EXPORT int32_t cusolverSpDcsrlsvcholHost(void *handle, int32_t m, int32_t nn
     nvpl_buf(&nvpl_c_, 5, csrRowPtr, NVPL_IN, (int64_t)(4*(m+1)));
     nvpl_buf(&nvpl_c_, 6, csrColInd, NVPL_IN, (int64_t)(4*nnz));
     nvpl_buf(&nvpl_c_, 7, b, NVPL_IN, (int64_t)(8*m));
-    nvpl_c_.slot[8] = nvpl_bits_f8(tol);
+    nvpl_c_.slot[8] = nvp_slot_of_f8(tol);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
     nvpl_buf(&nvpl_c_, 10, x, NVPL_OUT, (int64_t)(8*m));
     nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
@@ -26527,7 +26527,7 @@ NVP_EXPORT int32_t cusolverSpDcsrlsvluHost(void *handle, int32_t n, int32_t nnzA
     nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_IN, (int64_t)(4*(n+1)));
     nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnzA));
     nvpl_buf(&nvpl_c_, 7, b, NVPL_IN, (int64_t)(8*n));
-    nvpl_c_.slot[8] = nvpl_bits_f8(tol);
+    nvpl_c_.slot[8] = nvp_slot_of_f8(tol);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
     nvpl_buf(&nvpl_c_, 10, x, NVPL_OUT, (int64_t)(8*n));
     nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
@@ -26546,7 +26546,7 @@ NVP_EXPORT int32_t cusolverSpDcsrlsvqr(void *handle, int32_t m, int32_t nnz, voi
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColInd;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)b;
-    nvpl_c_.slot[8] = nvpl_bits_f8(tol);
+    nvpl_c_.slot[8] = nvp_slot_of_f8(tol);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)x;
     nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
@@ -26565,7 +26565,7 @@ NVP_EXPORT int32_t cusolverSpDcsrlsvqrHost(void *handle, int32_t m, int32_t nnz,
     nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_IN, (int64_t)(4*(m+1)));
     nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnz));
     nvpl_buf(&nvpl_c_, 7, b, NVPL_IN, (int64_t)(8*m));
-    nvpl_c_.slot[8] = nvpl_bits_f8(tol);
+    nvpl_c_.slot[8] = nvp_slot_of_f8(tol);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
     nvpl_buf(&nvpl_c_, 10, x, NVPL_OUT, (int64_t)(8*m));
     nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
@@ -26691,7 +26691,7 @@ NVP_EXPORT int32_t cusolverSpDcsrqrSetup(void *handle, int32_t m, int32_t n, int
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrColIndA;
-    nvpl_c_.slot[8] = nvpl_bits_f8(mu);
+    nvpl_c_.slot[8] = nvp_slot_of_f8(mu);
     nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 9, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -26726,7 +26726,7 @@ NVP_EXPORT int32_t cusolverSpDcsrqrZeroPivot(void *handle, void *info, double to
     nvpl_begin(&nvpl_c_, 2096, 4);
     nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
     nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 9, 0);
-    nvpl_c_.slot[2] = nvpl_bits_f8(tol);
+    nvpl_c_.slot[2] = nvp_slot_of_f8(tol);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)position;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -27052,7 +27052,7 @@ NVP_EXPORT int32_t cusolverSpScsrcholZeroPivot(void *handle, void *info, float t
     nvpl_begin(&nvpl_c_, 2148, 4);
     nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
     nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 4, 0);
-    nvpl_c_.slot[2] = nvpl_bits_f4(tol);
+    nvpl_c_.slot[2] = nvp_slot_of_f4(tol);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)position;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -27078,10 +27078,10 @@ NVP_EXPORT int32_t cusolverSpScsreigvsi(void *handle, int32_t m, int32_t nnz, vo
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColIndA;
-    nvpl_c_.slot[7] = nvpl_bits_f4(mu0);
+    nvpl_c_.slot[7] = nvp_slot_of_f4(mu0);
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)x0;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)maxite;
-    nvpl_c_.slot[10] = nvpl_bits_f4(eps);
+    nvpl_c_.slot[10] = nvp_slot_of_f4(eps);
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)mu;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)x;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -27109,7 +27109,7 @@ NVP_EXPORT int32_t cusolverSpScsrlsvchol(void *handle, int32_t m, int32_t nnz, v
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColInd;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)b;
-    nvpl_c_.slot[8] = nvpl_bits_f4(tol);
+    nvpl_c_.slot[8] = nvp_slot_of_f4(tol);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)x;
     nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
@@ -27128,7 +27128,7 @@ NVP_EXPORT int32_t cusolverSpScsrlsvcholHost(void *handle, int32_t m, int32_t nn
     nvpl_buf(&nvpl_c_, 5, csrRowPtr, NVPL_IN, (int64_t)(4*(m+1)));
     nvpl_buf(&nvpl_c_, 6, csrColInd, NVPL_IN, (int64_t)(4*nnz));
     nvpl_buf(&nvpl_c_, 7, b, NVPL_IN, (int64_t)(4*m));
-    nvpl_c_.slot[8] = nvpl_bits_f4(tol);
+    nvpl_c_.slot[8] = nvp_slot_of_f4(tol);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
     nvpl_buf(&nvpl_c_, 10, x, NVPL_OUT, (int64_t)(4*m));
     nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
@@ -27147,7 +27147,7 @@ NVP_EXPORT int32_t cusolverSpScsrlsvluHost(void *handle, int32_t n, int32_t nnzA
     nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_IN, (int64_t)(4*(n+1)));
     nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnzA));
     nvpl_buf(&nvpl_c_, 7, b, NVPL_IN, (int64_t)(4*n));
-    nvpl_c_.slot[8] = nvpl_bits_f4(tol);
+    nvpl_c_.slot[8] = nvp_slot_of_f4(tol);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
     nvpl_buf(&nvpl_c_, 10, x, NVPL_OUT, (int64_t)(4*n));
     nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
@@ -27166,7 +27166,7 @@ NVP_EXPORT int32_t cusolverSpScsrlsvqr(void *handle, int32_t m, int32_t nnz, voi
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColInd;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)b;
-    nvpl_c_.slot[8] = nvpl_bits_f4(tol);
+    nvpl_c_.slot[8] = nvp_slot_of_f4(tol);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)x;
     nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
@@ -27185,7 +27185,7 @@ NVP_EXPORT int32_t cusolverSpScsrlsvqrHost(void *handle, int32_t m, int32_t nnz,
     nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_IN, (int64_t)(4*(m+1)));
     nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnz));
     nvpl_buf(&nvpl_c_, 7, b, NVPL_IN, (int64_t)(4*m));
-    nvpl_c_.slot[8] = nvpl_bits_f4(tol);
+    nvpl_c_.slot[8] = nvp_slot_of_f4(tol);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
     nvpl_buf(&nvpl_c_, 10, x, NVPL_OUT, (int64_t)(4*m));
     nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
@@ -27311,7 +27311,7 @@ NVP_EXPORT int32_t cusolverSpScsrqrSetup(void *handle, int32_t m, int32_t n, int
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrColIndA;
-    nvpl_c_.slot[8] = nvpl_bits_f4(mu);
+    nvpl_c_.slot[8] = nvp_slot_of_f4(mu);
     nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 9, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -27346,7 +27346,7 @@ NVP_EXPORT int32_t cusolverSpScsrqrZeroPivot(void *handle, void *info, float tol
     nvpl_begin(&nvpl_c_, 2177, 4);
     nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
     nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 9, 0);
-    nvpl_c_.slot[2] = nvpl_bits_f4(tol);
+    nvpl_c_.slot[2] = nvp_slot_of_f4(tol);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)position;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -27754,7 +27754,7 @@ NVP_EXPORT int32_t cusolverSpZcsrcholZeroPivot(void *handle, void *info, double 
     nvpl_begin(&nvpl_c_, 2227, 4);
     nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
     nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 4, 0);
-    nvpl_c_.slot[2] = nvpl_bits_f8(tol);
+    nvpl_c_.slot[2] = nvp_slot_of_f8(tol);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)position;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -27783,7 +27783,7 @@ NVP_EXPORT int32_t cusolverSpZcsreigvsi(void *handle, int32_t m, int32_t nnz, vo
     nvpl_sval(&nvpl_c_, 7, &mu0, sizeof mu0);
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)x0;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)maxite;
-    nvpl_c_.slot[10] = nvpl_bits_f8(eps);
+    nvpl_c_.slot[10] = nvp_slot_of_f8(eps);
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)mu;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)x;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -27811,7 +27811,7 @@ NVP_EXPORT int32_t cusolverSpZcsrlsvchol(void *handle, int32_t m, int32_t nnz, v
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColInd;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)b;
-    nvpl_c_.slot[8] = nvpl_bits_f8(tol);
+    nvpl_c_.slot[8] = nvp_slot_of_f8(tol);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)x;
     nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
@@ -27830,7 +27830,7 @@ NVP_EXPORT int32_t cusolverSpZcsrlsvcholHost(void *handle, int32_t m, int32_t nn
     nvpl_buf(&nvpl_c_, 5, csrRowPtr, NVPL_IN, (int64_t)(4*(m+1)));
     nvpl_buf(&nvpl_c_, 6, csrColInd, NVPL_IN, (int64_t)(4*nnz));
     nvpl_buf(&nvpl_c_, 7, b, NVPL_IN, (int64_t)(16*m));
-    nvpl_c_.slot[8] = nvpl_bits_f8(tol);
+    nvpl_c_.slot[8] = nvp_slot_of_f8(tol);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
     nvpl_buf(&nvpl_c_, 10, x, NVPL_OUT, (int64_t)(16*m));
     nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
@@ -27849,7 +27849,7 @@ NVP_EXPORT int32_t cusolverSpZcsrlsvluHost(void *handle, int32_t n, int32_t nnzA
     nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_IN, (int64_t)(4*(n+1)));
     nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnzA));
     nvpl_buf(&nvpl_c_, 7, b, NVPL_IN, (int64_t)(16*n));
-    nvpl_c_.slot[8] = nvpl_bits_f8(tol);
+    nvpl_c_.slot[8] = nvp_slot_of_f8(tol);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
     nvpl_buf(&nvpl_c_, 10, x, NVPL_OUT, (int64_t)(16*n));
     nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
@@ -27868,7 +27868,7 @@ NVP_EXPORT int32_t cusolverSpZcsrlsvqr(void *handle, int32_t m, int32_t nnz, voi
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColInd;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)b;
-    nvpl_c_.slot[8] = nvpl_bits_f8(tol);
+    nvpl_c_.slot[8] = nvp_slot_of_f8(tol);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)x;
     nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
@@ -27887,7 +27887,7 @@ NVP_EXPORT int32_t cusolverSpZcsrlsvqrHost(void *handle, int32_t m, int32_t nnz,
     nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_IN, (int64_t)(4*(m+1)));
     nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnz));
     nvpl_buf(&nvpl_c_, 7, b, NVPL_IN, (int64_t)(16*m));
-    nvpl_c_.slot[8] = nvpl_bits_f8(tol);
+    nvpl_c_.slot[8] = nvp_slot_of_f8(tol);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)reorder;
     nvpl_buf(&nvpl_c_, 10, x, NVPL_OUT, (int64_t)(16*m));
     nvpl_buf(&nvpl_c_, 11, singularity, NVPL_OUT, (int64_t)(4));
@@ -28048,7 +28048,7 @@ NVP_EXPORT int32_t cusolverSpZcsrqrZeroPivot(void *handle, void *info, double to
     nvpl_begin(&nvpl_c_, 2256, 4);
     nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
     nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 9, 0);
-    nvpl_c_.slot[2] = nvpl_bits_f8(tol);
+    nvpl_c_.slot[2] = nvp_slot_of_f8(tol);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)position;
     return (int32_t)nvpl_end(&nvpl_c_);
 }

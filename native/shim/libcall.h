@@ -67,19 +67,6 @@ int64_t nvpl_end(struct nvpl_call *c);               /* the status (or value) */
 const char *nvpl_end_string(struct nvpl_call *c);   /* a returned string, kept for the process's life */
 int nvpl_fail(uint32_t fid);                         /* one line; the library's "not supported" status */
 
-static inline uint64_t nvpl_bits_f4(float f)
-{
-    uint32_t u;
-    __builtin_memcpy(&u, &f, 4);
-    return u;
-}
-static inline uint64_t nvpl_bits_f8(double d)
-{
-    uint64_t u;
-    __builtin_memcpy(&u, &d, 8);
-    return u;
-}
-
 /* What the shim keeps per handle, for the annotations' expressions and statements */
 int nvpl_host_mode(uint64_t h);        /* its pointer mode is the host's (cublas/cusparse SetPointerMode) */
 void nvpl_note_mode(uint64_t h, int mode);

@@ -20,6 +20,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(HERE))
+
+from generated import write_or_check  # noqa: E402
 
 from nvproxy.libs import spec as S  # noqa: E402
 
@@ -128,9 +131,9 @@ def forward_body(sp: S.Spec, f: S.Func, ret: str) -> str:
         n, i = cname(p), p.index
         if p.role == "val":
             if p.type.kind == "f4":
-                v = f"nvpl_bits_f4({n})"
+                v = f"nvp_slot_of_f4({n})"
             elif p.type.kind == "f8":
-                v = f"nvpl_bits_f8({n})"
+                v = f"nvp_slot_of_f8({n})"
             elif p.type.kind.startswith("u"):
                 v = f"(uint64_t){n}"
             else:
@@ -226,14 +229,14 @@ def thunk_arg(sp: S.Spec, p: S.Param) -> str:
     if t.kind == "struct":
         return f"*(const {sval_type(t)} *)(uintptr_t){v}"
     if t.kind == "f4":
-        return f"nvpl_f4({v})"
+        return f"nvp_f4_of_slot({v})"
     if t.kind == "f8":
-        return f"nvpl_f8({v})"
+        return f"nvp_f8_of_slot({v})"
     return f"({C_SCALAR.get(t.kind, 'uint64_t')}){v}"
 
 
 def gen_exec(sp: S.Spec) -> str:
-    out = [HEADER, '#include "libexec.h"\n\n', struct_defs(sp), "\n"]
+    out = [HEADER, '#include "libexec.h"\n#include "nvproxy_wire.h"\n\n', struct_defs(sp), "\n"]
     fwd = [f for f in sp.funcs if f.how == "forward"]
     for f in fwd:
         ret, _params = signature(sp, f)
@@ -273,17 +276,7 @@ def main() -> int:
     if args.report:
         print(S.report())
         return 0
-    files = {SHIM_OUT: gen_shim(sp), EXEC_OUT: gen_exec(sp)}
-    stale = [p.name for p, text in files.items() if not p.exists() or p.read_text() != text]
-    if args.check:
-        if stale:
-            print("out of date:", ", ".join(stale))
-            return 1
-        return 0
-    for p, text in files.items():
-        p.write_text(text)
-    print("wrote", ", ".join(p.name for p in files))
-    return 0
+    return write_or_check({SHIM_OUT: gen_shim(sp), EXEC_OUT: gen_exec(sp)}, args.check, "the description's")
 
 
 if __name__ == "__main__":

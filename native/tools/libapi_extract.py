@@ -24,7 +24,6 @@ The description's format, one record a line:
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import re
 import shutil
@@ -34,6 +33,9 @@ import tempfile
 from pathlib import Path
 
 from pycparser import c_ast, c_parser
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from generated import write_or_check  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -355,22 +357,7 @@ def main() -> int:
     includes = args.include or default_includes()
     syms = args.syms or (None if args.libdir else default_syms())
     files = generate(includes, syms, args.libdir or (None if syms else default_libdir()))
-    stale = [p for p, text in files.items() if not p.exists() or p.read_text() != text]
-    if args.check:
-        if stale:
-            print("out of date:", ", ".join(p.name for p in stale))
-            for p in stale:
-                old = p.read_text().splitlines() if p.exists() else []
-                sys.stdout.writelines(difflib.unified_diff(old, files[p].splitlines(), str(p), "the headers'",
-                                                           lineterm="\n", n=0))
-            return 1
-        return 0
-    OUT.mkdir(parents=True, exist_ok=True)
-    for p, text in files.items():
-        p.write_text(text)
-    print("wrote", ", ".join(p.name for p in files))
-    return 0
-
+    return write_or_check(files, args.check, "the headers'")
 
 if __name__ == "__main__":
     sys.exit(main())
