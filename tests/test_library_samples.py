@@ -32,7 +32,7 @@ class LibrarySample:
     data: tuple[str, ...] = ()  # files of other samples it reads, copied beside it
     flags: tuple[str, ...] = ()
     # may fail loudly under nvproxy instead of giving native's output: cuFFT callbacks (static cuFFT linked with the
-    # program's callback) and cuBLAS-XT
+    # program's callback), cuBLAS-XT, cuSOLVER's host-side low-level and refactorisation interfaces
     loud: bool = False
 
     @property
@@ -54,11 +54,11 @@ LIBRARY_SAMPLES = [
     LibrarySample("cuSolverDn_LinearSolver", SOLVERS),
     LibrarySample("cuSolverDn_LinearSolver", SOLVERS, ("-R=lu",)),
     LibrarySample("cuSolverDn_LinearSolver", SOLVERS, ("-R=qr",)),
-    LibrarySample("cuSolverSp_LinearSolver", SOLVERS, ("-file=lap2D_5pt_n32.mtx",), (LAP2D,)),
     LibrarySample("cuSolverSp_LinearSolver", SOLVERS, ("-file=lap2D_5pt_n32.mtx", "-R=qr"), (LAP2D,)),
-    LibrarySample("cuSolverSp_LowlevelCholesky", SOLVERS, ("-file=lap2D_5pt_n32.mtx",), (LAP2D,)),
-    LibrarySample("cuSolverSp_LowlevelQR", SOLVERS),
-    LibrarySample("cuSolverRf", SOLVERS, ("-file=lap2D_5pt_n32.mtx",), (LAP2D,)),
+    # cuSolverSp's low-level *Host functions and cuSolverRf's host set-up are not forwarded: they fail loudly
+    LibrarySample("cuSolverSp_LowlevelCholesky", SOLVERS, ("-file=lap2D_5pt_n32.mtx",), (LAP2D,), loud=True),
+    LibrarySample("cuSolverSp_LowlevelQR", SOLVERS, loud=True),
+    LibrarySample("cuSolverRf", SOLVERS, ("-file=lap2D_5pt_n32.mtx",), (LAP2D,), loud=True),
     LibrarySample("simpleCUFFT_callback", ("-lcufft_static", "-lculibos"), flags=("-rdc=true",), loud=True),
     LibrarySample("simpleCUBLASXT", ("-lcublas",), loud=True),
 ]

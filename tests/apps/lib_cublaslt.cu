@@ -110,6 +110,23 @@ static unsigned long long run(cublasLtHandle_t lt, cudaStream_t st, void *ws, Pr
     return sum;
 }
 
+// Two algorithms are the same when their configuration is: the struct also holds bytes the library leaves
+// undefined, which differ between heuristic queries natively too.
+static bool same_config(const cublasLtMatmulAlgo_t &x, const cublasLtMatmulAlgo_t &y) {
+    const cublasLtMatmulAlgoConfigAttributes_t attrs[] = {
+        CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID, CUBLASLT_ALGO_CONFIG_STAGES_ID,
+        CUBLASLT_ALGO_CONFIG_SPLITK_NUM, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING,
+        CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION};
+    for (auto a : attrs) {
+        uint64_t vx = 0, vy = 0;
+        size_t got = 0;
+        LCHECK(cublasLtMatmulAlgoConfigGetAttribute(&x, a, &vx, sizeof vx, &got));
+        LCHECK(cublasLtMatmulAlgoConfigGetAttribute(&y, a, &vy, sizeof vy, &got));
+        if (vx != vy) return false;
+    }
+    return true;
+}
+
 int main(int argc, char **argv) {
     Steps steps = parse_steps(argc, argv, OPS);
     cublasLtHandle_t lt;
@@ -150,7 +167,7 @@ int main(int argc, char **argv) {
         LCHECK(cublasLtMatmulDescGetAttribute(probs[1].desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi, &got));
         LCHECK(cublasLtMatmulDescGetAttribute(probs[1].desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias,
                                               &got));
-        bool same = !memcmp(&r[0].algo, &probs[1].algo, sizeof r[0].algo);
+        bool same = same_config(r[0].algo, probs[1].algo);
         step_done(steps, k, "heuristic: %d found, first %s, workspace %zu; transa %d epilogue %u bias %s; "
                   "version %zu (%s) cudart %zu", found, same ? "as before" : "NOT as before", r[0].workspaceSize, ta,
                   epi, bias == probs[1].bias ? "ours" : "NOT ours", cublasLtGetVersion(),
