@@ -1,4 +1,4 @@
-"""The nvproxy command: run | proxy | demo | info."""
+"""The nvproxy command line: each command (COMMANDS) and its options."""
 
 from __future__ import annotations
 
@@ -17,15 +17,24 @@ from . import shim_path
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from . import settings
     from .launcher import exec_app, proxy_env, spawn_proxy
 
     argv = [a for a in args.command if a != "--"] if args.command[:1] == ["--"] else args.command
     if not argv:
         print("nvproxy run: no command given", file=sys.stderr)
         return 2
+    dmtcp = args.dmtcp or bool(args.dmtcp_args)
+    readers = (settings.SHIM, settings.PROXY, settings.RUN) + ((settings.DMTCP,) if dmtcp else ())
+    settings.check_or_exit(os.environ, readers, "nvproxy run")
+    for path in args.sim_kernels:
+        why = settings.python_files(path)
+        if why:
+            print(f"nvproxy run: --sim-kernels {why}", file=sys.stderr)
+            return 2
     env = proxy_env(args.backend, args.sim_kernels)
     sock, pid = spawn_proxy(os.getpid(), env)
-    exec_app(argv, sock, pid, env, args.dmtcp_args.split() if args.dmtcp or args.dmtcp_args else None)
+    exec_app(argv, sock, pid, env, args.dmtcp_args.split() if dmtcp else None)
     return 127
 
 
@@ -69,9 +78,16 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     # started from a checkpointer's hook, the signal mask may block nearly everything
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     _more_descriptors()
+    from . import settings
+
+    settings.check_or_exit(os.environ, (settings.PROXY,), "nvproxy proxy")
     log = os.environ.get("NVPROXY_PROXY_LOG")
     if log:  # the proxy's own messages to a file rather than the application's stderr
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError as e:
+            print(f"nvproxy proxy: NVPROXY_PROXY_LOG={log}: {e.strerror}", file=sys.stderr)
+            return 2
         os.dup2(fd, 2)
         os.close(fd)
     sys.stdout = sys.stderr  # fd 1 belongs to kernel printf output
@@ -284,8 +300,16 @@ def _dmtcp_checkpoint(args: argparse.Namespace) -> int:
 
 def cmd_restart(args: argparse.Namespace) -> int:
     """dmtcp_restart of the images in a checkpoint directory (nvproxy's GPU image is found by the plugin)."""
+    from . import settings
     from .launcher import dmtcp_tool
 
+    if args.device is not None and (why := settings.problem_of("NVPROXY_DEVICES", args.device)):
+        print(f"nvproxy restart: --device {args.device}: {why}", file=sys.stderr)
+        return 2
+    settings.check_or_exit(os.environ, (settings.DMTCP,), "nvproxy restart")
+    if not Path(args.dir).is_dir():
+        print(f"nvproxy restart: {args.dir} is not a directory", file=sys.stderr)
+        return 2
     images = sorted(str(p) for p in Path(args.dir).glob("ckpt_*.dmtcp"))
     if not images:
         print(f"nvproxy restart: no DMTCP images in {args.dir}", file=sys.stderr)
@@ -439,53 +463,97 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_settings(args: argparse.Namespace) -> int:
+    from . import settings
+
+    if args.markdown:
+        print(settings.markdown_table())
+        return 0
+    print(settings.text_table(os.environ))
+    return 2 if settings.problems(os.environ) else 0
+
+
+# (name, one line for `nvproxy --help`); each command's options are in _options
+COMMANDS = (
+    ("run", "run a CUDA program through nvproxy (a proxy is started for it and ends with it)"),
+    ("checkpoint", "write a checkpoint image of a running program's GPU state (or a DMTCP checkpoint); it goes on"),
+    ("restart", "restart a DMTCP checkpoint of a program run with nvproxy run --dmtcp"),
+    ("migrate", "move a running program's GPU state into a new proxy, live (optionally onto another GPU)"),
+    ("demo", "build the bundled vector-add example with nvcc and run it through nvproxy"),
+    ("bench", "benchmarks, native against nvproxy in the same run (nvproxy bench --help)"),
+    ("settings", "every NVPROXY_* environment setting: default, allowed values, meaning, and its value here"),
+    ("info", "where the shim (the LD_PRELOAD library) is"),
+    ("proxy", "the proxy daemon itself (started for you by run or by the shim)"),
+)
+
+
+def _options(name: str, p: argparse.ArgumentParser) -> None:
+    if name == "run":
+        p.add_argument("--backend", choices=("gpu", "sim"), help="default: gpu if usable, else sim")
+        p.add_argument("--sim-kernels", action="append", default=[], help="Python kernels for the sim backend")
+        p.add_argument("--dmtcp", action="store_true", help="run under dmtcp_launch with nvproxy as a DMTCP plugin")
+        p.add_argument("--dmtcp-args", default="", help="options for dmtcp_launch, e.g. '--coord-port 7779 --no-gzip'")
+        p.add_argument("command", nargs=argparse.REMAINDER)
+        p.set_defaults(fn=cmd_run)
+    elif name == "proxy":
+        p.add_argument("--socket", required=True)
+        p.add_argument("--owner-pid", type=int, required=True)
+        p.add_argument("--backend", choices=("gpu", "sim"))
+        p.add_argument("--adopt", help="control socket of a proxy to take over from (nvproxy migrate)")
+        p.add_argument("--image", help="where the proxy being taken over writes its image")
+        p.add_argument("--report-fd", type=int, help="a pipe to say 'adopted' on once the hand-over is done")
+        p.add_argument("--restore", help="start from this checkpoint image (NVPROXY_RECOVER)")
+        p.set_defaults(fn=cmd_proxy)
+    elif name == "checkpoint":
+        p.add_argument("pid", type=int, nargs="?")
+        p.add_argument("-o", "--output", help="image path (default: nvproxy-PID.img)")
+        p.add_argument("--dmtcp", action="store_true", help="checkpoint the DMTCP computation instead (and wait)")
+        p.add_argument("--coord-port", type=int, default=7779, help="DMTCP coordinator port (with --dmtcp)")
+        p.add_argument("--timeout", type=float, default=600)
+        p.set_defaults(fn=cmd_checkpoint)
+    elif name == "restart":
+        p.add_argument("dir", help="DMTCP's checkpoint directory")
+        p.add_argument("--coord-port", type=int, help="DMTCP coordinator port")
+        p.add_argument("--device", help="GPU(s) to restart on, as CUDA_VISIBLE_DEVICES (default: as before)")
+        p.set_defaults(fn=cmd_restart)
+    elif name == "migrate":
+        p.add_argument("pid", type=int)
+        p.add_argument("--device", help="GPU(s) for the new proxy, as CUDA_VISIBLE_DEVICES")
+        p.add_argument("--image", help="also write the image to this file (it moves in memory either way)")
+        p.add_argument("--timeout", type=float, default=600)
+        p.set_defaults(fn=cmd_migrate)
+    elif name == "demo":
+        p.add_argument("--backend", choices=("gpu", "sim"))
+        p.set_defaults(fn=cmd_demo)
+    elif name == "bench":
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(fn=cmd_bench)
+    elif name == "settings":
+        p.add_argument("--markdown", action="store_true", help="the table as Markdown (as the user guide has it)")
+        p.set_defaults(fn=cmd_settings)
+    elif name == "info":
+        p.set_defaults(fn=cmd_info)
+
+
+def parser() -> argparse.ArgumentParser:
+    width = max(len(name) for name, _ in COMMANDS)
+    listing = "\n".join(f"  {name:<{width}}  {line}" for name, line in COMMANDS)
+    ap = argparse.ArgumentParser(prog="nvproxy", formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 description="Transparent checkpoint/restart for unmodified CUDA programs.",
+                                 epilog=f"commands:\n{listing}\n\n'nvproxy COMMAND --help' for a command's options.")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND", help="one of the commands below")
+    for name, line in COMMANDS:
+        _options(name, sub.add_parser(name, description=line))
+    return ap
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["bench"]:  # every option belongs to the runner
+    if argv[:1] == ["bench"]:  # every option belongs to the benchmark runner
         return cmd_bench(argparse.Namespace(rest=argv[1:]))
-    ap = argparse.ArgumentParser(prog="nvproxy", description=__doc__)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="run a CUDA program through nvproxy")
-    r.add_argument("--backend", choices=("gpu", "sim"), help="default: gpu if usable, else sim")
-    r.add_argument("--sim-kernels", action="append", default=[], help="Python kernels for the sim backend")
-    r.add_argument("--dmtcp", action="store_true", help="run under dmtcp_launch with nvproxy as a DMTCP plugin")
-    r.add_argument("--dmtcp-args", default="", help="options for dmtcp_launch, e.g. '--coord-port 7779 --no-gzip'")
-    r.add_argument("command", nargs=argparse.REMAINDER)
-    r.set_defaults(fn=cmd_run)
-    p = sub.add_parser("proxy", help="the proxy daemon (started for you by run or the shim)")
-    p.add_argument("--socket", required=True)
-    p.add_argument("--owner-pid", type=int, required=True)
-    p.add_argument("--backend", choices=("gpu", "sim"))
-    p.add_argument("--adopt", help="control socket of a proxy to take over from (nvproxy migrate)")
-    p.add_argument("--image", help="where the proxy being taken over writes its image")
-    p.add_argument("--report-fd", type=int, help="a pipe to say 'adopted' on once the hand-over is done")
-    p.add_argument("--restore", help="start from this checkpoint image (NVPROXY_RECOVER)")
-    p.set_defaults(fn=cmd_proxy)
-    c = sub.add_parser("checkpoint", help="write a checkpoint image of a running application's GPU state")
-    c.add_argument("pid", type=int, nargs="?")
-    c.add_argument("-o", "--output", help="image path (default: nvproxy-PID.img)")
-    c.add_argument("--dmtcp", action="store_true", help="checkpoint the DMTCP computation instead (and wait)")
-    c.add_argument("--coord-port", type=int, default=7779, help="DMTCP coordinator port (with --dmtcp)")
-    c.add_argument("--timeout", type=float, default=600)
-    c.set_defaults(fn=cmd_checkpoint)
-    rs = sub.add_parser("restart", help="restart a DMTCP checkpoint of a program run with nvproxy run --dmtcp")
-    rs.add_argument("dir", help="DMTCP's checkpoint directory")
-    rs.add_argument("--coord-port", type=int, help="DMTCP coordinator port")
-    rs.add_argument("--device", help="GPU(s) to restart on, as CUDA_VISIBLE_DEVICES (default: as before)")
-    rs.set_defaults(fn=cmd_restart)
-    m = sub.add_parser("migrate", help="move a running application's GPU state into a new proxy")
-    m.add_argument("pid", type=int)
-    m.add_argument("--device", help="GPU(s) for the new proxy, as CUDA_VISIBLE_DEVICES")
-    m.add_argument("--image", help="also write the image to this file (it moves in memory either way)")
-    m.add_argument("--timeout", type=float, default=600)
-    m.set_defaults(fn=cmd_migrate)
-    d = sub.add_parser("demo", help="build and run the bundled vector-add example")
-    d.add_argument("--backend", choices=("gpu", "sim"))
-    d.set_defaults(fn=cmd_demo)
-    b = sub.add_parser("bench", help="microbenchmarks, native vs nvproxy (options: benchmarks/run.py --help)")
-    b.add_argument("rest", nargs=argparse.REMAINDER)
-    b.set_defaults(fn=cmd_bench)
-    i = sub.add_parser("info", help="where the shim is")
-    i.set_defaults(fn=cmd_info)
-    args = ap.parse_args(argv)
-    return int(args.fn(args) or 0)
+    args = parser().parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except BrokenPipeError:  # (its output went into `head`, say, which has had enough)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

@@ -24,6 +24,7 @@ def open_backend(name: str | None = None) -> Any:
         return GpuBackend()
     if name != "auto":
         raise SystemExit(f"nvproxy: unknown backend {name!r} (NVPROXY_BACKEND=gpu|sim)")
+    error = None
     try:
         from .gpu import GpuBackend
 
@@ -31,7 +32,10 @@ def open_backend(name: str | None = None) -> Any:
         if b.device_count() > 0:
             return b
     except Exception as e:  # no driver, no device, no pycuda
-        print(f"nvproxy: no usable GPU ({type(e).__name__}: {e}); using the sim backend", file=sys.stderr)
+        error = e
+    from ..nogpu import reason
+
+    print(f"nvproxy: no usable GPU: {reason(error)}; using the sim backend", file=sys.stderr)
     from .sim import SimBackend
 
     return SimBackend()

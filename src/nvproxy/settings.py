@@ -1,0 +1,312 @@
+"""Every setting nvproxy reads from the environment, in one table: name, default, what it allows, what it means.
+
+`problems` checks an environment against the table (`nvproxy run` before it starts anything, a proxy as it
+starts), `text_table` and `markdown_table` render it (`nvproxy settings`, the user guide).  The shim (C) reads
+some of these too and checks its numbers itself, against the same ranges.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+# words NVPROXY_DEBUG may hold (empty: any word is accepted until the flags are listed here)
+DEBUG_FLAGS: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What a setting allows: `allowed` for people, `problem(value)` for the check (None: fine)."""
+
+    allowed: str
+    problem: Callable[[str], str | None]
+
+
+def choice(*values: str) -> Kind:
+    allowed = values[0] if len(values) == 1 else ", ".join(values[:-1]) + " or " + values[-1]
+    return Kind(allowed, lambda v: None if v in values else f"expected {allowed}")
+
+
+def integer(lo: int, hi: int, unit: str = "") -> Kind:
+    allowed = f"a whole number from {lo} to {hi}{unit}"
+
+    def problem(v: str) -> str | None:
+        if not re.fullmatch(r"[0-9]+", v.strip()):
+            return f"expected {allowed}"
+        return None if lo <= int(v) <= hi else f"{v} is out of range: expected {allowed}"
+
+    return Kind(allowed, problem)
+
+
+def _missing_parent(path: str) -> str | None:
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        return f"its directory {parent} does not exist"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"its directory {parent} is not writable"
+    return None
+
+
+def _writable_file(v: str) -> str | None:
+    if os.path.isdir(v):
+        return "is a directory"
+    if os.path.exists(v):
+        return None if os.access(v, os.W_OK) else "is not writable"
+    return _missing_parent(v)
+
+
+def _image_path(v: str) -> str | None:
+    if os.path.exists(v):
+        return None if os.path.isfile(v) and os.access(v, os.R_OK) else "is not a readable file"
+    return _missing_parent(v)
+
+
+def python_files(v: str) -> str | None:
+    """What is wrong with the first bad file of a list of Python files (None: all are fine)."""
+    for p in filter(None, v.split(os.pathsep)):
+        try:
+            with open(p, "rb") as f:
+                compile(f.read(), p, "exec")
+        except OSError as e:
+            return f"{p}: {e.strerror}"
+        except (SyntaxError, ValueError) as e:
+            return f"{p}: not Python ({e})"
+    return None
+
+
+def _directory(v: str) -> str | None:
+    if not os.path.isdir(v):
+        return "no such directory"
+    return None if os.access(v, os.W_OK | os.X_OK) else "not writable"
+
+
+def _dmtcp_dir(v: str) -> str | None:
+    return None if os.path.isfile(os.path.join(v, "bin", "dmtcp_launch")) else f"no {v}/bin/dmtcp_launch"
+
+
+def _executable(v: str) -> str | None:
+    if "/" not in v:
+        return None if shutil.which(v) else "not found on PATH"
+    if not os.path.isfile(v):
+        return "no such file"
+    return None if os.access(v, os.X_OK) else "not executable"
+
+
+def _words(v: str) -> str | None:
+    words = [w.strip() for w in v.split(",")]
+    bad = [w for w in words if not re.fullmatch(r"[A-Za-z0-9_-]+", w)]
+    if bad:
+        return f"{bad[0]!r} is not a word"
+    unknown = [w for w in words if DEBUG_FLAGS and w not in DEBUG_FLAGS]
+    return f"unknown flag {unknown[0]} (known: {', '.join(DEBUG_FLAGS)})" if unknown else None
+
+
+def _devices(v: str) -> str | None:
+    bad = [d for d in v.split(",") if not re.fullmatch(r"[0-9]+|(GPU|MIG)-[0-9A-Fa-f-]+", d.strip())]
+    return f"{bad[0]!r} is neither a device number nor a UUID" if bad else None
+
+
+def with_reason(allowed: str, check: Callable[[str], str | None]) -> Kind:
+    """A kind whose problems are told with what is allowed."""
+    return Kind(allowed, lambda v: (f"{why} (expected {allowed})" if (why := check(v)) else None))
+
+
+ON_OFF = choice("0", "1")
+ANY = Kind("any value", lambda v: None)
+PYTHON_FILES = with_reason(f"Python files, separated by '{os.pathsep}'", python_files)
+WRITABLE_FILE = with_reason("a file this user may create or append to", _writable_file)
+IMAGE_PATH = with_reason("a checkpoint image file; it may be written later, but its directory must exist", _image_path)
+DIRECTORY = with_reason("a writable directory", _directory)
+DMTCP_DIR = with_reason("a DMTCP installation: the directory holding bin/dmtcp_launch", _dmtcp_dir)
+EXECUTABLE = with_reason("a Python interpreter with nvproxy installed: a path, or a name on PATH", _executable)
+WORDS = with_reason("debug flags separated by commas", _words)
+DEVICES = with_reason("device numbers or UUIDs separated by commas, as CUDA_VISIBLE_DEVICES", _devices)
+
+# who reads a setting: the shim (in the program), the proxy, `nvproxy run` itself, the DMTCP commands
+SHIM, PROXY, RUN, DMTCP = "shim", "proxy", "run", "dmtcp"
+GROUPS = {
+    "main": "Settings",
+    "tuning": "Tuning",
+    "debug": "Debugging and comparisons",
+    "testing": "Test hooks (deterministic checkpoints in tests)",
+}
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: str  # as people read it ("" : unset, with the meaning saying what that does)
+    kind: Kind
+    meaning: str
+    readers: tuple[str, ...]
+    group: str = "main"
+    option: str = ""  # the command-line option that sets it, if one does
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("NVPROXY_BACKEND", "auto", choice("auto", "gpu", "sim"),
+            "what runs the CUDA work: the GPU, the sim backend (a CPU model of the device), or the GPU when one "
+            "is usable", (PROXY, RUN), option="nvproxy run --backend"),
+    Setting("NVPROXY_SIM_DEVICES", "1", integer(1, 16), "how many devices the sim backend models", (PROXY,)),
+    Setting("NVPROXY_SIM_KERNELS", "", PYTHON_FILES,
+            "Python implementations of the program's kernels for the sim backend (nvproxy.sim_kernels)",
+            (PROXY, RUN), option="nvproxy run --sim-kernels"),
+    Setting("NVPROXY_PROXY_LOG", "", WRITABLE_FILE,
+            "the proxy's own messages go to this file (appended) instead of the program's stderr", (PROXY,)),
+    Setting("NVPROXY_RECOVER", "", IMAGE_PATH,
+            "when the proxy dies, a new one starts from this checkpoint image and the program goes on", (SHIM,)),
+    Setting("NVPROXY_PYTHON", "the Python of nvproxy run", EXECUTABLE,
+            "the interpreter the shim starts proxies with (for a forked child, or to recover)", (SHIM, RUN)),
+    Setting("NVPROXY_DMTCP_DIR", "DMTCP on PATH", DMTCP_DIR,
+            "where DMTCP is installed, for nvproxy run --dmtcp, checkpoint --dmtcp and restart", (DMTCP,)),
+    Setting("NVPROXY_IMAGE_DIR", "DMTCP's checkpoint directory", DIRECTORY,
+            "under DMTCP, where the plugin writes each process's GPU image (nvproxy-PID.img)", (SHIM,)),
+    Setting("NVPROXY_DEVICES", "the GPUs it ran on", DEVICES,
+            "at a DMTCP restart, the GPUs the program comes back on", (SHIM,), option="nvproxy restart --device"),
+    Setting("NVPROXY_SPIN_US", "400", integer(0, 200000, " (microseconds)"),
+            "how long a thread waiting for a reply polls before it sleeps (0: sleeps at once)", (SHIM,), "tuning"),
+    Setting("NVPROXY_COPY_THREADS", "half the cores, at most 4", integer(1, 8),
+            "threads that copy pageable memory into the staging buffers (1: the calling thread alone)", (SHIM,),
+            "tuning"),
+    Setting("NVPROXY_CKPT_BUFFER", "prefault", choice("prefault", "lazy", "transient"),
+            "the proxy's host image buffer: prepared while the program runs, at the first checkpoint, or made "
+            "for each checkpoint and dropped after", (PROXY,), "tuning"),
+    Setting("NVPROXY_RESTORE_READ", "bounce", choice("bounce", "map"),
+            "how a restore reads an image file: through pinned bounce slots, or mapped and registered", (PROXY,),
+            "tuning"),
+    Setting("NVPROXY_EARLY_CHECK", "1", choice("0", "1", "load"),
+            "a restoring proxy sums the image while the driver starts (0: during the load; load: stop at the load)",
+            (PROXY,), "tuning"),
+    Setting("NVPROXY_EARLY_CONTEXT", "1", ON_OFF,
+            "a proxy starts the driver before Python's site processing (0: when the backend opens)", (PROXY,),
+            "tuning"),
+    Setting("NVPROXY_DEBUG", "", WORDS, "debug flags, separated by commas", (SHIM, PROXY), "debug"),
+    Setting("NVPROXY_TRACE", "", choice("1"), "the shim prints every request it sends on stderr", (SHIM,), "debug"),
+    Setting("NVPROXY_CRASH_TRACE", "0", ON_OFF,
+            "a program that dies of SIGSEGV or SIGBUS first prints where, one frame a line", (SHIM,), "debug"),
+    Setting("NVPROXY_FASTPATH", "1", ON_OFF, "the proxy serves calls in C where it can (0: all in Python)",
+            (PROXY,), "debug"),
+    Setting("NVPROXY_SERVE_IN_C", "1", ON_OFF, "C serves a thread's channel between Python's turns (0: Python)",
+            (PROXY,), "debug"),
+    Setting("NVPROXY_SERVE_MANY", "1", ON_OFF, "C serves several calling threads at once (0: one)", (PROXY,),
+            "debug"),
+    Setting("NVPROXY_MAILBOX", "1", ON_OFF, "replies come through a shared-memory mailbox (0: the socket)",
+            (SHIM,), "debug"),
+    Setting("NVPROXY_POSTED_COPIES", "1", ON_OFF,
+            "staged copies are answered once posted (0: once done)", (SHIM,), "debug"),
+    Setting("NVPROXY_UNANSWERED_COPIES", "1", ON_OFF,
+            "runs of small posted copies go unanswered (0: each answered)", (SHIM,), "debug"),
+    Setting("NVPROXY_POSTED_REPLY_FIRST", "1", ON_OFF,
+            "a posted copy is answered before it is issued (0: after)", (PROXY,), "debug"),
+    Setting("NVPROXY_STREAM_STORES", "1", ON_OFF, "staging uses streaming stores (0: memcpy)", (SHIM,), "debug"),
+    Setting("NVPROXY_SMALL_STREAM_STORES", "by size", ON_OFF,
+            "small copies are staged with streaming stores always (1) or never (0)", (SHIM,), "debug"),
+    Setting("NVPROXY_SMALL_PARALLEL", "1", ON_OFF, "small staged copies are split over the copy threads (0: not)",
+            (SHIM,), "debug"),
+    Setting("NVPROXY_DMA_ROUND_KIB", "1024", integer(0, 1 << 20, " (KiB)"),
+            "copies from the device from this size land round the staging buffer (0: never)", (SHIM,), "debug"),
+    Setting("NVPROXY_CHECKPOINT_AT", "", integer(1, 1 << 40),
+            "under DMTCP, the program waits for a checkpoint as its Nth CUDA call begins", (SHIM,), "testing"),
+    Setting("NVPROXY_CHECKPOINT_IN", "", choice("child"),
+            "NVPROXY_CHECKPOINT_AT counts only in the processes the program starts", (SHIM,), "testing"),
+    Setting("NVPROXY_CHECKPOINT_WAITERS", "1", integer(1, 4096),
+            "how many processes wait at their NVPROXY_CHECKPOINT_AT call", (SHIM,), "testing"),
+    Setting("NVPROXY_MIGRATE_AT", "", integer(1, 1 << 40),
+            "nvproxy migrate moves the program to a new proxy at its Nth CUDA call", (SHIM,), "testing"),
+    Setting("NVPROXY_CALLS_OUT", "", WRITABLE_FILE,
+            "each process adds the number of CUDA calls it made to this file as it exits", (SHIM,), "testing"),
+    Setting("NVPROXY_TEST_PAUSE_MS", "0", integer(0, 60000, " (ms)"),
+            "cudaHostAlloc waits this long between the proxy's part and the shim's (a test's window)", (SHIM,),
+            "testing"),
+    Setting("CUDA_VISIBLE_DEVICES", "all", ANY, "the GPUs the proxy uses (the driver's setting; the sim backend "
+            "honours it too)", (PROXY,), option="nvproxy migrate --device"),
+    Setting("XDG_RUNTIME_DIR", "/tmp/nvproxy-UID", ANY,
+            "sockets and handles go to $XDG_RUNTIME_DIR/nvproxy (else /tmp/nvproxy-UID)", (SHIM, PROXY, RUN)),
+    Setting("XDG_CACHE_HOME", "~/.cache", ANY, "nvproxy bench builds its CUDA programs into "
+            "$XDG_CACHE_HOME/nvproxy/bench", ()),
+)
+
+# set by nvproxy itself for the processes it starts: not settings
+INTERNAL: dict[str, str] = {
+    "NVPROXY_SOCKET": "the proxy's socket, for the shim",
+    "NVPROXY_OWNER_PID": "the process the proxy serves",
+    "NVPROXY_PROXY_PID": "the proxy's pid",
+    "NVPROXY_BOOT": "how the shim starts a proxy (boot.py)",
+    "NVPROXY_ROOT": "the directory holding the nvproxy package, for NVPROXY_BOOT",
+    "NVPROXY_DMTCP_NOCHECKPOINT": "DMTCP's dmtcp_nocheckpoint, which starts proxies outside the computation",
+}
+
+BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def problems(env: Mapping[str, str], readers: Iterable[str] | None = None) -> list[str]:
+    """'NAME=value: what is wrong' for each setting in env (read by one of readers) that the table refuses.
+    An empty value counts as unset."""
+    want = set(readers) if readers is not None else None
+    out = []
+    for s in SETTINGS:
+        value = env.get(s.name)
+        if not value or (want is not None and not want & set(s.readers)):
+            continue
+        why = s.kind.problem(value)
+        if why:
+            out.append(f"{s.name}={value}: {why}")
+    return out
+
+
+def problem_of(name: str, value: str) -> str | None:
+    """What is wrong with value for setting name (None: fine)."""
+    return BY_NAME[name].kind.problem(value)
+
+
+def check_or_exit(env: Mapping[str, str], readers: Iterable[str] | None = None, who: str = "nvproxy") -> None:
+    """SystemExit(2) with one line per refused setting, naming it and what it allows."""
+    found = problems(env, readers)
+    for line in found:
+        print(f"{who}: {line}", file=sys.stderr)
+    if found:
+        raise SystemExit(2)
+
+
+def _rows(groups: Iterable[str]) -> list[tuple[str, list[Setting]]]:
+    return [(g, [s for s in SETTINGS if s.group == g]) for g in groups]
+
+
+def _default(s: Setting) -> str:
+    return s.default or "unset"
+
+
+def markdown_table() -> str:
+    """The table as Markdown, a section per group (docs/user-guide.md embeds it)."""
+    out = []
+    for group, settings in _rows(GROUPS):
+        out += [f"#### {GROUPS[group]}", "", "| variable | default | allowed | meaning |", "|---|---|---|---|"]
+        for s in settings:
+            meaning = s.meaning + (f" (also: `{s.option}`)" if s.option else "")
+            out.append(f"| `{s.name}` | {_default(s)} | {s.kind.allowed} | {meaning} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def text_table(env: Mapping[str, str] | None = None, width: int = 120) -> str:
+    """The table for a terminal; with env, each setting's value there (and what is wrong with it)."""
+    import textwrap
+
+    out = []
+    for group, settings in _rows(GROUPS):
+        out.append(f"{GROUPS[group]}:")
+        for s in settings:
+            out.append(f"  {s.name}")
+            meaning = s.meaning + (f" (also: {s.option})" if s.option else "")
+            for text in (meaning, f"default: {_default(s)}; allowed: {s.kind.allowed}"):
+                out += textwrap.wrap(text, width, initial_indent="      ", subsequent_indent="        ")
+            value = env.get(s.name) if env is not None else None
+            if value:
+                why = s.kind.problem(value)
+                out.append(f"      set here: {value}" + (f"  <- NOT ALLOWED: {why}" if why else ""))
+        out.append("")
+    return "\n".join(out)
