@@ -338,6 +338,36 @@ def _control_call(sock: str, proxy_pid: int, msg: dict) -> dict:
     return reply
 
 
+def _image_path(output: str | None, app_pid: int) -> tuple[str, str]:
+    """(image file, what to tell first) for `nvproxy checkpoint -o OUTPUT`; SystemExit(2) with one line where no
+    image can be written there."""
+    default = f"nvproxy-{app_pid}.img"
+    path = os.path.abspath(output or default)
+    note = ""
+    if os.path.isdir(path):  # (a directory: the image goes in it)
+        path, note = os.path.join(path, default), f"{output} is a directory: writing {os.path.join(output, default)}"
+    parent = os.path.dirname(path)
+    if os.path.exists(path) and not os.path.isfile(path):
+        why = "it exists and is not a regular file"
+    elif not os.path.isdir(parent):
+        why = f"no directory {parent}"
+    elif not os.access(parent, os.W_OK | os.X_OK):
+        why = f"the directory {parent} is not writable"
+    else:
+        return path, note
+    print(f"nvproxy checkpoint: cannot write {path}: {why}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _in_users_words(error: str, image: str) -> str:
+    """A proxy's error about image, with the temporary file it writes first (checkpoint/image.py) called by the
+    name the user gave."""
+    import re
+
+    tmp = os.path.join(os.path.dirname(image), "." + os.path.basename(image))
+    return re.sub(re.escape(tmp) + r"\.[0-9]+\.tmp", lambda _m: image, error)
+
+
 def cmd_checkpoint(args: argparse.Namespace) -> int:
     """Write a checkpoint image of a running application's GPU state; it goes on."""
 
@@ -349,11 +379,13 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
 
     from .launcher import find_proxy
 
+    image, note = _image_path(args.output, args.pid)
     pid, sock = find_proxy(args.pid)
-    image = os.path.abspath(args.output or f"nvproxy-{args.pid}.img")
+    if note:
+        print(f"nvproxy checkpoint: {note}", file=sys.stderr)
     reply = _control_call(sock, pid, {"cmd": "checkpoint", "image": image})
     if not reply.get("ok"):
-        print(f"nvproxy checkpoint: {reply.get('error')}", file=sys.stderr)
+        print(f"nvproxy checkpoint: {_in_users_words(str(reply.get('error')), image)}", file=sys.stderr)
         return 1
     s = reply["stats"]
     print(f"{image}: {s['device_bytes'] >> 20} MiB of device memory copied out in {s['seconds']:.3f} s "
@@ -473,6 +505,16 @@ def cmd_settings(args: argparse.Namespace) -> int:
     return 2 if settings.problems(os.environ) else 0
 
 
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
 # (name, one line for `nvproxy --help`); each command's options are in _options
 COMMANDS = (
     ("run", "run a CUDA program through nvproxy (a proxy is started for it and ends with it)"),
@@ -506,10 +548,11 @@ def _options(name: str, p: argparse.ArgumentParser) -> None:
         p.set_defaults(fn=cmd_proxy)
     elif name == "checkpoint":
         p.add_argument("pid", type=int, nargs="?")
-        p.add_argument("-o", "--output", help="image path (default: nvproxy-PID.img)")
+        p.add_argument("-o", "--output", help="image file, or a directory to write nvproxy-PID.img in "
+                       "(default: nvproxy-PID.img here)")
         p.add_argument("--dmtcp", action="store_true", help="checkpoint the DMTCP computation instead (and wait)")
         p.add_argument("--coord-port", type=int, default=7779, help="DMTCP coordinator port (with --dmtcp)")
-        p.add_argument("--timeout", type=float, default=600)
+        p.add_argument("--timeout", type=_positive, default=600, help="seconds (default 600)")
         p.set_defaults(fn=cmd_checkpoint)
     elif name == "restart":
         p.add_argument("dir", help="DMTCP's checkpoint directory")
@@ -520,7 +563,7 @@ def _options(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("pid", type=int)
         p.add_argument("--device", help="GPU(s) for the new proxy, as CUDA_VISIBLE_DEVICES")
         p.add_argument("--image", help="also write the image to this file (it moves in memory either way)")
-        p.add_argument("--timeout", type=float, default=600)
+        p.add_argument("--timeout", type=_positive, default=600, help="seconds (default 600)")
         p.set_defaults(fn=cmd_migrate)
     elif name == "demo":
         p.add_argument("--backend", choices=("gpu", "sim"))
