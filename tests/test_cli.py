@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from nvproxy.checkpoint.image import atomic_file, read_header
 
 
 def nvproxy(*args: str, **kw) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env = {k: v for k, v in kw.pop("env", os.environ).items() if k != "LD_PRELOAD"}
     return subprocess.run([sys.executable, "-m", "nvproxy", *args], capture_output=True, text=True, env=env,
                           timeout=kw.pop("timeout", 120), **kw)
 
@@ -92,3 +93,127 @@ def test_proxy_errors_name_the_users_path_not_the_temporary_one() -> None:
     said = "writing /a b/x.img: [Errno 28] No space left on device: '/a b/.x.img.4242.tmp'"
     assert cli._in_users_words(said, "/a b/x.img") == \
         "writing /a b/x.img: [Errno 28] No space left on device: '/a b/x.img'"
+
+
+# ---- nvproxy checkpoint --dmtcp: written means every image complete and on disk ----
+
+SLOW_STEP_LARGE = '''
+import time
+from pathlib import Path
+
+from nvproxy.sim_kernels import kernel, lookup
+
+plain = lookup("step_large")  # (ckpt_steps_sim.py's, loaded before this file)
+calls = [0]
+
+
+@kernel("step_large")
+def step_large(ctx, p, n, small, m):
+    """ckpt_steps's kernel, which at its fourth launch runs for {seconds} s, having said so in {mark}."""
+    calls[0] += 1
+    if calls[0] == 4:
+        Path("{mark}").touch()
+        time.sleep({seconds})
+    plain(ctx, p, n, small, m)
+'''
+
+
+def _dmtcp_session(tmp_path: Path):
+    from test_dmtcp import Session
+
+    return Session(tmp_path)
+
+
+def _until(happened, app: subprocess.Popen, what: str, timeout: float = 60) -> None:
+    """Wait until happened() while app runs (polling, as DMTCP's files give no event to wait on)."""
+    deadline = time.monotonic() + timeout
+    while not happened():
+        assert app.poll() is None, f"the program ended before {what}: {app.communicate()[1]}"
+        assert time.monotonic() < deadline, f"{what} never came"
+        time.sleep(0.02)
+
+
+def _listed(said: str) -> list[Path]:
+    """The image files `nvproxy checkpoint --dmtcp` says it wrote."""
+    return [Path(line.split()[0]) for line in said.splitlines() if line.startswith("  /")]
+
+
+def _slow_ckpt_steps(build, tmp_path: Path, steps: int, pause_ms: int) -> tuple[list[str], Path, list[str]]:
+    """(command, mark, reference lines): ckpt_steps under nvproxy (sim) whose fourth step's kernel runs for 5 s,
+    having touched mark (through it DMTCP's coordinator still reads RUNNING: the checkpoint waits for the call)."""
+    exe = build("ckpt_steps")
+    mark = tmp_path / "slow-kernel-running"
+    slow = tmp_path / "slow_sim.py"
+    slow.write_text(SLOW_STEP_LARGE.format(seconds=5, mark=mark))
+    cmd = nvproxy_cmd(exe, "sim", "ckpt_steps", str(steps), str(pause_ms))
+    reference = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
+    cmd[cmd.index("--"):cmd.index("--")] = ["--sim-kernels", str(slow)]
+    return cmd, mark, reference.splitlines(keepends=True)
+
+
+def test_dmtcp_checkpoint_is_written_when_it_says_so(build, tmp_path: Path) -> None:
+    """A checkpoint asked for while the program is inside a long call is reported written only once DMTCP's
+    image and the GPU image are complete: a dmtcp_command -k right after leaves both, and the restart goes on
+    from there."""
+    cmd, mark, reference = _slow_ckpt_steps(build, tmp_path, 12, 0)
+    session = _dmtcp_session(tmp_path / "dmtcp")
+    app = session.launch(cmd)
+    command = [str(session.bin / "dmtcp_command"), "--coord-port", session.port]
+    try:
+        _until(mark.exists, app, "its slow kernel")
+        r = nvproxy("checkpoint", "--dmtcp", "--coord-port", session.port, env=session.env, timeout=300)
+        images = _listed(r.stdout)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert [p.suffix for p in images] == [".dmtcp", ".img"], r.stdout
+        assert all(p.is_file() for p in images), r.stdout
+        assert r.stdout.startswith("checkpoint written: 2 images, complete and synced to disk\n")
+    finally:
+        subprocess.run([*command, "-k"], env=session.env, capture_output=True, timeout=60)
+        app.wait(timeout=120)
+    assert sorted(session.dir.glob("ckpt_*.dmtcp")) == images[:1] and images[1].is_file()
+    after = session.restart()
+    lines = after.stdout.splitlines(keepends=True)
+    assert lines and lines[0] in reference, after.stderr
+    assert lines == reference[reference.index(lines[0]):], after.stderr
+
+
+def test_dmtcp_checkpoint_of_a_program_that_ends_right_after(build, tmp_path: Path) -> None:
+    """Checkpointed after its fourth step (the checkpoint waits for its long call, and comes in the pause after it),
+    the program ends a step later, and DMTCP's coordinator with it: the command still reports the checkpoint
+    written, and the restart finishes the program as an uninterrupted run does."""
+    cmd, mark, reference = _slow_ckpt_steps(build, tmp_path, 5, 100)
+    session = _dmtcp_session(tmp_path / "dmtcp")
+    app = session.launch(cmd)
+    try:
+        _until(mark.exists, app, "its slow kernel")
+        r = nvproxy("checkpoint", "--dmtcp", "--coord-port", session.port, env=session.env, timeout=300)
+    finally:
+        _out, err = app.communicate(timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len(_listed(r.stdout)) == 2 and all(p.is_file() for p in _listed(r.stdout)), r.stdout
+    assert app.returncode == 0, err
+    assert session.out.read_text() == "".join(reference)
+    after = session.restart()
+    lines = after.stdout.splitlines(keepends=True)
+    assert after.returncode == 0, after.stderr
+    assert lines and lines == reference[len(reference) - len(lines):], after.stderr
+
+
+def test_dmtcp_checkpoint_without_a_computation_says_so(tmp_path: Path) -> None:
+    import socket
+
+    session = _dmtcp_session(tmp_path / "dmtcp")
+    try:
+        r = nvproxy("checkpoint", "--dmtcp", "--coord-port", session.port, env=session.env)
+        assert (r.returncode, r.stdout) == (1, "")
+        assert r.stderr == (f"nvproxy checkpoint: no process is connected to the DMTCP coordinator on port "
+                            f"{session.port} yet: nothing to checkpoint\n")
+    finally:
+        subprocess.run([str(session.bin / "dmtcp_command"), "--coord-port", session.port, "-q"], env=session.env,
+                       capture_output=True, timeout=60)
+    with socket.socket() as s:  # (a port nothing listens on)
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    r = nvproxy("checkpoint", "--dmtcp", "--coord-port", str(free), env=session.env)
+    assert (r.returncode, r.stderr) == (1, f"nvproxy checkpoint: no DMTCP coordinator answers on port {free} (is the "
+                                           "program running under nvproxy run --dmtcp with this --coord-port?)\n")

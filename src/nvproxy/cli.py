@@ -261,41 +261,12 @@ def _early_buffer(ctl_path: str, backend):
 
 
 def _dmtcp_checkpoint(args: argparse.Namespace) -> int:
-    """dmtcp_command -bc, waiting until DMTCP has written its images (-bc does not block in DMTCP 4.2)."""
-    from .launcher import dmtcp_tool
+    """A DMTCP checkpoint of the whole computation, reported once every image is complete (dmtcp_checkpoint.py)."""
+    from . import dmtcp_checkpoint, settings
 
-    cmd = [dmtcp_tool("dmtcp_command"), "--coord-port", str(args.coord_port)]
-    if subprocess.run([*cmd, "-bc"]).returncode != 0:
-        return 1
-    unreachable_since: list[float] = []
-
-    def running() -> bool:
-        try:
-            st = subprocess.run([*cmd, "-s"], capture_output=True, text=True, timeout=30)
-            ok = st.returncode == 0
-        except subprocess.TimeoutExpired:
-            ok, st = False, None
-        if ok:
-            unreachable_since.clear()
-            return "RUNNING=yes" in st.stdout or "NUM_PEERS=0" in st.stdout
-        # the coordinator does not answer while it checkpoints; for half a minute, it is gone
-        unreachable_since[:] = unreachable_since or [time.monotonic()]
-        if time.monotonic() - unreachable_since[0] > 30:
-            raise SystemExit("nvproxy checkpoint: the DMTCP coordinator stopped answering (the computation ended?)")
-        return False
-
-    # first see the checkpoint start (it may also be over before the first look), then end
-    started_by = time.monotonic() + 2
-    while running() and time.monotonic() < started_by:
-        time.sleep(0.02)
-    deadline = time.monotonic() + args.timeout
-    while time.monotonic() < deadline:
-        if running():
-            print("checkpoint written")
-            return 0
-        time.sleep(0.1)
-    print("nvproxy checkpoint: DMTCP did not finish in time", file=sys.stderr)
-    return 1
+    settings.check_or_exit(os.environ, (settings.DMTCP,), "nvproxy checkpoint")
+    port = args.coord_port or int(os.environ.get("DMTCP_COORD_PORT") or 7779)
+    return dmtcp_checkpoint.main(port, args.timeout)
 
 
 def cmd_restart(args: argparse.Namespace) -> int:
@@ -551,7 +522,8 @@ def _options(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("-o", "--output", help="image file, or a directory to write nvproxy-PID.img in "
                        "(default: nvproxy-PID.img here)")
         p.add_argument("--dmtcp", action="store_true", help="checkpoint the DMTCP computation instead (and wait)")
-        p.add_argument("--coord-port", type=int, default=7779, help="DMTCP coordinator port (with --dmtcp)")
+        p.add_argument("--coord-port", type=int, help="DMTCP coordinator port (with --dmtcp; default: "
+                       "$DMTCP_COORD_PORT, else 7779)")
         p.add_argument("--timeout", type=_positive, default=600, help="seconds (default 600)")
         p.set_defaults(fn=cmd_checkpoint)
     elif name == "restart":
