@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,15 @@ import pytest
 APPS = Path(__file__).resolve().parent / "apps"
 EXPECTED = APPS / "expected"
 TIMEOUT = 180
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_dead_proxies_sockets() -> Iterator[None]:
+    """Tests kill proxies (SIGKILL), whose sockets the next proxy to start removes: the last ones go at the end."""
+    yield
+    from nvproxy import stale
+
+    stale.sweep_private_dir()
 
 
 @pytest.fixture(scope="session")

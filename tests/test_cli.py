@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -217,3 +218,93 @@ def test_dmtcp_checkpoint_without_a_computation_says_so(tmp_path: Path) -> None:
     r = nvproxy("checkpoint", "--dmtcp", "--coord-port", str(free), env=session.env)
     assert (r.returncode, r.stderr) == (1, f"nvproxy checkpoint: no DMTCP coordinator answers on port {free} (is the "
                                            "program running under nvproxy run --dmtcp with this --coord-port?)\n")
+
+
+# ---- the sockets of proxies killed with SIGKILL ----
+
+
+def _bound(path: Path) -> None:
+    """A socket file at path on which nobody listens (what a killed proxy leaves)."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(str(path))
+
+
+def test_sweep_removes_only_the_sockets_of_dead_proxies(tmp_path: Path) -> None:
+    import socket
+
+    from nvproxy import stale
+
+    me, gone = os.getpid(), 2**22 + 1  # (above pid_max's default: no such process)
+    dead = [f"p{gone}-1a.sock", f"p{gone}-1a.sock.{gone}.ctl",  # both ends dead
+            f"p{gone}-2b.sock.{me}.ctl",  # its pid runs, but no proxy of it, and nobody listens
+            f"p{gone}-3c.sock.{gone}.ctl.{gone}.tmp"]  # bound by a proxy that died before it listened
+    starting = f"p{me}-4d.sock"  # its application runs and no control socket yet: a proxy starting
+    for name in [*dead, starting]:
+        _bound(tmp_path / name)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as live:  # listened on: kept, whatever its pids say
+        live.bind(str(tmp_path / f"p{gone}-5e.sock.{gone}.ctl"))
+        live.listen(1)
+        removed = stale.sweep(tmp_path)
+    assert sorted(p.name for p in removed) == sorted(dead)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([starting, f"p{gone}-5e.sock.{gone}.ctl"])
+
+
+def test_a_starting_proxy_removes_a_killed_proxys_sockets(build, request: pytest.FixtureRequest) -> None:
+    """A proxy killed with SIGKILL leaves its socket and control socket; the next proxy to start removes them, and
+    leaves a live proxy's alone."""
+    import select
+    import signal
+    import tempfile
+
+    from nvproxy.launcher import find_proxy
+
+    run_dir = Path(tempfile.mkdtemp(prefix="nvp-", dir="/tmp"))  # (short: socket paths are)
+    request.addfinalizer(lambda: shutil.rmtree(run_dir, ignore_errors=True))
+    env = dict({k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}, XDG_RUNTIME_DIR=str(run_dir))
+    private = run_dir / "nvproxy"
+
+    def waiting() -> subprocess.Popen:
+        p = subprocess.Popen(nvproxy_cmd(build("dead_proxy"), "sim", "dead_proxy"), stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        assert line == "ready\n", line + p.communicate()[1]
+        return p
+
+    killed_app, live_app = waiting(), waiting()
+    try:
+        killed, _sock = find_proxy(killed_app.pid)
+        live, _sock = find_proxy(live_app.pid)
+        pidfd = os.pidfd_open(killed)
+        os.kill(killed, signal.SIGKILL)
+        select.select([pidfd], [], [], 60)  # (readable once it has ended)
+        os.close(pidfd)
+        killed_app.communicate("\n", timeout=60)
+        left = sorted(p.name for p in private.iterdir() if f"p{killed_app.pid}-" in p.name)
+        assert len(left) == 2, left  # (its socket and control socket)
+        r = nvproxy("run", "--backend", "sim", "--", str(build("device_query")), env=env)
+        assert r.returncode == 0, r.stderr
+        names = sorted(p.name for p in private.iterdir())
+        assert not [n for n in names if f"p{killed_app.pid}-" in n], names
+        assert len([n for n in names if f"p{live_app.pid}-" in n]) == 2, names  # (the live proxy's two)
+    finally:
+        out, err = live_app.communicate("\n", timeout=60)
+    assert live_app.returncode == 0, out + err
+    assert live in (int(n.split(".")[2]) for n in names if n.endswith(".ctl"))
+
+
+def test_a_test_session_leaves_no_sockets_behind(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """A pytest session whose test kills a proxy with SIGKILL leaves none of its sockets (conftest.py)."""
+    import tempfile
+
+    run_dir = Path(tempfile.mkdtemp(prefix="nvp-", dir="/tmp"))  # (short: socket paths are)
+    request.addfinalizer(lambda: shutil.rmtree(run_dir, ignore_errors=True))
+    env = dict({k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}, XDG_RUNTIME_DIR=str(run_dir))
+    tests = Path(__file__).resolve().parent
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path),
+                        str(tests / "test_robustness.py"), "-k", "dead_proxy_is_a_clear_error and sim"],
+                       capture_output=True, text=True, env=env, timeout=600, cwd=tests.parent)
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
+    assert sorted(p.name for p in (run_dir / "nvproxy").iterdir()) == []

@@ -61,6 +61,8 @@ def test_every_setting_the_code_reads_is_in_the_table() -> None:
     ("NVPROXY_DMTCP_DIR", "/nonexistent", "NVPROXY_DMTCP_DIR=/nonexistent: no /nonexistent/bin/dmtcp_launch "
      "(expected a DMTCP installation: the directory holding bin/dmtcp_launch)"),
     ("NVPROXY_TRACE", "yes", "NVPROXY_TRACE=yes: expected 1"),
+    ("XDG_RUNTIME_DIR", "/tmp/" + "d" * 50, f"XDG_RUNTIME_DIR=/tmp/{'d' * 50}: 55 characters long (expected a "
+     "directory whose path has at most 50 characters, for socket paths)"),
 ])
 def test_a_refused_setting_is_named_with_what_it_allows(name: str, value: str, message: str) -> None:
     assert settings.problems({name: value}) == [message]

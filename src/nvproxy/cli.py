@@ -122,6 +122,9 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 
     backend = open_backend(args.backend)
     dispatch = Dispatcher(backend)
+    from . import stale
+
+    stale.sweep_private_dir()  # (the sockets of proxies that died without removing theirs)
     if args.adopt:
         server = _adopt(args, backend, dispatch)
         if server is None:

@@ -21,9 +21,14 @@ def _private(d: Path) -> Path:
     return d
 
 
-def private_dir() -> Path:
+def private_dir_path() -> Path:
+    """Where this user's sockets go (also the shim's choice: transport.c's nvp_private_dir)."""
     rt = os.environ.get("XDG_RUNTIME_DIR")
-    return _private(Path(rt) / "nvproxy" if rt else Path(f"/tmp/nvproxy-{os.getuid()}"))
+    return Path(rt) / "nvproxy" if rt else Path(f"/tmp/nvproxy-{os.getuid()}")
+
+
+def private_dir() -> Path:
+    return _private(private_dir_path())
 
 
 def proxy_argv() -> list[str]:

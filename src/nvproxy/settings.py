@@ -84,6 +84,18 @@ def _directory(v: str) -> str | None:
     return None if os.access(v, os.W_OK | os.X_OK) else "not writable"
 
 
+# the longest name in the private directory: pPID-TIME.sock.PID.ctl.PID.tmp (proxy/listen.py's while it binds),
+# PIDs of 7 digits (pid_max's limit), TIME of 10; a Unix socket's path holds at most 107 bytes
+LONGEST_SOCKET_NAME = len("/p1234567-1234567890.sock.1234567.ctl.1234567.tmp")
+RUNTIME_DIR_MAX = 107 - LONGEST_SOCKET_NAME - len("/nvproxy")
+
+
+def _runtime_dir(v: str) -> str | None:
+    if len(v) > RUNTIME_DIR_MAX:
+        return f"{len(v)} characters long"
+    return None if os.path.isdir(v) else "no such directory"
+
+
 def _dmtcp_dir(v: str) -> str | None:
     return None if os.path.isfile(os.path.join(v, "bin", "dmtcp_launch")) else f"no {v}/bin/dmtcp_launch"
 
@@ -116,6 +128,8 @@ def with_reason(allowed: str, check: Callable[[str], str | None]) -> Kind:
 
 
 ON_OFF = choice("0", "1")
+RUNTIME_DIR = with_reason(f"a directory whose path has at most {RUNTIME_DIR_MAX} characters, for socket paths",
+                          _runtime_dir)
 ANY = Kind("any value", lambda v: None)
 PYTHON_FILES = with_reason(f"Python files, separated by '{os.pathsep}'", python_files)
 WRITABLE_FILE = with_reason("a file this user may create or append to", _writable_file)
@@ -224,7 +238,7 @@ SETTINGS: tuple[Setting, ...] = (
             "testing"),
     Setting("CUDA_VISIBLE_DEVICES", "all", ANY, "the GPUs the proxy uses (the driver's setting; the sim backend "
             "honours it too)", (PROXY,), option="nvproxy migrate --device"),
-    Setting("XDG_RUNTIME_DIR", "/tmp/nvproxy-UID", ANY,
+    Setting("XDG_RUNTIME_DIR", "/tmp/nvproxy-UID", RUNTIME_DIR,
             "sockets and handles go to $XDG_RUNTIME_DIR/nvproxy (else /tmp/nvproxy-UID)", (SHIM, PROXY, RUN)),
     Setting("XDG_CACHE_HOME", "~/.cache", ANY, "nvproxy bench builds its CUDA programs into "
             "$XDG_CACHE_HOME/nvproxy/bench", ()),
