@@ -308,3 +308,58 @@ def test_a_test_session_leaves_no_sockets_behind(tmp_path: Path, request: pytest
                        capture_output=True, text=True, env=env, timeout=600, cwd=tests.parent)
     assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
     assert sorted(p.name for p in (run_dir / "nvproxy").iterdir()) == []
+
+
+# ---- programs nvproxy cannot contain (containment.check_program) ----
+
+REFUSAL = "nvproxy run: PROGRAM links the CUDA runtime statically: rebuild it with nvcc -cudart shared"
+WITH_CHECK = f"""
+import sys, types
+check = types.ModuleType("nvproxy.containment")
+check.check_program = lambda argv: {REFUSAL!r}.replace("PROGRAM", argv[0]) if "refuse" in argv else None
+sys.modules["nvproxy.containment"] = check
+from nvproxy.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _run_checked(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    """nvproxy with a containment check that refuses any program given the argument 'refuse'."""
+    env = dict({k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}, XDG_RUNTIME_DIR=str(run_dir))
+    return subprocess.run([sys.executable, "-c", WITH_CHECK, *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+@pytest.fixture
+def run_dir(request: pytest.FixtureRequest) -> Path:
+    """A private XDG_RUNTIME_DIR, short enough for socket paths."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="nvp-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(d, ignore_errors=True))
+    return d
+
+
+def test_run_refuses_a_program_it_cannot_contain(run_dir: Path) -> None:
+    r = _run_checked(run_dir, "run", "--backend", "sim", "--", "echo", "refuse")
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", REFUSAL.replace("PROGRAM", "echo") + "\n")
+    assert not (run_dir / "nvproxy").exists()  # (no proxy was started)
+
+
+def test_allow_unprotected_runs_it_plainly_and_says_so(run_dir: Path) -> None:
+    r = _run_checked(run_dir, "run", "--backend", "sim", "--allow-unprotected", "--", "sh", "-c",
+                     'echo "LD_PRELOAD=$LD_PRELOAD NVPROXY_SOCKET=$NVPROXY_SOCKET"', "refuse")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "LD_PRELOAD= NVPROXY_SOCKET=\n"  # (no shim, no proxy)
+    assert r.stderr == ("nvproxy run: sh runs UNPROTECTED, without nvproxy: no checkpoint can save its GPU "
+                        "state\n")
+    assert not (run_dir / "nvproxy").exists()
+
+
+def test_a_program_the_check_passes_runs_through_nvproxy(build, run_dir: Path) -> None:
+    from conftest import APPS
+
+    r = _run_checked(run_dir, "run", "--backend", "sim", "--sim-kernels", str(APPS / "vector_add_sim.py"), "--",
+                     str(build("vector_add")))
+    assert r.returncode == 0 and r.stdout.endswith("Test PASSED\n"), r.stderr
+    assert (run_dir / "nvproxy").is_dir()

@@ -32,9 +32,34 @@ def cmd_run(args: argparse.Namespace) -> int:
         if why:
             print(f"nvproxy run: --sim-kernels {why}", file=sys.stderr)
             return 2
+    refusal = _containment_refusal(argv)
+    if refusal is not None:
+        if not args.allow_unprotected:
+            print(refusal, file=sys.stderr)
+            return 2
+        print(f"nvproxy run: {argv[0]} runs UNPROTECTED, without nvproxy: no checkpoint can save its GPU state",
+              file=sys.stderr)
+        return _exec_plainly(argv)
     env = proxy_env(args.backend, args.sim_kernels)
     sock, pid = spawn_proxy(os.getpid(), env)
     exec_app(argv, sock, pid, env, args.dmtcp_args.split() if dmtcp else None)
+    return 127
+
+
+def _containment_refusal(argv: list[str]) -> str | None:
+    """Why argv's GPU work would bypass the proxy (a statically linked CUDA runtime), or None."""
+    try:
+        from .containment import check_program
+    except ImportError:  # (a build without the check)
+        return None
+    return check_program(argv)
+
+
+def _exec_plainly(argv: list[str]) -> int:
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as e:
+        print(f"nvproxy run: cannot run {argv[0]}: {e.strerror}", file=sys.stderr)
     return 127
 
 
@@ -509,6 +534,8 @@ def _options(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--sim-kernels", action="append", default=[], help="Python kernels for the sim backend")
         p.add_argument("--dmtcp", action="store_true", help="run under dmtcp_launch with nvproxy as a DMTCP plugin")
         p.add_argument("--dmtcp-args", default="", help="options for dmtcp_launch, e.g. '--coord-port 7779 --no-gzip'")
+        p.add_argument("--allow-unprotected", action="store_true",
+                       help="run a program nvproxy cannot contain (a static CUDA runtime) plainly, without checkpoints")
         p.add_argument("command", nargs=argparse.REMAINDER)
         p.set_defaults(fn=cmd_run)
     elif name == "proxy":
