@@ -1,20 +1,21 @@
-"""The benchmark suite runs and writes its outputs (tiny sizes, sim backend).
-No timing is asserted: benchmarks are not tests."""
+"""The benchmark suite runs and writes its outputs (tiny sizes, sim backend), from this tree and from a wheel
+installed elsewhere.  No timing is asserted: benchmarks are not tests."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+BENCH = [sys.executable, "-m", "nvproxy", "bench"]
 
 
 def test_bench_smoke(nvcc: str, tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--reps", "1",
-                        "--backend", "sim", "--out", str(tmp_path), "--variant", "sockets:NVPROXY_MAILBOX=0"],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run([*BENCH, "--quick", "--reps", "1", "--backend", "sim", "--out", str(tmp_path),
+                        "--variant", "sockets:NVPROXY_MAILBOX=0"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert {row["bench"] for row in rows} >= {"launch_empty", "launch_sync", "malloc_free", "h2d_pageable",
@@ -32,9 +33,8 @@ def test_bench_smoke(nvcc: str, tmp_path: Path) -> None:
 def test_bench_stopped_early_keeps_the_rounds_it_finished(nvcc: str, tmp_path: Path) -> None:
     """A run stopped in its second round (a time limit on the GPU machine ended one with nothing written) leaves
     the first round's results."""
-    p = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--reps", "2",
-                          "--backend", "sim", "--out", str(tmp_path), "--checkpoint-sizes", "none"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen([*BENCH, "--quick", "--reps", "2", "--backend", "sim", "--out", str(tmp_path),
+                          "--checkpoint-sizes", "none"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert p.stderr is not None
     try:
         for line in p.stderr:
@@ -47,3 +47,31 @@ def test_bench_stopped_early_keeps_the_rounds_it_finished(nvcc: str, tmp_path: P
     assert got["reps"] == 1
     assert {row["bench"] for row in got["rows"]} >= {"launch_empty", "h2d_pageable", "launch_storm"}
     assert "| launch_empty |" in (tmp_path / "results.md").read_text()
+
+
+def test_bench_runs_from_an_installed_wheel(nvcc: str, tmp_path: Path) -> None:
+    """`pip wheel .`, installed into a directory of its own, away from this tree: `nvproxy bench --quick` builds
+    its CUDA program into the user's cache on first use and runs it through that installed copy (sim: no native
+    run without a GPU)."""
+    wheels, site, cache, out, elsewhere = (tmp_path / d for d in ("wheels", "site", "cache", "out", "elsewhere"))
+    elsewhere.mkdir()
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    r = subprocess.run([*pip, "wheel", str(ROOT), "--no-deps", "-w", str(wheels)],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (wheel,) = wheels.glob("nvproxy-*.whl")
+    r = subprocess.run([*pip, "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVPROXY_") and k != "LD_PRELOAD"}
+    env.update(PYTHONPATH=str(site), XDG_CACHE_HOME=str(cache))
+    where = subprocess.run([sys.executable, "-c", "import nvproxy.bench.run as m; print(m.__file__)"],
+                           capture_output=True, text=True, env=env, cwd=elsewhere, timeout=60).stdout.strip()
+    assert where == str(site / "nvproxy" / "bench" / "run.py")
+    r = subprocess.run([str(site / "bin" / "nvproxy"), "bench", "--quick", "--reps", "1", "--backend", "sim",
+                        "--checkpoint-sizes", "none", "--out", str(out)], capture_output=True, text=True,
+                       env=env, cwd=elsewhere, timeout=900)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert {row["bench"] for row in rows if "nvproxy" in row} >= {"launch_empty", "h2d_pageable", "launch_storm"}
+    assert [p.name.split("-")[0] for p in (cache / "nvproxy" / "bench").iterdir()] == ["microbench"]

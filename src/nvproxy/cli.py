@@ -481,12 +481,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """The microbenchmark suite (benchmarks/run.py of the source tree)."""
-    runner = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
-    if not runner.exists():
-        print("nvproxy bench: benchmarks/ is part of the source tree; run it from a checkout", file=sys.stderr)
-        return 2
-    return subprocess.run([sys.executable, str(runner), *args.rest]).returncode
+    """The benchmark suite (nvproxy.bench): native and nvproxy runs of the same programs, and their ratios."""
+    from .bench.run import main as bench_main
+
+    return bench_main(args.rest)
 
 
 def cmd_info(args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ GiB, the wall time of a whole DMTCP checkpoint (`nvproxy checkpoint --dmtcp`):
   PRE-CHECKPOINT would cost, less the copy into the buffer (the copy-out rate
   of `ckpt_run.py`, 30 GB/s on the H200, adds N/30 s).
 
-    python benchmarks/dmtcp_placement.py --sizes 1,4 [--backend gpu|sim] [--ckpt-dir /dev/shm]
+    python -m nvproxy.bench.dmtcp_placement --sizes 1,4 [--backend gpu|sim] [--ckpt-dir /dev/shm]
 Needs DMTCP (dmtcp_launch on PATH or in $NVPROXY_DMTCP_DIR/bin)."""
 
 from __future__ import annotations
@@ -76,19 +76,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--out", default="bench-results")
     args = ap.parse_args(argv)
-    from ckpt_run import parse_sizes
+    from .ckpt_run import build, parse_sizes
 
     dmtcp = _dmtcp_bin()
     rows = []
-    with tempfile.TemporaryDirectory() as build:
-        exe = Path(build) / "ckpt_bench"
-        subprocess.run(["nvcc", "-cudart", "shared", "-O2", "-o", str(exe), str(HERE / "ckpt_bench.cu")], check=True)
-        for mib in parse_sizes(args.sizes):
-            for _ in range(args.repeat):
-                for where in ("device", "host"):  # alternating, as the microbenchmarks do
-                    row = _one(exe, mib, where, args.backend, Path(args.ckpt_dir), dmtcp)
-                    print(json.dumps(row), flush=True)
-                    rows.append(row)
+    exe = build()
+    for mib in parse_sizes(args.sizes):
+        for _ in range(args.repeat):
+            for where in ("device", "host"):  # alternating, as the microbenchmarks do
+                row = _one(exe, mib, where, args.backend, Path(args.ckpt_dir), dmtcp)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "dmtcp_placement.json").write_text(json.dumps(rows, indent=1))
     return 0 if all(r["ok"] for r in rows) else 1

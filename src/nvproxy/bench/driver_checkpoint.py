@@ -2,7 +2,7 @@
 native process: lock, checkpoint (device memory out to host memory), restore,
 unlock, timed.  Used by ckpt_run.py where the cuda-checkpoint tool is absent.
 
-    python benchmarks/driver_checkpoint.py PID      -> one JSON line
+    python -m nvproxy.bench.driver_checkpoint PID      -> one JSON line
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ image in memory), then verifies its memory.  The proxy prepares its host image
 buffer after the program allocated (NVPROXY_CKPT_BUFFER=prefault): how long
 that took is reported, and the checkpoint waits for it.
 
-    python benchmarks/ckpt_run.py [--sizes 1,4,16,32] [--backend gpu|sim] [--out DIR]
+    python -m nvproxy.bench.ckpt_run [--sizes 1,4,16,32] [--backend gpu|sim] [--out DIR]
 (sizes in GiB; "8M" means 8 MiB).  `nvproxy bench --checkpoint-sizes` runs it with the microbenchmarks.
 """
 
@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from . import build as programs
 
 HERE = Path(__file__).resolve().parent
 
@@ -43,8 +45,8 @@ def _cuda_checkpoint(exe: Path, mib: int) -> dict:
         resume = time.monotonic() - t
         ok, err = a.returncode == 0 and b.returncode == 0, (a.stderr + b.stderr).strip()[-300:]
     else:
-        r = subprocess.run([sys.executable, str(HERE / "driver_checkpoint.py"), str(app.pid)], capture_output=True,
-                           text=True)
+        r = subprocess.run([sys.executable, "-m", "nvproxy.bench.driver_checkpoint", str(app.pid)],
+                           capture_output=True, text=True)
         got = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {"ok": False, "error": r.stderr}
         ok, err = got["ok"], got.get("error", "")
         suspend, resume = got.get("suspend_s", 0.0), got.get("resume_s", 0.0)
@@ -80,10 +82,11 @@ def parse_sizes(text: str) -> list[int]:
     return out
 
 
-def build(where: Path) -> Path:
-    exe = where / "ckpt_bench"
-    subprocess.run(["nvcc", "-cudart", "shared", "-O2", "-o", str(exe), str(HERE / "ckpt_bench.cu")], check=True)
-    return exe
+def build() -> Path:
+    try:
+        return programs.program("ckpt_bench", "-O2")
+    except programs.BuildError as e:
+        raise SystemExit(f"nvproxy bench: {e}") from None
 
 
 def read_mode() -> str:
@@ -196,17 +199,16 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    with tempfile.TemporaryDirectory() as build_dir:
-        exe = build(Path(build_dir))
-        for where in args.image_dir or [None]:
-            for mib in parse_sizes(args.sizes):
-                with tempfile.TemporaryDirectory(dir=where) as td:
-                    row = measure(exe, mib, Path(td), args.backend, args.settle)
-                row["image_dir"] = where or tempfile.gettempdir()
-                if args.backend == "gpu" and not args.no_driver and where == (args.image_dir or [None])[0]:
-                    row.update(_cuda_checkpoint(exe, mib))
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+    exe = build()
+    for where in args.image_dir or [None]:
+        for mib in parse_sizes(args.sizes):
+            with tempfile.TemporaryDirectory(dir=where) as td:
+                row = measure(exe, mib, Path(td), args.backend, args.settle)
+            row["image_dir"] = where or tempfile.gettempdir()
+            if args.backend == "gpu" and not args.no_driver and where == (args.image_dir or [None])[0]:
+                row.update(_cuda_checkpoint(exe, mib))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     (out / "checkpoint.json").write_text(json.dumps(rows, indent=1))
     return 0 if all(r["verified"] and r["migrate_rc"] == 0 for r in rows) else 1
 

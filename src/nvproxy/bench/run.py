@@ -1,9 +1,11 @@
 """Run the microbenchmarks natively and through nvproxy, alternating, and write
 medians, nvproxy/native ratios, a markdown table and plots.
 
-    python benchmarks/run.py [--quick] [--reps N] [--backend gpu|sim] [--out DIR] [--variant NAME:VAR=VALUE,...]
-(also `nvproxy bench`).  Ratios are the figures to read: the machines are noisy.  A variant is nvproxy once more
-with other environment settings, in the same rounds (an A/B: `--variant sockets:NVPROXY_MAILBOX=0`).
+    nvproxy bench [--quick] [--reps N] [--backend gpu|sim] [--out DIR] [--variant NAME:VAR=VALUE,...]
+(also `python -m nvproxy.bench.run`).  Ratios are the figures to read: the machines are noisy.  A variant is
+nvproxy once more with other environment settings, in the same rounds (an A/B: `--variant sockets:NVPROXY_MAILBOX=0`).
+The CUDA programs are built on first use (build.py).  `python -m nvproxy.bench.ckpt_run` and
+`python -m nvproxy.bench.dmtcp_placement` measure checkpoints alone.
 """
 
 from __future__ import annotations
@@ -19,16 +21,11 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from . import build
+
 HERE = Path(__file__).resolve().parent
 # for bandwidth higher is better: ratio = nvproxy/native bandwidth; for times, nvproxy/native time
 HIGHER_IS_BETTER = {"GB/s"}
-
-
-def build(out: Path) -> Path:
-    exe = out / "microbench"
-    subprocess.run(["nvcc", "-cudart", "shared", "-std=c++17", "-O2", "-o", str(exe), str(HERE / "microbench.cu")],
-                   check=True)
-    return exe
 
 
 def run_once(cmd: list[str], env: dict[str, str]) -> list[dict]:
@@ -39,7 +36,8 @@ def run_once(cmd: list[str], env: dict[str, str]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(prog="nvproxy bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny sizes (CI smoke run on the sim backend)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--backend", choices=("gpu", "sim"))
@@ -57,27 +55,30 @@ def main(argv: list[str] | None = None) -> int:
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     backend = args.backend or ("gpu" if shutil.which("nvidia-smi") else "sim")
     native = args.native if args.native is not None else backend == "gpu"
-    with tempfile.TemporaryDirectory() as td:
-        exe = build(Path(td))
-        extra = ["--quick"] if args.quick else []
-        proxied = [sys.executable, "-m", "nvproxy", "run", "--backend", backend,
-                   "--sim-kernels", str(HERE / "microbench_sim.py"), "--", str(exe), *extra]
-        samples: dict[tuple[str, int, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-        variants = [parse_variant(v) for v in args.variant]
-        for rep in range(args.reps):
-            modes = [("native", [str(exe), *extra], env)] if native else []
-            modes += [("nvproxy", proxied, env)] + [(name, proxied, {**env, **more}) for name, more in variants]
-            if rep % 2:
-                modes.reverse()  # alternate which goes first
-            for mode, cmd, mode_env in modes:
-                print(f"[{rep + 1}/{args.reps}] {mode}", file=sys.stderr, flush=True)
-                for rec in run_once(cmd, mode_env):
-                    samples[(rec["bench"], rec["param"], rec["unit"])][mode].append(rec["value"])
-            # (after every round: a run stopped early, by a time limit say, leaves the rounds it finished)
-            _write(samples, variants, out, backend, rep + 1, quiet=True)
-        ckpt_sizes = args.checkpoint_sizes or ("8M" if args.quick else "1,4,16,32" if backend == "gpu" else "none")
-        if ckpt_sizes != "none":
-            _checkpoint_rows(samples, Path(td), backend, ckpt_sizes, out)
+    variants = [parse_variant(v) for v in args.variant]
+    try:
+        exe = build.program("microbench", "-std=c++17", "-O2")
+    except build.BuildError as e:
+        print(f"nvproxy bench: {e}", file=sys.stderr)
+        return 2
+    extra = ["--quick"] if args.quick else []
+    proxied = [sys.executable, "-m", "nvproxy", "run", "--backend", backend,
+               "--sim-kernels", str(HERE / "microbench_sim.py"), "--", str(exe), *extra]
+    samples: dict[tuple[str, int, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for rep in range(args.reps):
+        modes = [("native", [str(exe), *extra], env)] if native else []
+        modes += [("nvproxy", proxied, env)] + [(name, proxied, {**env, **more}) for name, more in variants]
+        if rep % 2:
+            modes.reverse()  # alternate which goes first
+        for mode, cmd, mode_env in modes:
+            print(f"[{rep + 1}/{args.reps}] {mode}", file=sys.stderr, flush=True)
+            for rec in run_once(cmd, mode_env):
+                samples[(rec["bench"], rec["param"], rec["unit"])][mode].append(rec["value"])
+        # (after every round: a run stopped early, by a time limit say, leaves the rounds it finished)
+        _write(samples, variants, out, backend, rep + 1, quiet=True)
+    ckpt_sizes = args.checkpoint_sizes or ("8M" if args.quick else "1,4,16,32" if backend == "gpu" else "none")
+    if ckpt_sizes != "none":
+        _checkpoint_rows(samples, backend, ckpt_sizes, out)
     rows = _write(samples, variants, out, backend, args.reps)
     _plots(rows, out)
     return 0
@@ -123,15 +124,14 @@ def parse_variant(text: str) -> tuple[str, dict[str, str]]:
     return name, env
 
 
-def _checkpoint_rows(samples: dict, td: Path, backend: str, sizes: str, out: Path) -> None:
-    """Checkpoint rows (benchmarks/ckpt_run.py): nvproxy's dump and restore of device memory beside the
+def _checkpoint_rows(samples: dict, backend: str, sizes: str, out: Path) -> None:
+    """Checkpoint rows (ckpt_run.py): nvproxy's dump and restore of device memory beside the
     driver's own checkpoint (cuda-checkpoint) of the same program run natively, where the driver has it.
     Every measurement as ckpt_run took it (a restore's phases among them) goes to out/checkpoint-runs.json."""
-    runs = []
-    sys.path.insert(0, str(HERE))
-    import ckpt_run
+    from . import ckpt_run
 
-    exe = ckpt_run.build(td)
+    runs = []
+    exe = ckpt_run.build()
     for mib in ckpt_run.parse_sizes(sizes):
         avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         if (mib << 20) * 5 // 2 > avail:  # the host image buffer, its file, the driver's own copy
