@@ -24,6 +24,16 @@ def nvproxy(*args: str, **kw) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture
+def run_dir(request: pytest.FixtureRequest) -> Path:
+    """A private XDG_RUNTIME_DIR, short enough for socket paths."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="nvp-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(d, ignore_errors=True))
+    return d
+
+
+@pytest.fixture
 def waiting_app(build) -> Iterator[subprocess.Popen]:
     """A program under nvproxy (sim) holding device memory, waiting for a line on stdin."""
     p = subprocess.Popen(nvproxy_cmd(build("dead_proxy"), "sim", "dead_proxy"), stdin=subprocess.PIPE,
@@ -251,17 +261,14 @@ def test_sweep_removes_only_the_sockets_of_dead_proxies(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([starting, f"p{gone}-5e.sock.{gone}.ctl"])
 
 
-def test_a_starting_proxy_removes_a_killed_proxys_sockets(build, request: pytest.FixtureRequest) -> None:
+def test_a_starting_proxy_removes_a_killed_proxys_sockets(build, run_dir: Path) -> None:
     """A proxy killed with SIGKILL leaves its socket and control socket; the next proxy to start removes them, and
     leaves a live proxy's alone."""
     import select
     import signal
-    import tempfile
 
     from nvproxy.launcher import find_proxy
 
-    run_dir = Path(tempfile.mkdtemp(prefix="nvp-", dir="/tmp"))  # (short: socket paths are)
-    request.addfinalizer(lambda: shutil.rmtree(run_dir, ignore_errors=True))
     env = dict({k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}, XDG_RUNTIME_DIR=str(run_dir))
     private = run_dir / "nvproxy"
 
@@ -295,12 +302,8 @@ def test_a_starting_proxy_removes_a_killed_proxys_sockets(build, request: pytest
     assert live in (int(n.split(".")[2]) for n in names if n.endswith(".ctl"))
 
 
-def test_a_test_session_leaves_no_sockets_behind(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+def test_a_test_session_leaves_no_sockets_behind(tmp_path: Path, run_dir: Path) -> None:
     """A pytest session whose test kills a proxy with SIGKILL leaves none of its sockets (conftest.py)."""
-    import tempfile
-
-    run_dir = Path(tempfile.mkdtemp(prefix="nvp-", dir="/tmp"))  # (short: socket paths are)
-    request.addfinalizer(lambda: shutil.rmtree(run_dir, ignore_errors=True))
     env = dict({k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}, XDG_RUNTIME_DIR=str(run_dir))
     tests = Path(__file__).resolve().parent
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path),
@@ -328,16 +331,6 @@ def _run_checked(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict({k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}, XDG_RUNTIME_DIR=str(run_dir))
     return subprocess.run([sys.executable, "-c", WITH_CHECK, *args], capture_output=True, text=True, env=env,
                           timeout=120)
-
-
-@pytest.fixture
-def run_dir(request: pytest.FixtureRequest) -> Path:
-    """A private XDG_RUNTIME_DIR, short enough for socket paths."""
-    import tempfile
-
-    d = Path(tempfile.mkdtemp(prefix="nvp-", dir="/tmp"))
-    request.addfinalizer(lambda: shutil.rmtree(d, ignore_errors=True))
-    return d
 
 
 def test_run_refuses_a_program_it_cannot_contain(run_dir: Path) -> None:
