@@ -356,3 +356,25 @@ def test_a_program_the_check_passes_runs_through_nvproxy(build, run_dir: Path) -
                      str(build("vector_add")))
     assert r.returncode == 0 and r.stdout.endswith("Test PASSED\n"), r.stderr
     assert (run_dir / "nvproxy").is_dir()
+
+
+def test_run_refuses_a_static_cuda_runtime_and_runs_it_unprotected_on_request(nvcc: str, tmp_path: Path,
+                                                                            run_dir: Path) -> None:
+    """vector_add built as nvcc builds by default (its CUDA runtime linked in): refused with the containment
+    check's one paragraph; with --allow-unprotected it runs as it is, without shim or proxy."""
+    from conftest import APPS
+
+    from nvproxy.containment import check_program
+
+    exe = tmp_path / "vector_add_static"
+    subprocess.run([nvcc, "-o", str(exe), str(APPS / "vector_add.cu")], check=True, cwd=APPS)
+    env = dict({k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}, XDG_RUNTIME_DIR=str(run_dir))
+    r = nvproxy("run", "--backend", "sim", "--", str(exe), env=env)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == check_program([str(exe)]) + "\n" and r.stderr.count("\n") == 1
+    assert "nvcc -cudart shared" in r.stderr and "CMAKE_CUDA_RUNTIME_LIBRARY=Shared" in r.stderr
+    r = nvproxy("run", "--backend", "sim", "--allow-unprotected", "--", str(exe), env=env)
+    assert r.stderr.splitlines()[0] == (f"nvproxy run: {exe} runs UNPROTECTED, without nvproxy: no checkpoint can "
+                                        "save its GPU state")
+    assert "nvproxy:" not in r.stdout + "\n".join(r.stderr.splitlines()[1:])  # (nothing of nvproxy's past that)
+    assert not (run_dir / "nvproxy").exists()  # (no proxy)

@@ -96,6 +96,10 @@ def _runtime_dir(v: str) -> str | None:
     return None if os.path.isdir(v) else "no such directory"
 
 
+def _existing_directory(v: str) -> str | None:
+    return None if os.path.isdir(v) else "no such directory"
+
+
 def _dmtcp_dir(v: str) -> str | None:
     return None if os.path.isfile(os.path.join(v, "bin", "dmtcp_launch")) else f"no {v}/bin/dmtcp_launch"
 
@@ -135,6 +139,7 @@ PYTHON_FILES = with_reason(f"Python files, separated by '{os.pathsep}'", python_
 WRITABLE_FILE = with_reason("a file this user may create or append to", _writable_file)
 IMAGE_PATH = with_reason("a checkpoint image file; it may be written later, but its directory must exist", _image_path)
 DIRECTORY = with_reason("a writable directory", _directory)
+LIBRARY_DIR = with_reason("a directory", _existing_directory)
 DMTCP_DIR = with_reason("a DMTCP installation: the directory holding bin/dmtcp_launch", _dmtcp_dir)
 EXECUTABLE = with_reason("a Python interpreter with nvproxy installed: a path, or a name on PATH", _executable)
 WORDS = with_reason("debug flags separated by commas", _words)
@@ -162,18 +167,18 @@ class Setting:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("NVPROXY_BACKEND", "auto", choice("auto", "gpu", "sim"),
-            "what runs the CUDA work: the GPU, the sim backend (a CPU model of the device), or the GPU when one "
-            "is usable", (PROXY, RUN), option="nvproxy run --backend"),
+    Setting("NVPROXY_BACKEND", "auto: gpu if a GPU is usable, else sim (with a message)", choice("auto", "gpu", "sim"),
+            "the device the proxy drives: the GPU, or the sim backend (a CPU model of the device)", (PROXY, RUN),
+            option="nvproxy run --backend"),
     Setting("NVPROXY_SIM_DEVICES", "1", integer(1, 16), "how many devices the sim backend models", (PROXY,)),
     Setting("NVPROXY_SIM_KERNELS", "", PYTHON_FILES,
             "Python implementations of the program's kernels for the sim backend (nvproxy.sim_kernels)",
             (PROXY, RUN), option="nvproxy run --sim-kernels"),
     Setting("NVPROXY_PROXY_LOG", "", WRITABLE_FILE,
-            "the proxy's own messages go to this file (appended) instead of the program's stderr", (PROXY,)),
+            "where the proxy writes its messages (appended) instead of the program's stderr", (PROXY,)),
     Setting("NVPROXY_RECOVER", "", IMAGE_PATH,
             "when the proxy dies, a new one starts from this checkpoint image and the program goes on", (SHIM,)),
-    Setting("NVPROXY_PYTHON", "the Python of nvproxy run", EXECUTABLE,
+    Setting("NVPROXY_PYTHON", "the Python nvproxy was built with; nvproxy run sets its own", EXECUTABLE,
             "the interpreter the shim starts proxies with (for a forked child, or to recover)", (SHIM, RUN)),
     Setting("NVPROXY_DMTCP_DIR", "DMTCP on PATH", DMTCP_DIR,
             "where DMTCP is installed, for nvproxy run --dmtcp, checkpoint --dmtcp and restart", (DMTCP,)),
@@ -181,24 +186,29 @@ SETTINGS: tuple[Setting, ...] = (
             "under DMTCP, where the plugin writes each process's GPU image (nvproxy-PID.img)", (SHIM,)),
     Setting("NVPROXY_DEVICES", "the GPUs it ran on", DEVICES,
             "at a DMTCP restart, the GPUs the program comes back on", (SHIM,), option="nvproxy restart --device"),
+    Setting("NVPROXY_LIB_DIR", "", LIBRARY_DIR,
+            "where the proxy looks first for the GPU libraries a program calls (cuBLAS, cuFFT...); the sim backend "
+            "looks nowhere else", (PROXY,)),
     Setting("NVPROXY_SPIN_US", "400", integer(0, 200000, " (microseconds)"),
-            "how long a thread waiting for a reply polls before it sleeps (0: sleeps at once)", (SHIM,), "tuning"),
+            "how long a thread waiting for a reply spins before it sleeps (longer for a long synchronous copy; 0: "
+            "it sleeps at once)", (SHIM,), "tuning"),
     Setting("NVPROXY_COPY_THREADS", "half the cores, at most 4", integer(1, 8),
             "threads that copy pageable memory into the staging buffers (1: the calling thread alone)", (SHIM,),
             "tuning"),
     Setting("NVPROXY_CKPT_BUFFER", "prefault", choice("prefault", "lazy", "transient"),
-            "the proxy's host image buffer: prepared while the program runs, at the first checkpoint, or made "
-            "for each checkpoint and dropped after", (PROXY,), "tuning"),
+            "the host buffer images are built in: grown and page-locked in the background as device memory grows; "
+            "made at the first checkpoint and kept; or made and released at every checkpoint", (PROXY,), "tuning"),
     Setting("NVPROXY_RESTORE_READ", "bounce", choice("bounce", "map"),
-            "how a restore reads an image file: through pinned bounce slots, or mapped and registered", (PROXY,),
-            "tuning"),
+            "how a restore reads an image file: through pinned bounce buffers on 16 threads, or by page-locking the "
+            "file's pages (slower; falls back to bounce where that fails)", (PROXY,), "tuning"),
     Setting("NVPROXY_EARLY_CHECK", "1", choice("0", "1", "load"),
             "a restoring proxy sums the image while the driver starts (0: during the load; load: stop at the load)",
             (PROXY,), "tuning"),
     Setting("NVPROXY_EARLY_CONTEXT", "1", ON_OFF,
             "a proxy starts the driver before Python's site processing (0: when the backend opens)", (PROXY,),
             "tuning"),
-    Setting("NVPROXY_DEBUG", "", WORDS, "debug flags, separated by commas", (SHIM, PROXY), "debug"),
+    Setting("NVPROXY_DEBUG", "", WORDS, "turns single mechanisms of the call path or the restore off, to compare or "
+            "to isolate a fault; not for production", (SHIM, PROXY), "debug"),
     Setting("NVPROXY_TRACE", "", choice("1"), "the shim prints every request it sends on stderr", (SHIM,), "debug"),
     Setting("NVPROXY_CRASH_TRACE", "0", ON_OFF,
             "a program that dies of SIGSEGV or SIGBUS first prints where, one frame a line", (SHIM,), "debug"),
@@ -221,6 +231,9 @@ SETTINGS: tuple[Setting, ...] = (
             "small copies are staged with streaming stores always (1) or never (0)", (SHIM,), "debug"),
     Setting("NVPROXY_SMALL_PARALLEL", "1", ON_OFF, "small staged copies are split over the copy threads (0: not)",
             (SHIM,), "debug"),
+    Setting("NVPROXY_LIB_SYNC", "0", ON_OFF,
+            "every GPU library call waits for its answer (0: ordered calls with no output go unanswered)", (SHIM,),
+            "debug"),
     Setting("NVPROXY_DMA_ROUND_KIB", "1024", integer(0, 1 << 20, " (KiB)"),
             "copies from the device from this size land round the staging buffer (0: never)", (SHIM,), "debug"),
     Setting("NVPROXY_CHECKPOINT_AT", "", integer(1, 1 << 40),
@@ -294,15 +307,14 @@ def _default(s: Setting) -> str:
     return s.default or "unset"
 
 
-def markdown_table() -> str:
-    """The table as Markdown, a section per group (docs/user-guide.md embeds it)."""
-    out = []
-    for group, settings in _rows(GROUPS):
-        out += [f"#### {GROUPS[group]}", "", "| variable | default | allowed | meaning |", "|---|---|---|---|"]
+def markdown_table(groups: Iterable[str] = ("main", "tuning", "debug")) -> str:
+    """The settings of groups as one Markdown table (the user guide has it between its settings-table markers;
+    the test hooks stay out of it)."""
+    out = ["| variable | default | allowed values | meaning |", "|---|---|---|---|"]
+    for _group, settings in _rows(groups):
         for s in settings:
-            meaning = s.meaning + (f" (also: `{s.option}`)" if s.option else "")
+            meaning = s.meaning + (f"; `{s.option}` sets it" if s.option else "")
             out.append(f"| `{s.name}` | {_default(s)} | {s.kind.allowed} | {meaning} |")
-        out.append("")
     return "\n".join(out)
 
 
