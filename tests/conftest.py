@@ -21,11 +21,12 @@ TIMEOUT = 180
 
 @pytest.fixture(scope="session", autouse=True)
 def no_dead_proxies_sockets() -> Iterator[None]:
-    """Tests kill proxies (SIGKILL), whose sockets the next proxy to start removes: the last ones go at the end."""
+    """Tests kill proxies (SIGKILL), whose sockets the next proxy to start removes: the last ones go at the end,
+    once the proxies whose programs have ended are gone."""
     yield
     from nvproxy import stale
 
-    stale.sweep_private_dir()
+    stale.sweep_private_dir(settle=30)
 
 
 @pytest.fixture(scope="session")

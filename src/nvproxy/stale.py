@@ -54,12 +54,36 @@ def _remove(path: Path, removed: list[Path]) -> None:
         pass
 
 
-def sweep(directory: Path) -> list[Path]:
-    """Remove the dead proxies' sockets in directory; the paths removed."""
+def _wait_for_orphans(names: list[str], seconds: float) -> None:
+    """A proxy whose application has ended ends by itself: wait (up to seconds) for those still ending."""
+    import select
+    import time
+
+    deadline = time.monotonic() + seconds
+    for name in names:
+        m = CTL.fullmatch(name)
+        owner = SOCK.fullmatch(m.group(1)) if m else None
+        if not m or not owner or _alive(int(owner.group(1))) or not _alive(pid := int(m.group(2))):
+            continue
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            continue
+        try:
+            select.select([fd], [], [], max(0.0, deadline - time.monotonic()))  # (readable once it has ended)
+        finally:
+            os.close(fd)
+
+
+def sweep(directory: Path, settle: float = 0.0) -> list[Path]:
+    """Remove the dead proxies' sockets in directory, having waited up to settle seconds for proxies whose
+    application has ended; the paths removed."""
     try:
         names = os.listdir(directory)
     except OSError:
         return []
+    if settle:
+        _wait_for_orphans(names, settle)
     removed: list[Path] = []
     held, controlled = set(), set()  # proxy sockets a live proxy holds; those a control socket was found for
     for name in names:
@@ -81,7 +105,7 @@ def sweep(directory: Path) -> list[Path]:
     return removed
 
 
-def sweep_private_dir() -> list[Path]:
+def sweep_private_dir(settle: float = 0.0) -> list[Path]:
     """sweep() of this user's private directory, where it exists and is this user's."""
     from .launcher import private_dir_path
 
@@ -90,4 +114,4 @@ def sweep_private_dir() -> list[Path]:
         mine = d.is_dir() and not d.is_symlink() and d.stat().st_uid == os.getuid()
     except OSError:
         mine = False
-    return sweep(d) if mine else []
+    return sweep(d, settle) if mine else []
