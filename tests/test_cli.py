@@ -14,7 +14,7 @@ import pytest
 from conftest import nvproxy_cmd
 
 from nvproxy import cli
-from nvproxy.checkpoint.image import atomic_file, read_header
+from nvproxy.checkpoint.image import read_header
 
 
 def nvproxy(*args: str, **kw) -> subprocess.CompletedProcess:
@@ -91,19 +91,6 @@ def test_checkpoint_refuses_a_timeout_that_is_not_positive(timeout: str) -> None
     assert r.returncode == 2
     assert r.stderr.splitlines()[-1] == (f"nvproxy checkpoint: error: argument --timeout: {timeout!r} is not a "
                                          "positive number of seconds")
-
-
-def test_an_image_that_cannot_be_renamed_into_place_leaves_no_temporary_file(tmp_path: Path) -> None:
-    (tmp_path / "taken").mkdir()
-    with pytest.raises(IsADirectoryError):
-        atomic_file(tmp_path / "taken", lambda fd: os.write(fd, b"x" * 4096))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
-
-
-def test_proxy_errors_name_the_users_path_not_the_temporary_one() -> None:
-    said = "writing /a b/x.img: [Errno 28] No space left on device: '/a b/.x.img.4242.tmp'"
-    assert cli._in_users_words(said, "/a b/x.img") == \
-        "writing /a b/x.img: [Errno 28] No space left on device: '/a b/x.img'"
 
 
 # ---- nvproxy checkpoint --dmtcp: written means every image complete and on disk ----

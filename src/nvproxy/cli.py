@@ -358,15 +358,6 @@ def _image_path(output: str | None, app_pid: int) -> tuple[str, str]:
     raise SystemExit(2)
 
 
-def _in_users_words(error: str, image: str) -> str:
-    """A proxy's error about image, with the temporary file it writes first (checkpoint/image.py) called by the
-    name the user gave."""
-    import re
-
-    tmp = os.path.join(os.path.dirname(image), "." + os.path.basename(image))
-    return re.sub(re.escape(tmp) + r"\.[0-9]+\.tmp", lambda _m: image, error)
-
-
 def cmd_checkpoint(args: argparse.Namespace) -> int:
     """Write a checkpoint image of a running application's GPU state; it goes on."""
 
@@ -384,7 +375,7 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
         print(f"nvproxy checkpoint: {note}", file=sys.stderr)
     reply = _control_call(sock, pid, {"cmd": "checkpoint", "image": image})
     if not reply.get("ok"):
-        print(f"nvproxy checkpoint: {_in_users_words(str(reply.get('error')), image)}", file=sys.stderr)
+        print(f"nvproxy checkpoint: {reply.get('error')}", file=sys.stderr)
         return 1
     s = reply["stats"]
     print(f"{image}: {s['device_bytes'] >> 20} MiB of device memory copied out in {s['seconds']:.3f} s "
