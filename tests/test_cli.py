@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import nvproxy_cmd
+from conftest import APPS, nvproxy_cmd
 
 from nvproxy import cli
 from nvproxy.checkpoint.image import read_header
@@ -278,7 +278,8 @@ def test_a_starting_proxy_removes_a_killed_proxys_sockets(build, run_dir: Path) 
         killed_app.communicate("\n", timeout=60)
         left = sorted(p.name for p in private.iterdir() if f"p{killed_app.pid}-" in p.name)
         assert len(left) == 2, left  # (its socket and control socket)
-        r = nvproxy("run", "--backend", "sim", "--", str(build("device_query")), env=env)
+        r = nvproxy("run", "--backend", "sim", "--sim-kernels", str(APPS / "vector_add_sim.py"), "--",
+                    str(build("vector_add")), env=env)
         assert r.returncode == 0, r.stderr
         names = sorted(p.name for p in private.iterdir())
         assert not [n for n in names if f"p{killed_app.pid}-" in n], names
@@ -337,8 +338,6 @@ def test_allow_unprotected_runs_it_plainly_and_says_so(run_dir: Path) -> None:
 
 
 def test_a_program_the_check_passes_runs_through_nvproxy(build, run_dir: Path) -> None:
-    from conftest import APPS
-
     r = _run_checked(run_dir, "run", "--backend", "sim", "--sim-kernels", str(APPS / "vector_add_sim.py"), "--",
                      str(build("vector_add")))
     assert r.returncode == 0 and r.stdout.endswith("Test PASSED\n"), r.stderr
@@ -349,8 +348,6 @@ def test_run_refuses_a_static_cuda_runtime_and_runs_it_unprotected_on_request(nv
                                                                             run_dir: Path) -> None:
     """vector_add built as nvcc builds by default (its CUDA runtime linked in): refused with the containment
     check's one paragraph; with --allow-unprotected it runs as it is, without shim or proxy."""
-    from conftest import APPS
-
     from nvproxy.containment import check_program
 
     exe = tmp_path / "vector_add_static"
