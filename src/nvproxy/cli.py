@@ -48,14 +48,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _containment_refusal(argv: list[str]) -> str | None:
     """Why argv's GPU work would bypass the proxy (a statically linked CUDA runtime), or None."""
-    try:
-        from .containment import check_program
-    except ImportError:  # (a build without the check)
-        return None
+    from .containment import check_program
+
     return check_program(argv)
 
 
 def _exec_plainly(argv: list[str]) -> int:
+    """Run argv without the shim (a static runtime under the shim fails loudly at its first call instead)."""
+    shim = str(shim_path())
+    kept = [p for p in os.environ.get("LD_PRELOAD", "").split(":") if p and os.path.realpath(p) != shim]
+    if kept:
+        os.environ["LD_PRELOAD"] = ":".join(kept)
+    else:
+        os.environ.pop("LD_PRELOAD", None)
     try:
         os.execvp(argv[0], argv)
     except OSError as e:
