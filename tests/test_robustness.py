@@ -61,6 +61,33 @@ def test_dead_proxy_is_a_clear_error_not_a_hang(build, backend: str) -> None:
     assert "nvproxy: lost the proxy" in err
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+@pytest.mark.parametrize("size", [4096, 1 << 20, 4 << 20])
+def test_recovery_when_the_first_call_after_the_death_is_a_pageable_copy(build, backend: str, direction: str,
+                                                                         size: int, tmp_path: Path) -> None:
+    """NVPROXY_RECOVER: the call that finds the proxy gone is a pageable copy (several requests in flight, through
+    the thread's staging buffer and mailbox), not a single request.  A new proxy starts from the image, that copy
+    runs against it and returns cudaSuccess, and so do the calls after it."""
+    image = tmp_path / "last.img"
+    env = dict(os.environ, NVPROXY_RECOVER=str(image))
+    env.pop("LD_PRELOAD", None)
+    p = subprocess.Popen(nvproxy_cmd(build("recover_copy"), backend, "recover_copy", direction, str(size)),
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert p.stdout is not None and p.stdout.readline() == "ready\n"
+    try:
+        r = run([sys.executable, "-m", "nvproxy", "checkpoint", str(p.pid), "-o", str(image)])
+        assert r.returncode == 0, r.stdout + r.stderr
+        pid, _ = proxy_of(p.pid)
+        os.kill(pid, signal.SIGKILL)
+    finally:
+        out, err = p.communicate("\n", timeout=120)
+    assert p.returncode == 0, out + err
+    held = "the new bytes" if direction == "h2d" else "the checkpointed bytes"
+    assert out.splitlines() == ["first call: cudaSuccess", f"device holds {held}: yes", "later calls: cudaSuccess"], err
+    assert err.count("the proxy is gone; starting a new one from") == 1, err
+
+
 def _mappings_up_high(pid: int) -> list[str]:
     """The proxy's mappings in the top of the address space, where a program's mmap() puts memory (top-down,
     below its stack), other than its stack and the kernel's pages."""

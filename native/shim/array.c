@@ -237,6 +237,19 @@ static cudaError_t staged(const struct side *lin, const struct side *arr, int to
     return cudaSuccess;
 }
 
+struct staged_call {
+    const struct side *lin, *arr;
+    int to_array;
+    size_t w, h, d;
+    int64_t stream;
+};
+
+static cudaError_t staged_once(void *arg)
+{
+    const struct staged_call *c = arg;
+    return staged(c->lin, c->arr, c->to_array, c->w, c->h, c->d, c->stream);
+}
+
 static cudaError_t copy3d(const struct side *src, const struct side *dst, size_t w, size_t h, size_t d,
                           enum cudaMemcpyKind kind, int64_t stream, int is_async)
 {
@@ -248,11 +261,9 @@ static cudaError_t copy3d(const struct side *src, const struct side *dst, size_t
     int spage, dpage;
     if ((e = check_side(src, w, h, d, &spage)) || (e = check_side(dst, w, h, d, &dpage)))
         return e;
-    if (spage || dpage) {
-        nvp_ckpt_disable(); /* the staging buffer holds rows between two requests */
-        e = spage ? staged(src, dst, 1, w, h, d, stream) : staged(dst, src, 0, w, h, d, stream);
-        nvp_ckpt_enable();
-        return e;
+    if (spage || dpage) { /* one exchange: the staging buffer holds rows between two requests */
+        struct staged_call c = {spage ? src : dst, spage ? dst : src, spage, w, h, d, stream};
+        return nvp_exchange(staged_once, &c);
     }
     struct nvp_copy3d c = {wire_side(src, 0, 0), wire_side(dst, 0, 0), w, h, d};
     uint64_t a[NVP_MAX_ARGS] = {(uint64_t)stream};

@@ -446,7 +446,7 @@ static void posted_settle(struct nvp_staging *s, uint64_t known)
 static __thread struct {
     uint64_t seq; /* 0: no run */
     int64_t stream;
-    int dev, idle;
+    int dev, idle, gen; /* gen: the proxy's (nvp_generation): a new proxy knows no run */
 } run;
 
 static cudaError_t posted_fence(struct nvp_staging *s, uint64_t upto)
@@ -511,7 +511,8 @@ static cudaError_t posted_h2d(struct nvp_staging *s, uint64_t dst, const char *s
     nvp_copy_small_for_dma(s->base + off, src, n); /* (SMALL_STORES) */
     uint64_t a[NVP_MAX_ARGS] = {dst, off, n, (uint64_t)stream, 0, s->posted, is_async ? NVP_STAGED_ASYNC : 0};
     int dev = nvp_current_device(), sent = 0;
-    if (unanswered_on() && run.seq && run.dev == dev && run.stream == stream && (is_async || run.idle)) {
+    if (unanswered_on() && run.seq && run.gen == nvp_generation() && run.dev == dev && run.stream == stream &&
+        (is_async || run.idle)) {
         a[6] |= NVP_STAGED_UNANSWERED;
         if ((e = nvp_send_after(NVP_OP_STAGED_COPY, a, run.seq, &sent)))
             return e;
@@ -528,6 +529,7 @@ static cudaError_t posted_h2d(struct nvp_staging *s, uint64_t dst, const char *s
     e = nvp_wait_pending(&r);
     run.seq = !e && r.h.r[0] == NVP_STAGED_RUN ? seq : 0;
     run.stream = stream, run.dev = dev, run.idle = !is_async; /* (a cudaMemcpyAsync's answer says nothing of them) */
+    run.gen = nvp_generation();
     return e;
 }
 
@@ -732,13 +734,27 @@ static cudaError_t staged_d2h_(struct nvp_staging *s, char *dst, uint64_t src, s
 static cudaError_t memcpy_impl(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, int64_t stream,
                                int is_async);
 
+struct copy_call {
+    void *dst;
+    const void *src;
+    size_t n;
+    enum cudaMemcpyKind kind;
+    int64_t stream;
+    int is_async;
+};
+
+static cudaError_t copy_once(void *arg)
+{
+    const struct copy_call *c = arg;
+    return memcpy_impl(c->dst, c->src, c->n, c->kind, c->stream, c->is_async);
+}
+
+/* One exchange (nvp_exchange): a staged copy has several requests in flight and holds the staging buffer. */
 cudaError_t nvp_memcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, int64_t stream,
                        int is_async)
 {
-    nvp_ckpt_disable(); /* a staged copy has several requests in flight */
-    cudaError_t e = memcpy_impl(dst, src, n, kind, stream, is_async);
-    nvp_ckpt_enable();
-    return e;
+    struct copy_call c = {dst, src, n, kind, stream, is_async};
+    return nvp_exchange(copy_once, &c);
 }
 
 cudaError_t nvp_copy_entry(enum cudaMemcpyKind kind, int64_t stream)
@@ -857,16 +873,30 @@ static cudaError_t memcpy2d(void *dst, size_t dpitch, const void *src, size_t sp
     return cudaSuccess;
 }
 
+static cudaError_t memcpy3d(const struct cudaMemcpy3DParms *p, int64_t stream, int is_async);
+
+/* a 2D copy as the one slice of a 3D one: its pageable rows go in one exchange (memcpy3d) */
+static cudaError_t memcpy2d_call(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                                 size_t height, enum cudaMemcpyKind kind, int64_t stream, int is_async)
+{
+    struct cudaMemcpy3DParms p = {0};
+    p.srcPtr = (struct cudaPitchedPtr){(void *)src, spitch, width, height};
+    p.dstPtr = (struct cudaPitchedPtr){dst, dpitch, width, height};
+    p.extent = (struct cudaExtent){width, height, 1};
+    p.kind = kind;
+    return memcpy3d(&p, stream, is_async);
+}
+
 NVP_EXPORT cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
                                     size_t height, enum cudaMemcpyKind kind)
 {
-    return nvp_ret(memcpy2d(dst, dpitch, src, spitch, width, height, kind, NVP_STREAM_LEGACY, 0));
+    return nvp_ret(memcpy2d_call(dst, dpitch, src, spitch, width, height, kind, NVP_STREAM_LEGACY, 0));
 }
 
 NVP_EXPORT cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
                                          size_t height, enum cudaMemcpyKind kind, cudaStream_t stream)
 {
-    return nvp_ret(memcpy2d(dst, dpitch, src, spitch, width, height, kind, nvp_stream_wire(stream, 0), 1));
+    return nvp_ret(memcpy2d_call(dst, dpitch, src, spitch, width, height, kind, nvp_stream_wire(stream, 0), 1));
 }
 
 /* ---- memset ---- */
@@ -1033,12 +1063,18 @@ static char *slice(const struct cudaPitchedPtr *p, const struct cudaPos *pos, si
     return (char *)p->ptr + (pos->z + z) * p->pitch * p->ysize + pos->y * p->pitch + pos->x;
 }
 
-static cudaError_t memcpy3d(const struct cudaMemcpy3DParms *p, int64_t stream, int is_async)
+struct pitched_call {
+    const struct cudaMemcpy3DParms *p;
+    int64_t stream;
+    int is_async;
+};
+
+static cudaError_t pitched_once(void *arg)
 {
-    if (!p)
-        return cudaErrorInvalidValue;
-    if (p->srcArray || p->dstArray)
-        return nvp_copy3d_arrays(p, stream, is_async);
+    const struct pitched_call *c = arg;
+    const struct cudaMemcpy3DParms *p = c->p;
+    int64_t stream = c->stream;
+    int is_async = c->is_async;
     for (size_t z = 0; z < p->extent.depth; z++) {
         cudaError_t e = memcpy2d(slice(&p->dstPtr, &p->dstPos, z), p->dstPtr.pitch, slice(&p->srcPtr, &p->srcPos, z),
                                  p->srcPtr.pitch, p->extent.width, p->extent.height, p->kind, stream, is_async);
@@ -1046,6 +1082,18 @@ static cudaError_t memcpy3d(const struct cudaMemcpy3DParms *p, int64_t stream, i
             return e;
     }
     return cudaSuccess;
+}
+
+/* slices of rows, one staged copy per pageable row: one exchange (nvp_exchange), so that after a recovery every
+ * row goes to the new proxy */
+static cudaError_t memcpy3d(const struct cudaMemcpy3DParms *p, int64_t stream, int is_async)
+{
+    if (!p)
+        return cudaErrorInvalidValue;
+    if (p->srcArray || p->dstArray)
+        return nvp_copy3d_arrays(p, stream, is_async);
+    struct pitched_call c = {p, stream, is_async};
+    return nvp_exchange(pitched_once, &c);
 }
 
 NVP_EXPORT cudaError_t cudaMemcpy3D(const struct cudaMemcpy3DParms *p)

@@ -38,6 +38,13 @@ cudaError_t nvp_call(uint16_t op, const uint64_t a[NVP_MAX_ARGS], const void *pa
 /* Two-part payload variant (header + big payload without copying). */
 cudaError_t nvp_callv(uint16_t op, const uint64_t a[NVP_MAX_ARGS], const void *p1, size_t l1,
                       const void *p2, size_t l2, struct nvp_reply *reply, int fd);
+/* One runtime call's talk with the proxy, however many requests it makes: run(arg) with checkpoints held off.  If
+ * the proxy was lost meanwhile (a request or reply failed) and NVPROXY_RECOVER names an image, a new proxy starts
+ * from it and run(arg) runs once more, from the start, against that one.  Only the outermost exchange of a thread
+ * recovers: inside it, a lost proxy makes every later request of the call fail at once, so that nothing the call
+ * holds (the staging buffer, replies still to read) meets the new proxy half done.  nvp_callv and nvp_connect
+ * are exchanges; a call that holds such state across requests (a staged copy) makes one around all of them. */
+cudaError_t nvp_exchange(cudaError_t (*run)(void *arg), void *arg);
 /* Pipelined requests: send with a reply pending, collect replies later, in order.  alone: no other request
  * follows before this one's reply is read, so it may go through the mailbox's slot (a small staged copy). */
 cudaError_t nvp_send_pending(uint16_t op, const uint64_t a[NVP_MAX_ARGS], int alone);

@@ -105,6 +105,7 @@ static int spawn_proxy(const char *restore_image);
 static int open_channel(int kind, struct nvp_rep *rep_out, struct nvp_mailbox **mb_out);
 static void drop_staging(void);
 static void drop_mailbox(void);
+static int recover(int seen_gen);
 static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 
 void nvp_log(const char *fmt, ...)
@@ -187,7 +188,7 @@ static cudaError_t mark_dead(const char *why)
 {
     T.broken = 1;
     if (getenv("NVPROXY_RECOVER") && *getenv("NVPROXY_RECOVER")) {
-        /* nvp_callv starts a new proxy from the image and tries again */
+        /* the call's outermost nvp_exchange starts a new proxy from the image and runs the call again */
         if (T.fd >= 0)
             nvp_close_private(T.fd);
         T.fd = -1;
@@ -803,9 +804,11 @@ static cudaError_t connect_held(void)
     if (T.fd >= 0) { /* a new proxy replaced the one this channel went to (NVPROXY_RECOVER) */
         nvp_close_private(T.fd);
         T.fd = -1;
-        drop_staging();
     }
-    drop_mailbox(); /* (the old channel's: a checkpoint closed it, or a new proxy replaced its proxy) */
+    /* the old channel's buffers: a checkpoint closed it, the proxy was lost (mark_dead leaves them mapped, as
+     * helper threads may still be copying into the staging buffer), or a new proxy replaced its proxy */
+    drop_staging();
+    drop_mailbox();
     if (G.state == ST_DEAD)
         return cudaErrorDevicesUnavailable;
     struct nvp_mailbox *mb;
@@ -834,15 +837,44 @@ static cudaError_t connect_held(void)
     return cudaSuccess;
 }
 
+static __thread int exchange_depth; /* nvp_exchange calls under way on this thread */
+
+static cudaError_t connect_once(void *arg)
+{
+    (void)arg;
+    if (T.fd >= 0 && T.gen == atomic_load(&G.generation))
+        return cudaSuccess;
+    if (T.broken) /* (lost during this call: nothing more goes out before the outermost exchange recovers) */
+        return cudaErrorDevicesUnavailable;
+    /* Opened and listed under one hold (and G.lock, see thread_exit; nvp_exchange holds checkpoints off): a
+     * checkpoint in between would leave a channel that nvp_disconnect_all cannot see, and after the restart its
+     * stale number may name another thread's new channel, which this thread would close as its own (found by
+     * reading). */
+    return connect_held();
+}
+
 cudaError_t nvp_connect(void)
 {
     if (T.fd >= 0 && T.gen == atomic_load(&G.generation))
         return cudaSuccess;
-    /* Opened and listed under one hold (and G.lock, see thread_exit): a checkpoint in between would leave a
-     * channel that nvp_disconnect_all cannot see, and after the restart its stale number may name another
-     * thread's new channel, which this thread would close as its own (found by reading). */
+    return nvp_exchange(connect_once, NULL);
+}
+
+cudaError_t nvp_exchange(cudaError_t (*run)(void *arg), void *arg)
+{
+    if (exchange_depth) /* (inside another: that one recovers, and runs the whole call again) */
+        return run(arg);
     nvp_ckpt_disable();
-    cudaError_t e = connect_held();
+    cudaError_t e;
+    for (int attempt = 0;; attempt++) {
+        int gen = T.fd >= 0 ? T.gen : atomic_load(&G.generation);
+        T.broken = 0;
+        exchange_depth++;
+        e = run(arg);
+        exchange_depth--;
+        if (!(T.broken && attempt == 0 && recover(gen)))
+            break; /* (else once more, against the new proxy) */
+    }
     nvp_ckpt_enable();
     return e;
 }
@@ -1274,28 +1306,32 @@ void nvp_remake_pinned(void)
     nvp_host_foreach(remake_memfd, NULL);
 }
 
+struct one_call {
+    uint16_t op;
+    const uint64_t *a;
+    const void *p1, *p2;
+    size_t l1, l2;
+    struct nvp_reply *reply;
+    int fd;
+};
+
+static cudaError_t call_once(void *arg)
+{
+    const struct one_call *c = arg;
+    cudaError_t e = nvp_connect();
+    if (e)
+        return e;
+    int mailbox = c->reply && T.mb && !T.unread; /* (no earlier reply can be on its way) */
+    e = send_req(c->op, c->reply ? NVP_F_REPLY | (mailbox ? NVP_F_MAILBOX : 0) : 0, c->a, c->p1, c->l1, c->p2, c->l2,
+                 c->fd, 1);
+    return !e && c->reply ? recv_reply_from(c->reply, mailbox) : e;
+}
+
 cudaError_t nvp_callv(uint16_t op, const uint64_t a[NVP_MAX_ARGS], const void *p1, size_t l1, const void *p2,
                       size_t l2, struct nvp_reply *reply, int fd)
 {
-    nvp_ckpt_disable();
-    cudaError_t out = cudaSuccess;
-    for (int attempt = 0;; attempt++) {
-        int gen = T.fd >= 0 ? T.gen : atomic_load(&G.generation);
-        T.broken = 0;
-        cudaError_t e = nvp_connect();
-        if (!e) {
-            int mailbox = reply && T.mb && !T.unread; /* (no earlier reply can be on its way) */
-            e = send_req(op, reply ? NVP_F_REPLY | (mailbox ? NVP_F_MAILBOX : 0) : 0, a, p1, l1, p2, l2, fd, 1);
-            if (!e && reply)
-                e = recv_reply_from(reply, mailbox);
-        }
-        if (T.broken && attempt == 0 && recover(gen))
-            continue; /* once more, to the new proxy */
-        out = e;
-        break;
-    }
-    nvp_ckpt_enable();
-    return out;
+    struct one_call c = {op, a, p1, p2, l1, l2, reply, fd};
+    return nvp_exchange(call_once, &c);
 }
 
 cudaError_t nvp_call(uint16_t op, const uint64_t a[NVP_MAX_ARGS], const void *payload, size_t plen,
