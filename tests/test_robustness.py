@@ -88,6 +88,19 @@ def test_recovery_when_the_first_call_after_the_death_is_a_pageable_copy(build, 
     assert err.count("the proxy is gone; starting a new one from") == 1, err
 
 
+def test_a_program_killed_mid_call_gets_one_line_from_its_proxy(build) -> None:
+    """Killed while its 32 threads have calls in flight, a program's channels are all reset at once: its proxy
+    says so in one line at most (channels the C path serves end silently), then exits with it."""
+    p = subprocess.Popen(nvproxy_cmd(build("busy_threads"), "sim", "busy_threads", "32"), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline() == "running\n"
+    os.kill(p.pid, signal.SIGKILL)
+    _out, err = p.communicate(timeout=60)  # (the proxy holds the same stderr: the output ends once it exits)
+    assert p.returncode == -signal.SIGKILL
+    lines = err.splitlines()
+    assert len(lines) <= 1 and all("ended during a call (its channel was reset)" in line for line in lines), err
+
+
 def _mappings_up_high(pid: int) -> list[str]:
     """The proxy's mappings in the top of the address space, where a program's mmap() puts memory (top-down,
     below its stack), other than its stack and the kernel's pages."""

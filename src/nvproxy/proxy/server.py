@@ -12,6 +12,7 @@ stalls the others.
 
 from __future__ import annotations
 
+import errno
 import heapq
 import os
 import queue
@@ -217,6 +218,7 @@ class Server:
         self.callback_lock = threading.Lock()
         self.channels: set[Channel] = set()
         self.calling_threads = 0  # call channels open
+        self.channel_failure_said = False  # (_channel_failed)
         self.running = True
         self.handed_over = False
         self.writer: threading.Thread | None = None  # writing a checkpoint file from the host image
@@ -294,6 +296,18 @@ class Server:
             pass
         self.dispatch.channel_closed(ch)
 
+    def _channel_failed(self, ch: Channel, e: OSError) -> None:
+        """One line, for the first channel that fails: an application killed mid-call resets every thread's channel
+        at once (the replies it never read), and a line for each said nothing more."""
+        if self.channel_failure_said:
+            return
+        self.channel_failure_said = True
+        if e.errno == errno.ECONNRESET:
+            print(f"nvproxy: the application's thread {ch.tid} ended during a call (its channel was reset)",
+                  file=sys.stderr)
+        else:
+            print(f"nvproxy: the channel of thread {ch.tid} failed: {e}", file=sys.stderr)
+
     def _readable(self, ch: Channel) -> None:
         # into one reused buffer: a fresh 256 KiB bytes object per read costs an
         # mmap/munmap pair, which was most of a small call's round trip
@@ -302,7 +316,7 @@ class Server:
         except BlockingIOError:
             return
         except OSError as e:
-            print(f"nvproxy: the channel of thread {ch.tid} failed: {e}", file=sys.stderr)
+            self._channel_failed(ch, e)
             n, anc = 0, []
         for level, typ, cdata in anc:
             if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
