@@ -101,6 +101,41 @@ def test_a_program_killed_mid_call_gets_one_line_from_its_proxy(build) -> None:
     assert len(lines) <= 1 and all("ended during a call (its channel was reset)" in line for line in lines), err
 
 
+def _preloaded(exe: Path, extra: dict[str, str], stdin: str = "") -> subprocess.CompletedProcess:
+    """exe run with the shim preloaded by hand (no `nvproxy run`, which checks settings itself), sim backend."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVPROXY_")}
+    env.update(LD_PRELOAD=str(shim_path()), NVPROXY_BACKEND="sim", NVPROXY_PYTHON=sys.executable, **extra)
+    return subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, env=env, timeout=120)
+
+
+@pytest.mark.parametrize(("name", "value", "allowed"), [
+    ("NVPROXY_SPIN_US", "-1", "from 0 to 200000 (microseconds)"),
+    ("NVPROXY_SPIN_US", "200001", "from 0 to 200000 (microseconds)"),
+    ("NVPROXY_SPIN_US", "99999999999999999999999", "from 0 to 200000 (microseconds)"),
+    ("NVPROXY_SPIN_US", "10us", "from 0 to 200000 (microseconds)"),
+    ("NVPROXY_COPY_THREADS", "0", "from 1 to 8"),
+    ("NVPROXY_COPY_THREADS", "-3", "from 1 to 8"),
+    ("NVPROXY_COPY_THREADS", "64", "from 1 to 8"),
+    ("NVPROXY_COPY_THREADS", "2 threads", "from 1 to 8"),
+])
+def test_a_bad_setting_fails_the_first_call_with_one_line(build, name: str, value: str, allowed: str) -> None:
+    """A setting the shim reads, out of range: one line naming it and what it allows, and the program's first CUDA
+    call (and every later one) fails with cudaErrorInitializationError; no proxy starts."""
+    r = _preloaded(build("dead_proxy"), {name: value})
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "cudaMalloc(&d, 64) -> cudaErrorInitializationError" in r.stdout, r.stdout + r.stderr
+    assert r.stderr.splitlines() == [
+        f"nvproxy: {name}={value} is not allowed: expected a whole number {allowed}; every CUDA call fails with "
+        "cudaErrorInitializationError"]
+
+
+def test_settings_at_the_ends_of_their_ranges_are_taken(build) -> None:
+    r = _preloaded(build("dead_proxy"), {"NVPROXY_SPIN_US": "200000", "NVPROXY_COPY_THREADS": "8"}, "\n")
+    assert r.returncode == 0 and "after the pause: cudaSuccess, then cudaSuccess" in r.stdout, r.stdout + r.stderr
+    r = _preloaded(build("dead_proxy"), {"NVPROXY_SPIN_US": "0", "NVPROXY_COPY_THREADS": " 1 "}, "\n")
+    assert r.returncode == 0 and "after the pause: cudaSuccess, then cudaSuccess" in r.stdout, r.stdout + r.stderr
+
+
 def _mappings_up_high(pid: int) -> list[str]:
     """The proxy's mappings in the top of the address space, where a program's mmap() puts memory (top-down,
     below its stack), other than its stack and the kernel's pages."""

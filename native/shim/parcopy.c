@@ -27,7 +27,6 @@
 #define PART_MIN (256u << 10) /* below this a thread's wake-up costs more than it copies */
 #define SMALL_STREAM_MIN (64u << 10) /* nvp_copy_small_for_dma's plain stores stop here (memory.c: SMALL_STORES) */
 #define SMALL_PART_MIN (64u << 10) /* nvp_par_memcpy's: helpers that sleep now cost the caller nothing (open) */
-#define MAX_THREADS 8
 #define SPIN_NS 200000 /* helpers poll this long for the next job before sleeping: copies come in runs */
 
 static struct {
@@ -155,10 +154,9 @@ static void *helper(void *arg)
 
 static void start_helpers(void)
 {
-    const char *env = getenv("NVPROXY_COPY_THREADS");
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int want = env && *env ? atoi(env) : (int)(cpus / 2 < 4 ? cpus / 2 : 4);
-    P.wanted = want < 1 ? 1 : want > MAX_THREADS ? MAX_THREADS : want;
+    int want = nvp_settings()->copy_threads ? nvp_settings()->copy_threads : (int)(cpus / 2 < 4 ? cpus / 2 : 4);
+    P.wanted = want < 1 ? 1 : want > NVP_COPY_THREADS_MAX ? NVP_COPY_THREADS_MAX : want;
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);

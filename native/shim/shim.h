@@ -96,6 +96,20 @@ uint64_t nvp_posted_done(void);
 cudaError_t nvp_posted_quiet(struct nvp_staging *s);
 /* The common entry check of a runtime call: a proxy to talk to, no sticky error. */
 cudaError_t nvp_enter(void);
+/* ---- settings.c: what the shim reads from its environment, checked once ---- */
+/* How long a thread waiting for a reply polls before it sleeps: as the CUDA runtime spins while it waits (its default
+ * scheduling, with fewer contexts than cores), long enough to cover a synchronous 16 MiB pinned copy (~310 us at
+ * 55 GB/s), whose reply would otherwise pay a wake-up. */
+#define NVP_SPIN_US_DEFAULT 400
+#define NVP_SPIN_US_MAX 200000
+#define NVP_COPY_THREADS_MAX 8
+struct nvp_settings {
+    uint64_t spin_ns; /* NVPROXY_SPIN_US */
+    int copy_threads; /* NVPROXY_COPY_THREADS (0: unset) */
+};
+const struct nvp_settings *nvp_settings(void);
+/* cudaSuccess, or cudaErrorInitializationError where a setting is refused (said once on stderr) */
+cudaError_t nvp_settings_error(void);
 /* ---- parcopy.c ---- */
 /* memcpy on several threads when large; for_dma: into staging memory a DMA reads next (nvp_copy_for_dma) */
 void nvp_par_memcpy(void *dst, const void *src, size_t n, int for_dma);

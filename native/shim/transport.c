@@ -31,11 +31,6 @@
 #define NVP_STAGE_SLOT (8u << 20)
 #define NVP_STAGE_SLOTS 4
 #define NVP_LIVENESS_MS 250
-/* How long a thread waiting for a reply polls before it sleeps: as the CUDA
- * runtime spins while it waits (its default scheduling, with fewer contexts than
- * cores), long enough to cover a synchronous 16 MiB pinned copy (~310 us at
- * 55 GB/s), whose reply would otherwise pay a wake-up.  NVPROXY_SPIN_US overrides. */
-#define NVP_SPIN_NS 400000
 #define MAX_EXPECTED_NS 200000000ull /* the longest spin a caller's estimate may ask for */
 #define MAILBOX_RECV_EVERY_NS 50000 /* how often a thread spinning on its mailbox tries its socket unasked */
 
@@ -496,13 +491,9 @@ void nvp_expect_wait(uint64_t ns) { expected_ns = ns < MAX_EXPECTED_NS ? ns : MA
 /* Read exactly n bytes; a reply header (mb given) may instead come through the mailbox. */
 static int read_from(int fd, void *buf, size_t n, struct nvp_mailbox *mb)
 {
-    static int64_t spin_ns = -1;
-    if (spin_ns < 0) {
-        const char *v = getenv("NVPROXY_SPIN_US");
-        spin_ns = v && *v ? (int64_t)strtoul(v, NULL, 10) * 1000 : NVP_SPIN_NS;
-    }
+    uint64_t spin_ns = nvp_settings()->spin_ns; /* (NVPROXY_SPIN_US) */
     int others = __atomic_fetch_add(&waiting_threads, 1, __ATOMIC_RELAXED);
-    uint64_t spin = (uint64_t)(others >= 2 && spin_ns > 50000 ? 50000 : spin_ns);
+    uint64_t spin = others >= 2 && spin_ns > 50000 ? 50000 : spin_ns;
     if (others < 2 && spin_ns && expected_ns > spin) /* (a long copy: native waits spinning through it too) */
         spin = expected_ns;
     expected_ns = 0;
@@ -846,6 +837,9 @@ static cudaError_t connect_once(void *arg)
         return cudaSuccess;
     if (T.broken) /* (lost during this call: nothing more goes out before the outermost exchange recovers) */
         return cudaErrorDevicesUnavailable;
+    cudaError_t e = nvp_settings_error(); /* (a bad setting: no proxy, no channel) */
+    if (e)
+        return e;
     /* Opened and listed under one hold (and G.lock, see thread_exit; nvp_exchange holds checkpoints off): a
      * checkpoint in between would leave a channel that nvp_disconnect_all cannot see, and after the restart its
      * stale number may name another thread's new channel, which this thread would close as its own (found by

@@ -1,0 +1,68 @@
+/* The settings the shim reads from its environment, read and checked once, here.
+ *
+ * A value out of range is said in one line naming the setting and what it allows, and from then on every CUDA call
+ * fails with cudaErrorInitializationError, as the runtime's calls do when it cannot start.  The shim never ends the
+ * program itself: LD_PRELOAD reaches every process the program starts (shells, compilers), most of which make no
+ * CUDA call, so nothing is said or refused before a process's first call.  `nvproxy run` checks the same settings
+ * against the same ranges before it starts anything (src/nvproxy/settings.py). */
+#include "shim.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static struct nvp_settings S;
+static char bad[300]; /* the first refused setting's line, "" if none */
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+/* name's whole number in [lo, hi] into *out (unset or empty: left as it is); 0, or -1 with the line in bad */
+static int whole_number(const char *name, uint64_t lo, uint64_t hi, const char *unit, uint64_t *out)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return 0;
+    const char *p = v;
+    while (isspace((unsigned char)*p)) /* (blanks around the number are taken, as `nvproxy run` takes them) */
+        p++;
+    char *end;
+    errno = 0;
+    unsigned long long n = strtoull(p, &end, 10);
+    while (isspace((unsigned char)*end))
+        end++;
+    if (*p >= '0' && *p <= '9' && !*end && !errno && n >= lo && n <= hi) {
+        *out = n;
+        return 0;
+    }
+    if (!*bad)
+        snprintf(bad, sizeof bad, "%s=%s is not allowed: expected a whole number from %llu to %llu%s", name, v,
+                 (unsigned long long)lo, (unsigned long long)hi, unit);
+    return -1;
+}
+
+static void read_settings(void)
+{
+    uint64_t spin_us = NVP_SPIN_US_DEFAULT, threads = 0;
+    whole_number("NVPROXY_SPIN_US", 0, NVP_SPIN_US_MAX, " (microseconds)", &spin_us);
+    whole_number("NVPROXY_COPY_THREADS", 1, NVP_COPY_THREADS_MAX, "", &threads);
+    S.spin_ns = spin_us * 1000;
+    S.copy_threads = (int)threads;
+}
+
+const struct nvp_settings *nvp_settings(void)
+{
+    pthread_once(&once, read_settings);
+    return &S;
+}
+
+cudaError_t nvp_settings_error(void)
+{
+    nvp_settings();
+    if (!*bad)
+        return cudaSuccess;
+    static int said;
+    if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+        nvp_log("nvproxy: %s; every CUDA call fails with cudaErrorInitializationError", bad);
+    return cudaErrorInitializationError;
+}
