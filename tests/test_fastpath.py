@@ -493,7 +493,7 @@ def test_graph_launches_once_taught(setup) -> None:
 
 
 def _post(mb, msg: bytes, timeout: float = 5.0, length: int | None = None) -> None:
-    """What the shim does (transport.c post): a request into the mailbox's slot, once the proxy has it open
+    """What the shim does (mailbox.c nvp_mailbox_post): a request into the mailbox's slot, once the proxy has it open
     (length: another slot_len than the message's)."""
     import time
 

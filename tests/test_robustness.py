@@ -150,7 +150,7 @@ def test_proxy_maps_its_own_memory_far_from_the_programs(build, backend: str, st
     """The proxy maps the program's pinned memory at the program's own addresses, and the program's mmap() took
     those top-down below its stack: so the proxy's own mappings (the driver's among them) go bottom-up, none up
     there (NVIDIA's simpleStreams once got cudaErrorHostMemoryAlreadyRegistered: its range was taken in the
-    proxy).  Both ways a proxy starts: `nvproxy run` (launcher.py) and the shim alone (transport.c)."""
+    proxy).  Both ways a proxy starts: `nvproxy run` (launcher.py) and the shim alone (proxy_find.c)."""
     if started_by == "nvproxy run":
         p = start_waiting_app(build, backend)
     else:

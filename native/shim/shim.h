@@ -19,7 +19,7 @@
 #define NVP_STREAM_LEGACY 0
 #define NVP_STREAM_PER_THREAD 2
 
-/* ---- transport.c ---- */
+/* ---- the transport (channel.c, framing.c, mailbox.c, staging.c, recovery.c; transport.h) ---- */
 struct nvp_reply {
     struct nvp_rep h;
     void *out;      /* caller's buffer for the payload (after the printf text) */
@@ -231,7 +231,7 @@ cudaError_t nvp_var_resolve(const void *symbol, uint64_t *addr, size_t *size);
 cudaError_t nvp_launch(const void *func, dim3 grid, dim3 block, void **args, size_t shmem,
                        cudaStream_t stream, int per_thread, unsigned flags);
 
-/* ---- dmtcp.c / transport.c: checkpointing under DMTCP ---- */
+/* ---- dmtcp.c, channel.c, recovery.c, shm_fd.c, dmtcp_memfd.c: checkpointing under DMTCP ---- */
 void nvp_ckpt_disable(void); /* no checkpoint while a call is half done */
 void nvp_ckpt_enable(void);
 int nvp_ckpt_held(void); /* this thread is between nvp_ckpt_disable and _enable */
@@ -257,8 +257,8 @@ const char *nvp_control_path(void); /* the proxy's control socket, NULL before t
 void nvp_disconnect_all(void);      /* close every channel (before a checkpoint) */
 void nvp_reconnect_same_proxy(void);
 int nvp_restore_from(const char *image); /* a new proxy from an image (after a restart) */
-int nvp_memfd(const char *what);       /* a memfd with a name of its own (DMTCP: see transport.c) */
-/* len bytes of shared memory for pinned or registered host memory, which a DMTCP restart brings back (transport.c);
+int nvp_memfd(const char *what);       /* a memfd with a name of its own (DMTCP: see shm_fd.c) */
+/* len bytes of shared memory for pinned or registered host memory, which a DMTCP restart brings back (shm_fd.c);
  * what: "nvproxy-..." */
 int nvp_host_fd(const char *what, uint64_t len);
 int nvp_memfd_sealable(const char *what); /* the same, open to F_ADD_SEALS */
