@@ -3,13 +3,16 @@ them natively or through nvproxy."""
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,8 @@ import pytest
 APPS = Path(__file__).resolve().parent / "apps"
 EXPECTED = APPS / "expected"
 TIMEOUT = 180
+HOOKS = Path(__file__).resolve().parent / "hooks"  # the test-only hooks library's sources
+HOOKS_LIB = "libnvproxy_testhooks.so"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -87,12 +92,33 @@ def misreported_assert(got: str, want: str) -> bool:
     return False
 
 
+@functools.cache
+def hooks_library() -> Path:
+    """The test-only hooks library (tests/hooks/: a checkpoint or migration at a chosen call, a pause inside
+    cudaHostAlloc, crash traces), built once per test run.  The shim has only the interface (test_hooks.h)."""
+    out = Path(tempfile.mkdtemp(prefix="nvproxy-test-hooks-"))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
+    lib = out / HOOKS_LIB
+    subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror",
+                    "-fvisibility=hidden", "-I", str(HOOKS.parent.parent / "native" / "shim"), "-o", str(lib),
+                    *sorted(map(str, HOOKS.glob("*.c")))], check=True)
+    return lib
+
+
+def hooked(env: Mapping[str, str] | None = None, **settings: str) -> dict[str, str]:
+    """env (os.environ by default) with the test hooks library preloaded (the launcher puts the shim before it)
+    and the hooks' settings (NVPROXY_CHECKPOINT_AT, NVPROXY_MIGRATE_AT, ...)."""
+    return dict(os.environ if env is None else env, LD_PRELOAD=str(hooks_library()), **settings)
+
+
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     """cmd's output and status.  Past the timeout its whole process group is killed and the test fails with what
     it printed: a program that starts others (NVIDIA's simpleIPC) left them holding its pipes, and
-    subprocess.run's own timeout then waited for them for ever (two-GPU runs ended with no verdict)."""
+    subprocess.run's own timeout then waited for them for ever (two-GPU runs ended with no verdict).  LD_PRELOAD
+    goes, unless it is the test hooks library (hooked)."""
     env = dict(kw.pop("env", os.environ))
-    env.pop("LD_PRELOAD", None)
+    if Path(env.get("LD_PRELOAD", "")).name != HOOKS_LIB:
+        env.pop("LD_PRELOAD", None)
     timeout = kw.pop("timeout", TIMEOUT)
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                           start_new_session=True, **kw) as p:

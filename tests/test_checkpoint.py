@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import APPS, MISREPORT, gpu_count, misreported_assert, nvproxy_cmd, run
+from conftest import APPS, MISREPORT, gpu_count, hooked, misreported_assert, nvproxy_cmd, run
 from gated import Gated, kill_and_wait
 
 from nvproxy.checkpoint import earlycheck
@@ -106,16 +106,16 @@ def test_migration_at_every_call(build, backend: str, app: str, tmp_path: Path) 
     name, *args = app.split("-")
     exe = build(name)
     count = tmp_path / "calls"
-    reference = run(nvproxy_cmd(exe, backend, name, *args), env=dict(os.environ, NVPROXY_CALLS_OUT=str(count)))
+    reference = run(nvproxy_cmd(exe, backend, name, *args), env=hooked(NVPROXY_CALLS_OUT=str(count)))
     if misreported_assert(reference.stdout, reference.stdout.replace(*MISREPORT[0])):
-        reference = run(nvproxy_cmd(exe, backend, name, *args), env=dict(os.environ, NVPROXY_CALLS_OUT=str(count)))
+        reference = run(nvproxy_cmd(exe, backend, name, *args), env=hooked(NVPROXY_CALLS_OUT=str(count)))
     assert reference.returncode == 0 and ("Test PASSED" in reference.stdout or args), reference.stderr
     calls = int(count.read_text())
     assert calls >= 5
     for call in range(1, calls + 1):
-        r = run(nvproxy_cmd(exe, backend, name, *args), env=dict(os.environ, NVPROXY_MIGRATE_AT=str(call)))
+        r = run(nvproxy_cmd(exe, backend, name, *args), env=hooked(NVPROXY_MIGRATE_AT=str(call)))
         if misreported_assert(r.stdout, reference.stdout):
-            r = run(nvproxy_cmd(exe, backend, name, *args), env=dict(os.environ, NVPROXY_MIGRATE_AT=str(call)))
+            r = run(nvproxy_cmd(exe, backend, name, *args), env=hooked(NVPROXY_MIGRATE_AT=str(call)))
         assert r.returncode == 0 and "the migration failed" not in r.stderr, f"at call {call}: {r.stderr}"
         assert "migrated process" in r.stderr, f"at call {call}: {r.stderr}"
         assert r.stdout == reference.stdout, f"migrated at call {call} of {calls}: {r.stderr}"

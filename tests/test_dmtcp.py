@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import EXPECTED, MISREPORT, gpu_count, misreported_assert, nvproxy_cmd, run
+from conftest import EXPECTED, MISREPORT, gpu_count, hooked, misreported_assert, nvproxy_cmd, run
 
 BACKENDS = ["sim", pytest.param("gpu", marks=pytest.mark.gpu)]
 
@@ -46,10 +46,9 @@ class Session:
         self.dir = tmp_path
         self.cwd = cwd or tmp_path  # the program's
         tmp_path.mkdir(exist_ok=True)
-        # (NVPROXY_CRASH_TRACE: a restarted program that crashes, as graph_capture did in 1-3% of restarts on an
-        # H200, prints its frames into the failure's message)
-        self.env = dict(os.environ, PATH=f"{self.bin}:{os.environ['PATH']}", NVPROXY_CRASH_TRACE="1")
-        self.env.pop("LD_PRELOAD", None)
+        # (the test hooks: a checkpoint at a chosen call; and a restarted program that crashes, as graph_capture
+        # did in 1-3% of restarts on an H200, prints its frames into the failure's message)
+        self.env = hooked(dict(os.environ, PATH=f"{self.bin}:{os.environ['PATH']}"))
         port_file = tmp_path / "port"
         self._coordinator("--coord-port", "0", "--port-file", str(port_file))
         for _ in range(100):
@@ -175,7 +174,7 @@ def calls_made(cmd: list[str], tmp_path: Path, cwd: Path | None = None) -> tuple
     """How many CUDA calls each process of cmd makes (NVPROXY_CALLS_OUT; in the order they ended), and what it
     prints."""
     count = tmp_path / "calls.txt"
-    r = run(cmd, timeout=300, cwd=cwd, env=dict(os.environ, NVPROXY_CALLS_OUT=str(count)))
+    r = run(cmd, timeout=300, cwd=cwd, env=hooked(NVPROXY_CALLS_OUT=str(count)))
     assert r.returncode == 0 and count.exists(), r.stdout + r.stderr
     return [int(n) for n in count.read_text().split()], r.stdout
 

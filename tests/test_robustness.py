@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import nvproxy_cmd, run
+from conftest import hooked, nvproxy_cmd, run
 from gated import Gated
 
 from nvproxy import shim_path, wire
@@ -170,15 +170,11 @@ def test_proxy_maps_its_own_memory_far_from_the_programs(build, backend: str, st
 
 
 @pytest.mark.parametrize("trace", [False, True])
-def test_crash_trace_prints_a_crashing_programs_frames(build, monkeypatch, trace: bool) -> None:
-    """NVPROXY_CRASH_TRACE=1 (native/shim/crash.c): a program that dies of SIGSEGV prints where first, and still
-    dies of the signal; without it the shim leaves the program's signals alone."""
-    if trace:
-        monkeypatch.setenv("NVPROXY_CRASH_TRACE", "1")
-    else:
-        monkeypatch.delenv("NVPROXY_CRASH_TRACE", raising=False)
+def test_crash_trace_prints_a_crashing_programs_frames(build, trace: bool) -> None:
+    """With the test hooks library loaded (tests/hooks/crash.c), a program that dies of SIGSEGV prints where first,
+    and still dies of the signal; the shim alone leaves the program's signals alone."""
     exe = build("crash")
-    r = run(nvproxy_cmd(exe, "sim", "crash"))
+    r = run(nvproxy_cmd(exe, "sim", "crash"), env=hooked() if trace else os.environ)
     assert r.stdout == "crashing\n"
     assert r.returncode in (-signal.SIGSEGV, 128 + signal.SIGSEGV), r.stderr
     lines = [line for line in r.stderr.splitlines() if line.startswith("nvproxy: crash:")]
@@ -188,6 +184,17 @@ def test_crash_trace_prints_a_crashing_programs_frames(build, monkeypatch, trace
         assert "nvproxy: crash:   fault 0 not mapped" in lines, r.stderr  # (what /proc/self/maps says of it)
     else:
         assert lines == []
+
+
+def test_the_shim_holds_no_test_hooks() -> None:
+    """The tests' hooks (a checkpoint or migration at a chosen call, call counts, a pause in cudaHostAlloc, crash
+    traces) live in the test-only library tests/hooks/ builds; the shim has only their interface."""
+    data = shim_path().read_bytes()
+    for text in (b"NVPROXY_CHECKPOINT_AT", b"NVPROXY_CHECKPOINT_IN", b"NVPROXY_CHECKPOINT_WAITERS",
+                 b"NVPROXY_MIGRATE_AT", b"NVPROXY_CALLS_OUT", b"NVPROXY_TEST_PAUSE_MS", b"NVPROXY_CRASH_TRACE",
+                 b"nvproxy: crash:", b"nvproxy-call-reached-"):
+        assert text not in data, text
+    assert b"nvproxy_test_hooks" in data
 
 
 def test_pinned_memory_goes_on_where_dev_shm_is_full(build) -> None:

@@ -292,8 +292,8 @@ void nvp_reconnect_same_proxy(void)
 
 cudaError_t nvp_enter(void)
 {
-    if (nvp_hooks_armed) /* (tests only: a load and a branch otherwise) */
-        nvp_call_hooks();
+    if (nvp_test.call_entered) /* (tests only: a load and a branch otherwise) */
+        nvp_test.call_entered();
     /* After a DMTCP restart, until the new proxy is up: also a thread whose calls fail at once (a broken
      * context), lest it run on to the program's exit while the restoring thread starts the proxy (that exit
      * and DMTCP's fork deadlocked when the start went through DMTCP's fork: printf_assert's device assert,

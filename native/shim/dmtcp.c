@@ -54,7 +54,6 @@ extern void dmtcp_plugin_enable_ckpt(void) __attribute__((weak));
 extern void *dmtcp_dlsym(void *handle, const char *symbol) __attribute__((weak));
 extern int dmtcp_get_restart_env(const char *name, char *value, size_t maxlen) __attribute__((weak));
 extern void dmtcp_global_barrier(const char *barrier) __attribute__((weak));
-extern int dmtcp_get_local_status(int *checkpoints, int *restarts) __attribute__((weak));
 
 /* in application memory, so that DMTCP saves it: where the image went */
 static char image_path[4096];
@@ -139,7 +138,7 @@ static void set_gate(int closed)
     pthread_mutex_unlock(&gate_mu);
 }
 
-/* how deep this thread is in nvp_ckpt_disable: NVPROXY_CHECKPOINT_AT waits for a checkpoint only at 0 (the
+/* how deep this thread is in nvp_ckpt_disable: a test's checkpoint at a chosen call waits only at 0 (the
  * checkpoint waits for the lock this thread holds: it deadlocked inside a staged cudaMemcpy) */
 static __thread int held;
 
@@ -170,8 +169,8 @@ void nvp_ckpt_enable(void)
     if (!dmtcp_plugin_enable_ckpt)
         return;
     dmtcp_plugin_enable_ckpt();
-    if (--held == 0 && nvp_hooks_armed)
-        nvp_call_hooks_released();
+    if (--held == 0 && nvp_test.hold_released)
+        nvp_test.hold_released();
 }
 
 int nvp_under_dmtcp(void) { return dmtcp_register_plugin != NULL; }
@@ -271,47 +270,6 @@ static void hook(int event, void *data)
         break;
     default: /* every other event is DMTCP's business */
         break;
-    }
-}
-
-void nvp_dmtcp_checkpoint_here(void)
-{
-    /* Not dmtcp_checkpoint(): it takes DMTCP's lock exclusively, so while it waits for other threads' calls to
-     * end, a host callback's wrapped call (pthread_create) waits behind it, and a call waiting for that callback
-     * never ends (a deadlock with NVIDIA's simpleCallback).  The thread says where it is and waits, holding
-     * nothing; the checkpoint is requested from outside (dmtcp_command -c), as a user would. */
-    int checkpoints = 0, restarts = 0;
-    const char *dir = dmtcp_get_ckpt_dir ? dmtcp_get_ckpt_dir() : NULL;
-    if (!dmtcp_get_local_status || !dir || dmtcp_get_local_status(&checkpoints, &restarts) != 4 /* DMTCP_IS_PRESENT */) {
-        nvp_log("nvproxy: NVPROXY_CHECKPOINT_AT needs DMTCP (nvproxy run --dmtcp)");
-        return;
-    }
-    char path[4200];
-    /* NVPROXY_CHECKPOINT_WAITERS processes of the computation wait (1 unless set): the first to reach their
-     * calls.  The others (a program's children, which inherit the setting, and those it starts after the
-     * checkpoint or the restart) go on, or they would wait for a checkpoint that never comes (NVIDIA's simpleIPC).
-     * Several: all of a program's children, lest one still be receiving a descriptor another process sends
-     * (DMTCP's drain of a socket's buffer reads its data and drops the descriptors passed with it: NVIDIA's
-     * streamOrderedAllocationIPC, a pool's shareable handle) */
-    const char *w = getenv("NVPROXY_CHECKPOINT_WAITERS");
-    int waiters = w && atoi(w) > 1 ? atoi(w) : 1, fd = -1;
-    for (int i = 0; i < waiters && fd < 0; i++) {
-        snprintf(path, sizeof path, "%s/nvproxy-call-claimed-%d", dir, i);
-        fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    }
-    if (fd < 0)
-        return;
-    close(fd);
-    snprintf(path, sizeof path, "%s/nvproxy-call-reached-%d", dir, (int)nvp_real_pid());
-    fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        nvp_log("nvproxy: NVPROXY_CHECKPOINT_AT: cannot create %s: %s", path, strerror(errno));
-        return;
-    }
-    close(fd);
-    for (int c = checkpoints, r = restarts; r == restarts; dmtcp_get_local_status(&c, &r)) {
-        struct timespec ts = {0, 20 * 1000 * 1000};
-        nanosleep(&ts, NULL); /* (after a checkpoint: until killed; after a restart: on) */
     }
 }
 

@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include "nvproxy_wire.h"
+#include "test_hooks.h"
 
 #define NVP_MAX_DEVICES 64
 #define NVP_EXPORT __attribute__((visibility("default")))
@@ -245,11 +246,7 @@ const char *nvp_restart_devices(void); /* NVPROXY_DEVICES of dmtcp_restart's env
 pid_t nvp_real_pid(void);
 char **nvp_env_without_shim(const char *visible); /* environ less LD_PRELOAD etc. (calloc'ed; visible: CUDA_VISIBLE_DEVICES=) */
 const char *nvp_python(void);                     /* the Python that runs nvproxy */
-extern int nvp_hooks_armed;                       /* NVPROXY_CHECKPOINT_AT / _MIGRATE_AT / _CALLS_OUT set */
-void nvp_call_hooks(void);                        /* count this call; checkpoint or migrate at it (ckpt_at.c) */
-void nvp_call_hooks_released(void);               /* the thread let checkpoints happen again: a deferred one now */
-void nvp_dmtcp_checkpoint_here(void);             /* dmtcp.c: announce this call, wait for a checkpoint (and restart) */
-void nvp_test_pause(void); /* NVPROXY_TEST_PAUSE_MS: a test holds cudaHostAlloc between proxy and list */
+extern struct nvp_test_hooks nvp_test;            /* test_hooks.c: the tests' hooks, if their library is loaded */
 int nvp_private_dir(char *out, size_t cap); /* the user's 0700 directory of sockets and handles: 0, or -1 */
 int nvp_unix_connect(const char *path); /* a connected SOCK_STREAM socket DMTCP does not see, or -1 */
 int nvp_close_private(int fd);          /* closes what nvp_unix_connect made */

@@ -1,8 +1,10 @@
-/* NVPROXY_CRASH_TRACE=1: a program that dies of SIGSEGV or SIGBUS first prints where, one frame a line as
- * library+offset (for addr2line), then dies of the signal as it would have.  For crashes seen once in a while,
- * such as a restarted program's in its first host callback (docs/checkpoint.md): the DMTCP tests set it, so the
- * next such failure carries its frames.  Only when asked: the program's own handlers are its business. */
-#include "shim.h"
+/* Part of the test-only hooks library (ckpt_at.c): a program under nvproxy that dies of SIGSEGV or SIGBUS first
+ * prints where, one frame a line as library+offset (for addr2line), then dies of the signal as it would have.  For
+ * crashes seen once in a while, such as a restarted program's in its first host callback (docs/checkpoint.md): the
+ * DMTCP tests load this library, so the next such failure carries its frames.  Never in nvproxy itself: the
+ * program's own handlers are its business. */
+#define _GNU_SOURCE
+#include "test_hooks.h"
 
 #include <dlfcn.h>
 #include <execinfo.h>
@@ -111,10 +113,11 @@ static void on_crash(int sig, siginfo_t *si, void *uc)
     raise(sig);
 }
 
+int nvp_hooks_attached(void); /* ckpt_at.c */
+
 __attribute__((constructor)) static void crash_trace_install(void)
 {
-    const char *v = getenv("NVPROXY_CRASH_TRACE");
-    if (!v || !*v || *v == '0')
+    if (!nvp_hooks_attached())
         return;
     void *warm[1];
     backtrace(warm, 1); /* (loads the unwinder now: not for the first time inside a handler) */
