@@ -69,16 +69,16 @@ def test_sim_threads_that_sleep_for_replies(build, monkeypatch, name: str) -> No
 
 def _unanswered_setting(monkeypatch, setting: str) -> None:
     if setting == "default":
-        monkeypatch.delenv("NVPROXY_UNANSWERED_COPIES", raising=False)
+        monkeypatch.delenv("NVPROXY_DEBUG", raising=False)
     else:
-        monkeypatch.setenv("NVPROXY_UNANSWERED_COPIES", setting)
+        monkeypatch.setenv("NVPROXY_DEBUG", setting)
 
 
-@pytest.mark.parametrize("unanswered", ["default", "0"])
+@pytest.mark.parametrize("unanswered", ["default", "answered-copies"])
 def test_sim_runs_of_posted_copies_go_unanswered(build, monkeypatch, unanswered: str) -> None:
     """Small pageable copies to the device back to back, with nothing else between them, go without waiting for
     answers (shim memory.c, "a run"): most of posted_copies' copies, and the same output.  With
-    NVPROXY_UNANSWERED_COPIES=0 every one is answered."""
+    NVPROXY_DEBUG=answered-copies every one is answered."""
     monkeypatch.setenv("NVPROXY_TRACE", "1")
     _unanswered_setting(monkeypatch, unanswered)
     exe = build("posted_copies")
@@ -128,10 +128,10 @@ def test_gpu_matches_native(build, name: str, args: tuple[str, ...]) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("unanswered", ["default", "0"])
+@pytest.mark.parametrize("unanswered", ["default", "answered-copies"])
 @pytest.mark.parametrize("name", ["posted_copies", "copies", "multithread"])
 def test_gpu_unanswered_copies_match_native(build, monkeypatch, name: str, unanswered: str) -> None:
-    """Runs of posted copies without answers (on by default; NVPROXY_UNANSWERED_COPIES=0 turns them off): the
+    """Runs of posted copies without answers (on by default; NVPROXY_DEBUG=answered-copies turns them off): the
     programs that copy small pageable buffers to the device give native's output either way, and most of
     posted_copies' copies went unanswered where the runs are on, none where they are off."""
     _unanswered_setting(monkeypatch, unanswered)

@@ -15,7 +15,7 @@ BENCH = [sys.executable, "-m", "nvproxy", "bench"]
 
 def test_bench_smoke(nvcc: str, tmp_path: Path) -> None:
     r = subprocess.run([*BENCH, "--quick", "--reps", "1", "--backend", "sim", "--out", str(tmp_path),
-                        "--variant", "sockets:NVPROXY_MAILBOX=0"], capture_output=True, text=True, timeout=600)
+                        "--variant", "sockets:NVPROXY_DEBUG=no-mailbox"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert {row["bench"] for row in rows} >= {"launch_empty", "launch_sync", "malloc_free", "h2d_pageable",

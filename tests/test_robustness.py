@@ -108,25 +108,48 @@ def _preloaded(exe: Path, extra: dict[str, str], stdin: str = "") -> subprocess.
     return subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, env=env, timeout=120)
 
 
-@pytest.mark.parametrize(("name", "value", "allowed"), [
-    ("NVPROXY_SPIN_US", "-1", "from 0 to 200000 (microseconds)"),
-    ("NVPROXY_SPIN_US", "200001", "from 0 to 200000 (microseconds)"),
-    ("NVPROXY_SPIN_US", "99999999999999999999999", "from 0 to 200000 (microseconds)"),
-    ("NVPROXY_SPIN_US", "10us", "from 0 to 200000 (microseconds)"),
-    ("NVPROXY_COPY_THREADS", "0", "from 1 to 8"),
-    ("NVPROXY_COPY_THREADS", "-3", "from 1 to 8"),
-    ("NVPROXY_COPY_THREADS", "64", "from 1 to 8"),
-    ("NVPROXY_COPY_THREADS", "2 threads", "from 1 to 8"),
+SPIN_RANGE = "expected a whole number from 0 to 200000 (microseconds)"
+DEBUG_KNOWN = "(known: no-mailbox, answered-copies)"
+
+
+@pytest.mark.parametrize(("name", "value", "why"), [
+    ("NVPROXY_SPIN_US", "-1", SPIN_RANGE),
+    ("NVPROXY_SPIN_US", "200001", SPIN_RANGE),
+    ("NVPROXY_SPIN_US", "99999999999999999999999", SPIN_RANGE),
+    ("NVPROXY_SPIN_US", "10us", SPIN_RANGE),
+    ("NVPROXY_COPY_THREADS", "0", "expected a whole number from 1 to 8"),
+    ("NVPROXY_COPY_THREADS", "-3", "expected a whole number from 1 to 8"),
+    ("NVPROXY_COPY_THREADS", "64", "expected a whole number from 1 to 8"),
+    ("NVPROXY_COPY_THREADS", "2 threads", "expected a whole number from 1 to 8"),
+    ("NVPROXY_DEBUG", "no-mailbox,bogus", f"unknown flag 'bogus' {DEBUG_KNOWN}"),
+    ("NVPROXY_DEBUG", "no-mailbox,,answered-copies", f"unknown flag '' {DEBUG_KNOWN}"),
+    ("NVPROXY_DEBUG", "NO-MAILBOX", f"unknown flag 'NO-MAILBOX' {DEBUG_KNOWN}"),
 ])
-def test_a_bad_setting_fails_the_first_call_with_one_line(build, name: str, value: str, allowed: str) -> None:
-    """A setting the shim reads, out of range: one line naming it and what it allows, and the program's first CUDA
-    call (and every later one) fails with cudaErrorInitializationError; no proxy starts."""
+def test_a_bad_setting_fails_the_first_call_with_one_line(build, name: str, value: str, why: str) -> None:
+    """A setting the shim reads, refused: one line naming it and what it allows, and the program's first CUDA call
+    (and every later one) fails with cudaErrorInitializationError; no proxy starts."""
     r = _preloaded(build("dead_proxy"), {name: value})
     assert r.returncode == 1, r.stdout + r.stderr
     assert "cudaMalloc(&d, 64) -> cudaErrorInitializationError" in r.stdout, r.stdout + r.stderr
     assert r.stderr.splitlines() == [
-        f"nvproxy: {name}={value} is not allowed: expected a whole number {allowed}; every CUDA call fails with "
-        "cudaErrorInitializationError"]
+        f"nvproxy: {name}={value} is not allowed: {why}; every CUDA call fails with cudaErrorInitializationError"]
+
+
+@pytest.mark.parametrize("debug", ["", "answered-copies", " no-mailbox , answered-copies"])
+def test_debug_flag_no_mailbox_leaves_the_mailbox_out(build, debug: str) -> None:
+    """NVPROXY_DEBUG=no-mailbox: the thread's channel has no reply mailbox (its shared page is not mapped); without
+    that flag it has one.  Blanks around the flags are taken."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVPROXY_")}
+    env.update(LD_PRELOAD=str(shim_path()), NVPROXY_BACKEND="sim", NVPROXY_PYTHON=sys.executable, NVPROXY_DEBUG=debug)
+    p = subprocess.Popen([str(build("dead_proxy"))], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
+    assert p.stdout is not None and p.stdout.readline() == "ready\n"
+    try:
+        mapped = "nvproxy-mailbox" in Path(f"/proc/{p.pid}/maps").read_text()
+    finally:
+        out, err = p.communicate("\n", timeout=60)
+    assert p.returncode == 0 and "after the pause: cudaSuccess, then cudaSuccess" in out, out + err
+    assert mapped == ("no-mailbox" not in debug)
 
 
 def test_settings_at_the_ends_of_their_ranges_are_taken(build) -> None:

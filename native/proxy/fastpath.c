@@ -101,7 +101,6 @@ static long spin_ns = 50000;
  * polls for it, so it may poll much longer: a hand-off to a Python waiter
  * thread costs tens of microseconds (a 4 MiB copy takes 80). */
 static long exclusive_spin_ns = 5000000;
-static int reply_first = 1; /* NVPROXY_POSTED_REPLY_FIRST=0: a posted copy is answered once issued (to compare) */
 static struct map kernels, streams, events, execs;
 static _Alignas(64) unsigned char params[MAX_PARAM_BYTES];
 
@@ -110,8 +109,6 @@ EXPORT int nvpf_init(const struct nvpf_driver *drv, unsigned spin_us, unsigned e
     D = *drv;
     spin_ns = (long)spin_us * 1000;
     exclusive_spin_ns = (long)exclusive_spin_us * 1000;
-    const char *v = getenv("NVPROXY_POSTED_REPLY_FIRST");
-    reply_first = !(v && *v == '0');
     ready = 1;
     return 0;
 }
@@ -503,7 +500,7 @@ static int posted_copy(struct nvpf_chan *ch, uint64_t dst, uint64_t host, uint64
      * (4 KiB took 2.9-3.4 us to issue on the H200, 16 KiB 3.7-5.7 us, 64 KiB 2.2-2.5 us: benchmarks/probes/
      * issue_cost.cu), and the thread can stage its next copy meanwhile.  The shim posts only into device memory
      * it knows, so the issue hardly fails; where it does, the next reply carries the error. */
-    int answered = early && reply_first ? reply_r0(ch, 0, NVP_STAGED_RUN) : -1;
+    int answered = early ? reply_r0(ch, 0, NVP_STAGED_RUN) : -1;
     int rc = D.memcpy_async(dst, host, (size_t)n, s);
     uint32_t k = ch->posted_first + ch->posted_count;
     if (!rc)
@@ -516,7 +513,7 @@ static int posted_copy(struct nvpf_chan *ch, uint64_t dst, uint64_t host, uint64
     }
     if (answered >= 0)
         return answered;
-    return early ? reply_r0(ch, 0, NVP_STAGED_RUN) : wait_then_reply(ch, NVPF_WAIT_EVENT, posted_event(ch, k));
+    return wait_then_reply(ch, NVPF_WAIT_EVENT, posted_event(ch, k));
 }
 
 /* A posted copy the shim sent without a reply (NVP_STAGED_UNANSWERED): it knows the answer (shim memory.c, "a

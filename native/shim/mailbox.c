@@ -21,8 +21,7 @@ _Static_assert(sizeof(((struct nvp_mailbox *)0)->req) == NVP_MB_REQ_MAX, "NVP_MB
 struct nvp_mailbox *nvp_mailbox_new(int *fd_out)
 {
     *fd_out = -1;
-    const char *off = getenv("NVPROXY_MAILBOX"); /* 0: every reply over the socket (to compare) */
-    if (off && !strcmp(off, "0"))
+    if (nvp_debug(NVP_DEBUG_NO_MAILBOX))
         return NULL;
     int fd = nvp_memfd_sealable("nvproxy-mailbox");
     if (fd < 0)
@@ -94,15 +93,7 @@ int nvp_mailbox_post(struct nvp_mailbox *mb, const struct iovec *iov, int n, siz
     return __atomic_compare_exchange_n(&mb->slot, &open, NVP_SLOT_POSTED, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
 }
 
-int nvp_posting(void)
-{
-    static int on = -1; /* NVPROXY_POSTED_COPIES=0: every staged copy is answered once done (to compare) */
-    if (on < 0) {
-        const char *v = getenv("NVPROXY_POSTED_COPIES");
-        on = !(v && !strcmp(v, "0"));
-    }
-    return on && nvp_self.mb;
-}
+int nvp_posting(void) { return nvp_self.mb != NULL; }
 
 uint64_t nvp_posted_done(void)
 {

@@ -375,8 +375,7 @@ static size_t piece_of(const struct nvp_staging *s, size_t n) { return n < s->sl
  * pieces, one after the other, a 4 MiB pageable copy ran at 0.98-1.58x native on the H200; so, 1.22-1.29x to the
  * device and 1.65-1.74x from it.) */
 #define WHOLE_MIN (512u << 10)
-/* SMALL_STORES: a copy to the device below 64 KiB is staged with plain stores, from there with streaming stores
- * (NVPROXY_SMALL_STREAM_STORES=1 or 0: streaming or plain at every size, to compare).  Back to back on the H200,
+/* SMALL_STORES: a copy to the device below 64 KiB is staged with plain stores, from there with streaming stores.  Back to back on the H200,
  * 4 KiB took 8.6 us a copy with streaming stores and 5.1 us without, 16 KiB 12.4 / 5.5 us (native 7.2, 9.1 us);
  * in the benchmark's rounds, plain / streaming, 4 KiB ran at 0.97 / 0.83x native, 16 KiB 0.85 / 0.68x, 64 KiB
  * 1.37 / 1.62x, 256 KiB 1.05 / 1.32x (where the run before had 64 and 256 KiB the other way round: 8.6 / 10.6 us,
@@ -410,17 +409,8 @@ static cudaError_t collect(size_t sent, cudaError_t first)
  * 10.8 us here.  So the proxy answers a posted copy as the runtime returns (NVP_OP_STAGED_COPY), and its bytes stay
  * in the staging buffer until the proxy says in the mailbox that the copy is done. */
 
-/* Runs of posted copies go unanswered (below) unless NVPROXY_UNANSWERED_COPIES=0 (session 24 on an H100: 4 KiB
- * back to back, medians of 3.4-5.3 us a copy against native's 6.5-7.1 and 6.7-6.9 answered; docs/performance.md) */
-static int unanswered_on(void)
-{
-    static int on = -1;
-    if (on < 0) {
-        const char *v = getenv("NVPROXY_UNANSWERED_COPIES");
-        on = !(v && !strcmp(v, "0"));
-    }
-    return on;
-}
+/* Runs of posted copies go unanswered (below) unless NVPROXY_DEBUG=answered-copies (on an H100: 4 KiB back to
+ * back, medians of 3.4-5.3 us a copy against native's 6.5-7.1 and 6.7-6.9 answered; docs/performance.md) */
 
 /* Forget the posted copies known to be done: up to known, and what the mailbox says */
 static void posted_settle(struct nvp_staging *s, uint64_t known)
@@ -512,7 +502,7 @@ static cudaError_t posted_h2d(struct nvp_staging *s, uint64_t dst, const char *s
     nvp_copy_small_for_dma(s->base + off, src, n); /* (SMALL_STORES) */
     uint64_t a[NVP_MAX_ARGS] = {dst, off, n, (uint64_t)stream, 0, s->posted, is_async ? NVP_STAGED_ASYNC : 0};
     int dev = nvp_current_device(), sent = 0;
-    if (unanswered_on() && run.seq && run.gen == nvp_generation() && run.dev == dev && run.stream == stream &&
+    if (!nvp_debug(NVP_DEBUG_ANSWERED_COPIES) && run.seq && run.gen == nvp_generation() && run.dev == dev && run.stream == stream &&
         (is_async || run.idle)) {
         a[6] |= NVP_STAGED_UNANSWERED;
         if ((e = nvp_send_after(NVP_OP_STAGED_COPY, a, run.seq, &sent)))
@@ -571,14 +561,8 @@ static cudaError_t whole_h2d(const struct nvp_staging *s, uint64_t dst, const ch
 
 static size_t d2h_place(struct nvp_staging *s, size_t n)
 {
-    static size_t round_min = 0; /* NVPROXY_DMA_ROUND_KIB: another threshold, to compare (0: never round) */
-    if (!round_min) {
-        const char *v = getenv("NVPROXY_DMA_ROUND_KIB");
-        size_t kib = v && *v ? (size_t)strtoul(v, NULL, 10) : DMA_ROUND_MIN >> 10;
-        round_min = kib ? kib << 10 : SIZE_MAX;
-    }
     size_t total = s->slot_size * (size_t)s->nslots, len = (n + 65535) & ~(size_t)65535;
-    if (n < round_min || len > total)
+    if (n < DMA_ROUND_MIN || len > total)
         return 0;
     size_t at = s->d2h_next + len <= total ? s->d2h_next : 0;
     s->d2h_next = at + len;

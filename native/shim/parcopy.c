@@ -75,33 +75,12 @@ static long take(void)
  * 37-38 GB/s of memory written long before; after SSE2 streaming stores, which leave nothing in the caches, at
  * 37 GB/s, and the copy itself was no slower than memcpy's (13.9-17.2 GB/s on one thread; 256-bit streaming
  * stores ran at 6.3-7.0 there, flushing each line after memcpy at 4.6-5.3: benchmarks/probes). */
-void nvp_copy_for_dma(void *dst, const void *src, size_t n)
-{
-    static int on = -1; /* NVPROXY_STREAM_STORES=0: plain memcpy (to compare) */
-    if (on < 0) {
-        const char *v = getenv("NVPROXY_STREAM_STORES");
-        on = !(v && !strcmp(v, "0"));
-    }
-    if (on)
-        nvp_stream_copy(dst, src, n);
-    else
-        memcpy(dst, src, n);
-}
+void nvp_copy_for_dma(void *dst, const void *src, size_t n) { nvp_stream_copy(dst, src, n); }
 
 void nvp_copy_small_for_dma(void *dst, const void *src, size_t n)
 {
-    static int on = -1; /* NVPROXY_SMALL_STREAM_STORES=1 or 0: streaming stores at every size or none (to compare) */
-    if (on < 0) {
-        const char *v = getenv("NVPROXY_SMALL_STREAM_STORES");
-        on = v && !strcmp(v, "1") ? 1 : v && !strcmp(v, "0") ? 0 : 2;
-    }
-    static int split = -1; /* NVPROXY_SMALL_PARALLEL=0: one thread copies them all (to compare) */
-    if (split < 0) {
-        const char *v = getenv("NVPROXY_SMALL_PARALLEL");
-        split = !(v && !strcmp(v, "0"));
-    }
-    int stream = on == 1 || (on == 2 && n >= SMALL_STREAM_MIN);
-    if (split && n >= 2 * SMALL_PART_MIN)
+    int stream = n >= SMALL_STREAM_MIN;
+    if (n >= 2 * SMALL_PART_MIN)
         nvp_par_memcpy(dst, src, n, stream); /* (helpers asleep cost nothing: the caller copies what they leave) */
     else if (stream)
         nvp_stream_copy(dst, src, n);

@@ -1,4 +1,5 @@
-/* The settings the shim reads from its environment, read and checked once, here.
+/* The settings the shim reads from its environment, read and checked once, here: NVPROXY_SPIN_US,
+ * NVPROXY_COPY_THREADS, and NVPROXY_DEBUG's flags (a comma-separated list, FLAGS below).
  *
  * A value out of range is said in one line naming the setting and what it allows, and from then on every CUDA call
  * fails with cudaErrorInitializationError, as the runtime's calls do when it cannot start.  The shim never ends the
@@ -41,6 +42,45 @@ static int whole_number(const char *name, uint64_t lo, uint64_t hi, const char *
     return -1;
 }
 
+/* NVPROXY_DEBUG's flags: each turns a mechanism off, to compare with it or to tell whether a fault is its. */
+static const struct {
+    const char *name;
+    unsigned bit;
+} FLAGS[] = {
+    {"no-mailbox", NVP_DEBUG_NO_MAILBOX},           /* every reply over the socket (mailbox.c) */
+    {"answered-copies", NVP_DEBUG_ANSWERED_COPIES}, /* every posted copy answered, no unanswered runs (memory.c) */
+};
+
+/* NVPROXY_DEBUG's words, blanks around them taken, into *out; 0, or -1 with the line in bad */
+static int debug_flags(unsigned *out)
+{
+    const char *v = getenv("NVPROXY_DEBUG");
+    for (const char *p = v && *v ? v : ""; *p;) {
+        size_t n = strcspn(p, ","), lead = 0;
+        while (lead < n && isspace((unsigned char)p[lead]))
+            lead++;
+        size_t len = n - lead;
+        while (len && isspace((unsigned char)p[lead + len - 1]))
+            len--;
+        unsigned bit = 0;
+        for (size_t i = 0; i < sizeof FLAGS / sizeof *FLAGS && !bit; i++)
+            if (strlen(FLAGS[i].name) == len && !strncmp(FLAGS[i].name, p + lead, len))
+                bit = FLAGS[i].bit;
+        if (!bit) {
+            char known[200] = "";
+            for (size_t i = 0; i < sizeof FLAGS / sizeof *FLAGS; i++)
+                snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "", FLAGS[i].name);
+            if (!*bad)
+                snprintf(bad, sizeof bad, "NVPROXY_DEBUG=%s is not allowed: unknown flag '%.*s' (known: %s)", v,
+                         (int)len, p + lead, known);
+            return -1;
+        }
+        *out |= bit;
+        p += n + (p[n] == ',');
+    }
+    return 0;
+}
+
 static void read_settings(void)
 {
     uint64_t spin_us = NVP_SPIN_US_DEFAULT, threads = 0;
@@ -48,7 +88,10 @@ static void read_settings(void)
     whole_number("NVPROXY_COPY_THREADS", 1, NVP_COPY_THREADS_MAX, "", &threads);
     S.spin_ns = spin_us * 1000;
     S.copy_threads = (int)threads;
+    debug_flags(&S.debug);
 }
+
+int nvp_debug(unsigned flag) { return (nvp_settings()->debug & flag) != 0; }
 
 const struct nvp_settings *nvp_settings(void)
 {

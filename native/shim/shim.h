@@ -104,11 +104,15 @@ cudaError_t nvp_enter(void);
 #define NVP_SPIN_US_DEFAULT 400
 #define NVP_SPIN_US_MAX 200000
 #define NVP_COPY_THREADS_MAX 8
+#define NVP_DEBUG_NO_MAILBOX 1u      /* NVPROXY_DEBUG=no-mailbox: every reply over the socket */
+#define NVP_DEBUG_ANSWERED_COPIES 2u /* NVPROXY_DEBUG=answered-copies: every posted copy answered */
 struct nvp_settings {
     uint64_t spin_ns; /* NVPROXY_SPIN_US */
     int copy_threads; /* NVPROXY_COPY_THREADS (0: unset) */
+    unsigned debug;   /* NVPROXY_DEBUG: NVP_DEBUG_* */
 };
 const struct nvp_settings *nvp_settings(void);
+int nvp_debug(unsigned flag); /* is NVPROXY_DEBUG's flag (NVP_DEBUG_*) on? */
 /* cudaSuccess, or cudaErrorInitializationError where a setting is refused (said once on stderr) */
 cudaError_t nvp_settings_error(void);
 /* ---- parcopy.c ---- */

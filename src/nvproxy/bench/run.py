@@ -3,7 +3,8 @@ medians, nvproxy/native ratios, a markdown table and plots.
 
     nvproxy bench [--quick] [--reps N] [--backend gpu|sim] [--out DIR] [--variant NAME:VAR=VALUE,...]
 (also `python -m nvproxy.bench.run`).  Ratios are the figures to read: the machines are noisy.  A variant is
-nvproxy once more with other environment settings, in the same rounds (an A/B: `--variant sockets:NVPROXY_MAILBOX=0`).
+nvproxy once more with other environment settings, in the same rounds (an A/B:
+`--variant sockets:NVPROXY_DEBUG=no-mailbox`).
 The CUDA programs are built on first use (build.py).  `python -m nvproxy.bench.ckpt_run` and
 `python -m nvproxy.bench.dmtcp_placement` measure checkpoints alone.
 """

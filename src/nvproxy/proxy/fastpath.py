@@ -5,13 +5,10 @@ hottest calls (launches, event records, copies, stream and event waits) in
 call order until it meets one that Python must do.  C may only use handles
 Python taught it: the handlers teach a kernel, stream or event when they use
 it, and everything is forgotten whenever one is destroyed or reloaded.
-
-NVPROXY_FASTPATH=0 turns it off (every call then takes the Python path).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,7 +38,7 @@ def library_path() -> Path:
 
 
 def enabled() -> bool:
-    return os.environ.get("NVPROXY_FASTPATH", "1") != "0" and library_path().exists()
+    return library_path().exists()
 
 
 class FastPath:

@@ -47,12 +47,10 @@ ANC_SPACE = socket.CMSG_SPACE(8 * 4)
 
 
 SPIN_S = 50e-6  # how long the dispatcher keeps polling (a wait, its sockets) before sleeping
-# the calling threads' channels are served by C (fastpath.nvpf_serve, nvpf_serve_many): it polls their sockets for
-# SERVE_IDLE_US after the last message, and every SERVE_BUDGET_US gives the event loop a turn if one of the loop's
-# sockets is ready (a turn costs a call arriving meanwhile tens of microseconds)
-SERVE_IN_C = os.environ.get("NVPROXY_SERVE_IN_C", "1") != "0"
-# several calling threads at once too (NVPROXY_SERVE_MANY=0: only a single one, as before session 20, to compare)
-SERVE_MANY = os.environ.get("NVPROXY_SERVE_MANY", "1") != "0"
+# the calling threads' channels (up to fastpath.SERVE_MAX of them) are served by C (fastpath.nvpf_serve,
+# nvpf_serve_many): it polls their sockets for SERVE_IDLE_US after the last message, and every SERVE_BUDGET_US gives
+# the event loop a turn if one of the loop's sockets is ready (a turn costs a call arriving meanwhile tens of
+# microseconds)
 SERVE_IDLE_US, SERVE_BUDGET_US = 200, 2000
 # the control socket's requests are read off the event loop, each by a thread of its own: a client gets
 # CONTROL_READ_S for its whole request (small JSON: CONTROL_LIMIT bytes at most), CONTROL_READERS at once
@@ -351,10 +349,10 @@ class Server:
     def _servable(self) -> list[Channel] | None:
         """The calling threads' channels, when C may serve them all (on one device, nothing of theirs waiting in
         Python, and one of them free to send: the others wait for replies Python owes), else None."""
-        if not (SERVE_IN_C and self.running and self.fast is not None) or self.heap or self.ending:
+        if not (self.running and self.fast is not None) or self.heap or self.ending:
             return None
         chans = [c for c in self.channels if c.kind == wire.NVP_CHAN_CALL]
-        if not chans or len(chans) > (fastpath.SERVE_MAX if SERVE_MANY else 1):
+        if not chans or len(chans) > fastpath.SERVE_MAX:
             return None
         dev = chans[0].dev
         if any(c.fast is None or c.closed or c.rbuf or c.dev != dev for c in chans):
