@@ -369,18 +369,7 @@ static int pageable(uint64_t p, size_t n) { return !nvp_is_device_ptr(p) && !nvp
 /* The piece of a staged copy that one slot carries (copies larger than the staging buffer, and small ones) */
 static size_t piece_of(const struct nvp_staging *s, size_t n) { return n < s->slot_size ? n : s->slot_size; }
 
-/* A copy that fits in the staging buffer goes there whole, in parts that helper threads copy (parcopy.c).  To the
- * device, each run of parts the helpers have finished is sent while they copy the next; from the device, the
- * parts of each piece are copied out as the piece arrives, while the device sends the next.  (In slots of 1 MiB
- * pieces, one after the other, a 4 MiB pageable copy ran at 0.98-1.58x native on the H200; so, 1.22-1.29x to the
- * device and 1.65-1.74x from it.) */
-#define WHOLE_MIN (512u << 10)
-/* SMALL_STORES: a copy to the device below 64 KiB is staged with plain stores, from there with streaming stores.  Back to back on the H200,
- * 4 KiB took 8.6 us a copy with streaming stores and 5.1 us without, 16 KiB 12.4 / 5.5 us (native 7.2, 9.1 us);
- * in the benchmark's rounds, plain / streaming, 4 KiB ran at 0.97 / 0.83x native, 16 KiB 0.85 / 0.68x, 64 KiB
- * 1.37 / 1.62x, 256 KiB 1.05 / 1.32x (where the run before had 64 and 256 KiB the other way round: 8.6 / 10.6 us,
- * 20.0 / 21.9 us).  Most likely the streaming stores' fence, which waits for the bytes to reach memory, costs more
- * than small copies gain from leaving the cache alone. */
+/* Which way a staged copy goes (posted, whole, slot by slot) is copy_plan.c's choice. */
 
 static cudaError_t send_staged(uint64_t dev, size_t off, size_t len, int64_t stream, int to_host)
 {
@@ -499,7 +488,7 @@ static cudaError_t posted_h2d(struct nvp_staging *s, uint64_t dst, const char *s
     cudaError_t e = posted_place(s, n, &off);
     if (e)
         return e;
-    nvp_copy_small_for_dma(s->base + off, src, n); /* (SMALL_STORES) */
+    nvp_copy_small_for_dma(s->base + off, src, n);
     uint64_t a[NVP_MAX_ARGS] = {dst, off, n, (uint64_t)stream, 0, s->posted, is_async ? NVP_STAGED_ASYNC : 0};
     int dev = nvp_current_device(), sent = 0;
     if (!nvp_debug(NVP_DEBUG_ANSWERED_COPIES) && run.seq && run.gen == nvp_generation() && run.dev == dev && run.stream == stream &&
@@ -550,26 +539,18 @@ static cudaError_t whole_h2d(const struct nvp_staging *s, uint64_t dst, const ch
     return e == cudaErrorDevicesUnavailable ? e : collect(requests, e);
 }
 
-/* DMA_ROUND: where a copy from the device lands in the staging buffer.  The device writes twice as slowly into
- * memory the host has just read (its lines are in the CPU's caches): 1 MiB from an H200 into pinned memory took
- * 50-54 us where each copy came after the last one's was copied out, and 27-29 us into the next MiB round 8 MiB or
- * more.  So a copy of DMA_ROUND_MIN or more lands at the next place round the whole buffer, smaller ones at its
- * start.  (In the benchmark's rounds, nvproxy/native, rounding from 1 MiB / from 128 KiB / never: 256 KiB 1.30 /
- * 1.13 / 1.27x, 1 MiB 1.99 / 2.00 / 1.26x, 4 MiB 2.09 / 2.12 / 1.65x; at 256 KiB the pages' address translation,
- * which fresh places miss, seems to cost more than the caches.) */
-#define DMA_ROUND_MIN (1u << 20)
-
-static size_t d2h_place(struct nvp_staging *s, size_t n)
+/* Where a copy from the device that rounds (copy_plan.c) lands: the next place round the staging buffer. */
+static size_t d2h_round(struct nvp_staging *s, size_t n)
 {
     size_t total = s->slot_size * (size_t)s->nslots, len = (n + 65535) & ~(size_t)65535;
-    if (n < DMA_ROUND_MIN || len > total)
+    if (len > total)
         return 0;
     size_t at = s->d2h_next + len <= total ? s->d2h_next : 0;
     s->d2h_next = at + len;
     return at;
 }
 
-/* A copy from the device of WHOLE_MIN or more comes in pieces of an eighth (1 MiB at least), whose requests go in
+/* A copy from the device that goes whole comes in pieces of an eighth (1 MiB at least), whose requests go in
  * one write: the proxy issues them all at once (fastpath.c, issue_ahead) and answers each as its DMA ends, while
  * the helpers copy the pieces before it out.  (Pieces of a quarter, 128 KiB at least, from 256 KiB were slower at
  * 256 KiB: 32.3-38.3 us a copy against 30.9-31.2 on the H200, and 1.38x native against 1.58x in the benchmark's
@@ -580,9 +561,9 @@ static size_t d2h_piece(size_t n, size_t part)
     return (piece + part - 1) / part * part;
 }
 
-static cudaError_t whole_d2h(struct nvp_staging *s, char *dst, uint64_t src, size_t n, int64_t stream)
+static cudaError_t whole_d2h(struct nvp_staging *s, char *dst, uint64_t src, size_t n, int64_t stream, int round)
 {
-    size_t at = d2h_place(s, n), part = nvp_par_part(n);
+    size_t at = round ? d2h_round(s, n) : 0, part = nvp_par_part(n);
     size_t piece = d2h_piece(n, part);
     size_t pieces = (n + piece - 1) / piece, requests = pieces;
     cudaError_t first = cudaSuccess;
@@ -622,12 +603,13 @@ static cudaError_t staged_h2d(uint64_t dst, const char *src, size_t n, int64_t s
     cudaError_t e = nvp_staging(&s), first = cudaSuccess;
     if (e)
         return e;
+    struct nvp_copy_plan plan = nvp_copy_plan(1, n);
     /* (posted only to device memory the shim knows: other host memory the program may read at once) */
-    if (n < WHOLE_MIN && nvp_posting() && nvp_in_arena(dst) && nvp_alloc_contains(dst, n))
+    if (plan.way == NVP_WAY_POSTED && nvp_posting() && nvp_in_arena(dst) && nvp_alloc_contains(dst, n))
         return posted_h2d(s, dst, src, n, stream, is_async);
     if ((e = nvp_posted_quiet(s)))
         return e;
-    if (n >= WHOLE_MIN && n <= s->slot_size * (size_t)s->nslots)
+    if (plan.way == NVP_WAY_WHOLE)
         return whole_h2d(s, dst, src, n, stream);
     size_t piece = piece_of(s, n), chunks = (n + piece - 1) / piece, waited = 0;
     for (size_t k = 0; k < chunks; k++) {
@@ -683,14 +665,13 @@ static cudaError_t staged_d2h(char *dst, uint64_t src, size_t n, int64_t stream)
 static cudaError_t staged_d2h_(struct nvp_staging *s, char *dst, uint64_t src, size_t n, int64_t stream)
 {
     cudaError_t e, first = cudaSuccess;
-    if (n >= WHOLE_MIN && n <= s->slot_size * (size_t)s->nslots)
-        return whole_d2h(s, dst, src, n, stream);
-    size_t piece = piece_of(s, n), chunks = (n + piece - 1) / piece;
-    size_t sent = 0, at = chunks == 1 ? d2h_place(s, n) : 0; /* (DMA_ROUND) */
+    struct nvp_copy_plan plan = nvp_copy_plan(0, n);
+    if (plan.way == NVP_WAY_WHOLE)
+        return whole_d2h(s, dst, src, n, stream, plan.round);
+    size_t piece = piece_of(s, n), chunks = (n + piece - 1) / piece, sent = 0;
     for (; sent < chunks && sent < (size_t)s->nslots; sent++) {
         size_t off = sent * piece, len = n - off < piece ? n - off : piece;
-        uint64_t a[NVP_MAX_ARGS] = {src + off, at + (sent % (size_t)s->nslots) * s->slot_size, len, (uint64_t)stream,
-                                    1};
+        uint64_t a[NVP_MAX_ARGS] = {src + off, (sent % (size_t)s->nslots) * s->slot_size, len, (uint64_t)stream, 1};
         if ((e = nvp_send_pending(NVP_OP_STAGED_COPY, a, chunks == 1)))
             return e;
     }
@@ -704,7 +685,7 @@ static cudaError_t staged_d2h_(struct nvp_staging *s, char *dst, uint64_t src, s
         if (e && !first)
             first = e;
         if (!first)
-            nvp_par_memcpy(dst + off, s->base + at + slot * s->slot_size, len, 0);
+            nvp_par_memcpy(dst + off, s->base + slot * s->slot_size, len, 0);
         if (sent < chunks) { /* refill the slot just emptied */
             size_t o2 = sent * piece, l2 = n - o2 < piece ? n - o2 : piece;
             uint64_t a[NVP_MAX_ARGS] = {src + o2, slot * s->slot_size, l2, (uint64_t)stream, 1};

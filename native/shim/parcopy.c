@@ -25,8 +25,7 @@
 #include <unistd.h>
 
 #define PART_MIN (256u << 10) /* below this a thread's wake-up costs more than it copies */
-#define SMALL_STREAM_MIN (64u << 10) /* nvp_copy_small_for_dma's plain stores stop here (memory.c: SMALL_STORES) */
-#define SMALL_PART_MIN (64u << 10) /* nvp_par_memcpy's: helpers that sleep now cost the caller nothing (open) */
+#define SMALL_PART_MIN (64u << 10) /* nvp_par_memcpy's smallest part (copy_plan.c: STORES) */
 #define SPIN_NS 200000 /* helpers poll this long for the next job before sleeping: copies come in runs */
 
 static struct {
@@ -79,10 +78,10 @@ void nvp_copy_for_dma(void *dst, const void *src, size_t n) { nvp_stream_copy(ds
 
 void nvp_copy_small_for_dma(void *dst, const void *src, size_t n)
 {
-    int stream = n >= SMALL_STREAM_MIN;
-    if (n >= 2 * SMALL_PART_MIN)
-        nvp_par_memcpy(dst, src, n, stream); /* (helpers asleep cost nothing: the caller copies what they leave) */
-    else if (stream)
+    struct nvp_host_stores how = nvp_small_stores(n);
+    if (how.parallel)
+        nvp_par_memcpy(dst, src, n, how.streaming);
+    else if (how.streaming)
         nvp_stream_copy(dst, src, n);
     else
         memcpy(dst, src, n);

@@ -71,7 +71,10 @@ int nvp_backend_is_sim(void);
 /* The thread's current device (cudaSetDevice is per thread). */
 int nvp_current_device(void);
 void nvp_set_current_device(int dev);
-/* Per-thread staging buffer for pageable copies (created on first use). */
+/* Per-thread staging buffer for pageable copies (created on first use): slots of 8 MiB. */
+#define NVP_STAGE_SLOT (8u << 20)
+#define NVP_STAGE_SLOTS 4
+#define NVP_STAGING_BYTES ((size_t)NVP_STAGE_SLOT * NVP_STAGE_SLOTS)
 #define NVP_POSTED_MAX 16 /* posted copies in flight per thread, at most (the proxy keeps room for more) */
 struct nvp_posted {
     uint64_t num;
@@ -87,7 +90,7 @@ struct nvp_staging {
     uint64_t posted, posted_known; /* numbers handed out; every one up to posted_known is done */
     unsigned pfirst, pcount;
     struct nvp_posted pq[NVP_POSTED_MAX];
-    size_t d2h_next; /* where the next large copy from the device lands (memory.c: DMA_ROUND) */
+    size_t d2h_next; /* where the next large copy from the device lands (copy_plan.c: round) */
 };
 cudaError_t nvp_staging(struct nvp_staging **out);
 /* May this thread's copies be posted (it has a mailbox, where the proxy says which are done)?  What it says. */
@@ -115,11 +118,27 @@ const struct nvp_settings *nvp_settings(void);
 int nvp_debug(unsigned flag); /* is NVPROXY_DEBUG's flag (NVP_DEBUG_*) on? */
 /* cudaSuccess, or cudaErrorInitializationError where a setting is refused (said once on stderr) */
 cudaError_t nvp_settings_error(void);
+/* ---- copy_plan.c: the ways a pageable copy goes through the staging buffer, by direction and size ---- */
+enum nvp_copy_way {
+    NVP_WAY_POSTED, /* to device memory the shim knows: one request, answered before its DMA ends (else a slot) */
+    NVP_WAY_WHOLE,  /* all of it in the buffer at once, in parts the copy threads copy, overlapped with the DMA */
+    NVP_WAY_SLOTS,  /* a slot at a time, the buffer's slots in flight at once */
+};
+struct nvp_copy_plan {
+    enum nvp_copy_way way;
+    int round; /* (from the device) it lands at the next place round the buffer, not at its start */
+};
+struct nvp_copy_plan nvp_copy_plan(int to_device, size_t n);
+struct nvp_host_stores {
+    int streaming; /* non-temporal stores (nvp_copy_for_dma), else plain ones */
+    int parallel;  /* shared with the copy threads */
+};
+struct nvp_host_stores nvp_small_stores(size_t n); /* a copy into the buffer that goes in one request */
 /* ---- parcopy.c ---- */
 /* memcpy on several threads when large; for_dma: into staging memory a DMA reads next (nvp_copy_for_dma) */
 void nvp_par_memcpy(void *dst, const void *src, size_t n, int for_dma);
 void nvp_copy_for_dma(void *dst, const void *src, size_t n); /* memcpy with streaming stores (parcopy.c) */
-void nvp_copy_small_for_dma(void *dst, const void *src, size_t n); /* below WHOLE_MIN: plain stores (memory.c) */
+void nvp_copy_small_for_dma(void *dst, const void *src, size_t n); /* stores by nvp_small_stores (copy_plan.c) */
 #define NVP_PAR_MAX_PARTS 128
 size_t nvp_par_part(size_t n); /* a good part size for a job of n bytes */
 /* a job of n bytes in parts of `part`, the first `ready` of them copyable now: how many parts (0: no job, the

@@ -25,7 +25,7 @@ void nvp_staging_drop_spares(void) /* (nvp_proxy.lock held, or a forked child's 
     while (spares) {
         struct spare_staging *sp = spares;
         spares = sp->next;
-        munmap(sp->stg.base, STAGING_BYTES);
+        munmap(sp->stg.base, NVP_STAGING_BYTES);
         free(sp);
     }
 }
@@ -41,7 +41,7 @@ static void posted_reset(struct nvp_staging *s)
 void nvp_staging_unmap(struct nvp_staging *s)
 {
     if (s->base)
-        munmap(s->base, STAGING_BYTES);
+        munmap(s->base, NVP_STAGING_BYTES);
     s->base = NULL;
     posted_reset(s);
 }
@@ -75,7 +75,7 @@ static int reuse_spare(cudaError_t *err)
             return 0;
         int ok = 0;
         if (sp->gen == atomic_load(&nvp_proxy.generation)) {
-            uint64_t a[NVP_MAX_ARGS] = {STAGING_BYTES, sp->addr, sp->ino};
+            uint64_t a[NVP_MAX_ARGS] = {NVP_STAGING_BYTES, sp->addr, sp->ino};
             struct nvp_reply r = {0};
             *err = nvp_call(NVP_OP_STAGING, a, NULL, 0, &r, -1);
             ok = !*err && r.h.r[0] == sp->addr; /* (0: another proxy's, met after a migration) */
@@ -86,7 +86,7 @@ static int reuse_spare(cudaError_t *err)
             nvp_self.stg_addr = sp->addr;
             nvp_self.stg_ino = sp->ino;
         } else {
-            munmap(sp->stg.base, STAGING_BYTES);
+            munmap(sp->stg.base, NVP_STAGING_BYTES);
         }
         free(sp);
         if (ok || *err)
@@ -109,7 +109,7 @@ cudaError_t nvp_staging(struct nvp_staging **out)
     }
     if (e)
         return e;
-    size_t size = STAGING_BYTES;
+    size_t size = NVP_STAGING_BYTES;
     int fd = nvp_memfd("nvproxy-staging");
     if (fd < 0)
         return cudaErrorMemoryAllocation;

@@ -11,10 +11,6 @@
 
 #define NVP_HIDDEN __attribute__((visibility("hidden")))
 
-#define NVP_STAGE_SLOT (8u << 20)
-#define NVP_STAGE_SLOTS 4
-#define STAGING_BYTES ((size_t)NVP_STAGE_SLOT * NVP_STAGE_SLOTS)
-
 /* ---- channel.c owns the state ---- */
 enum { ST_INIT = 0, ST_READY = 1, ST_DEAD = 2, ST_PAUSED = 3 /* checkpoint under way */ };
 
