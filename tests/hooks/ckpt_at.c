@@ -19,7 +19,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,21 +41,8 @@ static int only_children;
 static const char *calls_out;
 static atomic_long calls;
 
-static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void say(const char *fmt, ...)
-{
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return;
-    n = n > (int)sizeof buf - 2 ? (int)sizeof buf - 2 : n;
-    buf[n++] = '\n';
-    if (write(2, buf, (size_t)n) < 0)
-        return;
-}
+/* one line on stderr (dprintf: no stdio lock of the program's is taken) */
+#define say(fmt, ...) dprintf(2, fmt "\n", ##__VA_ARGS__)
 
 /* name's whole number (0 if unset), at least lo; a bad value ends the program */
 static long number(const char *name, long lo)
