@@ -220,6 +220,14 @@ def test_the_shim_holds_no_test_hooks() -> None:
     assert b"nvproxy_test_hooks" in data
 
 
+def test_a_bad_test_hook_setting_stops_the_program(build) -> None:
+    """The test hooks refuse a setting they cannot read in one line, before the program's first call: a test must
+    not run on without the hook it asked for."""
+    r = run(nvproxy_cmd(build("vector_add"), "sim", "vector_add"), env=hooked(NVPROXY_MIGRATE_AT="third"))
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert r.stderr.splitlines() == ["nvproxy test hooks: NVPROXY_MIGRATE_AT=third: expected a whole number from 1"]
+
+
 def test_pinned_memory_goes_on_where_dev_shm_is_full(build) -> None:
     """Pinned memory lives in /dev/shm (a DMTCP restart can bring it back as any user: docs/checkpoint.md), which
     has a size (64 MiB in a container, by default): what it has no room for goes into a memfd, said once on stderr,
