@@ -104,7 +104,8 @@ def test_a_program_killed_mid_call_gets_one_line_from_its_proxy(build) -> None:
 def _preloaded(exe: Path, extra: dict[str, str], stdin: str = "") -> subprocess.CompletedProcess:
     """exe run with the shim preloaded by hand (no `nvproxy run`, which checks settings itself), sim backend."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVPROXY_")}
-    env.update(LD_PRELOAD=str(shim_path()), NVPROXY_BACKEND="sim", NVPROXY_PYTHON=sys.executable, **extra)
+    env.update(LD_PRELOAD=str(shim_path()), NVPROXY_BACKEND="sim", NVPROXY_PYTHON=sys.executable)
+    env.update(extra)
     return subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, env=env, timeout=120)
 
 
@@ -222,8 +223,9 @@ def test_the_shim_holds_no_test_hooks() -> None:
 
 def test_a_bad_test_hook_setting_stops_the_program(build) -> None:
     """The test hooks refuse a setting they cannot read in one line, before the program's first call: a test must
-    not run on without the hook it asked for."""
-    r = run(nvproxy_cmd(build("vector_add"), "sim", "vector_add"), env=hooked(NVPROXY_MIGRATE_AT="third"))
+    not run on without the hook it asked for.  (Preloaded by hand: `nvproxy run` refuses it itself.)"""
+    preload = f"{shim_path()}:{hooked()['LD_PRELOAD']}"
+    r = _preloaded(build("vector_add"), {"LD_PRELOAD": preload, "NVPROXY_MIGRATE_AT": "third"})
     assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
     assert r.stderr.splitlines() == ["nvproxy test hooks: NVPROXY_MIGRATE_AT=third: expected a whole number from 1"]
 
