@@ -25,7 +25,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("nvproxy run: no command given", file=sys.stderr)
         return 2
     dmtcp = args.dmtcp or bool(args.dmtcp_args)
-    readers = (settings.SHIM, settings.PROXY, settings.RUN) + ((settings.DMTCP,) if dmtcp else ())
+    readers = (settings.SHIM, settings.PROXY, settings.RUN, settings.TEST_HOOKS) + ((settings.DMTCP,) if dmtcp else ())
     settings.check_or_exit(os.environ, readers, "nvproxy run")
     for path in args.sim_kernels:
         why = settings.python_files(path)

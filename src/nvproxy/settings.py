@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 # words NVPROXY_DEBUG may hold (empty: any word is accepted until the flags are listed here)
-DEBUG_FLAGS: tuple[str, ...] = ()
+DEBUG_FLAGS: tuple[str, ...] = ("no-mailbox", "answered-copies")
 
 
 @dataclass(frozen=True)
@@ -145,13 +145,14 @@ EXECUTABLE = with_reason("a Python interpreter with nvproxy installed: a path, o
 WORDS = with_reason("debug flags separated by commas", _words)
 DEVICES = with_reason("device numbers or UUIDs separated by commas, as CUDA_VISIBLE_DEVICES", _devices)
 
-# who reads a setting: the shim (in the program), the proxy, `nvproxy run` itself, the DMTCP commands
-SHIM, PROXY, RUN, DMTCP = "shim", "proxy", "run", "dmtcp"
+# who reads a setting: the shim (in the program), the proxy, `nvproxy run` itself, the DMTCP commands, the test
+# suite's hook library (tests/hooks, preloaded by the tests only)
+SHIM, PROXY, RUN, DMTCP, TEST_HOOKS = "shim", "proxy", "run", "dmtcp", "test hooks"
 GROUPS = {
     "main": "Settings",
     "tuning": "Tuning",
     "debug": "Debugging and comparisons",
-    "testing": "Test hooks (deterministic checkpoints in tests)",
+    "testing": "Test hooks (read only by the test suite's hook library, tests/hooks)",
 }
 
 
@@ -208,50 +209,28 @@ SETTINGS: tuple[Setting, ...] = (
             "a proxy starts the driver before Python's site processing (0: when the backend opens)", (PROXY,),
             "tuning"),
     Setting("NVPROXY_DEBUG", "", WORDS, "turns single mechanisms of the call path or the restore off, to compare or "
-            "to isolate a fault; not for production", (SHIM, PROXY), "debug"),
+            "to isolate a fault, not for production: no-mailbox (replies by socket only), answered-copies (every "
+            "staged copy waits for its answer)", (SHIM, PROXY), "debug"),
     Setting("NVPROXY_TRACE", "", choice("1"), "the shim prints every request it sends on stderr", (SHIM,), "debug"),
-    Setting("NVPROXY_CRASH_TRACE", "0", ON_OFF,
-            "a program that dies of SIGSEGV or SIGBUS first prints where, one frame a line", (SHIM,), "debug"),
-    Setting("NVPROXY_FASTPATH", "1", ON_OFF, "the proxy serves calls in C where it can (0: all in Python)",
-            (PROXY,), "debug"),
-    Setting("NVPROXY_SERVE_IN_C", "1", ON_OFF, "C serves a thread's channel between Python's turns (0: Python)",
-            (PROXY,), "debug"),
-    Setting("NVPROXY_SERVE_MANY", "1", ON_OFF, "C serves several calling threads at once (0: one)", (PROXY,),
-            "debug"),
-    Setting("NVPROXY_MAILBOX", "1", ON_OFF, "replies come through a shared-memory mailbox (0: the socket)",
-            (SHIM,), "debug"),
-    Setting("NVPROXY_POSTED_COPIES", "1", ON_OFF,
-            "staged copies are answered once posted (0: once done)", (SHIM,), "debug"),
-    Setting("NVPROXY_UNANSWERED_COPIES", "1", ON_OFF,
-            "runs of small posted copies go unanswered (0: each answered)", (SHIM,), "debug"),
-    Setting("NVPROXY_POSTED_REPLY_FIRST", "1", ON_OFF,
-            "a posted copy is answered before it is issued (0: after)", (PROXY,), "debug"),
-    Setting("NVPROXY_STREAM_STORES", "1", ON_OFF, "staging uses streaming stores (0: memcpy)", (SHIM,), "debug"),
-    Setting("NVPROXY_SMALL_STREAM_STORES", "by size", ON_OFF,
-            "small copies are staged with streaming stores always (1) or never (0)", (SHIM,), "debug"),
-    Setting("NVPROXY_SMALL_PARALLEL", "1", ON_OFF, "small staged copies are split over the copy threads (0: not)",
-            (SHIM,), "debug"),
     Setting("NVPROXY_LIB_FAST", "1", ON_OFF,
             "the proxy's C fast path makes posted GPU library calls of functions that ran once in Python (0: never)",
             (PROXY,), "debug"),
     Setting("NVPROXY_LIB_SYNC", "0", ON_OFF,
             "every GPU library call waits for its answer (0: ordered calls with no output go unanswered)", (SHIM,),
             "debug"),
-    Setting("NVPROXY_DMA_ROUND_KIB", "1024", integer(0, 1 << 20, " (KiB)"),
-            "copies from the device from this size land round the staging buffer (0: never)", (SHIM,), "debug"),
     Setting("NVPROXY_CHECKPOINT_AT", "", integer(1, 1 << 40),
-            "under DMTCP, the program waits for a checkpoint as its Nth CUDA call begins", (SHIM,), "testing"),
+            "under DMTCP, the program waits for a checkpoint as its Nth CUDA call begins", (TEST_HOOKS,), "testing"),
     Setting("NVPROXY_CHECKPOINT_IN", "", choice("child"),
-            "NVPROXY_CHECKPOINT_AT counts only in the processes the program starts", (SHIM,), "testing"),
+            "NVPROXY_CHECKPOINT_AT counts only in the processes the program starts", (TEST_HOOKS,), "testing"),
     Setting("NVPROXY_CHECKPOINT_WAITERS", "1", integer(1, 4096),
-            "how many processes wait at their NVPROXY_CHECKPOINT_AT call", (SHIM,), "testing"),
+            "how many processes wait at their NVPROXY_CHECKPOINT_AT call", (TEST_HOOKS,), "testing"),
     Setting("NVPROXY_MIGRATE_AT", "", integer(1, 1 << 40),
-            "nvproxy migrate moves the program to a new proxy at its Nth CUDA call", (SHIM,), "testing"),
+            "nvproxy migrate moves the program to a new proxy at its Nth CUDA call", (TEST_HOOKS,), "testing"),
     Setting("NVPROXY_CALLS_OUT", "", WRITABLE_FILE,
-            "each process adds the number of CUDA calls it made to this file as it exits", (SHIM,), "testing"),
+            "each process adds the number of CUDA calls it made to this file as it exits", (TEST_HOOKS,), "testing"),
     Setting("NVPROXY_TEST_PAUSE_MS", "0", integer(0, 60000, " (ms)"),
-            "cudaHostAlloc waits this long between the proxy's part and the shim's (a test's window)", (SHIM,),
-            "testing"),
+            "cudaHostAlloc waits this long between the proxy's part and the shim's (a test's window)",
+            (TEST_HOOKS,), "testing"),
     Setting("CUDA_VISIBLE_DEVICES", "all", ANY, "the GPUs the proxy uses (the driver's setting; the sim backend "
             "honours it too)", (PROXY,), option="nvproxy migrate --device"),
     Setting("XDG_RUNTIME_DIR", "/tmp/nvproxy-UID", RUNTIME_DIR,

@@ -120,12 +120,13 @@ def test_a_bad_value(scene, fault_app, reference, name: str, value: str) -> None
 
 
 def test_sim_kernels_without_the_programs_kernels(scene, build) -> None:
-    """NVPROXY_SIM_KERNELS names Python that lacks the program's kernels: their launches fail, the program's checks
-    say so and it does not pass; one line names a missing kernel."""
-    exe = build("ckpt_steps")
-    app = scene.start(exe, "2", "0", env={"NVPROXY_SIM_KERNELS": str(ROOT / "tests/apps/copies_sim.py")})
+    """NVPROXY_SIM_KERNELS names Python that lacks the program's kernels: their launches fail (as a kernel without
+    code for the device does natively), the program's check of its launch says so and it does not pass; one line
+    names the missing kernel."""
+    exe = build("vector_add")
+    app = scene.start(exe, env={"NVPROXY_SIM_KERNELS": str(ROOT / "tests/apps/copies_sim.py")})
     app.exit(START_S)
     assert app.rc != 0 and "Test PASSED" not in app.out, "\n".join(app.out)
     assert any(x.startswith("FAILED") for x in app.out), "\n".join(app.out)
-    clear_error(app, "step_small")
+    clear_error(app, "vecAdd")
     scene.conclude()
