@@ -69,7 +69,8 @@ def test_a_refused_setting_is_named_with_what_it_allows(name: str, value: str, m
 
 @pytest.mark.parametrize(("name", "value"), [
     ("NVPROXY_BACKEND", "sim"), ("NVPROXY_SIM_DEVICES", "2"), ("NVPROXY_SPIN_US", "0"),
-    ("NVPROXY_COPY_THREADS", "8"), ("NVPROXY_DEBUG", "no-mailbox,answered-copies"), ("NVPROXY_DEVICES", "1,GPU-5d2c-01ab"),
+    ("NVPROXY_COPY_THREADS", "8"), ("NVPROXY_DEBUG", "no-mailbox,answered-copies"),
+    ("NVPROXY_DEVICES", "1,GPU-5d2c-01ab"),
     ("NVPROXY_PYTHON", "python3"), ("NVPROXY_SIM_KERNELS", f"{APPS / 'vector_add_sim.py'}:{APPS / 'copies_sim.py'}"),
     ("NVPROXY_CKPT_BUFFER", "transient"), ("NVPROXY_EARLY_CHECK", "load"), ("NVPROXY_TRACE", "1"),
 ])
