@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import APPS, nvproxy_cmd, run
+from conftest import APPS, hooked, nvproxy_cmd, run
 
 from nvproxy import shim_path
 from nvproxy.containment import check_program
@@ -287,12 +287,12 @@ def test_driver_api_migrated_at_its_calls(build, images: dict[str, Path], tmp_pa
     exe = build("driver_api")
     args = driver_args(images, "cubin", DRIVER, "data", "created", "3")
     count = tmp_path / "calls"
-    reference = run(nvproxy_cmd(exe, "sim", "driver_api", *args), env=dict(os.environ, NVPROXY_CALLS_OUT=str(count)))
+    reference = run(nvproxy_cmd(exe, "sim", "driver_api", *args), env=hooked(NVPROXY_CALLS_OUT=str(count)))
     assert reference.returncode == 0 and "Test PASSED" in reference.stdout, reference.stdout + reference.stderr
     calls = int(count.read_text())
     assert calls > 40
     for call in range(3, calls + 1, 8):
-        r = run(nvproxy_cmd(exe, "sim", "driver_api", *args), env=dict(os.environ, NVPROXY_MIGRATE_AT=str(call)))
+        r = run(nvproxy_cmd(exe, "sim", "driver_api", *args), env=hooked(NVPROXY_MIGRATE_AT=str(call)))
         assert r.returncode == 0 and "migrated process" in r.stderr, f"at call {call}: {r.stdout}{r.stderr}"
         assert r.stdout == reference.stdout, f"migrated at call {call} of {calls}: {r.stderr}"
 

@@ -22,7 +22,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from conftest import APPS, gpu_count, nvproxy_cmd, run
+from conftest import APPS, gpu_count, hooked, nvproxy_cmd, run
 from test_checkpoint import migrate_mid_run, nvproxy
 from test_dmtcp import Session, calls_made
 
@@ -47,7 +47,7 @@ def library_of(symbol: str) -> str | None:
 def migrating_at(call: int) -> dict[str, str]:
     """The environment of a run that `nvproxy migrate` moves to a new proxy at its call-th CUDA call (the shim's test
     hook NVPROXY_MIGRATE_AT); the DMTCP tests' hooks are test_dmtcp's (Session.checkpoint_at_call, calls_made)."""
-    return dict(os.environ, NVPROXY_MIGRATE_AT=str(call))
+    return hooked(NVPROXY_MIGRATE_AT=str(call))
 
 
 @pytest.fixture(scope="session")

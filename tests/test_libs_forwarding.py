@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import nvproxy_cmd, run
+from conftest import hooked, nvproxy_cmd, run
 
 FAKES = Path(__file__).resolve().parent / "libfakes"
 LIBS = {"cublas": "libcublas.so.13", "curand": "libcurand.so.10", "cufft": "libcufft.so.12"}
@@ -66,7 +66,7 @@ def expected() -> list[str]:
 
 def run_app(fakes: tuple[Path, Path], **env: str) -> subprocess.CompletedProcess:
     d, exe = fakes
-    return run(nvproxy_cmd(exe, "sim", "libs_app"), env=dict(os.environ, NVPROXY_LIB_DIR=str(d), **env))
+    return run(nvproxy_cmd(exe, "sim", "libs_app"), env=hooked(NVPROXY_LIB_DIR=str(d), **env))
 
 
 def test_library_calls_are_forwarded(fakes: tuple[Path, Path]) -> None:

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -12,6 +13,38 @@
 #include <unistd.h>
 
 static int recover(int seen_gen);
+
+/* Is pid gone (no such process, or a zombie: a SIGKILLed proxy stays one until the program, its parent, ends)? */
+static int proxy_gone(pid_t pid)
+{
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *close_paren = strrchr(buf, ')');
+    return close_paren && close_paren[1] == ' ' && (close_paren[2] == 'Z' || close_paren[2] == 'X');
+}
+
+/* A proxy that died without a word (SIGKILL) leaves its sockets; nothing else would remove them unless another
+ * proxy starts later (its sweep), so the program it served does. */
+static void remove_sockets_of(pid_t pid, const char *sock)
+{
+    if (pid <= 0 || !sock[0])
+        return;
+    for (int i = 0; !proxy_gone(pid); i++) { /* (its socket may close an instant before it is gone) */
+        if (i == 100)
+            return;
+        usleep(1000);
+    }
+    char ctl[sizeof nvp_proxy.sock + 32];
+    snprintf(ctl, sizeof ctl, "%s.%d.ctl", sock, (int)pid);
+    unlink(ctl);
+    unlink(sock);
+}
 
 cudaError_t nvp_lost(const char *why)
 {
@@ -27,10 +60,12 @@ cudaError_t nvp_lost(const char *why)
     int was = nvp_proxy.state;
     nvp_proxy.state = ST_DEAD;
     pthread_mutex_unlock(&nvp_proxy.lock);
-    if (was != ST_DEAD)
+    if (was != ST_DEAD) {
         nvp_log("nvproxy: lost the proxy (%s); every CUDA call now fails with "
                 "cudaErrorDevicesUnavailable",
                 why);
+        remove_sockets_of(nvp_proxy.proxy_pid, nvp_proxy.sock);
+    }
     if (nvp_self.fd >= 0)
         nvp_close_private(nvp_self.fd);
     nvp_self.fd = -1;

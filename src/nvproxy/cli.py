@@ -216,7 +216,10 @@ def _adopt(args: argparse.Namespace, backend, dispatch):
         prepare_s = time.monotonic() - t
         ctl.connect(args.adopt)
     except (FileNotFoundError, ConnectionRefusedError):  # (it ended meanwhile, with its application most likely)
-        print(f"nvproxy migrate: the proxy to take over from has ended ({args.adopt} is gone)", file=sys.stderr)
+        if args.report_fd is not None:  # (nvproxy migrate says so, in its one line)
+            os.write(args.report_fd, b"gone\n")
+        else:
+            print(f"nvproxy migrate: the proxy to take over from has ended ({args.adopt} is gone)", file=sys.stderr)
         return None
     control.send(ctl, {"cmd": "handoff", "image": args.image})
     info, blob, fds = control.recv(ctl)
@@ -335,11 +338,34 @@ def _control_call(sock: str, proxy_pid: int, msg: dict) -> dict:
 
     from .proxy import control
 
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
-        c.connect(f"{sock}.{proxy_pid}.ctl")
-        control.send(c, msg)
-        reply, _b, _f = control.recv(c)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+            c.connect(f"{sock}.{proxy_pid}.ctl")
+            control.send(c, msg)
+            reply, _b, _f = control.recv(c)
+    except (FileNotFoundError, ConnectionRefusedError):
+        return {"ok": False, "error": f"proxy {proxy_pid} has ended (the program ended, or it was killed)"}
+    except (ConnectionError, OSError) as e:
+        why = "closed its connection" if isinstance(e, ConnectionError) else e.strerror or str(e)
+        return {"ok": False, "error": f"proxy {proxy_pid} ended before it answered ({why})"}
     return reply
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def _remove_partial_image(image: str, proxy_pid: int) -> None:
+    """The temporary file a proxy killed while it wrote image left behind (checkpoint/image.py atomic_file)."""
+    from .checkpoint.image import temp_prefix
+
+    d, name = os.path.split(image)
+    for leftover in Path(d or ".").glob(temp_prefix(name, proxy_pid) + "*.tmp"):
+        leftover.unlink(missing_ok=True)
 
 
 def _image_path(output: str | None, app_pid: int) -> tuple[str, str]:
@@ -379,6 +405,10 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     if note:
         print(f"nvproxy checkpoint: {note}", file=sys.stderr)
     reply = _control_call(sock, pid, {"cmd": "checkpoint", "image": image})
+    if not reply.get("ok") and not _alive(pid):
+        _remove_partial_image(image, pid)
+        print(f"nvproxy checkpoint: no image written to {image}: {reply.get('error')}", file=sys.stderr)
+        return 1
     if not reply.get("ok"):
         print(f"nvproxy checkpoint: {reply.get('error')}", file=sys.stderr)
         return 1
@@ -426,6 +456,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     if said.startswith(b"adopted"):
         print(f"migrated process {args.pid}: proxy {old_pid} -> {new_pid}")
         return 0
+    if said.startswith(b"gone"):
+        ended = "" if alive(args.pid) else f" and process {args.pid}"
+        print(f"nvproxy migrate: nothing to migrate: proxy {old_pid}{ended} ended before the hand-over",
+              file=sys.stderr)
+        return 1
     time.sleep(0.05)  # (so that how_it_ended may see its exit status)
     how = how_it_ended(new_pid)
     if alive(old_pid):

@@ -402,6 +402,7 @@ int main(int argc, char **argv) {
 
     // copies between device buffers, pointer attributes, address ranges
     CK(p_cuMemcpyDtoD(z, y, bytes));
+    CK(p_cuStreamSynchronize(nullptr));  // (a device-to-device copy may return before it ends; s does not wait for it)
     CK(p_cuMemsetD32Async(y, 0, n, s));
     CK(p_cuMemcpyHtoDAsync(y, host, bytes, s));
     CK(p_cuStreamSynchronize(s));

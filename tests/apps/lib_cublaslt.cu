@@ -118,7 +118,7 @@ static bool same_config(const cublasLtMatmulAlgo_t &x, const cublasLtMatmulAlgo_
         CUBLASLT_ALGO_CONFIG_SPLITK_NUM, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING,
         CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION};
     for (auto a : attrs) {
-        uint64_t vx = 0, vy = 0;
+        uint32_t vx = 0, vy = 0;  // (each of these attributes is 32 bits wide, and the size must match)
         size_t got = 0;
         LCHECK(cublasLtMatmulAlgoConfigGetAttribute(&x, a, &vx, sizeof vx, &got));
         LCHECK(cublasLtMatmulAlgoConfigGetAttribute(&y, a, &vy, sizeof vy, &got));

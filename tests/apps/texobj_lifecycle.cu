@@ -51,6 +51,6 @@ int main() {
 
     CHECK(cudaFree(d_in));
     CHECK(cudaFree(d_out));
-    printf("done\n");
+    printf("Test PASSED\n");
     return 0;
 }

@@ -77,6 +77,13 @@ def encode_header(header: dict[str, Any], at: int) -> tuple[bytes, bytes]:
     return PREFIX.pack(MAGIC, at, len(data)), data
 
 
+
+def temp_prefix(name: str, writer_pid: int) -> str:
+    """How the name of a process's temporary file for the image file name begins: a writer killed mid-write leaves
+    it behind, and whoever asked for the image removes it (cli.py)."""
+    return f".{name}.{writer_pid}."
+
+
 def atomic_file(path: str | Path, write: Callable[[int], None]) -> None:
     """Create path, 0600, with write(fd) under a temporary name in its directory, fsynced and renamed, then the
     directory fsynced: the file is either complete or absent (an older one stays until then).  Whatever fails,
@@ -87,7 +94,8 @@ def atomic_file(path: str | Path, write: Callable[[int], None]) -> None:
     path = Path(path)
     tmp: str | None = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # (0600, O_EXCL)
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path.name, os.getpid()), suffix=".tmp",
+                                   dir=path.parent)  # (0600, O_EXCL)
         try:
             write(fd)
             os.fsync(fd)
