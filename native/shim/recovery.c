@@ -35,8 +35,8 @@ static void remove_sockets_of(pid_t pid, const char *sock)
 {
     if (pid <= 0 || !sock[0])
         return;
-    for (int i = 0; !proxy_gone(pid); i++) { /* (its socket may close an instant before it is gone) */
-        if (i == 100)
+    for (int i = 0; !proxy_gone(pid); i++) { /* (its socket closes before the driver has let go of it) */
+        if (i == 1000)
             return;
         usleep(1000);
     }
