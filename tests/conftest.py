@@ -69,11 +69,9 @@ def nvproxy_cmd(exe: Path, backend: str, name: str, *args: str) -> list[str]:
 
 
 # The driver now and then reports a device assert as cudaErrorLaunchFailure rather than cudaErrorAssert while other
-# programs use the GPU (the whole GPU suite runs eight tests at a time), natively too: NVIDIA's simpleAssert, run
-# natively beside the suite, once found no cudaErrorAssert after its assert (session 21), and printf_assert's assert
-# came back as cudaErrorLaunchFailure through nvproxy in about one suite in three.  Alone, 16 runs of those tests
-# (8 at a time) and 140 native assert runs (up to 4 at a time) all gave cudaErrorAssert.  A run whose output differs
-# from the expected one only so is run once more (misreported_assert); the same twice fails.
+# programs use the GPU (the GPU suite runs several tests at a time), natively too (NVIDIA's simpleAssert run natively
+# beside the suite has shown it); alone, assert runs give cudaErrorAssert.  A run whose output differs from the
+# expected one only so is run once more (misreported_assert); the same twice fails.
 MISREPORT = (("cudaErrorLaunchFailure", "cudaErrorAssert"),
              ("unspecified launch failure", "device-side assert triggered"))
 

@@ -38,9 +38,8 @@ def migrate_mid_run(build, backend: str, name: str, args: tuple[str, ...], after
                     reference_args: tuple[str, ...] | None = None, pause_s: float = 0.0) -> None:
     """Run tests/apps/<name>, migrate it once a line starting with `after` came, and compare the whole
     output with an uninterrupted run's (of reference_args, default args).  The program must run on for 3 s or
-    more after that line: on a loaded H100 a new proxy took up to 1.35 s only to map the old one's image buffer,
-    and nvproxy migrate fails where the program ends first (before session 24 it reported success, and four of
-    these tests passed without a migration in some runs)."""
+    more after that line: on a loaded GPU machine a new proxy can take over a second only to map the old one's
+    image buffer, and nvproxy migrate fails where the program ends first."""
     exe = build(name)
     reference = run(nvproxy_cmd(exe, backend, name, *(reference_args or args)))
     assert reference.returncode == 0 and "Test PASSED" in reference.stdout, reference.stdout + reference.stderr

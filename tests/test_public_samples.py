@@ -44,8 +44,8 @@ TIMING = re.compile(r"\d+\.\d+|time|msec|GFlop|GB/s|Throughput|while waiting|lsh
 UNORDERED = {"simplePrintf", "simpleIPC", "streamOrderedAllocationIPC"}
 # samples whose kernels of one launch print in no fixed order: graphConditionalNodes adds each conditional node
 # with its upstream kernel as pDependencies but numDependencies 0 (CUDA 13's cudaGraphAddNode), so the kernel that
-# sets the condition and the conditional's body are both roots and run at once.  On an H100 its body printed first
-# in 1 of 736 runs through nvproxy, and under DMTCP once in session 20; natively the race is the same.
+# sets the condition and the conditional's body are both roots and run at once, natively too: rarely, its body
+# prints first.
 UNORDERED_WITHIN_LAUNCH = {"graphConditionalNodes"}
 
 

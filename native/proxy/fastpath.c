@@ -744,9 +744,8 @@ static uint32_t take_posted(struct nvp_mailbox *mb, uint8_t *out, uint32_t after
 
 /* Stop polling the slot; a request still posted goes to Python, after any already in side (one C left for Python,
  * which reopened the slot for the next before it knew: so side holds two at most).  Taken straight from POSTED to
- * CLOSED: until session 20 it was reopened on the way, and a thread that posted in that instant (the proxy
- * preempted between the two stores) lost its request and waited for ever for its reply.  Most likely why
- * `copies` hung on the GPU under load, one run in about sixty: the program in poll(2), the proxy idle. */
+ * CLOSED, never reopened on the way: a thread that posted in that instant (the proxy preempted between two
+ * stores) would lose its request and wait for ever for its reply, the program in poll(2), the proxy idle. */
 static int close_slot(struct nvpf_chan *ch, int why)
 {
     struct nvp_mailbox *mb = ch->mailbox;

@@ -274,7 +274,7 @@ class FileLoader:
         before, progress = self.verified, self.progress
         check = self.check if self.check is not None and self.check.of(self.fd) else None
         if check is not None and os.environ.get("NVPROXY_EARLY_CHECK") == "load":
-            check.stop()  # (session 21's: stopped as the load began, not as its copies may go; for an A/B)
+            check.stop()  # (stopped as the load begins, not as its copies may go: to compare the two)
         try:
             r = fileload.run(self.fd, self.chunks, self.b.addr, self.b.SLOT, self.b.state,
                              [be.handle_value(e) for e in self.events], [be.handle_value(s) for s in m.streams],
