@@ -156,8 +156,8 @@ static int nsync[NVPF_MAX_DEV]; /* 1 + how many streams; 0: not known (so that z
 
 /* Calls that issued work other than posted copies, so far (C's and Python's).  A posted copy writes only device
  * memory the program reaches through later work on the device, so no host can tell whether a synchronous copy
- * waited for one: back to back, the runtime's small pageable copies each waited for the last one's DMA (7.4 us a
- * copy of 4 KiB on the H200); ours need not. */
+ * waited for one: back to back, the runtime's small pageable copies each wait for the last one's DMA; ours need
+ * not. */
 static uint64_t issued;
 static uint64_t idle_mark[NVPF_MAX_DEV]; /* 1 + issued when dev's sync streams were last seen idle; 0: not since */
 
@@ -496,10 +496,10 @@ static int posted_copy(struct nvpf_chan *ch, uint64_t dst, uint64_t host, uint64
                 nvpf_posted_advance(ch); /* (those the streams were busy with are done: their place is free) */
         }
     }
-    /* Answered first, then issued: the driver copies a small copy's bytes into its command stream as it issues it
-     * (4 KiB took 2.9-3.4 us to issue on the H200, 16 KiB 3.7-5.7 us, 64 KiB 2.2-2.5 us: benchmarks/probes/
-     * issue_cost.cu), and the thread can stage its next copy meanwhile.  The shim posts only into device memory
-     * it knows, so the issue hardly fails; where it does, the next reply carries the error. */
+    /* Answered first, then issued: the driver copies a small copy's bytes into its command stream as it issues it,
+     * which takes a while (benchmarks/probes/issue_cost.cu), and the thread can stage its next copy meanwhile.
+     * The shim posts only into device memory it knows, so the issue hardly fails; where it does, the next reply
+     * carries the error. */
     int answered = early ? reply_r0(ch, 0, NVP_STAGED_RUN) : -1;
     int rc = D.memcpy_async(dst, host, (size_t)n, s);
     uint32_t k = ch->posted_first + ch->posted_count;
@@ -761,8 +761,8 @@ static int close_slot(struct nvpf_chan *ch, int why)
 
 /* Python's event loop: its epoll descriptor, readable while one of its sockets is (a new thread, a control command,
  * the program's end).  Serving looks at it every budget_us and hands over only then: a turn of Python's loop
- * costs tens of microseconds, and a call arriving meanwhile waited for it (a 64 MiB pinned copy every
- * 2 ms was 2-3% slower).  -1: not known, hand over every budget_us. */
+ * costs far more than a call served here, and a call arriving meanwhile waits for it.  -1: not known, hand over
+ * every budget_us. */
 static int loop_fd = -1;
 #define LONGEST_SERVE_NS 100000000L /* a turn for Python at least this often, whatever its loop says */
 

@@ -1,6 +1,6 @@
 /* An image file to device memory through pinned bounce slots: see fileload.h.
- * In C because in Python the same design reached 7.7-8.3 GB/s inside a restoring proxy (16 GiB from tmpfs,
- * H200), against 17-18 in a process of its own: the reads must not wait for anything but a slot. */
+ * In C because in Python the same design read far more slowly inside a restoring proxy than in a process of its
+ * own: the reads must not wait for anything but a slot. */
 #include "fileload.h"
 
 #include <errno.h>

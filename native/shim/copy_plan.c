@@ -1,23 +1,20 @@
 /* The ways a pageable copy goes through the staging buffer, chosen in one place: by direction and size (WAYS),
  * and how the host side of a small one is copied into the buffer (STORES).  memory.c carries the ways out,
- * parcopy.c the stores.  A file of its own: every threshold here came from a measurement, and they are weighed
- * against each other, so they are read side by side. */
+ * parcopy.c the stores.  A file of its own: every threshold here came from a measurement (docs/performance.md),
+ * and they are weighed against each other, so they are read side by side. */
 #include "shim.h"
 
 /* NVP_WAY_WHOLE from here: a copy that fits in the staging buffer goes there whole, in parts that helper threads
  * copy (parcopy.c).  To the device, each run of parts the helpers have finished is sent while they copy the next;
  * from the device, the parts of each piece are copied out as the piece arrives, while the device sends the next.
- * (In slots of 1 MiB pieces, one after the other, a 4 MiB pageable copy ran at 0.98-1.58x native on the H200; so,
- * 1.22-1.29x to the device and 1.65-1.74x from it.) */
+ * (Slot by slot, one piece after the other, copies this large were slower: docs/performance.md.) */
 #define WHOLE_MIN (512u << 10)
 
-/* Round from here: where a copy from the device lands in the staging buffer.  The device writes twice as slowly
- * into memory the host has just read (its lines are in the CPU's caches): 1 MiB from an H200 into pinned memory
- * took 50-54 us where each copy came after the last one's was copied out, and 27-29 us into the next MiB round
- * 8 MiB or more.  So a copy of DMA_ROUND_MIN or more lands at the next place round the whole buffer, smaller ones
- * at its start.  (In the benchmark's rounds, nvproxy/native, rounding from 1 MiB / from 128 KiB / never: 256 KiB
- * 1.30 / 1.13 / 1.27x, 1 MiB 1.99 / 2.00 / 1.26x, 4 MiB 2.09 / 2.12 / 1.65x; at 256 KiB the pages' address
- * translation, which fresh places miss, seems to cost more than the caches.) */
+/* Round from here: where a copy from the device lands in the staging buffer.  The device writes more slowly into
+ * memory the host has just read (its lines are in the CPU's caches) than into memory it has not touched for a
+ * while.  So a copy of DMA_ROUND_MIN or more lands at the next place round the whole buffer, smaller ones at its
+ * start: for small copies the pages' address translation, which fresh places miss, seems to cost more than the
+ * caches (docs/performance.md). */
 #define DMA_ROUND_MIN (1u << 20)
 
 /* Each rule holds from its size up to the next rule's of the same direction. */
@@ -48,14 +45,11 @@ struct nvp_copy_plan nvp_copy_plan(int to_device, size_t n)
 }
 
 /* The host side of a copy into the staging buffer that goes whole in one request (a posted copy, one slot):
- * plain stores below 64 KiB, streaming stores from there.  Back to back on the H200, 4 KiB took 8.6 us a copy
- * with streaming stores and 5.1 us without, 16 KiB 12.4 / 5.5 us (native 7.2, 9.1 us); in the benchmark's rounds,
- * plain / streaming, 4 KiB ran at 0.97 / 0.83x native, 16 KiB 0.85 / 0.68x, 64 KiB 1.37 / 1.62x, 256 KiB 1.05 /
- * 1.32x (where the run before had 64 and 256 KiB the other way round: 8.6 / 10.6 us, 20.0 / 21.9 us).  Most likely
- * the streaming stores' fence, which waits for the bytes to reach memory, costs more than small copies gain from
- * leaving the cache alone.  From 128 KiB (two of nvp_par_memcpy's smallest parts) the copy threads share it:
- * helpers asleep cost nothing, the caller copies what they leave.  (The larger ways' host copies: whole, streaming
- * stores in parts; slot by slot, plain stores, which may stay in the cache, on the copy threads.) */
+ * plain stores below 64 KiB, streaming stores from there: the streaming stores' fence, which waits for the bytes
+ * to reach memory, costs small copies more than they gain from leaving the cache alone.  From 128 KiB (two of
+ * nvp_par_memcpy's smallest parts) the copy threads share it: helpers asleep cost nothing, the caller copies what
+ * they leave.  (The larger ways' host copies: whole, streaming stores in parts; slot by slot, plain stores, which
+ * may stay in the cache, on the copy threads.) */
 static const struct {
     size_t from;
     struct nvp_host_stores how;

@@ -67,8 +67,8 @@ uint64_t nvp_now_ns(void)
 static int read_all_waiting(int fd, void *buf, size_t n, uint64_t spin, struct nvp_mailbox *mb);
 
 /* Threads waiting for replies at once: with more than two, spinning threads would
- * take the cores the proxy needs (launch storms of 16 threads ran 1.5x slower with
- * long spins), so the third and later spin no longer than 50 us, much as the CUDA
+ * take the cores the proxy needs to answer them (launch storms of many threads slow
+ * down), so the third and later spin no longer than 50 us, much as the CUDA
  * runtime yields instead of spinning when contexts outnumber cores. */
 static int waiting_threads;
 static __thread uint64_t expected_ns; /* the next reply's expected wait (nvp_expect_wait), once */
@@ -167,7 +167,7 @@ static cudaError_t send_seq(struct nvp_req *h, struct iovec *iov, int n, struct 
 /* slot: the request may go through the mailbox's slot.  Not for requests sent several in a row before their
  * replies are read (nvp_send_pending, unless alone): the proxy takes the next from the slot only once it has answered the last,
  * and it waits for each staged copy to finish before it answers, so the thread would wait at each post instead of
- * copying (pageable copies from the device of 16-64 MiB ran at 27-35 GB/s so, against 34-38 GB/s). */
+ * copying the next part out while the device sends it. */
 cudaError_t nvp_send_req(uint16_t op, uint16_t flags, const uint64_t a[NVP_MAX_ARGS], const void *p1,
                             size_t l1, const void *p2, size_t l2, int fd, int slot)
 {

@@ -72,7 +72,7 @@ static cudaError_t instantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigne
     pthread_mutex_lock(&mem_execs_lock);
     int taken = memory && mem_exec_of(gid);
     pthread_mutex_unlock(&mem_execs_lock);
-    if (taken) /* (what the driver says, on the H200) */
+    if (taken) /* (what the driver says) */
         return cudaErrorNotSupported;
     uint64_t h = nvp_handle_new(NVP_H_GRAPH_EXEC, &rec, sizeof rec);
     if (!h)

@@ -520,8 +520,8 @@ NVP_EXPORT cudaError_t cudaGetKernel(cudaKernel_t *kernel, const void *entryFunc
 
 /* ---- launches ---- */
 
-/* CUDA 13 reports impossible geometry as cudaErrorInvalidValue (measured on
- * the GPU machine), no longer cudaErrorInvalidConfiguration. */
+/* CUDA 13 reports impossible geometry as cudaErrorInvalidValue (as the native
+ * runtime answers), no longer cudaErrorInvalidConfiguration. */
 static cudaError_t check_config(const struct kernel *k, dim3 g, dim3 b, size_t shmem)
 {
     const struct nvp_device_info *d = nvp_device_info(nvp_current_device());

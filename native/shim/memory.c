@@ -393,13 +393,13 @@ static cudaError_t collect(size_t sent, cudaError_t first)
 
 /* ---- posted copies: a small pageable copy to the device, answered before its DMA ends ----
  * The runtime's pageable cudaMemcpy to the device returns once the bytes are staged, after the streams it waits
- * for are idle, and cudaMemcpyAsync's at once (CUDA's "API synchronization behavior"; measured on the H200: 4 KiB
- * returned in 6.8 us, and 1 MiB 26 us before its DMA had ended).  Answered only once done, one of 4 KiB took
- * 10.8 us here.  So the proxy answers a posted copy as the runtime returns (NVP_OP_STAGED_COPY), and its bytes stay
- * in the staging buffer until the proxy says in the mailbox that the copy is done. */
+ * for are idle, and cudaMemcpyAsync's at once (CUDA's "API synchronization behavior": it returns before its DMA
+ * has ended).  Answered only once done, a small copy would wait for the DMA the runtime does not wait for.  So the
+ * proxy answers a posted copy as the runtime returns (NVP_OP_STAGED_COPY), and its bytes stay in the staging
+ * buffer until the proxy says in the mailbox that the copy is done. */
 
-/* Runs of posted copies go unanswered (below) unless NVPROXY_DEBUG=answered-copies (on an H100: 4 KiB back to
- * back, medians of 3.4-5.3 us a copy against native's 6.5-7.1 and 6.7-6.9 answered; docs/performance.md) */
+/* Runs of posted copies go unanswered (below) unless NVPROXY_DEBUG=answered-copies: the thread stages the next
+ * while the proxy issues the last, instead of waiting a round trip for each (docs/performance.md) */
 
 /* Forget the posted copies known to be done: up to known, and what the mailbox says */
 static void posted_settle(struct nvp_staging *s, uint64_t known)
@@ -421,8 +421,8 @@ static void posted_settle(struct nvp_staging *s, uint64_t known)
  * (nvp_send_after).  Then the proxy can have nothing to say to the next: the idle streams got no work but posted
  * copies, which no host can tell a synchronous copy waited for (fastpath.c: issued), the stream is still there,
  * and the shim checked the destination.  Back to back, the thread then only stages each copy while the proxy
- * issues the last (a copy of 4 KiB cost the proxy 2.5-2.9 us to issue alone, 1.5-1.7 us in a run:
- * benchmarks/probes/batch_issue.cu), instead of waiting for each answer. */
+ * issues the last (issuing one in a run costs the proxy less than alone: benchmarks/probes/batch_issue.cu),
+ * instead of waiting for each answer. */
 static __thread struct {
     uint64_t seq; /* 0: no run */
     int64_t stream;
@@ -448,9 +448,9 @@ cudaError_t nvp_posted_quiet(struct nvp_staging *s)
 }
 
 /* Where a posted copy of n bytes goes: the lowest place clear of the copies still in flight (so that the same few
- * pages come round again: on the H200, 64 KiB copies staged round the whole 32 MiB ran at 0.70x native against
- * 1.04x from one place, most likely the DMA's address translation missing on fresh pages); once the oldest is
- * done when none is clear, or when as many are in flight as the proxy keeps. */
+ * pages come round again: staged round the whole buffer, small copies were slower, most likely the DMA's address
+ * translation missing on fresh pages); once the oldest is done when none is clear, or when as many are in flight
+ * as the proxy keeps. */
 static cudaError_t posted_place(struct nvp_staging *s, size_t n, size_t *off)
 {
     size_t total = s->slot_size * (size_t)s->nslots, len = (n + 255) & ~(size_t)255;
@@ -552,9 +552,8 @@ static size_t d2h_round(struct nvp_staging *s, size_t n)
 
 /* A copy from the device that goes whole comes in pieces of an eighth (1 MiB at least), whose requests go in
  * one write: the proxy issues them all at once (fastpath.c, issue_ahead) and answers each as its DMA ends, while
- * the helpers copy the pieces before it out.  (Pieces of a quarter, 128 KiB at least, from 256 KiB were slower at
- * 256 KiB: 32.3-38.3 us a copy against 30.9-31.2 on the H200, and 1.38x native against 1.58x in the benchmark's
- * rounds; the same at 1 MiB.) */
+ * the helpers copy the pieces before it out.  (Pieces of a quarter were slower at 256 KiB and 1 MiB:
+ * docs/performance.md.) */
 static size_t d2h_piece(size_t n, size_t part)
 {
     size_t piece = n / 8 > (1u << 20) ? n / 8 : (1u << 20);
@@ -625,7 +624,7 @@ static cudaError_t staged_h2d(uint64_t dst, const char *src, size_t n, int64_t s
                 return e;
         }
         /* (in many chunks, the host copy is what bounds them, and plain stores, which may stay in the cache,
-         * copied 256 MiB - 1 GiB at 27-29 GB/s against 20-21 with streaming stores; in one, it is small) */
+         * copy faster than streaming stores, whose fence waits for memory; in one, it is small) */
         if (chunks == 1)
             nvp_copy_small_for_dma(s->base + slot * s->slot_size, src + off, len);
         else

@@ -1,6 +1,6 @@
 /* Copies between the application's pageable memory and the staging buffer,
- * on several threads.  One core copies 8-12 GB/s on the GPU machine while the
- * device link takes 55 GB/s, so a staged copy done by the calling thread alone
+ * on several threads.  One core copies far fewer bytes a second than the
+ * device link carries, so a staged copy done by the calling thread alone
  * is no faster than the runtime's own pageable copy; split over a few helper
  * threads (and overlapped with the device copies of other parts) it is.
  *
@@ -69,11 +69,10 @@ static long take(void)
     }
 }
 
-/* Copy into memory that a DMA reads next, with non-temporal (streaming) stores: on the GPU machine a DMA of 1 MiB
- * the CPU had just written with memcpy (its lines dirty in the CPU's caches) ran at 21-22 GB/s instead of the
- * 37-38 GB/s of memory written long before; after SSE2 streaming stores, which leave nothing in the caches, at
- * 37 GB/s, and the copy itself was no slower than memcpy's (13.9-17.2 GB/s on one thread; 256-bit streaming
- * stores ran at 6.3-7.0 there, flushing each line after memcpy at 4.6-5.3: benchmarks/probes). */
+/* Copy into memory that a DMA reads next, with non-temporal (streaming) stores: a DMA reading memory the CPU has
+ * just written with memcpy (its lines dirty in the CPU's caches) is slower than one reading memory written long
+ * before; SSE2 streaming stores leave nothing in the caches, and copy as fast as memcpy, where 256-bit streaming
+ * stores or flushing each line after memcpy copy more slowly (benchmarks/probes; docs/performance.md). */
 void nvp_copy_for_dma(void *dst, const void *src, size_t n) { nvp_stream_copy(dst, src, n); }
 
 void nvp_copy_small_for_dma(void *dst, const void *src, size_t n)

@@ -60,7 +60,7 @@ cudaError_t nvp_wait_pending(struct nvp_reply *reply);
 uint64_t nvp_last_request(void);
 cudaError_t nvp_send_after(uint16_t op, const uint64_t a[NVP_MAX_ARGS], uint64_t after, int *sent);
 /* the calling thread's next reply will take about ns (a synchronous copy of a known size): spin that long for it
- * rather than sleep, whose wake-up cost 100 us a copy of 64 MiB on the H200 (0.92x native) */
+ * rather than sleep, whose wake-up even a large copy would pay on top of the runtime's own time */
 void nvp_expect_wait(uint64_t ns);
 
 int nvp_device_count(void);
@@ -102,8 +102,8 @@ cudaError_t nvp_posted_quiet(struct nvp_staging *s);
 cudaError_t nvp_enter(void);
 /* ---- settings.c: what the shim reads from its environment, checked once ---- */
 /* How long a thread waiting for a reply polls before it sleeps: as the CUDA runtime spins while it waits (its default
- * scheduling, with fewer contexts than cores), long enough to cover a synchronous 16 MiB pinned copy (~310 us at
- * 55 GB/s), whose reply would otherwise pay a wake-up. */
+ * scheduling, with fewer contexts than cores), long enough to cover a synchronous 16 MiB pinned copy at the
+ * device link's rate, whose reply would otherwise pay a wake-up. */
 #define NVP_SPIN_US_DEFAULT 400
 #define NVP_SPIN_US_MAX 200000
 #define NVP_COPY_THREADS_MAX 8

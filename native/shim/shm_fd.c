@@ -78,7 +78,7 @@ static int named_memfd(const char *what, unsigned flags)
      * restored every "/memfd:nvproxy-pinned (deleted)" mapping of a program from one file, so two pinned
      * allocations came back with the same contents (tests/apps/graph_nodes); the (virtual) pid and a serial
      * number, the same in every program DMTCP runs, made two programs restarting at the same time share one file:
-     * 2-3% of graph_capture's restarts crashed in a host callback, eight at a time on an H200, reading the other
+     * graph_capture's restarts, several at a time, now and then crashed in a host callback, reading the other
      * program's pointer from pinned memory.  Hence a random tag, new at every restart. */
     char name[96];
     unique_name(name, sizeof name, "", what);

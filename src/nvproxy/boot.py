@@ -1,8 +1,8 @@
 """A proxy's first steps, taken before Python's site processing: the driver's initialisation is started first.
 
-cuInit and a restoring proxy's CUDA contexts take 0.3-0.4 s (H200), longer than anything else a proxy does before
-its first answer, and nothing they need comes from the proxy.  Python's `site` ran for 53 ms on the GPU machine
-before any of the proxy's code (a `.pth` file of an installed package imported importlib.resources there).  So the
+cuInit and a restoring proxy's CUDA contexts take longer than anything else a proxy does before its first answer,
+and nothing they need comes from the proxy.  Python's `site` processing runs before any of the proxy's code, and
+takes a while where an installed package's `.pth` file imports modules (docs/performance.md).  So the
 spawners (launcher.proxy_argv, the shim's spawn_proxy) start a proxy as
 
     python -S -c BOOT ROOT proxy ARGS...

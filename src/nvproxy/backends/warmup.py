@@ -1,9 +1,9 @@
 """Initialising the driver, and making a restoring proxy's CUDA contexts, while the rest of the proxy starts.
 
-Every proxy needs cuInit (0.22 s on the H200) before its first answer, and a restore (DMTCP restart,
-NVPROXY_RECOVER) needs the primary context of every device in its image before any memory can move (0.11-0.14 s
-each there: as long as loading 3 GiB).  Neither needs anything of the proxy, so a thread does them while the
-main thread imports pycuda and the proxy's modules (0.2-0.3 s) and opens the image.  A proxy that is not
+Every proxy needs cuInit before its first answer, and a restore (DMTCP restart, NVPROXY_RECOVER) needs the
+primary context of every device in its image before any memory can move (each as long as loading gigabytes of the
+image).  Neither needs anything of the proxy, so a thread does them while the main thread imports pycuda and the
+proxy's modules (about as long again) and opens the image.  A proxy that is not
 restoring makes no context here: the application's first call chooses its device, as with the runtime.  The
 backend's own cuInit and retain later find the work done (the driver serialises a retain that comes while another
 is still making the context, so it is never made twice).  ctypes, not the cffi binding: it is loaded before

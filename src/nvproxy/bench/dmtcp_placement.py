@@ -5,8 +5,8 @@ GiB, the wall time of a whole DMTCP checkpoint (`nvproxy checkpoint --dmtcp`):
   and writes nvproxy-PID.img beside DMTCP's images (the design in use);
 - host: N GiB of pinned host memory in the application, which DMTCP writes inside
   its own image: what mapping the proxy's buffer into the application at
-  PRE-CHECKPOINT would cost, less the copy into the buffer (the copy-out rate
-  of `ckpt_run.py`, 30 GB/s on the H200, adds N/30 s).
+  PRE-CHECKPOINT would cost, less the copy into the buffer (N GiB at the
+  copy-out rate `ckpt_run.py` measures).
 
     python -m nvproxy.bench.dmtcp_placement --sizes 1,4 [--backend gpu|sim] [--ckpt-dir /dev/shm]
 Needs DMTCP (dmtcp_launch on PATH or in $NVPROXY_DMTCP_DIR/bin)."""

@@ -3,8 +3,8 @@
 From an image file read through bounce slots, the device memory's load starts with the restore, on a thread of
 its own: its slots are made and its readers fill them while the main thread checks the devices and maps the
 arenas, and its copies begin once those exist (a fileload.Gate), while the main thread makes modules, streams,
-events and the rest (the native loader releases the GIL).  At 4 GiB those other parts took 0.04 s of a 0.24 s
-restore on the H200, whose load took 0.19 s.  Module variables and CUDA arrays follow once their modules exist.
+events and the rest (the native loader releases the GIL): those other parts take a small share of a restore,
+whose load takes most of it.  Module variables and CUDA arrays follow once their modules exist.
 A migration's image (in memory) and a mapped file load in order, each region's copy issued as it is listed.
 """
 

@@ -1,14 +1,14 @@
 """Summing an image file's device memory while a restoring proxy starts.
 
 A restoring proxy (DMTCP's restart, NVPROXY_RECOVER) can pin no bounce slot and copy nothing before its CUDA
-context exists: cuInit and the context took 0.3 s from the proxy's start on the H200, against 0.2 s for its
-imports, so the restore itself waited about 0.1 s for the driver.  Checking an image's sums needs no driver, and
-the sums are what bounds the load once it runs: 16 threads read a tmpfs file into slots at 58 GB/s, but at 38
-reading and summing (benchmarks/probes/image_read.c).  So threads of their own sum the chunks from the moment the
-proxy has read the image's header until the load's copies may go (its readers only fill slots before), and the
-readers only read the chunks they found right by the time they reach them (4 GiB is summed in that time; 16 GiB
-in part).  They run at a lower priority so as not to slow the context or the imports, which every restore waits
-for.  NVPROXY_EARLY_CHECK=0 leaves the sums to the load; =load stops the threads as the load begins (for an A/B).
+context exists: cuInit and the context take longer than the proxy's imports, so the restore itself waits for
+the driver.  Checking an image's sums needs no driver, and the sums are what bounds the load once it runs: readers
+that also sum are markedly slower than readers that only fill slots (benchmarks/probes/image_read.c).  So threads
+of their own sum the chunks from the moment the proxy has read the image's header until the load's copies may go
+(its readers only fill slots before), and the readers only read the chunks they found right by the time they reach
+them (a small image is summed whole in that time, a large one in part).  They run at a lower priority so as not
+to slow the context or the imports, which every restore waits for.  NVPROXY_EARLY_CHECK=0 leaves the sums to the
+load; =load stops the threads as the load begins (for an A/B).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The host image buffer: a checkpoint image in the proxy's memory (a memfd,
 mapped and registered as pinned memory), kept from one checkpoint to the next.
 
-Why: device-to-pinned copies run at the PCIe/NVLink-C2C rate (55 GB/s on the
-H200 machine), but memory the kernel has to find first runs at 2-3 GB/s there
-(fresh tmpfs or page-cache pages in the VM), and registering (page-locking) a
-GiB takes 30-90 ms.  So the buffer's pages are made and registered while the
+Why: device-to-pinned copies run at the PCIe/NVLink-C2C rate, but memory the
+kernel has to find first (fresh tmpfs or page-cache pages, above all in a VM)
+goes far more slowly, and registering (page-locking) takes time in proportion
+to the size.  So the buffer's pages are made and registered while the
 application runs (NVPROXY_CKPT_BUFFER=prefault, the default), or at the first
 checkpoint and kept (=lazy), or released after every checkpoint (=transient,
 saves host memory).
@@ -12,9 +12,9 @@ saves host memory).
 Registering in the background: CUDA's programming guide lists page-locking
 among the implicit synchronisation points, which would stall the application's
 streams or, with kernels that wait on other streams' later work, hang them.
-Measured on the H200 (driver 580; docs/checkpoint.md): cuMemHostRegister of
-64 MiB took 3.6 ms while a 254 ms kernel ran (3.2 ms idle), returned in 2.8 ms while a kernel spun on a flag, and
-the launch that set the flag was not held up (0.1 ms); a 1 GiB device-to-host
+With the driver in use, cuMemHostRegister took about as
+long while a kernel ran as on an idle device, returned while a kernel spun on a flag, and
+the launch that set the flag was not held up; a device-to-host
 copy ran on beside a registration.  This driver does not synchronise there, so
 the buffer is registered in segments, in the background.
 
@@ -105,7 +105,7 @@ class HostImage:
         with ThreadPoolExecutor(WRITERS, thread_name_prefix="nvproxy-populate") as pool:
             list(pool.map(lambda p: libc.populate(*p), parts))
         todo = [start for start in self.starts + new if start not in self.registered] if register else []
-        if todo:  # (2 threads registered 1.8x faster than one there; more did not help)
+        if todo:  # (2 threads register faster than one; more did not help)
             def register(start: int) -> None:
                 self.backend.activate(self.dev)
                 self.backend.host_register(self.base + start, rounded(start + 1) - start)

@@ -25,10 +25,9 @@ from .image import ImageError, parse_header, read_header
 
 
 def read_mode() -> str:
-    """How an image file is read: through bounce slots by the native loader (16 GiB from tmpfs at 21-23 GB/s
-    on the H200, 4 GiB at 12.5-13.5 including making the CUDA context), or with NVPROXY_RESTORE_READ=map mapped and
-    registered, its pages going to the device as they are (registering them made that 5.5 GB/s at 4 GiB,
-    9.4 at 16)."""
+    """How an image file is read: through bounce slots by the native loader, or with NVPROXY_RESTORE_READ=map
+    mapped and registered, its pages going to the device as they are (registering the file's pages makes that
+    the slower way: docs/performance.md)."""
     mode = os.environ.get("NVPROXY_RESTORE_READ", "bounce")
     return mode if mode in ("map", "bounce") else "bounce"
 

@@ -110,10 +110,9 @@ def host_to_device(m: Mover, himg: Any, va: int, size: int, off: int, crcs: list
 class MappedFile:
     """An image file mapped read-only and registered as pinned memory in PIECE
     pieces, on REGISTRARS threads, in file order, while earlier pieces are checked and
-    copied (mapping and registering existing pages ran at 8.8 GB/s on one thread on the
-    H200, 21.8 on two, less on more).  Raises OSError/CudaError at once if the first piece cannot be registered
-    (a file system or driver that does not allow it): the caller reads through bounce
-    slots instead."""
+    copied (two threads map and register existing pages faster than one; more do not).
+    Raises OSError/CudaError at once if the first piece cannot be registered (a file
+    system or driver that does not allow it): the caller reads through bounce slots instead."""
 
     PIECE = 256 << 20
     REGISTRARS = 2
@@ -182,12 +181,12 @@ class MappedFile:
 class Bounce:
     """Pinned bounce slots of SLOT bytes, for images that come from a file: enough for every reader
     to read into one while earlier pieces go to the device.  Their pages are new (what a fresh
-    proxy is slowest to get: 1 GiB of 64 MiB slots took 1-2 s to make in the H200's VM while
-    an image was read), so there are few, made and registered on MAKERS threads of their own
-    while the loader runs, which uses each slot once its state says it is made."""
+    proxy is slowest to get, above all in a VM while an image is read), so there are few, made
+    and registered on MAKERS threads of their own while the loader runs, which uses each slot
+    once its state says it is made."""
 
-    MAKERS = 2  # (populating and registering new memory ran at 8 GB/s on one thread there, 22 on two)
-    SLOT = 4 << 20  # (16 GiB from tmpfs: 1 MiB slots 0.77 s, 4 MiB 0.59-0.67, 16 MiB 0.68: H200, 40 slots each)
+    MAKERS = 2  # (populating and registering new memory: two threads do it faster than one)
+    SLOT = 4 << 20  # (loads faster than smaller or larger slots: docs/performance.md)
 
     def __init__(self, m: Mover, image_bytes: int, readers: int) -> None:
         """image_bytes: no more slots than the image has pieces."""
@@ -241,7 +240,7 @@ READERS = min(16, os.cpu_count() or 4)
 class FileLoader:
     """Regions of an image file to the device through bounce slots, by the native loader
     (fileload.py): READERS threads read and sum chunks into free slots, a piece at a time (pread
-    of a tmpfs file into pinned memory ran at 4 GB/s on one thread, 34 on sixteen there), and this
+    of a tmpfs file into pinned memory is bound by one core's copy, so many readers go faster), and this
     thread issues the pieces' copies.  load() lists a region's chunks; finish() moves them all."""
 
     def __init__(self, m: Mover, fd: int, image_bytes: int, progress: Callable[[int], None] | None = None,

@@ -109,8 +109,8 @@ class Dispatcher:
     def teach_sync_streams(self, dev: int) -> None:
         """Tell C which streams a synchronous pageable copy on dev waits for, as the runtime's does: the legacy
         stream (NULL, as C names it), the program's blocking streams and every thread's per-thread stream (not
-        non-blocking streams: measured on the H200, a pageable cudaMemcpy waited 20 ms for a kernel on the
-        legacy or a blocking stream and none for one on a non-blocking stream)."""
+        non-blocking streams: a pageable cudaMemcpy waits for a kernel on the legacy or a blocking stream and
+        not for one on a non-blocking stream)."""
         if self.fast is None or dev in self._sync_taught:
             return
         streams = self._streams_of(dev, blocking_only=True)

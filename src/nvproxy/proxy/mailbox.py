@@ -1,8 +1,8 @@
 """A call channel's reply mailbox (struct nvp_mailbox in nvproxy_wire.h): a page
 the application shares with the proxy, where the native fast path leaves a bare
 reply while the calling thread spins for it, with no system call on either
-side (a Unix socket round trip costs 3.7 us on the GPU machine, shared memory
-0.3 us).  Python's own replies always go over the socket."""
+side (a Unix socket round trip costs two system calls and a wake-up on each
+side, shared memory a cache line's transfer).  Python's own replies always go over the socket."""
 
 from __future__ import annotations
 

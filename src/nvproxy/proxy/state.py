@@ -246,7 +246,7 @@ class ProcessState:
 
     def props(self, dev: int) -> tuple[str, bytes, int, list[int]]:
         """A device's properties, without making it the process's (no context, no arena); read when first asked
-        for, not by a restore (their 159 attributes took 7-12 ms of one on the H200)."""
+        for, not by a restore (reading all their attributes is a noticeable part of one)."""
         self._valid(dev)
         if dev not in self._props:
             self._props[dev] = self.backend.device_props(dev)

@@ -18,7 +18,7 @@ MODE = "nvpl_host_mode(generator)"  # (a host generator's output is host memory)
 # A device generator of these types (curandRngType_t) that made all its numbers with one of these functions, and
 # was configured before it began (default ordering), continues after a restore from curandSetGeneratorOffset(values
 # made so far), not by making its numbers again: a fresh generator given that offset went on with the same values
-# as one that had made them with that function (tests/apps/libprobe_curand.cu on an H200: Philox with every
+# as one that had made them with that function (tests/apps/libprobe_curand.cu on the GPU: Philox with every
 # function; XORWOW and MRG32k3a with these three; not normal numbers of XORWOW or MRG32k3a, nor MTGP32 or MT19937
 # at all).  After runs of different functions a fresh generator at the summed offset did not always go on alike
 # (a Philox generator of log-normal, Poisson and double numbers, migrated, gave other numbers), so a generator that

@@ -190,8 +190,8 @@ def IPC_MEM_OPEN(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[t
         raise CudaError(INVALID_CONTEXT, "an IPC memory handle of this very process")
     if dev != ch.dev and a[0] & LAZY_PEER_ACCESS:
         # the memory lives on another GPU than the caller's: its device reaches it through peer access, as
-        # natively (mapped into this process's arena of the memory's GPU, for that GPU and its peers; two H200s
-        # ran NVIDIA's simpleIPC into an illegal address without it)
+        # natively (mapped into this process's arena of the memory's GPU, for that GPU and its peers; on two GPUs
+        # NVIDIA's simpleIPC ran into an illegal address without it)
         st.grant_peer(ch.dev, dev)
     imp = st.ipc_imports.get((exporter, base))
     if imp is None:
