@@ -1,20 +1,20 @@
 /* The ways a pageable copy goes through the staging buffer, chosen in one place: by direction and size (WAYS),
  * and how the host side of a small one is copied into the buffer (STORES).  memory.c carries the ways out,
- * parcopy.c the stores.  A file of its own: every threshold here came from a measurement (docs/performance.md),
+ * parcopy.c the stores.  A file of its own: every threshold here came from a measurement,
  * and they are weighed against each other, so they are read side by side. */
 #include "shim.h"
 
 /* NVP_WAY_WHOLE from here: a copy that fits in the staging buffer goes there whole, in parts that helper threads
  * copy (parcopy.c).  To the device, each run of parts the helpers have finished is sent while they copy the next;
  * from the device, the parts of each piece are copied out as the piece arrives, while the device sends the next.
- * (Slot by slot, one piece after the other, copies this large were slower: docs/performance.md.) */
+ * (Slot by slot, one piece after the other, copies this large were slower.) */
 #define WHOLE_MIN (512u << 10)
 
 /* Round from here: where a copy from the device lands in the staging buffer.  The device writes more slowly into
  * memory the host has just read (its lines are in the CPU's caches) than into memory it has not touched for a
  * while.  So a copy of DMA_ROUND_MIN or more lands at the next place round the whole buffer, smaller ones at its
  * start: for small copies the pages' address translation, which fresh places miss, seems to cost more than the
- * caches (docs/performance.md). */
+ * caches. */
 #define DMA_ROUND_MIN (1u << 20)
 
 /* Each rule holds from its size up to the next rule's of the same direction. */

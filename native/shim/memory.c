@@ -399,7 +399,7 @@ static cudaError_t collect(size_t sent, cudaError_t first)
  * buffer until the proxy says in the mailbox that the copy is done. */
 
 /* Runs of posted copies go unanswered (below) unless NVPROXY_DEBUG=answered-copies: the thread stages the next
- * while the proxy issues the last, instead of waiting a round trip for each (docs/performance.md) */
+ * while the proxy issues the last, instead of waiting a round trip for each */
 
 /* Forget the posted copies known to be done: up to known, and what the mailbox says */
 static void posted_settle(struct nvp_staging *s, uint64_t known)
@@ -552,8 +552,7 @@ static size_t d2h_round(struct nvp_staging *s, size_t n)
 
 /* A copy from the device that goes whole comes in pieces of an eighth (1 MiB at least), whose requests go in
  * one write: the proxy issues them all at once (fastpath.c, issue_ahead) and answers each as its DMA ends, while
- * the helpers copy the pieces before it out.  (Pieces of a quarter were slower at 256 KiB and 1 MiB:
- * docs/performance.md.) */
+ * the helpers copy the pieces before it out.  (Pieces of a quarter were slower at 256 KiB and 1 MiB.) */
 static size_t d2h_piece(size_t n, size_t part)
 {
     size_t piece = n / 8 > (1u << 20) ? n / 8 : (1u << 20);

@@ -72,7 +72,7 @@ static long take(void)
 /* Copy into memory that a DMA reads next, with non-temporal (streaming) stores: a DMA reading memory the CPU has
  * just written with memcpy (its lines dirty in the CPU's caches) is slower than one reading memory written long
  * before; SSE2 streaming stores leave nothing in the caches, and copy as fast as memcpy, where 256-bit streaming
- * stores or flushing each line after memcpy copy more slowly (benchmarks/probes; docs/performance.md). */
+ * stores or flushing each line after memcpy copy more slowly (benchmarks/probes). */
 void nvp_copy_for_dma(void *dst, const void *src, size_t n) { nvp_stream_copy(dst, src, n); }
 
 void nvp_copy_small_for_dma(void *dst, const void *src, size_t n)

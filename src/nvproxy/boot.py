@@ -2,7 +2,7 @@
 
 cuInit and a restoring proxy's CUDA contexts take longer than anything else a proxy does before its first answer,
 and nothing they need comes from the proxy.  Python's `site` processing runs before any of the proxy's code, and
-takes a while where an installed package's `.pth` file imports modules (docs/performance.md).  So the
+takes a while where an installed package's `.pth` file imports modules.  So the
 spawners (launcher.proxy_argv, the shim's spawn_proxy) start a proxy as
 
     python -S -c BOOT ROOT proxy ARGS...

@@ -27,7 +27,7 @@ from .image import ImageError, parse_header, read_header
 def read_mode() -> str:
     """How an image file is read: through bounce slots by the native loader, or with NVPROXY_RESTORE_READ=map
     mapped and registered, its pages going to the device as they are (registering the file's pages makes that
-    the slower way: docs/performance.md)."""
+    the slower way)."""
     mode = os.environ.get("NVPROXY_RESTORE_READ", "bounce")
     return mode if mode in ("map", "bounce") else "bounce"
 

@@ -186,7 +186,7 @@ class Bounce:
     once its state says it is made."""
 
     MAKERS = 2  # (populating and registering new memory: two threads do it faster than one)
-    SLOT = 4 << 20  # (loads faster than smaller or larger slots: docs/performance.md)
+    SLOT = 4 << 20  # (loads faster than smaller or larger slots)
 
     def __init__(self, m: Mover, image_bytes: int, readers: int) -> None:
         """image_bytes: no more slots than the image has pieces."""
