@@ -457,8 +457,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         print(f"migrated process {args.pid}: proxy {old_pid} -> {new_pid}")
         return 0
     if said.startswith(b"gone"):
-        ended = "" if alive(args.pid) else f" and process {args.pid}"
-        print(f"nvproxy migrate: nothing to migrate: proxy {old_pid}{ended} ended before the hand-over",
+        ended = "" if alive(args.pid) else f"; process {args.pid} has ended"
+        print(f"nvproxy migrate: nothing to migrate: proxy {old_pid} has ended before the hand-over{ended}",
               file=sys.stderr)
         return 1
     time.sleep(0.05)  # (so that how_it_ended may see its exit status)

@@ -26,6 +26,9 @@ def handle(server: Any, conn: socket.socket, msg: dict[str, Any]) -> bool:
     """Run one command; True when a thread answers later (conn is then its)."""
     cmd = msg.get("cmd")
     if cmd == "checkpoint":
+        if not isinstance(msg.get("image"), str) or not msg["image"]:
+            control.send(conn, {"ok": False, "error": "a checkpoint command without an image path"})
+            return False
         checkpoint(server, conn, msg["image"], bool(msg.get("disconnect")))
         return True
     if cmd == "usage":

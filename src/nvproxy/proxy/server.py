@@ -588,6 +588,13 @@ class Server:
                 why = f"no whole request within {CONTROL_READ_S:.0f} s"
             except ConnectionError:
                 why = "it closed the connection before a whole request"
+            except control.BadMessage as e:  # (a whole message in the wrong form: the client hears why)
+                why = str(e)
+                try:
+                    conn.settimeout(CONTROL_READ_S)
+                    control.send(conn, {"ok": False, "error": f"refused {why}"})
+                except OSError:
+                    pass
             except (OSError, ValueError) as e:
                 why = str(e)
             else:
