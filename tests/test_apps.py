@@ -95,7 +95,7 @@ def test_sim_ipc_from_another_device(build, monkeypatch) -> None:
     """CUDA IPC across modelled devices: the child runs on device 1, opens device 0's memory with
     cudaIpcMemLazyEnablePeerAccess and a pool with cudaMemPoolSetAccess for its device, and its kernels change
     them (the sim backend faults a kernel that reaches another device's memory without access, as a GPU does:
-    NVIDIA's simpleIPC hit an illegal address on two H200s before the proxy granted it)."""
+    NVIDIA's simpleIPC hit an illegal address on two GPUs before the proxy granted it)."""
     monkeypatch.setenv("NVPROXY_SIM_DEVICES", "2")
     exe = build("ipc")
     r = run(nvproxy_cmd(exe, "sim", "ipc", "other-device"))

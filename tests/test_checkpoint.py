@@ -24,8 +24,8 @@ from nvproxy.checkpoint import earlycheck
 from nvproxy.checkpoint.image import ImageError, read_header
 
 BACKENDS = ["sim", pytest.param("gpu", marks=pytest.mark.gpu)]
-# (the last action comes at step 25-32: with 40 steps the program ended before the last migration was done in 7 of
-# 24 runs, 8 at a time on an H100, where a new proxy took 0.37-1.35 s to map the old one's image buffer)
+# (the last action comes at step 25-32: the program must outlast the last migration, and a new proxy on a loaded
+# machine can take over a second to map the old one's image buffer)
 STEPS = 56
 PAUSE_MS = "150"  # a migration (a new Python process) takes a second or two: spread them out
 
@@ -200,7 +200,7 @@ def test_a_refused_restore_stops_the_load_it_began(build, tmp_path: Path, refusa
 
 
 def test_a_restore_reads_no_device_attributes(build, tmp_path: Path) -> None:
-    """A device's 159 attributes took 7-12 ms of a restore on the H200: a restore checks the name and UUID, sizes
+    """Reading a device's attributes is a noticeable part of a restore: a restore checks the name and UUID, sizes
     the arena from the device's memory, and leaves the attributes to whoever asks for them later."""
     image = _image_of_ckpt_steps(build, tmp_path)
     patch = "def no_props(dev):\n    raise RuntimeError('device_props was called')\nbe.device_props = no_props"

@@ -46,8 +46,8 @@ class Session:
         self.dir = tmp_path
         self.cwd = cwd or tmp_path  # the program's
         tmp_path.mkdir(exist_ok=True)
-        # (the test hooks: a checkpoint at a chosen call; and a restarted program that crashes, as graph_capture
-        # did in 1-3% of restarts on an H200, prints its frames into the failure's message)
+        # (the test hooks: a checkpoint at a chosen call; and a restarted program that crashes prints its frames
+        # into the failure's message)
         self.env = hooked(dict(os.environ, PATH=f"{self.bin}:{os.environ['PATH']}"))
         port_file = tmp_path / "port"
         self._coordinator("--coord-port", "0", "--port-file", str(port_file))
@@ -337,8 +337,7 @@ def test_dmtcp_programs_name_their_pinned_memory_apart(build, backend: str, tmp_
     """Two programs under DMTCP (each its own computation, both pid 40000 there) give the memfds behind their
     pinned memory names the other never has: DMTCP brings a memfd's mapping back through a file of its name that
     it makes in "/", and maps such a file as it is where one exists, so two programs restarting at the same time
-    shared pinned memory (2-3% of graph_capture's restarts crashed, eight at a time on an H200, on the other
-    program's pointer)."""
+    shared pinned memory (a restarted program crashed on the other program's pointer)."""
     import re
 
     exe = build("pinned_fds")
