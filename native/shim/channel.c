@@ -129,9 +129,7 @@ int nvp_open_channel(int kind, struct nvp_rep *rep_out, struct nvp_mailbox **mb_
      * link's lock, a checkpoint would freeze it so, and the plugin's nvp_disconnect_all would wait for that lock for
      * ever (seen with tests/apps/callback_threads).  Also while the proxy is still to be started (its start is a
      * raw fork that DMTCP's lock does not see): a checkpoint that froze a thread halfway through its HELLO would let
-     * it go on after the restart over a descriptor number that no longer names its socket (found by reading, after
-     * callback_threads checkpointed at its first call on a GPU said "lost the proxy (no connection)"; not
-     * seen again since). */
+     * it go on after the restart over a descriptor number that no longer names its socket. */
     nvp_ckpt_disable();
     int fd = open_channel(kind, rep_out, mb_out);
     nvp_ckpt_enable();
