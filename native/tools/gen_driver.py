@@ -24,6 +24,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from generated import error_table, write_or_check  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 SHIM = HERE.parent / "shim"
 DATA = SHIM / "libcuda_api.json"
@@ -260,11 +263,7 @@ def gen_exports(data: dict) -> str:
                 target = f"(void (*)(void)){fn}" if fn else "0"
                 lines.append(f'    {{"{base}", {kind}, {ver}, {target}}},\n')
     lines.append("};\nconst int nvp_drv_nprocs = (int)(sizeof nvp_drv_procs / sizeof nvp_drv_procs[0]);\n\n")
-    lines.append("const struct nvp_drv_error nvp_drv_errors[] = {\n")
-    for code, name, text in sorted(data["errors"]):
-        text = text.replace("\\", "\\\\").replace('"', '\\"')
-        lines.append(f'    {{{code}, "{name}", "{text}"}},\n')
-    lines.append("};\nconst int nvp_drv_nerrors = (int)(sizeof nvp_drv_errors / sizeof nvp_drv_errors[0]);\n")
+    lines.append(error_table("const struct nvp_drv_error nvp_drv_errors", "nvp_drv_nerrors", data["errors"]))
     return "".join(lines)
 
 
@@ -280,17 +279,9 @@ def main() -> int:
         SHIM / "gen_driver_exports.c": gen_exports(data),
         SHIM / "gen_driver_forward.c": gen_forward(fwd, runtime),
     }
-    stale = [p.name for p, text in files.items() if not p.exists() or p.read_text() != text]
-    if args.check:
-        if stale:
-            print("out of date:", ", ".join(stale))
-            return 1
-        return 0
-    for p, text in files.items():
-        p.write_text(text)
-    print("wrote", ", ".join(p.name for p in files), f"({len(fwd)} forwarded functions)")
-    return 0
-
+    if not args.check:
+        print(f"{len(fwd)} forwarded functions")
+    return write_or_check(files, args.check, data["source"])
 
 if __name__ == "__main__":
     sys.exit(main())

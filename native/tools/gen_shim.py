@@ -21,6 +21,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from generated import error_table, write_or_check  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 SHIM = HERE.parent / "shim"
 SUFFIX = re.compile(r"_(ptds|ptsz|v2|v3|v2_ptds|v2_ptsz|ptsz_v2)$")
@@ -76,14 +79,9 @@ def gen_exports(syms: list[str], rets: dict[str, str]) -> str:
 def gen_errors(cuda: Path) -> str:
     rt = ctypes.CDLL(str(cuda / "lib64" / "libcudart.so.13"))
     rt.cudaGetErrorString.restype = ctypes.c_char_p
-    out = [HEADER, '#include "shim.h"\n\n']
-    out.append("const struct nvp_error_text {\n    int code;\n    const char *name, *text;\n}")
-    out.append(" nvp_error_table[] = {\n")
-    for code, name in sorted(error_codes(cuda)):  # the shim bisects this table
-        text = rt.cudaGetErrorString(code).decode().replace("\\", "\\\\").replace('"', '\\"')
-        out.append(f'    {{{code}, "{name}", "{text}"}},\n')
-    out.append("};\nconst int nvp_error_count = (int)(sizeof nvp_error_table / sizeof nvp_error_table[0]);\n")
-    return "".join(out)
+    rows = [(code, name, rt.cudaGetErrorString(code).decode()) for code, name in error_codes(cuda)]
+    struct = "const struct nvp_error_text {\n    int code;\n    const char *name, *text;\n} nvp_error_table"
+    return HEADER + '#include "shim.h"\n\n' + error_table(struct, "nvp_error_count", rows)
 
 
 def main() -> int:
@@ -98,17 +96,7 @@ def main() -> int:
         SHIM / "gen_exports.c": gen_exports(syms, return_types(cuda)),
         SHIM / "gen_errors.c": gen_errors(cuda),
     }
-    stale = [p.name for p, text in files.items() if not p.exists() or p.read_text() != text]
-    if args.check:
-        if stale:
-            print("out of date:", ", ".join(stale))
-            return 1
-        return 0
-    for p, text in files.items():
-        p.write_text(text)
-    print("wrote", ", ".join(p.name for p in files))
-    return 0
-
+    return write_or_check(files, args.check, str(cuda))
 
 if __name__ == "__main__":
     sys.exit(main())

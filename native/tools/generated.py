@@ -24,3 +24,14 @@ def write_or_check(files: dict[Path, str], check: bool, source: str) -> int:
         p.write_text(text)
     print("wrote", ", ".join(p.name for p in files))
     return 0
+
+
+def error_table(struct: str, count: str, rows: list[tuple[int, str, str]]) -> str:
+    """A C table of {code, "name", "text"} rows sorted by code (the shim bisects it), and its length as `count`."""
+    out = [f"{struct}[] = {{\n"]
+    for code, name, text in sorted(rows):
+        text = text.replace("\\", "\\\\").replace('"', '\\"')
+        out.append(f'    {{{code}, "{name}", "{text}"}},\n')
+    name = struct.split()[-1]
+    out.append(f"}};\nconst int {count} = (int)(sizeof {name} / sizeof {name}[0]);\n")
+    return "".join(out)
