@@ -1,5 +1,6 @@
 """The benchmark suite runs and writes its outputs (tiny sizes, sim backend), from this tree and from a wheel
-installed elsewhere.  No timing is asserted: benchmarks are not tests."""
+installed elsewhere; with -m gpu, the library benchmarks natively and through nvproxy.  No timing is asserted:
+benchmarks are not tests."""
 
 from __future__ import annotations
 
@@ -9,14 +10,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = [sys.executable, "-m", "nvproxy", "bench"]
+SIM_SKIP = "nvproxy bench: library benchmarks skipped: the sim backend has no GPU math libraries"
 
 
 def test_bench_smoke(nvcc: str, tmp_path: Path) -> None:
     r = subprocess.run([*BENCH, "--quick", "--reps", "1", "--backend", "sim", "--out", str(tmp_path),
                         "--variant", "sockets:NVPROXY_DEBUG=no-mailbox"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
+    assert SIM_SKIP in r.stderr.splitlines()  # (the library suite is part of the default run)
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert {row["bench"] for row in rows} >= {"launch_empty", "launch_sync", "malloc_free", "h2d_pageable",
                                               "async_4streams", "launch_storm", "ckpt_dump", "ckpt_restore",
@@ -28,6 +33,50 @@ def test_bench_smoke(nvcc: str, tmp_path: Path) -> None:
     # each checkpoint measurement as taken, a file restore's phases among them
     runs = json.loads((tmp_path / "checkpoint-runs.json").read_text())
     assert runs and all(r["verified"] and "file_restore_phases_s" in r for r in runs)
+
+
+def test_bench_library_suite_alone_is_skipped_on_sim(nvcc: str, tmp_path: Path) -> None:
+    """`--suite libs` runs the library benchmarks only; the sim backend has no libraries, which one line says,
+    and nothing else runs."""
+    r = subprocess.run([*BENCH, "--suite", "libs", "--quick", "--reps", "1", "--backend", "sim", "--out",
+                        str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert [ln for ln in r.stderr.splitlines() if ln.startswith("nvproxy bench:")] == [SIM_SKIP], r.stderr
+    assert "Traceback" not in r.stderr and not any(ln.startswith("[1/1]") for ln in r.stderr.splitlines())
+    assert json.loads((tmp_path / "results.json").read_text())["rows"] == []
+
+
+def test_bench_suite_selection(nvcc: str, tmp_path: Path) -> None:
+    """`--suite micro` runs the microbenchmarks alone (no library line, no checkpoints); an unknown suite is
+    refused in one line."""
+    r = subprocess.run([*BENCH, "--suite", "micro", "--quick", "--reps", "1", "--backend", "sim", "--out",
+                        str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "library benchmarks" not in r.stderr
+    assert [ln for ln in r.stderr.splitlines() if ln.startswith("[1/1]")] == ["[1/1] nvproxy microbench"]
+    benches = {row["bench"] for row in json.loads((tmp_path / "results.json").read_text())["rows"]}
+    assert "launch_empty" in benches and not any(b.startswith("ckpt_") for b in benches)
+    r = subprocess.run([*BENCH, "--suite", "micro,blas"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines() == [
+        "nvproxy bench: --suite 'micro,blas': expected a comma-separated list of micro, libs, ckpt (or all)"]
+
+
+@pytest.mark.gpu
+def test_gpu_library_bench(nvcc: str, tmp_path: Path) -> None:
+    """The library benchmarks at their quick sizes, natively and through nvproxy: every one gives a row with a
+    ratio and its target (each run checks its results, and the runs computed the same ones)."""
+    from nvproxy.bench import libs
+
+    r = subprocess.run([*BENCH, "--suite", "libs", "--quick", "--reps", "1", "--backend", "gpu", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert {row["bench"] for row in rows} == set(libs.CLASS)
+    assert all(row["ratio"] > 0 and "target" in row and "meets_target" in row for row in rows), rows
+    table = (tmp_path / "results.md").read_text()
+    assert all(f"| {row['bench']} |" in table for row in rows)
+    assert table.count(": pass |") + table.count(": miss |") == len(rows)
 
 
 def test_bench_stopped_early_keeps_the_rounds_it_finished(nvcc: str, tmp_path: Path) -> None:

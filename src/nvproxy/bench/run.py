@@ -1,8 +1,13 @@
-"""Run the microbenchmarks natively and through nvproxy, alternating, and write
+"""Run the benchmarks natively and through nvproxy, alternating, and write
 medians, nvproxy/native ratios, a markdown table and plots.
 
-    nvproxy bench [--quick] [--reps N] [--backend gpu|sim] [--out DIR] [--variant NAME:VAR=VALUE,...]
-(also `python -m nvproxy.bench.run`).  Ratios are the figures to read: the machines are noisy.  A variant is
+    nvproxy bench [--suite micro,libs,ckpt] [--quick] [--reps N] [--backend gpu|sim] [--out DIR]
+                  [--variant NAME:VAR=VALUE,...]
+(also `python -m nvproxy.bench.run`).  Suites: micro, the CUDA runtime's calls and copies (microbench.cu); libs,
+math-library calls (libbench.cu: SGEMM, batched GEMM, 3D FFT, normal random numbers, SpMV, a dot product returned
+to the host), each beside its target (large calls >= 0.98x native throughput, small ones <= 1.25x native time),
+and skipped with one line where the libraries are absent (the sim backend among them); ckpt, checkpoints and
+restores.  Default: all three.  Ratios are the figures to read: the machines are noisy.  A variant is
 nvproxy once more with other environment settings, in the same rounds (an A/B:
 `--variant sockets:NVPROXY_DEBUG=no-mailbox`).
 The CUDA programs are built on first use (build.py).  `python -m nvproxy.bench.ckpt_run` and
@@ -20,25 +25,45 @@ import subprocess
 import sys
 import tempfile
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 
-from . import build
+from . import build, libs
 
 HERE = Path(__file__).resolve().parent
 # for bandwidth higher is better: ratio = nvproxy/native bandwidth; for times, nvproxy/native time
-HIGHER_IS_BETTER = {"GB/s"}
+HIGHER_IS_BETTER = {"GB/s"} | libs.THROUGHPUT
+SUITES = ("micro", "libs", "ckpt")
+
+
+class RunFailed(RuntimeError):
+    """A benchmark program failed; the message says which, and its last lines of stderr."""
 
 
 def run_once(cmd: list[str], env: dict[str, str]) -> list[dict]:
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr}")
+        tail = "\n".join(r.stderr.strip().splitlines()[-20:])
+        raise RunFailed(f"{' '.join(cmd)} failed with exit status {r.returncode}:\n{tail}")
     return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+
+
+def parse_suites(text: str) -> set[str]:
+    """"micro,libs" -> {"micro", "libs"}; "all" -> every suite."""
+    names = {n.strip() for n in text.split(",") if n.strip()}
+    if names == {"all"}:
+        return set(SUITES)
+    if not names or not names <= set(SUITES):
+        raise SystemExit(f"nvproxy bench: --suite {text!r}: expected a comma-separated list of {', '.join(SUITES)}"
+                         " (or all)")
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="nvproxy bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--suite", default="all", metavar="SUITE,...",
+                    help="what to run, of micro, libs and ckpt (default: all)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (CI smoke run on the sim backend)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--backend", choices=("gpu", "sim"))
@@ -51,34 +76,54 @@ def main(argv: list[str] | None = None) -> int:
                     help="device memory to checkpoint and restore, e.g. 1,4,16,32 (GiB) or 8M (default: "
                          "1,4,16,32 on a GPU, 8M with --quick; 'none' skips)")
     args = ap.parse_args(argv)
+    suites = parse_suites(args.suite)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     backend = args.backend or ("gpu" if shutil.which("nvidia-smi") else "sim")
     native = args.native if args.native is not None else backend == "gpu"
     variants = [parse_variant(v) for v in args.variant]
-    try:
-        exe = build.program("microbench", "-std=c++17", "-O2")
-    except build.BuildError as e:
-        print(f"nvproxy bench: {e}", file=sys.stderr)
-        return 2
+    programs: list[tuple[str, Path, list[str]]] = []  # name, binary, its `nvproxy run` options
+    if "micro" in suites:
+        try:
+            programs.append(("microbench", build.program("microbench", "-std=c++17", "-O2"),
+                             ["--sim-kernels", str(HERE / "microbench_sim.py")]))
+        except build.BuildError as e:
+            print(f"nvproxy bench: {e}", file=sys.stderr)
+            return 2
+    if "libs" in suites and (exe := libs.program(backend)):
+        programs.append(("libbench", exe, []))
     extra = ["--quick"] if args.quick else []
-    proxied = [sys.executable, "-m", "nvproxy", "run", "--backend", backend,
-               "--sim-kernels", str(HERE / "microbench_sim.py"), "--", str(exe), *extra]
     samples: dict[tuple[str, int, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for rep in range(args.reps):
-        modes = [("native", [str(exe), *extra], env)] if native else []
-        modes += [("nvproxy", proxied, env)] + [(name, proxied, {**env, **more}) for name, more in variants]
+    checks: dict[tuple[str, int], dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for rep in range(args.reps if programs else 0):
+        modes: list[tuple[str, dict[str, str] | None]] = [("native", None)] if native else []
+        modes += [("nvproxy", {}), *variants]
         if rep % 2:
             modes.reverse()  # alternate which goes first
-        for mode, cmd, mode_env in modes:
-            print(f"[{rep + 1}/{args.reps}] {mode}", file=sys.stderr, flush=True)
-            for rec in run_once(cmd, mode_env):
-                samples[(rec["bench"], rec["param"], rec["unit"])][mode].append(rec["value"])
+        for name, exe, options in programs:
+            for mode, settings in modes:
+                print(f"[{rep + 1}/{args.reps}] {mode} {name}", file=sys.stderr, flush=True)
+                cmd = [str(exe), *extra] if settings is None else [
+                    sys.executable, "-m", "nvproxy", "run", "--backend", backend, *options, "--", str(exe), *extra]
+                try:
+                    records = run_once(cmd, {**env, **(settings or {})})
+                except RunFailed as e:
+                    print(f"nvproxy bench: {e}", file=sys.stderr)
+                    return 1
+                for rec in records:
+                    samples[(rec["bench"], rec["param"], rec["unit"])][mode].append(rec["value"])
+                    if "check" in rec:
+                        checks[(rec["bench"], rec["param"])][mode].add(rec["check"])
         # (after every round: a run stopped early, by a time limit say, leaves the rounds it finished)
-        _write(samples, variants, out, backend, rep + 1, quiet=True)
+        differs = libs.different_results(checks)
+        _write(samples, variants, out, backend, rep + 1, differs, quiet=True)
+        if differs:
+            for line in differs.values():
+                print(f"nvproxy bench: {line}", file=sys.stderr)
+            return 1
     ckpt_sizes = args.checkpoint_sizes or ("8M" if args.quick else "1,4,16,32" if backend == "gpu" else "none")
-    if ckpt_sizes != "none":
+    if "ckpt" in suites and ckpt_sizes != "none":
         _checkpoint_rows(samples, backend, ckpt_sizes, out)
     rows = _write(samples, variants, out, backend, args.reps)
     _plots(rows, out)
@@ -86,8 +131,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write(samples: dict, variants: list[tuple[str, dict[str, str]]], out: Path, backend: str, reps: int,
-           quiet: bool = False) -> list[dict]:
-    """results.json and results.md from the samples so far (medians, ratios to native); the rows."""
+           differs: Mapping[tuple[str, int], str] | None = None, quiet: bool = False) -> list[dict]:
+    """results.json and results.md from the samples so far (medians, ratios to native, the targets of the library
+    benchmarks; differs: the benchmarks whose runs computed different results); the rows."""
     rows = []
     for (bench, param, unit), by_mode in samples.items():
         row = {"bench": bench, "param": param, "unit": unit}
@@ -98,22 +144,40 @@ def _write(samples: dict, variants: list[tuple[str, dict[str, str]]], out: Path,
             for name, _env in variants:
                 if name in row:
                     row[f"{name}_ratio"] = row[name] / row["native"]
+        if goal := libs.target(bench, unit):
+            row["target"] = f"{goal[0]} {goal[1]:g}"
+            if "ratio" in row:
+                row["meets_target"] = libs.meets(goal, row["ratio"])
+        if differs and (bench, param) in differs:
+            row["same_results"] = False
         rows.append(row)
     (out / "results.json").write_text(json.dumps({"backend": backend, "reps": reps, "rows": rows,
                                                   "variants": dict(variants)}, indent=1))
     names = [name for name, _env in variants]
     head = "| benchmark | size | unit | native | nvproxy | " + "".join(f"{n} | " for n in names) + "nvproxy/native |"
-    lines = [head + "".join(f" {n}/native |" for n in names), "|---|---:|---|" + "---:|" * (3 + 2 * len(names))]
+    lines = [head + "".join(f" {n}/native |" for n in names) + " target |",
+             "|---|---:|---|" + "---:|" * (3 + 2 * len(names)) + "---|"]
     for r in rows:
         by_bytes = r["unit"] in ("GB/s", "s") or r["bench"] == "malloc_free"
         size = _size(r["param"]) if by_bytes else str(r["param"] or "")
         lines.append(f"| {r['bench']} | {size} | {r['unit']} | {_f(r.get('native'))} | {_f(r.get('nvproxy'))} | "
                      + "".join(f"{_f(r.get(n))} | " for n in names) + f"{_f(r.get('ratio'))} |"
-                     + "".join(f" {_f(r.get(f'{n}_ratio'))} |" for n in names))
+                     + "".join(f" {_f(r.get(f'{n}_ratio'))} |" for n in names) + f" {_verdict(r)} |")
     (out / "results.md").write_text("\n".join(lines) + "\n")
-    if not quiet:
+    if not quiet and rows:
         print("\n".join(lines))
     return rows
+
+
+def _verdict(row: dict) -> str:
+    """A library row's target and whether nvproxy met it ("<= 1.25: pass")."""
+    if row.get("same_results") is False:
+        return "results differ"
+    if "target" not in row:
+        return ""
+    if "meets_target" not in row:
+        return row["target"]
+    return f"{row['target']}: {'pass' if row['meets_target'] else 'miss'}"
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, str]]:
@@ -196,25 +260,27 @@ def _plots(rows: list[dict], out: Path) -> None:
         ax.legend(fontsize=7)
         return fig, ax
 
-    fig, ax = lines(rows, ("h2d_pinned", "d2h_pinned", "h2d_pageable", "d2h_pageable"),
-                    {"native": "native", "nvproxy": "nvproxy"})
-    ax.set_xlabel("bytes per cudaMemcpy")
-    ax.set_title("cudaMemcpy bandwidth, native vs nvproxy")
-    fig.tight_layout()
-    fig.savefig(out / "bandwidth.png", dpi=120)
-    lat = [r for r in rows if r["unit"] in ("us", "us/launch")]
-    fig, ax = plt.subplots(figsize=(8, 4))
-    labels = [f"{r['bench']}{'' if not r['param'] else ' ' + str(r['param'])}" for r in lat]
-    xs = range(len(lat))
-    ax.bar([x - 0.2 for x in xs], [r.get("native", 0) for r in lat], 0.4, label="native")
-    ax.bar([x + 0.2 for x in xs], [r.get("nvproxy", 0) for r in lat], 0.4, label="nvproxy")
-    ax.set_xticks(list(xs), labels, rotation=30, ha="right", fontsize=7)
-    ax.set_ylabel("microseconds")
-    ax.set_yscale("log")
-    ax.legend()
-    ax.set_title("latency per call, native vs nvproxy")
-    fig.tight_layout()
-    fig.savefig(out / "latency.png", dpi=120)
+    copies = ("h2d_pinned", "d2h_pinned", "h2d_pageable", "d2h_pageable")
+    if any(r["bench"] in copies for r in rows):
+        fig, ax = lines(rows, copies, {"native": "native", "nvproxy": "nvproxy"})
+        ax.set_xlabel("bytes per cudaMemcpy")
+        ax.set_title("cudaMemcpy bandwidth, native vs nvproxy")
+        fig.tight_layout()
+        fig.savefig(out / "bandwidth.png", dpi=120)
+    lat = [r for r in rows if r["unit"] in ("us", "us/launch") and "target" not in r]  # (libraries: libs.png)
+    if lat:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        labels = [f"{r['bench']}{'' if not r['param'] else ' ' + str(r['param'])}" for r in lat]
+        xs = range(len(lat))
+        ax.bar([x - 0.2 for x in xs], [r.get("native", 0) for r in lat], 0.4, label="native")
+        ax.bar([x + 0.2 for x in xs], [r.get("nvproxy", 0) for r in lat], 0.4, label="nvproxy")
+        ax.set_xticks(list(xs), labels, rotation=30, ha="right", fontsize=7)
+        ax.set_ylabel("microseconds")
+        ax.set_yscale("log")
+        ax.legend()
+        ax.set_title("latency per call, native vs nvproxy")
+        fig.tight_layout()
+        fig.savefig(out / "latency.png", dpi=120)
     if any(r["bench"] == "ckpt_dump" for r in rows):
         fig, ax = lines(rows, ("ckpt_dump", "ckpt_restore", "ckpt_restore_file", "ckpt_restore_file_ready",
                                "ckpt_recover_file"),
@@ -224,6 +290,7 @@ def _plots(rows: list[dict], out: Path) -> None:
         ax.set_title("checkpoint: device memory out (dump) and back (restore)")
         fig.tight_layout()
         fig.savefig(out / "checkpoint.png", dpi=120)
+    libs.plot(plt, rows, out / "libs.png")
 
 if __name__ == "__main__":
     raise SystemExit(main())
