@@ -62,14 +62,31 @@ def test_bench_suite_selection(nvcc: str, tmp_path: Path) -> None:
         "nvproxy bench: --suite 'micro,blas': expected a comma-separated list of micro, libs, ckpt (or all)"]
 
 
+def test_library_targets_and_result_checks() -> None:
+    """Each library row's target follows its call's class and unit; a benchmark whose runs computed different
+    results (nvproxy's checksum is not native's, or a round's is not another's) is named, and only it."""
+    from nvproxy.bench import libs
+
+    assert libs.target("sgemm_large", "TFLOP/s") == (">=", 0.98)
+    assert libs.target("sgemm_small_sync", "us") == ("<=", 1.25)
+    assert libs.target("sgemm_batched", "GFLOP/s") == (">=", 0.8)
+    assert libs.target("launch_empty", "us") is None
+    assert libs.meets((">=", 0.98), 0.99) and not libs.meets(("<=", 1.25), 1.27)
+    checks = {("fft_c2c_3d", 128): {"native": {"00ab"}, "nvproxy": {"00ab", "00ac"}},
+              ("spmv_csr", 4096): {"native": {"0f00"}, "nvproxy": {"0f00"}}}
+    differs = libs.different_results(checks)
+    assert list(differs) == [("fft_c2c_3d", 128)]
+    assert "native 00ab; nvproxy 00ab, 00ac" in differs[("fft_c2c_3d", 128)]
+
+
 @pytest.mark.gpu
 def test_gpu_library_bench(nvcc: str, tmp_path: Path) -> None:
     """The library benchmarks at their quick sizes, natively and through nvproxy: every one gives a row with a
     ratio and its target (each run checks its results, and the runs computed the same ones)."""
     from nvproxy.bench import libs
 
-    r = subprocess.run([*BENCH, "--suite", "libs", "--quick", "--reps", "1", "--backend", "gpu", "--out", str(tmp_path)],
-                       capture_output=True, text=True, timeout=900)
+    r = subprocess.run([*BENCH, "--suite", "libs", "--quick", "--reps", "1", "--backend", "gpu", "--out",
+                        str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert {row["bench"] for row in rows} == set(libs.CLASS)

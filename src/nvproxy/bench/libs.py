@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +70,9 @@ def different_results(checks: dict[tuple[str, int], dict[str, set[str]]]) -> dic
     return out
 
 
-def plot(plt: Any, rows: list[dict], path: Path) -> None:
-    """A bar per library row with a ratio: nvproxy/native, its target marked, green where met and red where not."""
+def plot(plt: Any, rows: list[dict], path: Path, size: Callable[[dict], str]) -> None:
+    """A bar per library row with a ratio: nvproxy/native, its target marked, green where met and red where not;
+    size(row) labels the row's size."""
     lib = [(r, goal) for r in rows if "ratio" in r and (goal := target(r["bench"], r["unit"]))]
     if not lib:
         return
@@ -80,7 +82,7 @@ def plot(plt: Any, rows: list[dict], path: Path) -> None:
            color=["tab:green" if meets(goal, r["ratio"]) else "tab:red" for r, goal in lib])
     ax.scatter(xs, [goal[1] for _, goal in lib], marker="_", s=600, color="black", zorder=3, label="target")
     ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-    ax.set_xticks(list(xs), [f"{r['bench']} {r['param']}\n{r['unit']}" for r, _ in lib], rotation=30, ha="right",
+    ax.set_xticks(list(xs), [f"{r['bench']} {size(r)}\n{r['unit']}" for r, _ in lib], rotation=30, ha="right",
                   fontsize=7)
     ax.set_ylabel("nvproxy / native")
     ax.set_title("math libraries, nvproxy/native (time: at most the target; throughput: at least)")

@@ -158,9 +158,8 @@ def _write(samples: dict, variants: list[tuple[str, dict[str, str]]], out: Path,
     lines = [head + "".join(f" {n}/native |" for n in names) + " target |",
              "|---|---:|---|" + "---:|" * (3 + 2 * len(names)) + "---|"]
     for r in rows:
-        by_bytes = r["unit"] in ("GB/s", "s") or r["bench"] == "malloc_free"
-        size = _size(r["param"]) if by_bytes else str(r["param"] or "")
-        lines.append(f"| {r['bench']} | {size} | {r['unit']} | {_f(r.get('native'))} | {_f(r.get('nvproxy'))} | "
+        lines.append(f"| {r['bench']} | {_row_size(r)} | {r['unit']} | {_f(r.get('native'))} | "
+                     f"{_f(r.get('nvproxy'))} | "
                      + "".join(f"{_f(r.get(n))} | " for n in names) + f"{_f(r.get('ratio'))} |"
                      + "".join(f" {_f(r.get(f'{n}_ratio'))} |" for n in names) + f" {_verdict(r)} |")
     (out / "results.md").write_text("\n".join(lines) + "\n")
@@ -229,6 +228,12 @@ def _f(x: float | None) -> str:
     return "" if x is None else f"{x:.3g}"
 
 
+def _row_size(row: dict) -> str:
+    """The row's param as the table shows it: bytes for bandwidths, times of checkpoints and allocations."""
+    by_bytes = row["unit"] in ("GB/s", "s") or row["bench"] == "malloc_free"
+    return _size(row["param"]) if by_bytes else str(row["param"] or "")
+
+
 def _size(n: int) -> str:
     for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= f:
@@ -290,7 +295,7 @@ def _plots(rows: list[dict], out: Path) -> None:
         ax.set_title("checkpoint: device memory out (dump) and back (restore)")
         fig.tight_layout()
         fig.savefig(out / "checkpoint.png", dpi=120)
-    libs.plot(plt, rows, out / "libs.png")
+    libs.plot(plt, rows, out / "libs.png", _row_size)
 
 if __name__ == "__main__":
     raise SystemExit(main())
