@@ -29,9 +29,10 @@ from test_dmtcp import Session
 pytestmark = pytest.mark.gpu
 
 GMX_DIR = os.environ.get("NVPROXY_GROMACS_DIR", "")
-# 20,000 steps (40 ps) take a few seconds on one GPU; a run is checkpointed, migrated or recovered at step AT, and
-# goes on for seconds after it (nvproxy migrate fails where the program ends first).
-STEPS = 20000
+# 30,000 steps (60 ps) take about 5 s on one GPU (PME on the CPU: 10,000); a run is checkpointed, migrated or
+# recovered once it logged step AT, and goes on for seconds after it (nvproxy migrate fails where the program ends
+# first).
+LONG, SHORT = 30000, 10000
 AT = 2000
 TIMEOUT = 300
 
@@ -59,7 +60,7 @@ def natives(tpr: Path, config: str) -> tuple[Energies, Energies]:
     runs = []
     for i in range(2):
         name = tpr.parent / f"native-{config}-{i}"
-        cmd, env = mdrun_args(gmx(), tpr, name, config, STEPS)
+        cmd, env = mdrun_args(gmx(), tpr, name, config, steps(config))
         r = run(cmd, env=dict(os.environ, **env), timeout=TIMEOUT)
         assert r.returncode == 0, f"native {config}: {r.stderr[-3000:]}"
         runs.append(read_log(name.with_suffix(".log")))
@@ -67,8 +68,12 @@ def natives(tpr: Path, config: str) -> tuple[Energies, Energies]:
 
 
 def check(log: Path, tpr: Path, config: str, stderr: str = "") -> None:
-    problems = compare(read_log(log), natives(tpr, config), steps=STEPS)
+    problems = compare(read_log(log), natives(tpr, config), steps=steps(config))
     assert not problems, "\n".join(problems) + f"\nstderr: {stderr[-3000:]}"
+
+
+def steps(config: str) -> int:
+    return SHORT if config == "pme-cpu" else LONG
 
 
 def need_gpus(config: str) -> None:
@@ -82,10 +87,20 @@ def test_gromacs_matches_native(tpr: Path, config: str, tmp_path: Path) -> None:
     (GMX_CUDA_GRAPH=1); two thread-MPI ranks sharing a GPU (-npme 1); two GPUs."""
     need_gpus(config)
     natives(tpr, config)
-    cmd, env = mdrun_args(gmx(), tpr, tmp_path / "md", config, STEPS)
+    cmd, env = mdrun_args(gmx(), tpr, tmp_path / "md", config, steps(config))
     r = run(nvproxy_run(cmd), env=dict(os.environ, **env), timeout=TIMEOUT)
     assert r.returncode == 0, r.stderr[-4000:]
     check(tmp_path / "md.log", tpr, config, r.stderr)
+
+
+def report(said: str, *images: Path) -> None:
+    """nvproxy's lines on a checkpoint, a restore or a hand-over (times, sizes) and the images' sizes, into the
+    test's output (pytest -rA shows it)."""
+    for line in said.splitlines():
+        if line.startswith("nvproxy:") or "written" in line:
+            print(line[:400])
+    for image in images:
+        print(f"image {image.name}: {image.stat().st_size / 2**20:.1f} MiB")
 
 
 def start(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
@@ -119,12 +134,13 @@ def test_gromacs_dmtcp_restart_mid_run(tpr: Path, config: str, tmp_path: Path) -
     natives(tpr, config)
     session = Session(tmp_path)
     log = tmp_path / "md.log"
-    cmd, env = mdrun_args(gmx(), tpr, tmp_path / "md", config, STEPS)
+    cmd, env = mdrun_args(gmx(), tpr, tmp_path / "md", config, steps(config))
     app = session.launch(nvproxy_run(cmd), **env)
     wait_for_step(app, log, AT)
     session.checkpoint_and_kill(app)
     r = session.restart()
     assert r.returncode == 0 and "restoring the GPU state" in r.stderr, r.stderr[-4000:]
+    report(r.stderr, *tmp_path.glob("nvproxy-*.img"), *tmp_path.glob("ckpt_*.dmtcp"))
     check(log, tpr, config, r.stderr)
 
 
@@ -135,12 +151,13 @@ def test_gromacs_migrated_mid_run(tpr: Path, device: str, tmp_path: Path) -> Non
     if device == "other" and gpu_count() < 2:
         pytest.skip("needs two GPUs (nvidia-smi -L lists fewer)")
     natives(tpr, "pme-gpu")
-    cmd, env = mdrun_args(gmx(), tpr, tmp_path / "md", "pme-gpu", STEPS)
+    cmd, env = mdrun_args(gmx(), tpr, tmp_path / "md", "pme-gpu", LONG)
     app = start(cmd, env)
     try:
         wait_for_step(app, tmp_path / "md.log", AT)
         m = nvproxy("migrate", str(app.pid), *(["--device", "1"] if device == "other" else []))
         assert m.returncode == 0, m.stdout + m.stderr
+        report(m.stdout + m.stderr)
     finally:
         err = finish(app)
     check(tmp_path / "md.log", tpr, "pme-gpu", err)
@@ -154,7 +171,7 @@ def test_gromacs_recovered_after_its_proxy_died(tpr: Path, tmp_path: Path) -> No
 
     natives(tpr, "pme-gpu")
     image = tmp_path / "last.img"
-    cmd, env = mdrun_args(gmx(), tpr, tmp_path / "md", "pme-gpu", STEPS)
+    cmd, env = mdrun_args(gmx(), tpr, tmp_path / "md", "pme-gpu", LONG)
     app = start(cmd, dict(env, NVPROXY_RECOVER=str(image)))
     try:
         wait_for_step(app, tmp_path / "md.log", AT)
@@ -162,10 +179,30 @@ def test_gromacs_recovered_after_its_proxy_died(tpr: Path, tmp_path: Path) -> No
         try:
             c = nvproxy("checkpoint", str(app.pid), "-o", str(image))
             assert c.returncode == 0, c.stdout + c.stderr
+            report(c.stdout + c.stderr, image)
             os.kill(find_proxy(app.pid)[0], signal.SIGKILL)
         finally:
             os.kill(app.pid, signal.SIGCONT)
     finally:
         err = finish(app)
     assert "starting a new one from" in err, err[-4000:]
+    report(err)
     check(tmp_path / "md.log", tpr, "pme-gpu", err)
+
+
+def test_gromacs_reprod_runs_are_identical(tpr: Path, tmp_path: Path) -> None:
+    """With -reprod, where two native runs of PME on the GPU log identical energies, a run through nvproxy logs the
+    same ones.  GPU kernels that add forces with atomics can make native runs differ even so: then there is no
+    bitwise reference, and the test is skipped saying where they parted (the other tests compare physics)."""
+    logs = []
+    for name, through in (("native-0", False), ("native-1", False), ("nvproxy", True)):
+        cmd, env = mdrun_args(gmx(), tpr, tmp_path / name, "pme-gpu", 2000)
+        cmd.append("-reprod")
+        r = run(nvproxy_run(cmd) if through else cmd, env=dict(os.environ, **env), timeout=TIMEOUT)
+        assert r.returncode == 0, f"{name}: {r.stderr[-3000:]}"
+        logs.append(read_log(tmp_path / f"{name}.log").records)
+    a, b, x = logs
+    if a != b:
+        step = min(s for s in a if a[s] != b.get(s))
+        pytest.skip(f"two native -reprod runs differ from step {step} on: {a[step]} and {b.get(step)}")
+    assert x == a, f"native and nvproxy differ from step {min(s for s in a if a[s] != x.get(s))} on"

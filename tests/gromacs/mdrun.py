@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # The configurations: mdrun's options and environment.  -ntomp 4 leaves the machine's other cores to the proxy and
-# to a second run.
+# to a second run.  -notunepme: PP/PME load balancing picks the Coulomb cut-off and PME grid from timings, so two
+# runs (a stall such as a checkpoint's starts it again) may split the electrostatics differently between
+# Coulomb (SR) and Coul. recip.; fixed settings keep every run's physics the same, and timed runs do equal work.
 CONFIGS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "pme-gpu": (("-nb", "gpu", "-pme", "gpu", "-ntmpi", "1", "-ntomp", "4"), {}),
     "pme-cpu": (("-nb", "gpu", "-pme", "cpu", "-ntmpi", "1", "-ntomp", "4"), {}),
@@ -29,7 +31,8 @@ def mdrun_args(gmx: Path, tpr: Path, name: Path, config: str, steps: int) -> tup
     """The command line of an mdrun of tpr for `steps` steps writing name.log (and name.edr...), and the settings it
     needs in its environment."""
     options, env = CONFIGS[config]
-    return ([str(gmx), "mdrun", "-s", str(tpr), "-deffnm", str(name), "-nsteps", str(steps), "-noconfout", *options],
+    return ([str(gmx), "mdrun", "-s", str(tpr), "-deffnm", str(name), "-nsteps", str(steps), "-noconfout",
+             "-notunepme", *options],
             {"GMX_MAXBACKUP": "-1", **env})
 
 
