@@ -103,28 +103,31 @@ def report(said: str, *images: Path) -> None:
         print(f"image {image.name}: {image.stat().st_size / 2**20:.1f} MiB")
 
 
-def start(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen(nvproxy_run(cmd), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, **env))
+def start(cmd: list[str], env: dict[str, str], err: Path) -> subprocess.Popen:
+    """cmd through nvproxy, its stderr into err (a pipe nobody reads while the test waits could fill and stop it)."""
+    with open(err, "w") as f:
+        return subprocess.Popen(nvproxy_run(cmd), stdout=subprocess.DEVNULL, stderr=f, env=dict(os.environ, **env))
 
 
 def wait_for_step(app: subprocess.Popen, log: Path, step: int) -> None:
     """Until the log holds step's energies (mdrun flushes it at each logging step)."""
     deadline = time.monotonic() + TIMEOUT
     while last_step(log) < step:
-        assert app.poll() is None, f"mdrun ended before its step {step}: {app.communicate()[1][-3000:]}"
+        assert app.poll() is None, f"mdrun ended before its step {step}"
         assert time.monotonic() < deadline, f"no step {step} within {TIMEOUT} s"
         time.sleep(0.05)
 
 
-def finish(app: subprocess.Popen) -> str:
+def finish(app: subprocess.Popen, err: Path) -> str:
+    """What the program wrote on stderr, once it ended (with status 0)."""
     try:
-        _out, err = app.communicate(timeout=TIMEOUT)
+        app.wait(timeout=TIMEOUT)
     finally:
         if app.poll() is None:
             app.kill()
-    assert app.returncode == 0, err[-4000:]
-    return err
+    said = err.read_text(errors="replace")
+    assert app.returncode == 0, said[-4000:]
+    return said
 
 
 @pytest.mark.parametrize("config", ["pme-gpu", "update-gpu", "graphs"])
@@ -152,14 +155,14 @@ def test_gromacs_migrated_mid_run(tpr: Path, device: str, tmp_path: Path) -> Non
         pytest.skip("needs two GPUs (nvidia-smi -L lists fewer)")
     natives(tpr, "pme-gpu")
     cmd, env = mdrun_args(gmx(), tpr, tmp_path / "md", "pme-gpu", LONG)
-    app = start(cmd, env)
+    app = start(cmd, env, tmp_path / "stderr.txt")
     try:
         wait_for_step(app, tmp_path / "md.log", AT)
         m = nvproxy("migrate", str(app.pid), *(["--device", "1"] if device == "other" else []))
         assert m.returncode == 0, m.stdout + m.stderr
         report(m.stdout + m.stderr)
     finally:
-        err = finish(app)
+        err = finish(app, tmp_path / "stderr.txt")
     check(tmp_path / "md.log", tpr, "pme-gpu", err)
 
 
@@ -172,7 +175,7 @@ def test_gromacs_recovered_after_its_proxy_died(tpr: Path, tmp_path: Path) -> No
     natives(tpr, "pme-gpu")
     image = tmp_path / "last.img"
     cmd, env = mdrun_args(gmx(), tpr, tmp_path / "md", "pme-gpu", LONG)
-    app = start(cmd, dict(env, NVPROXY_RECOVER=str(image)))
+    app = start(cmd, dict(env, NVPROXY_RECOVER=str(image)), tmp_path / "stderr.txt")
     try:
         wait_for_step(app, tmp_path / "md.log", AT)
         os.kill(app.pid, signal.SIGSTOP)
@@ -184,7 +187,7 @@ def test_gromacs_recovered_after_its_proxy_died(tpr: Path, tmp_path: Path) -> No
         finally:
             os.kill(app.pid, signal.SIGCONT)
     finally:
-        err = finish(app)
+        err = finish(app, tmp_path / "stderr.txt")
     assert "starting a new one from" in err, err[-4000:]
     report(err)
     check(tmp_path / "md.log", tpr, "pme-gpu", err)
