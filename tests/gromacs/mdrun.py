@@ -46,9 +46,6 @@ class Energies:
     records: dict[int, dict[str, float]]
     ns_per_day: float | None
 
-    def series(self, term: str) -> list[float]:
-        return [self.records[s][term] for s in sorted(self.records)]
-
 
 _STEP = re.compile(r"^\s+Step\s+Time\s*\n\s+(\d+)\s+\S+\s*\n\s*\n\s+Energies \(kJ/mol\)\n((?:.*\S.*\n)+)", re.M)
 
@@ -94,7 +91,7 @@ def block_error(values: Sequence[float], blocks: int = 5) -> float:
 
 def compare(run: Energies, natives: Sequence[Energies], *, steps: int) -> list[str]:
     """What is wrong with run, judged against two native runs of the same input over the same steps; [] if
-    nothing.  Three checks:
+    nothing.  Four checks:
     - every logging step up to `steps` is there (the run finished, and a restarted one missed none);
     - step 0 matches native within START_REL (or 3x the two native runs' difference);
     - each term's mean over the run is within 4x the larger of the two native runs' difference and the
@@ -121,8 +118,10 @@ def compare(run: Energies, natives: Sequence[Energies], *, steps: int) -> list[s
         tol = 4 * max(abs(ma - mb), block_error(as_), block_error(bs))
         if abs(mx - ma) > tol:
             problems.append(f"mean {term}: {mx:g} against native {ma:g} and {mb:g} (allowed {tol:.3g})")
+    # (from the second record on: over the first interval the conserved energy moves by hundreds of kJ/mol in every
+    # run, as the generated velocities meet the constraints)
     jumps = [max(abs(q - p) for p, q in zip(v, v[1:], strict=False)) for v in
-             ([e.records[s]["Conserved En."] for s in want] for e in (run, a, b))]
+             ([e.records[s]["Conserved En."] for s in want[1:]] for e in (run, a, b))]
     allowed = 3 * max(jumps[1:]) + 1e-3 * abs(a.records[0]["Kinetic En."])
     if jumps[0] > allowed:
         problems.append(f"the conserved energy jumps by {jumps[0]:g} kJ/mol (native at most {max(jumps[1:]):g}, "
