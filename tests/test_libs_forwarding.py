@@ -1,7 +1,8 @@
 """Library calls through the proxy on the sim backend, against stand-ins of the libraries (tests/libfakes: the
 sim backend has no GPU libraries, so the proxy loads these, NVPROXY_LIB_DIR): handles and their checks, pointer
-modes, host inputs and outputs, posted calls, strings, int plan handles, functions that fail loudly, and the
-objects rebuilt at a migration at every call (a generator going on with its sequence)."""
+modes, host inputs and outputs, posted calls, strings, int plan handles, functions that fail loudly, a posted call's
+failure reported to its own library's next waited call, and the objects rebuilt at a migration at every call (a
+generator going on with its sequence)."""
 
 from __future__ import annotations
 
@@ -29,10 +30,10 @@ def fakes(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(d / soname), str(FAKES / f"fake_{name}.c"), "-lm"],
                        check=True)
         (d / f"lib{name}.so").symlink_to(soname)
-    exe = d / "libs_app"
-    subprocess.run([nvcc, "-cudart", "shared", "-o", str(exe), str(FAKES / "libs_app.cu"), f"-L{d}", "-lcublas",
-                    "-lcurand", "-lcufft", "-Xlinker", f"-rpath={d}"], check=True)
-    return d, exe
+    for name in ("libs_app", "libs_failures"):
+        subprocess.run([nvcc, "-cudart", "shared", "-o", str(d / name), str(FAKES / f"{name}.cu"), f"-L{d}",
+                        "-lcublas", "-lcurand", "-lcufft", "-Xlinker", f"-rpath={d}"], check=True)
+    return d, d / "libs_app"
 
 
 def lcg_values(seed: int, skip: int, n: int) -> list[int]:
@@ -78,6 +79,23 @@ def test_library_calls_are_forwarded(fakes: tuple[Path, Path]) -> None:
     assert np.allclose(fft, [10, 0, -2, 2, -2, 0, -2, -2], atol=1e-5)
     assert lines[len(expected()) + 1:] == ["destroyed plan: 1", "destroyed handle: 1", "done"]
     assert r.stderr.count("nvproxy: cublasXtCreate is not forwarded") == 1, r.stderr
+
+
+@pytest.mark.parametrize("fast", ["1", "0"], ids=["c-fast-path", "python-only"])
+def test_a_posted_failure_goes_to_its_own_librarys_next_waited_call(fakes: tuple[Path, Path], fast: str) -> None:
+    """A cublasSaxpy that fails after it returned (posted) is reported by the thread's next waited cuBLAS call, be it
+    a query or a configuration, past waited cuRAND and cuFFT calls that succeed; and by that one alone.  In rounds:
+    the first runs each function in the proxy's Python, later ones in its C fast path where it may take them."""
+    d, _exe = fakes
+    r = run(nvproxy_cmd(d / "libs_failures", "sim", "libs_failures"),
+            env=hooked(NVPROXY_LIB_DIR=str(d), NVPROXY_LIB_FAST=fast))
+    assert r.returncode == 0, r.stdout + r.stderr
+    want = []
+    for k in range(3):
+        want += [f"round {k} query: saxpy 0, curand 0, cufft 0, cublas 7, then 0 (version 130001)",
+                 f"round {k} config: saxpy 0, curand 0, cublas 7, then 0"]
+    assert r.stdout.splitlines() == [*want, "destroy: 0"], r.stderr
+    assert r.stderr.count("nvproxy: cublasSaxpy_v2 returned status 7 after it had returned (it was posted)") == 6
 
 
 def test_without_the_libraries_calls_fail_cleanly(fakes: tuple[Path, Path]) -> None:

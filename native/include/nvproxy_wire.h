@@ -134,8 +134,10 @@
                                      payload: one u64 slot per parameter, then the host inputs, each padded to 8 bytes
                                      -> r0 the function's status (or value), r1/r2 status and function id of an earlier
                                      posted call of this thread that failed (0: none); payload: the host outputs, padded
-                                     likewise, or a returned string.  Without NVP_F_REPLY (a stream-ordered call that
-                                     writes only device memory) a failure is printed and reported by r1/r2 later. */
+                                     likewise, or a returned string (or, r2 | NVP_LIB_OUT_IN_R3: the host outputs, 8
+                                     bytes at most, are r3's, and there is no payload).  Without NVP_F_REPLY (a
+                                     stream-ordered call that writes only device memory) a failure is printed and
+                                     reported by r1/r2 with the thread's next call of its library that waits. */
 #define NVP_OP_DRV_MODULE_UNLOAD 80 /* a0 module id: the proxy forgets it and its kernels (cuModuleUnload) */
 #define NVP_OP_DRV_MEMSET 81      /* a0 ptr, a1 pitch, a2 value, a3 element size (1, 2, 4), a4 width (elements),
                                      a5 height, a6 stream (cuMemsetD16/D32, 2D or not) */
@@ -323,6 +325,9 @@ struct nvp_param {
     uint32_t size;
 };
 /* CDEF-END */
+
+/* NVP_OP_LIB_CALL's reply: its host outputs are r3 (a reply with no payload can come through the mailbox) */
+#define NVP_LIB_OUT_IN_R3 ((uint64_t)1 << 32)
 
 /* NVP_OP_LIB_CALL's slot of a float or double parameter: its bits (in the low half for a float) */
 static inline uint64_t nvp_slot_of_f4(float f)

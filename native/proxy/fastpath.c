@@ -371,6 +371,7 @@ static int text_waiting(void)
 
 /* Reply from here when nothing may come before it (Python's queued replies,
  * kernel printf text); else leave it to Python. */
+static int reply_with(struct nvpf_chan *ch, int err, const uint64_t r4[4], const uint8_t *out, size_t n);
 static int reply_r0(struct nvpf_chan *ch, int err, uint64_t r0);
 
 static int reply(struct nvpf_chan *ch, int err) { return reply_r0(ch, err, 0); }
@@ -378,18 +379,26 @@ static int reply(struct nvpf_chan *ch, int err) { return reply_r0(ch, err, 0); }
 /* (r0: a result, lost where Python sends the reply: none that a caller cannot do without) */
 static int reply_r0(struct nvpf_chan *ch, int err, uint64_t r0)
 {
+    uint64_t r4[4] = {r0, 0, 0, 0};
+    return reply_with(ch, err, r4, NULL, 0);
+}
+
+/* The reply with r0..r3 and n bytes of payload at out: a caller that gives a payload checked first that nothing may
+ * come before it (Python cannot send it). */
+static int reply_with(struct nvpf_chan *ch, int err, const uint64_t r4[4], const uint8_t *out, size_t n)
+{
     ch->reply_err = err;
     ch->wait_kind = NVPF_WAIT_NONE;
-    if (ch->pending || text_waiting())
+    if (!n && (ch->pending || text_waiting()))
         return REPLY_BY_PYTHON;
     struct nvp_rep r;
     memset(&r, 0, sizeof r);
-    r.len = sizeof r;
+    r.len = (uint32_t)(sizeof r + n);
     r.err = err;
     r.async_err = ch->async_err;
-    r.r[0] = r0;
+    memcpy(r.r, r4, sizeof r.r);
     struct nvp_mailbox *mb = ch->mailbox;
-    if (mb && by_mailbox && __atomic_load_n(&mb->state, __ATOMIC_RELAXED) == NVP_MB_EMPTY) {
+    if (!n && mb && by_mailbox && __atomic_load_n(&mb->state, __ATOMIC_RELAXED) == NVP_MB_EMPTY) {
         /* the thread is spinning for it: no system call on either side (nvproxy_wire.h) */
         memcpy(&mb->rep, &r, sizeof r);
         uint32_t empty = NVP_MB_EMPTY;
@@ -398,22 +407,20 @@ static int reply_r0(struct nvpf_chan *ch, int err, uint64_t r0)
             return DONE;
         }
     }
-    ssize_t n = send(ch->fd, &r, sizeof r, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (n == (ssize_t)sizeof r) {
-        ch->async_err = 0;
-        if (mb)
-            __atomic_fetch_add(&mb->replied, 1, __ATOMIC_RELEASE);
-        return DONE;
-    }
-    if (n <= 0)
+    struct iovec iov[2] = {{&r, sizeof r}, {(void *)out, n}};
+    struct msghdr m = {.msg_iov = iov, .msg_iovlen = n ? 2 : 1};
+    ssize_t k = sendmsg(ch->fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (k <= 0 && !n)
         return REPLY_BY_PYTHON; /* full (or closed): Python's blocking send deals with it */
-    /* a partial write of 32 bytes: finish it here, the stream must stay framed */
-    size_t off = (size_t)n;
-    while (off < sizeof r) {
-        n = send(ch->fd, (char *)&r + off, sizeof r - off, MSG_NOSIGNAL);
-        if (n > 0)
-            off += (size_t)n;
-        else if (n < 0 && errno == EAGAIN) {
+    /* a partial write: finish it here, the stream must stay framed */
+    size_t off = k > 0 ? (size_t)k : 0, total = sizeof r + n;
+    while (off < total) {
+        const uint8_t *from = off < sizeof r ? (const uint8_t *)&r + off : out + (off - sizeof r);
+        size_t left = off < sizeof r ? sizeof r - off : total - off;
+        k = send(ch->fd, from, left, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (k > 0)
+            off += (size_t)k;
+        else if (k < 0 && (errno == EAGAIN || errno == EINTR)) {
             struct pollfd p = {.fd = ch->fd, .events = POLLOUT};
             poll(&p, 1, 1000);
         } else
@@ -685,10 +692,16 @@ static int execute(struct nvpf_chan *ch, const struct nvp_req *q, const uint8_t 
         return reply(ch, D.event_query(e));
     case NVP_OP_FLUSH:
         return wants_reply ? reply(ch, 0) : DONE;
-    case NVP_OP_LIB_CALL: /* a posted math-library call Python let C make (libexec.c) */
-        if (wants_reply || translating || !nvpl_fast(ch, q->a, payload, plen, lib_stream_of))
+    case NVP_OP_LIB_CALL: { /* a math-library call Python let C make (libexec.c) */
+        uint64_t r[4];
+        const uint8_t *out = NULL;
+        size_t n = 0;
+        /* (a waited one only where C can send its reply: its outputs cannot be left to Python) */
+        if (translating || (wants_reply && (ch->pending || text_waiting())) ||
+            !nvpl_fast(ch, q->a, payload, plen, lib_stream_of, r, &out, &n))
             return TO_PYTHON;
-        return DONE;
+        return wants_reply ? reply_with(ch, 0, r, out, n) : DONE;
+    }
     default:
         return TO_PYTHON;
     }

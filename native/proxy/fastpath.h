@@ -22,6 +22,7 @@
 #define NVPF_POSTED 32       /* a channel's posted copies in flight, at most (the shim keeps fewer) */
 #define NVPF_SYNC_STREAMS 64 /* streams a synchronous copy waits for, at most, that C asks itself */
 #define NVPF_SERVE_MAX 64    /* calling threads C serves at once, at most (more: Python serves them) */
+#define NVPF_LIBS 8          /* math libraries (libexec.c) */
 
 /* why nvpf_run returned */
 #define NVPF_MORE 0   /* every complete message is done */
@@ -87,6 +88,10 @@ struct nvpf_chan {
      * slot that C did not execute (Python executes them, in seq order) */
     uint32_t side_len;
     uint8_t side[7936]; /* 2 * NVP_MB_REQ_MAX */
+    /* per math library (libexec.c): the first posted call of the thread that failed since its last call of that
+     * library that waited, which reports it: its status (0: none) and function id */
+    int lib_failed[NVPF_LIBS];
+    uint32_t lib_failed_fid[NVPF_LIBS];
 };
 
 int nvpf_init(const struct nvpf_driver *drv, unsigned spin_us, unsigned exclusive_spin_us);

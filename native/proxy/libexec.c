@@ -2,6 +2,9 @@
 #define _GNU_SOURCE
 #include "libexec.h"
 
+#include "fastpath.h"
+#include "nvproxy_wire.h"
+
 #include <dlfcn.h>
 #include <stdio.h>
 #include <pthread.h>
@@ -220,16 +223,18 @@ static int call_slots(uint32_t fid, const struct nvpl_fn *f, uint64_t hostmask, 
     return NVPL_OK;
 }
 
-/* ---- posted calls in the fast path (fastpath.c): the functions and handles Python let C call ---- */
-static uint8_t *fast_fns; /* per function: 1 once Python allows it */
+/* ---- calls in the fast path (fastpath.c): the functions and handles Python let C call ---- */
+static uint8_t *fast_fns; /* per function: NVPL_FAST_* Python allows */
+static int host_only;
+static _Alignas(16) uint8_t fast_out[65536]; /* a waited call's host outputs (larger ones: Python's) */
 
-EXPORT void nvpl_allow_fast(uint32_t fid)
+EXPORT void nvpl_allow_fast(uint32_t fid, int how)
 {
     if (fid >= (uint32_t)nvpl_table_size)
         return;
     if (!fast_fns && !(fast_fns = calloc((size_t)nvpl_table_size, 1)))
         return;
-    fast_fns[fid] = 1;
+    fast_fns[fid] |= (uint8_t)how;
 }
 
 EXPORT void nvpl_handle_slow(int kind, uint64_t id, int slow)
@@ -239,52 +244,12 @@ EXPORT void nvpl_handle_slow(int kind, uint64_t id, int slow)
         e->slow = slow;
 }
 
-/* failures of posted calls C made, by channel, until Python's next reply on it carries them */
-#define FAILS 64
-static struct {
-    const void *ch;
-    int status;
-    uint32_t fid;
-} fails[FAILS];
+EXPORT void nvpl_fast_host_only(int on) { host_only = on; }
 
-static void note_failure(const void *ch, int status, uint32_t fid)
+/* The slots of a call C may make, streams translated; 0 if it is Python's. */
+static int fast_slots(void *ch, const struct nvpl_fn *f, uint64_t hostmask, const uint8_t *payload, uint64_t *slot,
+                      int (*stream_of)(void *ch, uint64_t wire, void **s))
 {
-    for (int i = 0; i < FAILS; i++)
-        if (fails[i].ch == ch)
-            return; /* (the first is reported) */
-    for (int i = 0; i < FAILS; i++)
-        if (!fails[i].ch) {
-            fails[i].ch = ch;
-            fails[i].status = status;
-            fails[i].fid = fid;
-            return;
-        }
-}
-
-EXPORT int nvpl_take_failure(const void *ch, uint32_t *fid)
-{
-    for (int i = 0; i < FAILS; i++)
-        if (fails[i].ch == ch) {
-            int status = fails[i].status;
-            *fid = fails[i].fid;
-            fails[i].ch = NULL;
-            return status;
-        }
-    return 0;
-}
-
-int nvpl_fast(void *ch, const uint64_t *a, const uint8_t *payload, size_t len,
-              int (*stream_of)(void *ch, uint64_t wire, void **s))
-{
-    uint32_t fid = (uint32_t)a[0];
-    if (!fast_fns || fid >= (uint32_t)nvpl_table_size || !fast_fns[fid] || a[2] || !a[3])
-        return 0; /* (not allowed yet, outputs, or not posted) */
-    struct nvpl_result res;
-    memset(&res, 0, sizeof res);
-    const struct nvpl_fn *f = function(fid, &res);
-    if (!f || len < (size_t)f->nparams * 8)
-        return 0;
-    uint64_t slot[NVPL_MAX_PARAMS];
     memcpy(slot, payload, (size_t)f->nparams * 8);
     for (int i = 0; i < f->nparams; i++) {
         char r = f->roles[i];
@@ -298,15 +263,60 @@ int nvpl_fast(void *ch, const uint64_t *a, const uint8_t *payload, size_t len,
             struct hent *e = hfind(kind, slot[i]);
             if (!e || e->slow)
                 return 0; /* (Python answers an unknown handle, and binds a per-thread stream) */
+        } else if (host_only && slot[i] && (r == 'p' || ((r == 'S' || r == 'R' || r == 'B') && !(hostmask >> i & 1)))) {
+            return 0; /* (device memory Python translates) */
         }
     }
-    static uint8_t none[8];
-    if (call_slots(fid, f, a[1], slot, payload, len, none, 0, &res))
+    return 1;
+}
+
+int nvpl_fast(void *chan, const uint64_t *a, const uint8_t *payload, size_t len,
+              int (*stream_of)(void *ch, uint64_t wire, void **s), uint64_t r[4], const uint8_t **out,
+              size_t *out_len)
+{
+    struct nvpf_chan *ch = chan;
+    uint32_t fid = (uint32_t)a[0];
+    int posted = a[3] != 0;
+    uint64_t out_cap = a[2];
+    if (!fast_fns || fid >= (uint32_t)nvpl_table_size ||
+        !(fast_fns[fid] & (posted ? NVPL_FAST_POSTED : NVPL_FAST_WAITED)) || (posted && out_cap) ||
+        out_cap > sizeof fast_out)
+        return 0; /* (not allowed yet, or outputs C does not take) */
+    struct nvpl_result res;
+    memset(&res, 0, sizeof res);
+    const struct nvpl_fn *f = function(fid, &res);
+    uint64_t slot[NVPL_MAX_PARAMS];
+    if (!f || len < (size_t)f->nparams * 8 || (unsigned)f->lib >= NVPF_LIBS ||
+        !fast_slots(ch, f, a[1], payload, slot, stream_of))
+        return 0;
+    if (call_slots(fid, f, a[1], slot, payload, len, fast_out, (size_t)out_cap, &res))
         return 0; /* (Python tells what was wrong with it) */
-    if ((f->flags & NVPL_RET_MASK) == NVPL_RET_STATUS && res.ret) {
-        fprintf(stderr, "nvproxy: %s returned status %d after it had returned (it was posted); the thread's next "
-                "call of its library that waits reports it\n", f->name, (int)res.ret);
-        note_failure(ch, (int)res.ret, fid);
+    int status_fn = (f->flags & NVPL_RET_MASK) == NVPL_RET_STATUS;
+    if (posted) {
+        if (status_fn && res.ret) {
+            fprintf(stderr, "nvproxy: %s returned status %d after it had returned (it was posted); the thread's "
+                    "next call of its library that waits reports it\n", f->name, (int)res.ret);
+            if (!ch->lib_failed[f->lib]) { /* (the first is reported) */
+                ch->lib_failed[f->lib] = (int)res.ret;
+                ch->lib_failed_fid[f->lib] = fid;
+            }
+        }
+        return 1;
+    }
+    r[0] = (uint64_t)res.ret;
+    r[1] = r[2] = r[3] = 0;
+    if (status_fn) { /* (its library's earlier posted failure, in place of its own status) */
+        r[1] = (uint32_t)ch->lib_failed[f->lib];
+        r[2] = ch->lib_failed_fid[f->lib];
+        ch->lib_failed[f->lib] = 0;
+        ch->lib_failed_fid[f->lib] = 0;
+    }
+    *out = fast_out;
+    *out_len = res.out_len;
+    if (res.out_len <= 8) { /* (no payload: the reply can come through the mailbox) */
+        memcpy(&r[3], fast_out, res.out_len);
+        r[2] |= NVP_LIB_OUT_IN_R3;
+        *out_len = 0;
     }
     return 1;
 }

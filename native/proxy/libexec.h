@@ -42,18 +42,24 @@ void nvpl_forget_all(void);
 /* Execute function fid: hostmask as NVP_OP_LIB_CALL's a1, payload its slots and host inputs; outputs into out. */
 int nvpl_call(uint32_t fid, uint64_t hostmask, const uint8_t *payload, size_t len, uint8_t *out, size_t out_cap,
               struct nvpl_result *res);
-/* The fast path (fastpath.c) may execute posted calls of function fid itself, from now on; a handle's calls stay
- * Python's while slow (it works on the per-thread stream, which Python gives it per calling thread).  A posted call
- * C made that failed: its status (0: none) and function, for the channel's next reply (ch: its struct nvpf_chan). */
-void nvpl_allow_fast(uint32_t fid);
+/* The fast path (fastpath.c) may execute calls of function fid itself from now on (how: NVPL_FAST_*); a handle's
+ * calls stay Python's while slow (it works on the per-thread stream, which Python gives it per calling thread).
+ * host_only: the fast path takes only calls that give the library no device memory (the sim backend's device memory
+ * lies elsewhere in the proxy, and Python translates its addresses). */
+#define NVPL_FAST_POSTED 1 /* its posted calls (they create, configure and destroy nothing) */
+#define NVPL_FAST_WAITED 2 /* its calls that wait for a reply (likewise, and outputs it need not wait for) */
+void nvpl_allow_fast(uint32_t fid, int how);
 void nvpl_handle_slow(int kind, uint64_t id, int slow);
-int nvpl_take_failure(const void *ch, uint32_t *fid);
+void nvpl_fast_host_only(int on);
 /* CDEF-END */
 
-/* For fastpath.c: execute a posted NVP_OP_LIB_CALL (a: its arguments) where Python allowed it; 1 if done (a failure
- * printed and kept for the channel), 0 if it is Python's.  stream_of translates a wire stream. */
+/* For fastpath.c: execute an NVP_OP_LIB_CALL (a: its arguments; ch: the channel's struct nvpf_chan) where Python
+ * allowed it; 1 if done, 0 if it is Python's.  A posted call's failure is printed and kept in the channel for its
+ * library's next waited call; a waited call's reply is r (the wire's r0..r3) and *out_len bytes at *out.
+ * stream_of translates a wire stream. */
 int nvpl_fast(void *ch, const uint64_t *a, const uint8_t *payload, size_t len,
-              int (*stream_of)(void *ch, uint64_t wire, void **s));
+              int (*stream_of)(void *ch, uint64_t wire, void **s), uint64_t r[4], const uint8_t **out,
+              size_t *out_len);
 
 /* (generated: gen_libexec.c) */
 struct nvpl_fn {

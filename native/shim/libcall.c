@@ -4,7 +4,8 @@
  * the request carries one u64 slot per parameter (values, device pointers, handle ids, wire streams, lengths of
  * host buffers) followed by the host inputs; the reply carries the status and the host outputs.  A stream-ordered
  * call that writes no host memory is posted: it returns at once, as the library's own call does; the proxy
- * prints a failure of one and reports its status with this thread's next library call that waits for a reply.
+ * prints a failure of one and reports its status with this thread's next call of the same library that waits for
+ * a reply.
  *
  * Handles (cublasHandle_t, cufftHandle, descriptors...) are nvproxy's own values, so that the proxy can rebuild
  * the library's objects behind them after a restore; the shim checks every handle it is given and keeps what the
@@ -375,7 +376,7 @@ static int64_t send_call(struct nvpl_call *c, struct nvp_reply *rep, size_t out_
 /* the status of an earlier posted call of this library that failed, in place of this call's success */
 static int64_t with_posted_failure(const struct nvpl_call *c, const struct nvp_reply *rep, int64_t status)
 {
-    uint64_t failed = rep->h.r[1], fid = rep->h.r[2];
+    uint64_t failed = rep->h.r[1], fid = rep->h.r[2] & ~NVP_LIB_OUT_IN_R3;
     if (status == 0 && failed && fid < (uint64_t)nvpl_nfns && nvpl_fns[fid].lib == nvpl_fns[c->fid].lib)
         return (int32_t)failed;
     return status;
@@ -396,14 +397,19 @@ int64_t nvpl_end(struct nvpl_call *c)
     if (fn->flags & NVPL_VALUE)
         return status;
     if (status == 0) {
-        size_t off = 0;
+        const unsigned char *outs = rep_buf;
+        size_t outs_len = rep.out_len, off = 0;
+        if (rep.h.r[2] & NVP_LIB_OUT_IN_R3) { /* (a reply without payload, which may come through the mailbox) */
+            outs = (const unsigned char *)&rep.h.r[3];
+            outs_len = sizeof rep.h.r[3];
+        }
         for (int k = 0; k < c->nbufs; k++) {
             const struct nvpl_buf *b = &c->bufs[k];
             if (!(b->dir & NVPL_OUT))
                 continue;
-            if (off + b->len > rep.out_len)
+            if (off + b->len > outs_len)
                 return lib_of(c)->internal;
-            memcpy(b->user, rep_buf + off, b->len);
+            memcpy(b->user, outs + off, b->len);
             off += pad8(b->len);
         }
         if (c->create_at) {

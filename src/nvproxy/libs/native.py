@@ -19,6 +19,7 @@ ffi.cdef(wire.cdef_block(TEXT))
 CONSTANTS = wire.defines(wire.cdef_block(TEXT), "NVPL_")
 E_NOLIB, E_NOSYM, E_HANDLE = CONSTANTS["NVPL_E_NOLIB"], CONSTANTS["NVPL_E_NOSYM"], CONSTANTS["NVPL_E_HANDLE"]
 E_BAD, E_OUT = CONSTANTS["NVPL_E_BAD"], CONSTANTS["NVPL_E_OUT"]
+FAST_POSTED, FAST_WAITED = CONSTANTS["NVPL_FAST_POSTED"], CONSTANTS["NVPL_FAST_WAITED"]
 NULL_SLOT = (1 << 64) - 1
 STRING_CAP = 4096  # the longest string a function's answer carries
 
@@ -66,18 +67,16 @@ class Executor:
             why.append(ffi.string(self.lib.nvpl_error()).decode(errors="replace"))
         return "; ".join(why) or "no place to look for it"
 
-    def allow_fast(self, fid: int) -> None:
-        """The fast path may make posted calls of fid itself from now on."""
-        self.lib.nvpl_allow_fast(fid)
+    def allow_fast(self, fid: int, how: int) -> None:
+        """The fast path may make calls of fid itself from now on (how: FAST_POSTED | FAST_WAITED)."""
+        self.lib.nvpl_allow_fast(fid, how)
+
+    def fast_host_only(self, on: bool) -> None:
+        """The fast path takes only calls that give the library no device memory (the sim backend's)."""
+        self.lib.nvpl_fast_host_only(int(on))
 
     def handle_slow(self, kind: int, hid: int, slow: bool) -> None:
         self.lib.nvpl_handle_slow(kind, hid, int(slow))
-
-    def take_failure(self, chan: Any) -> tuple[int, int]:
-        """(status, function id) of a posted call the fast path made for the channel that failed; (0, 0): none."""
-        fid = ffi.new("uint32_t *")
-        status = self.lib.nvpl_take_failure(chan, fid)
-        return (status, fid[0]) if status else (0, 0)
 
     def learn(self, kind: int, hid: int, real: int) -> None:
         self.lib.nvpl_learn(kind, hid, real)

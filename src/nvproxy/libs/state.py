@@ -62,6 +62,7 @@ class LibState:
     def __init__(self, backend: Any) -> None:
         self.backend = backend
         self.spec = spec.load()
+        self.lib_number = {name: i for i, name in enumerate(self.spec.libs)}  # (the executor's and the shim's)
         self.exe: Any = None  # native.Executor, made when a library is first opened
         self.opened: dict[str, str | None] = {}  # library -> None (open), or why it cannot be
         self.handles: dict[tuple[int, int], Handle] = {}
@@ -90,14 +91,15 @@ class LibState:
             else:
                 if self.exe is None:
                     self.exe = native.Executor()
-                self.opened[f.lib] = self.exe.open(list(self.spec.libs).index(f.lib), paths)
+                    self.exe.fast_host_only(sim)
+                self.opened[f.lib] = self.exe.open(self.lib_number[f.lib], paths)
         return self.opened[f.lib]
 
     def run(self, ch: Any, dev: int, fid: int, hostmask: int, payload: bytes, out_cap: int,
             stream_of: Callable[[int], int], record: bool = True, fast: bool = False) -> Outcome:
         """Execute a request; its status (or value) and host outputs.  stream_of: a wire stream's real handle.
-        fast: the proxy's C fast path may make later posted calls of this function itself (they change no
-        records), once one ran here."""
+        fast: the proxy's C fast path may make later calls of this function itself (_fast_how), once one ran
+        here."""
         f = self.spec.func(fid)
         lib = self.spec.libs[f.lib]
         if f.how != "forward":
@@ -131,8 +133,10 @@ class LibState:
         ok = f.retkind != "status" or res.ret == 0
         if ok and record:
             self._note(f, slots, hostmask, payload, out_cap, res, ch, dev)
-        if fast and not f.state and f.posted_possible and fid not in self.fast:
-            self.exe.allow_fast(fid)
+        if fast and fid not in self.fast:
+            how = _fast_how(f)
+            if how:
+                self.exe.allow_fast(fid, how)
             self.fast.add(fid)
         return Outcome(res.ret, res.out, True)
 
@@ -298,6 +302,18 @@ class LibState:
         owner = (f.params[f.owner].kind, slots[f.owner])
         self.last_generation[owner] = self._add(Record(f.fid, hostmask, payload, out_cap, dev, owner,
                                                        self._refs(f, slots), count))
+
+
+def _fast_how(f: spec.Func) -> int:
+    """Which calls of f the proxy's C fast path may make (native.FAST_*): none of a function that creates,
+    configures or destroys what a restore makes again (its records are Python's), nor waited ones whose host outputs
+    need a wait for the device (sync) or are a string."""
+    from . import native
+
+    if f.state:
+        return 0
+    waited = native.FAST_WAITED if not f.sync and f.retkind in ("status", "value") else 0
+    return (native.FAST_POSTED if f.posted_possible else 0) | waited
 
 
 def _sim_address(backend: Any, va: int) -> int:

@@ -12,10 +12,10 @@ from ... import wire
 from ...libs import state as libstate
 from . import graphs
 
-# the proxy's C fast path makes posted calls of functions that ran here once (NVPROXY_LIB_FAST=0: never)
+# the proxy's C fast path makes calls of functions that ran here once (NVPROXY_LIB_FAST=0: never)
 FAST = os.environ.get("NVPROXY_LIB_FAST", "1") != "0"
-# per channel: an earlier posted call that failed (status, function id), for the thread's next reply
-_failed: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakKeyDictionary()
+# per channel without a C side: its posted calls that failed, per library (status, function id)
+_failed: weakref.WeakKeyDictionary[Any, dict[int, tuple[int, int]]] = weakref.WeakKeyDictionary()
 
 
 def LIB_CALL(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes] | None:
@@ -31,22 +31,39 @@ def LIB_CALL(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple
     # (a call into a stream capture changes no library state that a restore makes again: the capture's log makes it
     # again, with the capture)
     out = ls.run(ch, ch.dev, fid, hostmask, payload, out_cap, lambda w: p.backend.handle_value(p.stream(ch, w)),
-                 record=log is None, fast=FAST and p.fast is not None and p.backend.name != "sim")
+                 record=log is None, fast=FAST and p.fast is not None)
     if log is not None and out.ran:
         log.calls.append((wire.NVP_OP_LIB_CALL, a, payload))
     ret = out.ret & 0xFFFFFFFFFFFFFFFF
+    lib = ls.lib_number[f.lib]
     if posted:
         if f.retkind == "status" and out.ret != 0:
             print(f"nvproxy: {f.name} returned status {out.ret} after it had returned (it was posted); the "
-                  f"thread's next {f.lib} call that waits reports it", file=sys.stderr)
-            _failed.setdefault(ch, (out.ret, fid))
+                  f"thread's next call of its library that waits reports it", file=sys.stderr)
+            _note_failure(ch, lib, out.ret, fid)
         return None
-    earlier, efid = _failed.pop(ch, (0, 0))
-    if ls.exe is not None and ch.fast is not None:  # (a posted call the C fast path made)
-        c_status, c_fid = ls.exe.take_failure(ch.fast)
-        if not earlier:
-            earlier, efid = c_status, c_fid
+    earlier, efid = _take_failure(ch, lib) if f.retkind == "status" else (0, 0)
     return (ret, earlier & 0xFFFFFFFF, efid), out.out
+
+
+def _note_failure(ch: Any, lib: int, status: int, fid: int) -> None:
+    """A posted call of library lib failed: kept (the first) for the thread's next waited call of lib, in the
+    channel's C side where it has one (the C fast path reports it there too)."""
+    fc = ch.fast
+    if fc is None:
+        _failed.setdefault(ch, {}).setdefault(lib, (status, fid))
+    elif not fc.lib_failed[lib]:
+        fc.lib_failed[lib], fc.lib_failed_fid[lib] = status, fid
+
+
+def _take_failure(ch: Any, lib: int) -> tuple[int, int]:
+    """The failed posted call of library lib kept for this waited call (0, 0: none), forgotten."""
+    fc = ch.fast
+    if fc is None:
+        return _failed.get(ch, {}).pop(lib, (0, 0))
+    status, fid = fc.lib_failed[lib], fc.lib_failed_fid[lib]
+    fc.lib_failed[lib] = fc.lib_failed_fid[lib] = 0
+    return status, fid
 
 
 def _capture(p: Any, ch: Any, ls: Any, f: Any, payload: bytes) -> Any:
