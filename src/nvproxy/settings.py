@@ -213,7 +213,7 @@ SETTINGS: tuple[Setting, ...] = (
             "staged copy waits for its answer)", (SHIM, PROXY), "debug"),
     Setting("NVPROXY_TRACE", "", choice("1"), "the shim prints every request it sends on stderr", (SHIM,), "debug"),
     Setting("NVPROXY_LIB_FAST", "1", ON_OFF,
-            "the proxy's C fast path makes posted GPU library calls of functions that ran once in Python (0: never)",
+            "the proxy's C fast path makes GPU library calls of functions that ran once in Python (0: never)",
             (PROXY,), "debug"),
     Setting("NVPROXY_LIB_SYNC", "0", ON_OFF,
             "every GPU library call waits for its answer (0: ordered calls with no output go unanswered)", (SHIM,),
