@@ -260,48 +260,71 @@ int nvp_spawn_proxy(const char *restore_image)
     return 0;
 }
 
+/* Is pid running: neither gone nor a zombie (a proxy is nobody's child here: whoever adopted it may reap it late) */
+static int proxy_alive(pid_t pid)
+{
+    if (kill(pid, 0) != 0 && errno == ESRCH)
+        return 0;
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 1; /* (no /proc: kill's answer stands) */
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    const char *state = strrchr(buf, ')');
+    return !(state && state[1] == ' ' && state[2] == 'Z');
+}
+
+/* Connect to the proxy at nvp_proxy.sock, waiting while it starts: up to 60 s for Python and the driver while the
+ * proxy (nvp_proxy.proxy_pid) runs; where its pid is not known, up to 5 s of refusals.  -2: the proxy ended (said). */
+static int connect_when_listening(void)
+{
+    for (int i = 0; i < 6000; i++) {
+        int fd = nvp_unix_connect(nvp_proxy.sock);
+        if (fd >= 0)
+            return fd;
+        int e = errno;
+        if (e != ECONNREFUSED && e != ENOENT && e != EAGAIN)
+            return -1;
+        if (nvp_proxy.proxy_pid > 0 && !proxy_alive(nvp_proxy.proxy_pid)) {
+            nvp_log("nvproxy: the proxy exited during start-up (see its messages above)");
+            return -2;
+        }
+        if (nvp_proxy.proxy_pid <= 0 && i >= 500)
+            break;
+        struct timespec ts = {0, (i < 100 ? 2 : 10) * 1000 * 1000}; /* (fine-grained while a warm proxy starts) */
+        nanosleep(&ts, NULL);
+        errno = e;
+    }
+    return -1;
+}
+
 int nvp_proxy_first_channel(void)
 {
     /* the first channel of the process: find or start the proxy */
     const char *env = getenv("NVPROXY_SOCKET");
     const char *owner = getenv("NVPROXY_OWNER_PID");
-    int fd = -1;
+    int fd;
     if (env && *env && owner && atoi(owner) == (int)nvp_real_pid()) {
         snprintf(nvp_proxy.sock, sizeof nvp_proxy.sock, "%s", env);
         const char *pp = getenv("NVPROXY_PROXY_PID");
         nvp_proxy.proxy_pid = pp ? atoi(pp) : 0;
-        /* (a proxy that `nvproxy run` started listens before its path appears; still, a refusal is tried again
-         * for up to 5 s: a migration at the program's first connecting call saw one on a busy machine) */
-        for (int i = 0; (fd = nvp_unix_connect(nvp_proxy.sock)) < 0 && i < 500; i++) {
-            if (errno != ECONNREFUSED && errno != ENOENT && errno != EAGAIN)
-                break;
-            struct timespec ts = {0, 10 * 1000 * 1000};
-            nanosleep(&ts, NULL);
-        }
-        if (fd < 0) {
+        /* (`nvproxy run` execs the program while its proxy starts: the two starts overlap) */
+        fd = connect_when_listening();
+        if (fd == -1)
             nvp_log("nvproxy: cannot connect to the proxy at %s: %s", nvp_proxy.sock, strerror(errno));
-            return -1;
-        }
     } else {
         if (nvp_spawn_proxy(NULL) != 0) {
             nvp_log("nvproxy: could not start a proxy (%s)", strerror(errno));
             return -1;
         }
-        for (int i = 0; i < 6000 && fd < 0; i++) { /* up to 60 s for Python and the driver to start */
-            fd = nvp_unix_connect(nvp_proxy.sock);
-            if (fd >= 0)
-                break;
-            if (kill(nvp_proxy.proxy_pid, 0) != 0 && errno == ESRCH) {
-                nvp_log("nvproxy: the proxy exited during start-up (see its messages above)");
-                return -1;
-            }
-            struct timespec ts = {0, 10 * 1000 * 1000};
-            nanosleep(&ts, NULL);
-        }
-        if (fd < 0) {
+        fd = connect_when_listening();
+        if (fd == -1)
             nvp_log("nvproxy: the proxy did not start listening at %s", nvp_proxy.sock);
-            return -1;
-        }
     }
-    return fd;
+    return fd < 0 ? -1 : fd;
 }

@@ -41,9 +41,56 @@ def cmd_run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return _exec_plainly(argv)
     env = proxy_env(args.backend, args.sim_kernels)
-    sock, pid = spawn_proxy(os.getpid(), env)
+    taken = None if dmtcp else _take_from_pool(env)
+    if taken is not None:
+        sock, pid = taken
+    else:  # (not waited for: the program starts while its proxy does, and its first call waits for the rest)
+        sock, pid = spawn_proxy(os.getpid(), env, wait=False)
     exec_app(argv, sock, pid, env, args.dmtcp_args.split() if dmtcp else None)
     return 127
+
+
+def _take_from_pool(env: dict[str, str]) -> tuple[str, int] | None:
+    """(socket, pid) of a warm proxy of the pool (nvproxy pool) for this process, another started in its place;
+    None where the pool has none of these settings."""
+    from .launcher import private_dir_path
+
+    try:
+        if not any(n.startswith("pool-") for n in os.listdir(private_dir_path())):
+            return None
+    except OSError:
+        return None
+    from . import pool
+
+    taken = pool.take(env)
+    if taken is None:
+        return None
+    sock, pid, idle = taken
+    pool.spawn(env, idle, wait=False)
+    return sock, pid
+
+
+def cmd_pool(args: argparse.Namespace) -> int:
+    from . import pool, settings
+    from .launcher import proxy_env
+
+    if args.action == "start":
+        settings.check_or_exit(os.environ, (settings.SHIM, settings.PROXY, settings.RUN), "nvproxy pool")
+        env = proxy_env(args.backend, args.sim_kernels)
+        for _ in range(args.size):
+            sock, pid = pool.spawn(env, args.idle, wait=True)
+            print(f"nvproxy pool: proxy {pid} ready at {sock} for {args.idle:g} s")
+        return 0
+    answers = pool.ask_all({"cmd": "stop" if args.action == "stop" else "status"})
+    for path, info in answers:
+        if args.action == "stop":
+            print(f"nvproxy pool: stopped proxy {info.get('pid')}")
+        else:
+            print(f"nvproxy pool: proxy {info.get('pid')} at {path}, up {info.get('age', 0):.0f} s, "
+                  f"expires in {info.get('left', 0):.0f} s")
+    if not answers:
+        print("nvproxy pool: no warm proxies")
+    return 0
 
 
 def _containment_refusal(argv: list[str]) -> str | None:
@@ -155,6 +202,17 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     from . import stale
 
     stale.sweep_private_dir()  # (the sockets of proxies that died without removing theirs)
+    listener = None
+    if args.pool_idle is not None:  # a warm proxy of the pool: it serves whoever takes it
+        from . import pool
+
+        if args.adopt or args.restore:
+            print("nvproxy proxy: --pool-idle starts a new proxy: not with --adopt or --restore", file=sys.stderr)
+            return 2
+        taken = pool.wait_to_be_taken(args.socket, args.pool_idle)
+        if taken is None:
+            os._exit(0)  # (expired or stopped; its socket is gone)
+        args.socket, args.owner_pid, listener = taken.sock, taken.owner_pid, taken.listener
     if args.adopt:
         server = _adopt(args, backend, dispatch)
         if server is None:
@@ -184,7 +242,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         server = Server(args.socket, args.owner_pid, backend, dispatch)
         ipc.register(dispatch.state, server.ctl_path)  # (importers restored too may open its memory now)
     else:
-        server = Server(args.socket, args.owner_pid, backend, dispatch)
+        server = Server(args.socket, args.owner_pid, backend, dispatch, listener=listener)
     dispatch.server = server
     try:
         server.serve()
@@ -553,6 +611,7 @@ COMMANDS = (
     ("bench", "benchmarks, native against nvproxy in the same run (nvproxy bench --help)"),
     ("settings", "every NVPROXY_* environment setting: default, allowed values, meaning, and its value here"),
     ("info", "where the shim (the LD_PRELOAD library) is"),
+    ("pool", "start, stop or list warm proxies that nvproxy run takes instead of starting one (faster start-up)"),
     ("proxy", "the proxy daemon itself (started for you by run or by the shim)"),
 )
 
@@ -575,7 +634,16 @@ def _options(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--image", help="where the proxy being taken over writes its image")
         p.add_argument("--report-fd", type=int, help="a pipe to say 'adopted' on once the hand-over is done")
         p.add_argument("--restore", help="start from this checkpoint image (NVPROXY_RECOVER)")
+        p.add_argument("--pool-idle", type=_positive, help="a warm proxy of the pool: waits this long to be taken")
         p.set_defaults(fn=cmd_proxy)
+    elif name == "pool":
+        p.add_argument("action", choices=("start", "stop", "status"))
+        p.add_argument("--size", type=int, default=1, help="warm proxies to start (default 1)")
+        p.add_argument("--idle", type=_positive, default=600.0,
+                       help="seconds a warm proxy waits to be taken before it ends (default 600)")
+        p.add_argument("--backend", choices=("gpu", "sim"), help="default: gpu if usable, else sim")
+        p.add_argument("--sim-kernels", action="append", default=[], help="Python kernels for the sim backend")
+        p.set_defaults(fn=cmd_pool)
     elif name == "checkpoint":
         p.add_argument("pid", type=int, nargs="?")
         p.add_argument("-o", "--output", help="image file, or a directory to write nvproxy-PID.img in "

@@ -67,7 +67,32 @@ def find_proxy(app_pid: int) -> tuple[int, str]:
             continue
         if argv[argv.index(b"--owner-pid") + 1] == str(app_pid).encode():
             return int(d.name), argv[argv.index(b"--socket") + 1].decode()
+    taken = _taken_proxy(app_pid)
+    if taken:
+        return taken
     raise SystemExit(f"nvproxy: no proxy of this user serves process {app_pid}")
+
+
+def _taken_proxy(app_pid: int) -> tuple[int, str] | None:
+    """(pid, socket path) of a pool proxy serving app_pid (its command line names no owner): from its control
+    socket's name, `pOWNER-TIME.sock.PID.ctl` (stale.py), where PID runs a process of this user."""
+    import re
+
+    d = private_dir_path()
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return None
+    for name in names:
+        m = re.fullmatch(rf"(p{app_pid}-[0-9a-f]+\.sock)\.(\d+)\.ctl", name)
+        if not m or not alive(pid := int(m.group(2))):
+            continue
+        try:
+            if os.stat(f"/proc/{pid}").st_uid == os.getuid():
+                return pid, str(d / m.group(1))
+        except OSError:
+            pass  # (it ended meanwhile)
+    return None
 
 
 ADDR_COMPAT_LAYOUT = 0x0200000  # (linux/personality.h)
@@ -89,9 +114,9 @@ def bottom_up_mappings() -> None:
 
 
 def spawn_proxy(owner_pid: int, env: dict[str, str], extra: list[str] = (), sock: str | None = None,
-                wait: bool = True) -> tuple[str, int]:
+                wait: bool = True, quiet: bool = False) -> tuple[str, int]:
     """Start a proxy serving owner_pid (double fork: it is nobody's child);
-    returns (socket path, proxy pid), once it listens if wait."""
+    returns (socket path, proxy pid), once it listens if wait.  quiet: its stderr is /dev/null."""
     sock = sock or str(private_dir() / f"p{owner_pid}-{int(time.time())}.sock")
     r, w = os.pipe()
     child = os.fork()
@@ -103,6 +128,8 @@ def spawn_proxy(owner_pid: int, env: dict[str, str], extra: list[str] = (), sock
                 os._exit(0)
             os.write(w, str(os.getpid()).encode())
             os.close(w)
+            if quiet:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
             bottom_up_mappings()
             argv = [*proxy_argv(), "--socket", sock, "--owner-pid", str(owner_pid), *extra]
             os.execve(sys.executable, argv, env)

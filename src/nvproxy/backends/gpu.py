@@ -21,6 +21,7 @@ from .. import fatbin
 from ..errors import INVALID_RESOURCE_HANDLE, CudaError
 from ..proxy.capture import StdoutCapture
 from . import cuda_driver as cd
+from . import warmup
 
 ffi = cd.ffi
 
@@ -161,6 +162,7 @@ class GpuBackend:
                 self.drv.Context.pop()
                 self._pycuda_ctx[dev] = ctx  # keeps the primary context retained
                 self._ctx[dev] = cur[0]
+                warmup.spare_done()  # (the start-up's spare context of device 0 is not needed now)
             return self._ctx[dev]
 
     def activate(self, dev: int) -> None:
