@@ -38,12 +38,13 @@ def proxy_argv() -> list[str]:
     return [sys.executable, "-S", "-c", boot.BOOT, boot.root(), "proxy"]
 
 
-def proxy_env(backend: str | None, sim_kernels: list[str]) -> dict[str, str]:
-    """The environment of a proxy, and of a program run through nvproxy: its shim starts proxies as
-    proxy_argv() does (NVPROXY_BOOT, NVPROXY_ROOT; the interpreter: NVPROXY_PYTHON)."""
+def proxy_env(backend: str | None, sim_kernels: list[str], base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a proxy, and of a program run through nvproxy (from base: os.environ by default): its
+    shim starts proxies as proxy_argv() does (NVPROXY_BOOT, NVPROXY_ROOT; the interpreter: NVPROXY_PYTHON)."""
     from . import boot
 
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "NVPROXY_SOCKET", "NVPROXY_BOOT")}
+    base = os.environ if base is None else base
+    env = {k: v for k, v in base.items() if k not in ("LD_PRELOAD", "NVPROXY_SOCKET", "NVPROXY_BOOT")}
     if env.get("NVPROXY_PYTHON", sys.executable) == sys.executable:  # (another Python may have another nvproxy)
         env.update(NVPROXY_BOOT=boot.BOOT, NVPROXY_ROOT=boot.root())
     if backend:
@@ -116,7 +117,7 @@ def bottom_up_mappings() -> None:
 def spawn_proxy(owner_pid: int, env: dict[str, str], extra: list[str] = (), sock: str | None = None,
                 wait: bool = True, quiet: bool = False) -> tuple[str, int]:
     """Start a proxy serving owner_pid (double fork: it is nobody's child);
-    returns (socket path, proxy pid), once it listens if wait.  quiet: its stderr is /dev/null."""
+    returns (socket path, proxy pid), once it listens if wait.  quiet: its standard streams are /dev/null."""
     sock = sock or str(private_dir() / f"p{owner_pid}-{int(time.time())}.sock")
     r, w = os.pipe()
     child = os.fork()
@@ -128,8 +129,10 @@ def spawn_proxy(owner_pid: int, env: dict[str, str], extra: list[str] = (), sock
                 os._exit(0)
             os.write(w, str(os.getpid()).encode())
             os.close(w)
-            if quiet:
-                os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+            if quiet:  # (nor does it hold the spawner's pipes: whoever reads them waits for their end)
+                null = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(null, fd)
             bottom_up_mappings()
             argv = [*proxy_argv(), "--socket", sock, "--owner-pid", str(owner_pid), *extra]
             os.execve(sys.executable, argv, env)

@@ -32,13 +32,15 @@ NAME = re.compile(r"pool-([0-9a-f]{16})-([0-9a-f]+)\.sock")
 # what a proxy's behaviour depends on, beside NVPROXY_* and CUDA_* settings: a pool proxy serves only a program
 # whose values of these match those it was started with
 KEYED = ("LD_LIBRARY_PATH", "PYTHONPATH", "PATH", "HOME", "XDG_CACHE_HOME", "XDG_RUNTIME_DIR", "TMPDIR")
+PER_PROCESS = ("NVPROXY_SOCKET", "NVPROXY_OWNER_PID", "NVPROXY_PROXY_PID")  # (a program's own, under nvproxy run)
 TAKE_TIMEOUT_S = 10.0
 PEERCRED = struct.Struct("3i")
 
 
 def pool_key(env: dict[str, str]) -> str:
     """The settings a proxy started with env runs by, hashed: a program takes only a proxy of its own key."""
-    kept = sorted((k, v) for k, v in env.items() if k.startswith(("NVPROXY_", "CUDA_")) or k in KEYED)
+    kept = sorted((k, v) for k, v in env.items()
+                  if (k.startswith(("NVPROXY_", "CUDA_")) or k in KEYED) and k not in PER_PROCESS)
     blob = json.dumps([sys.executable, kept]).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 

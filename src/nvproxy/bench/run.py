@@ -28,7 +28,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
 
-from . import build, libs
+from . import build, libs, startup
 
 HERE = Path(__file__).resolve().parent
 # for bandwidth higher is better: ratio = nvproxy/native bandwidth; for times, nvproxy/native time
@@ -122,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             for line in differs.values():
                 print(f"nvproxy bench: {line}", file=sys.stderr)
             return 1
+    if "micro" in suites:  # (bench/startup.py: from exec to a first call done)
+        startup.add_rows(samples, backend, args.reps, native, env)
     ckpt_sizes = args.checkpoint_sizes or ("8M" if args.quick else "1,4,16,32" if backend == "gpu" else "none")
     if "ckpt" in suites and ckpt_sizes != "none":
         _checkpoint_rows(samples, backend, ckpt_sizes, out)
