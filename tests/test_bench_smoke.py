@@ -139,5 +139,7 @@ def test_bench_runs_from_an_installed_wheel(nvcc: str, tmp_path: Path) -> None:
                        env=env, cwd=elsewhere, timeout=900)
     assert r.returncode == 0, r.stderr
     rows = json.loads((out / "results.json").read_text())["rows"]
-    assert {row["bench"] for row in rows if "nvproxy" in row} >= {"launch_empty", "h2d_pageable", "launch_storm"}
-    assert [p.name.split("-")[0] for p in (cache / "nvproxy" / "bench").iterdir()] == ["microbench"]
+    assert {row["bench"] for row in rows if "nvproxy" in row} >= {"launch_empty", "h2d_pageable", "launch_storm",
+                                                                   "startup", "startup_pool"}
+    assert sorted(p.name.split("-")[0] for p in (cache / "nvproxy" / "bench").iterdir()) == ["microbench",
+                                                                                             "startup_probe"]

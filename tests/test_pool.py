@@ -166,3 +166,17 @@ def test_another_user_cannot_reach_a_warm_proxy(private) -> None:
     r = subprocess.run([sys.executable, "-S", "-c", code, sock], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "PermissionError", r.stdout + r.stderr
     assert f"proxy {warm} " in nvproxy("pool", "status", env=env).stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["vector_add", "device_query"])
+def test_gpu_a_program_a_warm_proxy_serves_matches_native(build, private, name: str) -> None:
+    env, d = private
+    exe = build(name)
+    native = run([str(exe)], env=env)
+    r = nvproxy("pool", "start", "--backend", "gpu", env=env)
+    [warm] = [int(m.group(1)) for m in STARTED.finditer(r.stdout)]
+    proxied = run([sys.executable, "-m", "nvproxy", "run", "--backend", "gpu", "--", str(exe)], env=env)
+    assert proxied.stdout == native.stdout and proxied.returncode == native.returncode, proxied.stderr
+    assert ended(warm), "the warm proxy did not serve the program (or outlived it)"
+    assert [n for n in os.listdir(d) if not n.startswith("pool-")] == [], os.listdir(d)

@@ -19,6 +19,7 @@ import ctypes
 import threading
 import time
 
+COMPUTE_MODE = 20  # CU_DEVICE_ATTRIBUTE_COMPUTE_MODE (0: default, shared)
 # time.monotonic() when the thread began cuInit and when it had every context (0: not yet, or never)
 began = ready = 0.0
 _thread: threading.Thread | None = None
@@ -36,9 +37,12 @@ def _retain(devices: list[int], spare: bool) -> None:
     if cuda.cuInit(0) != 0:
         return
     for index in devices or ([0] if spare else []):
-        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-        if cuda.cuDeviceGet(ctypes.byref(dev), index) == 0 and \
-                cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0 and not devices:
+        dev, ctx, mode = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_int()
+        if cuda.cuDeviceGet(ctypes.byref(dev), index) != 0:
+            continue
+        if not devices and (cuda.cuDeviceGetAttribute(ctypes.byref(mode), COMPUTE_MODE, dev) != 0 or mode.value):
+            continue  # (an exclusive or prohibited device: a spare context would keep others off it, or fail)
+        if cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0 and not devices:
             _spare = (cuda, dev)  # (a restore's contexts are kept: the proxy uses them until it exits)
     ready = time.monotonic()
 
