@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import nvproxy_cmd, run
+from conftest import APPS, nvproxy_cmd, run
 from gated import Gated, kill_and_wait
 
 from nvproxy import boot
@@ -71,3 +71,18 @@ def test_the_boot_stage_reserves_a_free_range_and_only_a_free_one() -> None:
         assert not boot.reserve_range(addr + (1 << 19), 1 << 20)  # (partly taken)
     finally:
         libc.munmap(addr, 1 << 20)
+
+
+def test_a_proxy_that_fails_to_start_under_run_is_a_clear_error(build, tmp_path: Path) -> None:
+    """`nvproxy run` execs the program without waiting for its proxy; where the proxy then fails (here its sim
+    kernel file raises), it says why in one line, the shim says the proxy ended, and the program's first call
+    fails as with a lost proxy: no traceback, no wait for the shim's 60 s."""
+    kernels = tmp_path / "broken_sim.py"
+    kernels.write_text('raise RuntimeError("broken kernels")\n')
+    r = run([sys.executable, "-m", "nvproxy", "run", "--backend", "sim", "--sim-kernels", str(kernels), "--",
+             str(build("vector_add"))], timeout=50)
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert r.stderr.splitlines() == ["nvproxy: the proxy cannot open its backend: RuntimeError: broken kernels",
+                                     "nvproxy: the proxy exited during start-up (see its messages above)"], r.stderr
+    assert r.stdout == (f"FAILED {APPS / 'vector_add.cu'}:16 cudaMalloc(&da, bytes) -> cudaErrorDevicesUnavailable "
+                        "(CUDA-capable device(s) is/are busy or unavailable)\n"), r.stdout

@@ -197,7 +197,12 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     from .proxy.dispatch import Dispatcher
     from .proxy.server import Server
 
-    backend = open_backend(args.backend)
+    try:
+        backend = open_backend(args.backend)
+    except Exception as e:  # (a sim kernel file that raises, a driver that fails): one line, and the program's
+        # first call fails (the shim says the proxy ended)
+        print(f"nvproxy: the proxy cannot open its backend: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
     dispatch = Dispatcher(backend)
     from . import stale
 
