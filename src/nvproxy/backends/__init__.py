@@ -1,6 +1,6 @@
 """Backends: what actually executes CUDA work for the proxy.
 
-gpu: the real device (pycuda + libcuda).  sim: a CPU model for machines
+gpu: the real device (libcuda, through cffi).  sim: a CPU model for machines
 without a GPU.  NVPROXY_BACKEND=gpu|sim chooses; by default the GPU is used
 when a device is usable, else the sim backend.
 """
@@ -31,7 +31,7 @@ def open_backend(name: str | None = None) -> Any:
         b = GpuBackend()
         if b.device_count() > 0:
             return b
-    except Exception as e:  # no driver, no device, no pycuda
+    except Exception as e:  # no driver, no device, no cffi
         error = e
     from ..nogpu import reason
 

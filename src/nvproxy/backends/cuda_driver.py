@@ -1,9 +1,8 @@
 """Thin cffi binding of the libcuda calls the GPU backend makes itself.
 
-pycuda owns initialisation and the primary contexts (see gpu.py); this covers
-what pycuda has no API for (virtual memory management, cuFuncGetParamInfo,
-cuLaunchHostFunc, registering raw host ranges) and the per-call hot path
-(launch, copies, streams, events), where raw handles are needed anyway.
+Initialisation, devices and primary contexts, virtual memory management,
+cuFuncGetParamInfo, cuLaunchHostFunc, registering raw host ranges, and the
+per-call hot path (launch, copies, streams, events).
 cffi releases the GIL around every call, so a thread blocked in a
 synchronisation never stalls the others.
 """
@@ -96,6 +95,13 @@ typedef struct {
 } CUgraphNodeParams;
 
 CUresult cuGetErrorName(CUresult error, const char **pStr);
+CUresult cuInit(unsigned int flags);
+CUresult cuDriverGetVersion(int *driverVersion);
+CUresult cuDeviceGetCount(int *count);
+CUresult cuDeviceGet(CUdevice *device, int ordinal);
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev);
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
 CUresult cuCtxSetCurrent(CUcontext ctx);
 CUresult cuCtxGetCurrent(CUcontext *pctx);
 CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev);
@@ -237,6 +243,7 @@ CUresult cuProfilerStop(void);
 )
 
 CUDA_ERROR_NOT_READY = 600
+CUDA_ERROR_NO_DEVICE = 100
 CUDA_ERROR_INVALID_VALUE = 1
 CUDA_ERROR_NO_BINARY_FOR_GPU = 209
 CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910

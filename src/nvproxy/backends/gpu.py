@@ -1,10 +1,9 @@
-"""The GPU backend: the real device, through pycuda and libcuda.
+"""The GPU backend: the real device, through libcuda.
 
-pycuda initialises the driver, enumerates devices and retains their primary
-contexts (the context the runtime API would use).  Everything that needs raw
-driver handles goes through the cffi binding in cuda_driver.py: the VMM arena
-(cuMemAddressReserve/Create/Map, which pycuda lacks), parameter layouts
-(cuFuncGetParamInfo), host functions, and the per-call hot path.
+Everything goes through the cffi binding in cuda_driver.py: initialising the driver, the devices and their
+primary contexts (the context the runtime API would use), the VMM arena (cuMemAddressReserve/Create/Map),
+parameter layouts (cuFuncGetParamInfo), host functions, and the per-call hot path.  (Nothing of pycuda, nor of
+numpy, which pycuda imports: their import was the longest part of a proxy's start.)
 """
 
 from __future__ import annotations
@@ -129,13 +128,15 @@ class GpuBackend:
     name = "gpu"
 
     def __init__(self) -> None:
-        import pycuda.driver as drv
-
-        drv.init()
-        self.drv = drv
         self.L = cd.lib()
-        self.devices = [drv.Device(i) for i in range(drv.Device.count())]
-        self._pycuda_ctx: list[object | None] = [None] * len(self.devices)
+        rc = self.L.cuInit(0)
+        cd.check(rc, "cuInit: CUDA_ERROR_NO_DEVICE" if rc == cd.CUDA_ERROR_NO_DEVICE else "cuInit")
+        n, d = ffi.new("int *"), ffi.new("CUdevice *")
+        cd.check(self.L.cuDeviceGetCount(n), "cuDeviceGetCount")
+        self.devices: list[int] = []
+        for i in range(n[0]):
+            cd.check(self.L.cuDeviceGet(d, i), "cuDeviceGet")
+            self.devices.append(int(d[0]))
         self._ctx: list[object | None] = [None] * len(self.devices)
         self._backings: dict[int, GpuBacking] = {}
         self._lock = threading.Lock()
@@ -150,18 +151,16 @@ class GpuBackend:
         return len(self.devices)
 
     def driver_version(self) -> int:
-        return int(self.drv.get_driver_version())
+        v = ffi.new("int *")
+        cd.check(self.L.cuDriverGetVersion(v), "cuDriverGetVersion")
+        return int(v[0])
 
     def _context(self, dev: int) -> object:
         with self._lock:
             if self._ctx[dev] is None:
-                ctx = self.devices[dev].retain_primary_context()
-                ctx.push()
-                cur = ffi.new("CUcontext *")
-                cd.check(self.L.cuCtxGetCurrent(cur), "cuCtxGetCurrent")
-                self.drv.Context.pop()
-                self._pycuda_ctx[dev] = ctx  # keeps the primary context retained
-                self._ctx[dev] = cur[0]
+                ctx = ffi.new("CUcontext *")
+                cd.check(self.L.cuDevicePrimaryCtxRetain(ctx, self.devices[dev]), "cuDevicePrimaryCtxRetain")
+                self._ctx[dev] = ctx[0]  # (retained for the proxy's life)
                 warmup.spare_done()  # (the start-up's spare context of device 0 is not needed now)
             return self._ctx[dev]
 
@@ -172,7 +171,6 @@ class GpuBackend:
         self._tls.dev = dev
 
     def device_props(self, dev: int) -> tuple[str, bytes, int, list[int]]:
-        d = self.devices[dev]
         attrs = [0] * 160
         v = ffi.new("int *")
         for a in range(1, 160):
@@ -180,16 +178,23 @@ class GpuBackend:
                 attrs[a] = int(v[0])
         uuid = ffi.new("unsigned char[16]")
         cd.check(self.L.cuDeviceGetUuid_v2(uuid, dev), "cuDeviceGetUuid")
-        return d.name(), bytes(ffi.buffer(uuid)), int(d.total_memory()), attrs
+        return self._name(dev), bytes(ffi.buffer(uuid)), self.total_memory(dev), attrs
+
+    def _name(self, dev: int) -> str:
+        name = ffi.new("char[256]")
+        cd.check(self.L.cuDeviceGetName(name, 256, self.devices[dev]), "cuDeviceGetName")
+        return ffi.string(name).decode(errors="replace")
 
     def total_memory(self, dev: int) -> int:
-        return int(self.devices[dev].total_memory())
+        size = ffi.new("size_t *")
+        cd.check(self.L.cuDeviceTotalMem_v2(size, self.devices[dev]), "cuDeviceTotalMem")
+        return int(size[0])
 
     def device_identity(self, dev: int) -> tuple[str, bytes]:
         """(name, UUID): what a restore checks, without the cost of reading all of device_props' attributes."""
         uuid = ffi.new("unsigned char[16]")
         cd.check(self.L.cuDeviceGetUuid_v2(uuid, dev), "cuDeviceGetUuid")
-        return self.devices[dev].name(), bytes(ffi.buffer(uuid))
+        return self._name(dev), bytes(ffi.buffer(uuid))
 
     def backing(self, dev: int) -> GpuBacking:
         if dev not in self._backings:

@@ -2,7 +2,7 @@
 
 Every proxy needs cuInit before its first answer, and a restore (DMTCP restart, NVPROXY_RECOVER) needs the
 primary context of every device in its image before any memory can move (each as long as loading gigabytes of the
-image).  Neither needs anything of the proxy, so a thread does them while the main thread imports pycuda and the
+image).  Neither needs anything of the proxy, so a thread does them while the main thread imports the
 proxy's modules (about as long again) and opens the image.  A proxy that is not
 restoring makes device 0's primary context here too, a spare: most programs' first call needs it, and making it
 is most of a native program's start.  The backend releases the spare once it holds its own first context, so a
