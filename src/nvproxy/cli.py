@@ -44,8 +44,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     taken = None if dmtcp else _take_from_pool(env)
     if taken is not None:
         sock, pid = taken
-    else:  # (not waited for: the program starts while its proxy does, and its first call waits for the rest)
-        sock, pid = spawn_proxy(os.getpid(), env, wait=False)
+    else:  # (not waited for: the program starts while its proxy does, and its first call waits for the rest;
+        # under DMTCP, whose start takes longer anyway, the proxy listens before it)
+        sock, pid = spawn_proxy(os.getpid(), env, wait=dmtcp)
     exec_app(argv, sock, pid, env, args.dmtcp_args.split() if dmtcp else None)
     return 127
 

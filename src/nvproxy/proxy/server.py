@@ -239,9 +239,8 @@ class Server:
         try:
             self.owner_fd = os.pidfd_open(owner_pid)
             self.sel.register(self.owner_fd, selectors.EVENT_READ, self._owner_gone)
-        except (ProcessLookupError, OSError):
-            print(f"nvproxy: application {owner_pid} is not running", file=sys.stderr)
-            self.running = False
+        except (ProcessLookupError, OSError):  # (it ended before its proxy was up: nvproxy run does not wait for
+            self.running = False  # its proxy, and a program without CUDA calls may be done by now)
         threading.Thread(target=commands.prefault_loop, args=(self,), name="nvproxy-prefault", daemon=True).start()
 
     @staticmethod
