@@ -27,11 +27,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     dmtcp = args.dmtcp or bool(args.dmtcp_args)
     readers = (settings.SHIM, settings.PROXY, settings.RUN, settings.TEST_HOOKS) + ((settings.DMTCP,) if dmtcp else ())
     settings.check_or_exit(os.environ, readers, "nvproxy run")
-    for path in args.sim_kernels:
-        why = settings.python_files(path)
-        if why:
-            print(f"nvproxy run: --sim-kernels {why}", file=sys.stderr)
-            return 2
+    if _bad_sim_kernels(args.sim_kernels, "nvproxy run"):
+        return 2
     refusal = _containment_refusal(argv)
     if refusal is not None:
         if not args.allow_unprotected:
@@ -49,6 +46,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         sock, pid = spawn_proxy(os.getpid(), env, wait=dmtcp)
     exec_app(argv, sock, pid, env, args.dmtcp_args.split() if dmtcp else None)
     return 127
+
+
+def _bad_sim_kernels(paths: list[str], command: str) -> bool:
+    """Is one of the --sim-kernels paths not Python files to load? (said in one line)"""
+    from . import settings
+
+    for path in paths:
+        why = settings.python_files(path)
+        if why:
+            print(f"{command}: --sim-kernels {why}", file=sys.stderr)
+            return True
+    return False
 
 
 def _take_from_pool(env: dict[str, str]) -> tuple[str, int] | None:
@@ -77,6 +86,8 @@ def cmd_pool(args: argparse.Namespace) -> int:
 
     if args.action == "start":
         settings.check_or_exit(os.environ, (settings.SHIM, settings.PROXY, settings.RUN), "nvproxy pool")
+        if _bad_sim_kernels(args.sim_kernels, "nvproxy pool"):
+            return 2
         env = proxy_env(args.backend, args.sim_kernels)
         for _ in range(args.size):
             sock, pid = pool.spawn(env, args.idle, wait=True)
