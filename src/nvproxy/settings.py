@@ -206,7 +206,8 @@ SETTINGS: tuple[Setting, ...] = (
             "a restoring proxy sums the image while the driver starts (0: during the load; load: stop at the load)",
             (PROXY,), "tuning"),
     Setting("NVPROXY_EARLY_CONTEXT", "1", ON_OFF,
-            "a proxy starts the driver before Python's site processing (0: when the backend opens)", (PROXY,),
+            "a proxy starts the driver, and makes device 0's context, before Python's site processing (0: the "
+            "driver when the backend opens, the context at the program's first call that needs one)", (PROXY,),
             "tuning"),
     Setting("NVPROXY_DEBUG", "", WORDS, "turns single mechanisms of the call path or the restore off, to compare or "
             "to isolate a fault, not for production: no-mailbox (replies by socket only), answered-copies (every "
