@@ -4,6 +4,7 @@ it reserves a restoring proxy's application ranges and starts the driver; then t
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -86,3 +87,36 @@ def test_a_proxy_that_fails_to_start_under_run_is_a_clear_error(build, tmp_path:
                                      "nvproxy: the proxy exited during start-up (see its messages above)"], r.stderr
     assert r.stdout == (f"FAILED {APPS / 'vector_add.cu'}:16 cudaMalloc(&da, bytes) -> cudaErrorDevicesUnavailable "
                         "(CUDA-capable device(s) is/are busy or unavailable)\n"), r.stdout
+
+
+def test_a_program_that_ends_before_its_proxy_is_up_leaves_nothing() -> None:
+    """`nvproxy run` does not wait for its proxy: a program that makes no CUDA call may be done before the proxy
+    listens.  The proxy (which watches the program through a pidfd that `nvproxy run` gave it, not by its pid) then
+    ends without a word and leaves no socket."""
+    import shutil
+    import tempfile
+
+    rt = Path(tempfile.mkdtemp(prefix="nvp-", dir="/tmp"))  # (short: socket paths)
+    try:
+        _ends_before_its_proxy(rt)
+    finally:
+        shutil.rmtree(rt, ignore_errors=True)
+
+
+def _ends_before_its_proxy(rt: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD" and not k.startswith("NVPROXY_")}
+    env["XDG_RUNTIME_DIR"] = str(rt)
+    r = run([sys.executable, "-m", "nvproxy", "run", "--backend", "sim", "--", "sh", "-c", "echo $NVPROXY_PROXY_PID"],
+            env=env)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    proxy = int(r.stdout)
+    try:
+        fd = os.pidfd_open(proxy)
+    except ProcessLookupError:
+        fd = None  # (it has ended already)
+    if fd is not None:
+        try:
+            assert select.select([fd], [], [], 120)[0], "the proxy outlived its program"
+        finally:
+            os.close(fd)
+    assert os.listdir(rt / "nvproxy") == []

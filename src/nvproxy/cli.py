@@ -256,10 +256,10 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         print(f"nvproxy: restored {stats['device_bytes'] >> 20} MiB from {args.restore} in {stats['seconds']:.3f} s "
               f"({stats['gbps']:.1f} GB/s; s per phase: {phases}); %d of its %d chunks were summed while the proxy "
               "started" % stats["checked_early"], file=sys.stderr)
-        server = Server(args.socket, args.owner_pid, backend, dispatch)
+        server = Server(args.socket, args.owner_pid, backend, dispatch, owner_fd=args.owner_pidfd)
         ipc.register(dispatch.state, server.ctl_path)  # (importers restored too may open its memory now)
     else:
-        server = Server(args.socket, args.owner_pid, backend, dispatch, listener=listener)
+        server = Server(args.socket, args.owner_pid, backend, dispatch, listener=listener, owner_fd=args.owner_pidfd)
     dispatch.server = server
     try:
         server.serve()
@@ -328,7 +328,8 @@ def _adopt(args: argparse.Namespace, backend, dispatch):
             os.close(fd)
     if not os.environ.get("NVPROXY_PROXY_LOG"):
         os.dup2(fds[1], 2)  # from now on, speak on the application's stderr
-    server = Server(args.socket, args.owner_pid, backend, dispatch, listener=socket.socket(fileno=fds[0]))
+    server = Server(args.socket, args.owner_pid, backend, dispatch, listener=socket.socket(fileno=fds[0]),
+                    owner_fd=args.owner_pidfd)
     server.adopt(info, blob, fds)
     ipc.register(dispatch.state, server.ctl_path)  # (importers of its memory ask this proxy from now on)
     control.send(ctl, {"cmd": "done"})
@@ -651,6 +652,7 @@ def _options(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--image", help="where the proxy being taken over writes its image")
         p.add_argument("--report-fd", type=int, help="a pipe to say 'adopted' on once the hand-over is done")
         p.add_argument("--restore", help="start from this checkpoint image (NVPROXY_RECOVER)")
+        p.add_argument("--owner-pidfd", type=int, help="a pidfd of the owner, inherited from the spawner")
         p.add_argument("--pool-idle", type=_positive, help="a warm proxy of the pool: waits this long to be taken")
         p.set_defaults(fn=cmd_proxy)
     elif name == "pool":

@@ -119,11 +119,18 @@ def spawn_proxy(owner_pid: int, env: dict[str, str], extra: list[str] = (), sock
     """Start a proxy serving owner_pid (double fork: it is nobody's child);
     returns (socket path, proxy pid), once it listens if wait.  quiet: its standard streams are /dev/null."""
     sock = sock or str(private_dir() / f"p{owner_pid}-{int(time.time())}.sock")
+    try:  # (the proxy watches this very process: not whatever takes its pid once it has ended)
+        owner_fd = os.pidfd_open(owner_pid) if owner_pid > 0 else -1
+    except OSError:
+        owner_fd = -1  # (gone already: the proxy finds that out itself)
     r, w = os.pipe()
     child = os.fork()
     if child == 0:
         try:
             os.close(r)
+            if owner_fd >= 0:
+                os.set_inheritable(owner_fd, True)
+                extra = [*extra, "--owner-pidfd", str(owner_fd)]
             os.setsid()
             if os.fork():
                 os._exit(0)
@@ -144,6 +151,8 @@ def spawn_proxy(owner_pid: int, env: dict[str, str], extra: list[str] = (), sock
         finally:
             os._exit(127)
     os.close(w)
+    if owner_fd >= 0:
+        os.close(owner_fd)
     os.waitpid(child, 0)
     pid = int(os.read(r, 32) or b"0")
     os.close(r)

@@ -199,7 +199,8 @@ class Channel:
 
 class Server:
     def __init__(self, sock_path: str, owner_pid: int, backend: Any, dispatch: Any,
-                 listener: socket.socket | None = None) -> None:
+                 listener: socket.socket | None = None, owner_fd: int | None = None) -> None:
+        """owner_fd: a pidfd of owner_pid from whoever started this proxy (else one is opened here)."""
         self.backend = backend
         self.dispatch = dispatch
         self.fast = dispatch.fast
@@ -237,7 +238,7 @@ class Server:
         self.ctl_wake_w = wake_w
         self.sel.register(self.ctl_wake, selectors.EVENT_READ, self._control_requests)
         try:
-            self.owner_fd = os.pidfd_open(owner_pid)
+            self.owner_fd = os.pidfd_open(owner_pid) if owner_fd is None else owner_fd
             self.sel.register(self.owner_fd, selectors.EVENT_READ, self._owner_gone)
         except (ProcessLookupError, OSError):  # (it ended before its proxy was up: nvproxy run does not wait for
             self.running = False  # its proxy, and a program without CUDA calls may be done by now)
