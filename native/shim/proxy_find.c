@@ -280,7 +280,7 @@ static int proxy_alive(pid_t pid)
 }
 
 /* Connect to the proxy at nvp_proxy.sock, waiting while it starts: up to 60 s for Python and the driver while the
- * proxy (nvp_proxy.proxy_pid) runs; where its pid is not known, up to 5 s of refusals.  -2: the proxy ended (said). */
+ * proxy (nvp_proxy.proxy_pid) runs.  -2: the proxy ended before it listened (said). */
 static int connect_when_listening(void)
 {
     for (int i = 0; i < 6000; i++) {
@@ -290,11 +290,15 @@ static int connect_when_listening(void)
         int e = errno;
         if (e != ECONNREFUSED && e != ENOENT && e != EAGAIN)
             return -1;
-        if (nvp_proxy.proxy_pid > 0 && !proxy_alive(nvp_proxy.proxy_pid)) {
+        /* (a proxy that ended without ever listening: at once; one that ended after it listened (a migration's
+         * old proxy, whose socket the new one holds: a migration at the program's first connecting call saw a
+         * refusal on a busy machine) or one of unknown pid: up to 5 s of refusals) */
+        int gone = nvp_proxy.proxy_pid <= 0 || !proxy_alive(nvp_proxy.proxy_pid);
+        if (gone && e == ENOENT && nvp_proxy.proxy_pid > 0) {
             nvp_log("nvproxy: the proxy exited during start-up (see its messages above)");
             return -2;
         }
-        if (nvp_proxy.proxy_pid <= 0 && i >= 500)
+        if (gone && i >= 500)
             break;
         struct timespec ts = {0, (i < 100 ? 2 : 10) * 1000 * 1000}; /* (fine-grained while a warm proxy starts) */
         nanosleep(&ts, NULL);
