@@ -12,6 +12,7 @@ import os
 import random
 import socket
 import sys
+import time
 
 from nvproxy import wire
 
@@ -20,8 +21,20 @@ REQ = wire.REQ
 
 
 def connect() -> socket.socket:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.connect(os.environ["NVPROXY_SOCKET"])
+    """A channel to the proxy, once it listens: `nvproxy run` does not wait for its proxy, and the program's first
+    connect waits (as the shim's does) while the proxy runs and its socket is not there yet."""
+    deadline = time.monotonic() + 60
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(os.environ["NVPROXY_SOCKET"])
+            break
+        except (FileNotFoundError, ConnectionRefusedError):
+            s.close()
+            os.kill(int(os.environ["NVPROXY_PROXY_PID"]), 0)  # (ProcessLookupError: the proxy has ended)
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
     s.settimeout(WAIT_S)
     return s
 
