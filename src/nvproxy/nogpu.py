@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import os
 
 
 def reason(error: BaseException | None) -> str:
-    """What stands in the way: no driver, no pycuda, no device, or else what opening the backend raised."""
+    """What stands in the way: no driver, no device, or else what opening the backend raised."""
     try:
         ctypes.CDLL("libcuda.so.1")
     except OSError:
         return "no NVIDIA driver (libcuda.so.1 not found)"
-    if importlib.util.find_spec("pycuda") is None:
-        return "pycuda is not installed: pip install 'nvproxy[gpu]'"
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     where = f" with CUDA_VISIBLE_DEVICES={visible}" if visible is not None else ""
     if error is None:
