@@ -17,8 +17,9 @@ import mmap
 import os
 import struct
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,6 +179,8 @@ class SimCapture:
     streams: list[SimStream] = field(default_factory=list)  # the origin and the streams that joined
     invalid: bool = False
     ended: bool = False
+    mode: int = 0  # cudaStreamCaptureMode (0: global)
+    thread: int = 0  # the thread that began it
     deps: list[int] | None = None  # set by cudaStreamUpdateCaptureDependencies, until the next work
 
     @property
@@ -257,6 +260,7 @@ class SimBackend:
         self.sticky = 0
         self._captures = 0
         self._open: list[SimCapture] = []  # captures begun and not yet ended
+        self._relaxed = threading.local()  # (capture_relaxed: the calling thread's capture mode is relaxed)
         self.text: list[str] = []
         self._text_notify: Callable[[bool], None] = lambda pending: None
         self._handles: dict[int, object] = {}
@@ -484,11 +488,25 @@ class SimBackend:
                 c.invalid = True
             raise CudaError(STREAM_CAPTURE_UNSUPPORTED)
 
-    def capture_relaxed(self) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()  # (the sim's captures refuse what the driver refuses in every mode)
+    @contextlib.contextmanager
+    def capture_relaxed(self) -> Iterator[None]:
+        before = getattr(self._relaxed, "on", False)
+        self._relaxed.on = True
+        try:
+            yield
+        finally:
+            self._relaxed.on = before
+
+    def _unsafe(self) -> None:
+        """As the driver does to a wait in a thread not in relaxed mode while another thread's global-mode capture
+        is on: refused, and the capture invalidated."""
+        if not getattr(self._relaxed, "on", False):
+            me = threading.get_ident()
+            self._refuse([c for c in self._open if c.mode == 0 and c.thread != me])
 
     def stream_sync(self, s: SimStream) -> None:
         self._not_while_capturing(s)
+        self._unsafe()
         self.check()
 
     def stream_query(self, s: SimStream) -> bool:
@@ -517,7 +535,7 @@ class SimBackend:
         if s.capture is not None:
             raise CudaError(ILLEGAL_STATE)
         self._captures += 1
-        s.capture = SimCapture(self._captures, SimGraph([]), streams=[s])
+        s.capture = SimCapture(self._captures, SimGraph([]), streams=[s], mode=mode, thread=threading.get_ident())
         self._open.append(s.capture)
 
     def begin_capture_to_graph(self, s: SimStream, g: SimGraph, deps: list[int], mode: int) -> None:
@@ -735,6 +753,7 @@ class SimBackend:
 
     def event_sync(self, e: SimEvent) -> None:
         self._captured(e)
+        self._unsafe()
         self.check()
 
     def event_query(self, e: SimEvent) -> bool:
