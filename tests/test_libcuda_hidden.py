@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 from conftest import APPS, hooked, nvproxy_cmd, run
+from test_checkpoint import nvproxy
+
+from nvproxy.launcher import find_proxy
 
 NAME = "linked_libcuda"
 LOADED = "nvproxy test: the stand-in libcuda was loaded"
@@ -123,3 +126,41 @@ def test_gpu_linked_program_matches_native(nvcc: str, tmp_path: Path) -> None:
     m = run(nvproxy_cmd(exe, "gpu", NAME), env=hooked(NVPROXY_MIGRATE_AT=str(calls // 2)))
     assert m.returncode == 0 and "migrated process" in m.stderr, m.stdout + m.stderr[-3000:]
     assert m.stdout == want, m.stderr[-3000:]
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    pairs = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+    return dict(p.split("=", 1) for p in pairs if "=" in p)
+
+
+def test_sim_proxies_go_without_the_directory(build, tmp_path: Path) -> None:
+    """The program's LD_LIBRARY_PATH begins with the directory; its proxies' (which load the real libcuda on a GPU)
+    do not hold it: neither the one nvproxy run starts, nor the one the shim starts when the program recovers
+    (NVPROXY_RECOVER) from its proxy's death."""
+    exe = build("ckpt_steps")
+    image = tmp_path / "last.img"
+    env = dict(os.environ, NVPROXY_RECOVER=str(image))
+    env.pop("LD_PRELOAD", None)
+    app = subprocess.Popen(nvproxy_cmd(exe, "sim", "ckpt_steps", "3", "-1"), stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert app.stdin is not None and app.stdout is not None
+    try:
+        assert app.stdout.readline(), app.communicate()[1][-3000:]  # (step 1 done: it waits for a line)
+        mine = environ_of(app.pid)
+        d = mine["NVPROXY_LIBDIR"]
+        assert mine["LD_LIBRARY_PATH"].split(":")[0] == d and Path(d, "libcuda.so.1").is_symlink()
+        first = find_proxy(app.pid)[0]
+        assert d not in environ_of(first).get("LD_LIBRARY_PATH", "").split(":")
+        c = nvproxy("checkpoint", str(app.pid), "-o", str(image))
+        assert c.returncode == 0, c.stdout + c.stderr
+        os.kill(first, 9)
+        app.stdin.write("\n")
+        app.stdin.flush()
+        assert app.stdout.readline(), app.communicate()[1][-3000:]  # (step 2, served by the new proxy)
+        second = find_proxy(app.pid)[0]
+        assert second != first and d not in environ_of(second).get("LD_LIBRARY_PATH", "").split(":")
+        _out, err = app.communicate(timeout=120)  # (its end of file: it waits no more)
+    finally:
+        if app.poll() is None:
+            app.kill()
+    assert "starting a new one from" in err and app.returncode == 0, err[-3000:]
