@@ -9,8 +9,8 @@ the system's directories, not before a DT_RPATH (`nvproxy run` says so where an 
 libcuda).  Proxies must load the real library: the shim starts them without that directory (NVPROXY_LIBDIR names
 it), and `nvproxy run` starts its proxy before the program's environment has it.
 
-The directory is this user's, one per shim (0700, in the private directory of the sockets), and kept: it holds
-only links, made again at every start, so that an upgraded or moved nvproxy is the one found.
+The directory is this user's, one per shim (0700, beside the private directory of the sockets: nvproxy-lib/HASH),
+and kept: it holds only links, made again at every start, so that an upgraded or moved nvproxy is the one found.
 """
 
 from __future__ import annotations
@@ -30,10 +30,12 @@ DT_NULL, DT_STRTAB, DT_RPATH, DT_RUNPATH = 0, 5, 15, 29
 
 def libcuda_dir() -> Path:
     """The directory where libcuda is the shim, made (or its links made again) now."""
-    from .launcher import _private, private_dir
+    from .launcher import _private, private_dir_path
 
     shim = shim_path().resolve()
-    d = _private(private_dir() / f"lib-{hashlib.sha256(str(shim).encode()).hexdigest()[:12]}")
+    sockets = private_dir_path()
+    base = _private(sockets.with_name(f"{sockets.name}-lib"))
+    d = _private(base / hashlib.sha256(str(shim).encode()).hexdigest()[:12])
     for name in LINKS:
         link = d / name
         if not (link.is_symlink() and os.readlink(link) == str(shim)):
