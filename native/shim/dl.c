@@ -5,11 +5,20 @@
  * refuses it loudly.  Every other name goes to the real dlopen, by a tail call, so that it still sees its
  * caller's return address (the caller's RUNPATH and $ORIGIN, and its namespace, follow from it).
  *
+ * RTLD_DEEPBIND is dropped: a library opened so would bind to its own dependencies first, a real libcuda among them,
+ * rather than to the shim.  A library opened into another link-map namespace (dlmopen) has no shim there: one whose
+ * dependencies bring a CUDA library into that namespace is closed again and refused, with one line.
+ *
+ * A program linked with -lcuda finds libcuda.so.1 as the shim through LD_LIBRARY_PATH (src/nvproxy/libdir.py);
+ * nvp_library_path_for_proxy gives the proxies the shim starts the path without that directory.
+ *
  * Under DMTCP the shim is a plugin after DMTCP's own libraries, whose dlopen wrapper calls this one as its next;
  * the next dlopen after the shim is found through dmtcp_dlsym there (plain dlsym(RTLD_NEXT) is DMTCP's wrapper). */
 #include "shim.h"
 
 #include <dlfcn.h>
+#include <link.h>
+#include <stdlib.h>
 #include <string.h>
 
 extern void *dmtcp_dlsym(void *handle, const char *symbol) __attribute__((weak));
@@ -61,6 +70,40 @@ static void *self(int mode)
     return next_dlopen ? next_dlopen(path, flags) : NULL;
 }
 
+char *nvp_library_path_for_proxy(void)
+{
+    const char *dir = getenv("NVPROXY_LIBDIR"), *path = getenv("LD_LIBRARY_PATH");
+    if (!dir || !*dir || !path)
+        return NULL;
+    static const char NAME[] = "LD_LIBRARY_PATH=";
+    char *out = malloc(sizeof NAME + strlen(path));
+    if (!out)
+        return NULL;
+    char *w = stpcpy(out, NAME), *start = w;
+    size_t dn = strlen(dir);
+    int found = 0;
+    for (const char *p = path;; p++) {
+        size_t n = strcspn(p, ":");
+        if (n == dn && !strncmp(p, dir, n))
+            found = 1;
+        else if (n) {
+            if (w != start)
+                *w++ = ':';
+            memcpy(w, p, n);
+            w += n;
+        }
+        p += n;
+        if (!*p)
+            break;
+    }
+    *w = 0;
+    if (!found) {
+        free(out);
+        return NULL;
+    }
+    return out;
+}
+
 static void trace(const char *call, const char *file)
 {
     if (nvp_trace_enabled())
@@ -75,7 +118,24 @@ NVP_EXPORT void *dlopen(const char *file, int mode)
     }
     if (!next_dlopen)
         next_dlopen = (dlopen_fn)next_symbol("dlopen");
-    return next_dlopen(file, mode); /* (a tail call: the caller's return address stays the real dlopen's) */
+    if ((mode & RTLD_DEEPBIND) && nvp_trace_enabled())
+        nvp_log("nvproxy: dlopen(\"%s\"): without RTLD_DEEPBIND, so that its CUDA calls reach the shim", file);
+    return next_dlopen(file, mode & ~RTLD_DEEPBIND); /* (a tail call: the caller's return address stays the real
+                                                      * dlopen's) */
+}
+
+/* the first CUDA library (one the shim stands for) in the link-map namespace of handle, or NULL */
+static const char *cuda_in_namespace(void *handle)
+{
+    struct link_map *l = NULL;
+    if (dlinfo(handle, RTLD_DI_LINKMAP, &l) != 0 || !l)
+        return NULL;
+    while (l->l_prev)
+        l = l->l_prev;
+    for (; l; l = l->l_next)
+        if (interposed(l->l_name))
+            return l->l_name;
+    return NULL;
 }
 
 NVP_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int mode)
@@ -86,5 +146,13 @@ NVP_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int mode)
     }
     if (!next_dlmopen)
         next_dlmopen = (dlmopen_fn)next_symbol("dlmopen");
-    return next_dlmopen(lmid, file, mode);
+    void *h = next_dlmopen(lmid, file, mode & ~RTLD_DEEPBIND);
+    const char *cuda = h && lmid != LM_ID_BASE ? cuda_in_namespace(h) : NULL;
+    if (cuda) {
+        nvp_log("nvproxy: dlmopen(\"%s\") refused: it brings %s into another link-map namespace, where CUDA calls "
+                "would not go through nvproxy", file, cuda);
+        dlclose(h);
+        return NULL;
+    }
+    return h;
 }

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import shim_path
+from . import libdir, shim_path
 
 
 def _private(d: Path) -> Path:
@@ -213,6 +213,7 @@ def exec_app(argv: list[str], sock: str, proxy_pid: int, proxy_settings: dict[st
     env = dict(os.environ)
     env.update({k: v for k, v in proxy_settings.items()
                 if k in ("NVPROXY_BACKEND", "NVPROXY_SIM_KERNELS", "NVPROXY_BOOT", "NVPROXY_ROOT")})
+    libdir.hide_libcuda(env, argv[0])  # (libcuda.so.1 is the shim for the program: libdir.py)
     if dmtcp_args is not None:
         # under DMTCP the shim is a plugin (loaded after DMTCP's own libraries), not an LD_PRELOAD
         env["NVPROXY_DMTCP_NOCHECKPOINT"] = dmtcp_tool("dmtcp_nocheckpoint")

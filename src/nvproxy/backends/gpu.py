@@ -364,7 +364,9 @@ class GpuBackend:
         c.WidthInBytes, c.Height, c.Depth = width, height, depth
         cd.check(self.L.cuMemcpy3DAsync_v2(c, stream), "cuMemcpy3DAsync")
 
-    def _array_host_copy(self, a: object, shape: tuple[int, int, int], buf: Any, to_array: bool) -> None:
+    def _array_host_copy(self, a: object, shape: tuple[int, int, int], buf: Any, to_array: bool,
+                         stream: object = None) -> None:
+        """stream: asynchronously on it (else synchronously)."""
         row, rows, slices = shape
         c = ffi.new("CUDA_MEMCPY3D *")
         host, arr = ("src", "dst") if to_array else ("dst", "src")
@@ -375,11 +377,22 @@ class GpuBackend:
         setattr(c, host + "Pitch", row)
         setattr(c, host + "Height", rows)
         c.WidthInBytes, c.Height, c.Depth = row, rows, slices
-        cd.check(self.L.cuMemcpy3D_v2(c), "cuMemcpy3D")
+        if stream is not None:
+            cd.check(self.L.cuMemcpy3DAsync_v2(c, stream), "cuMemcpy3DAsync")
+        else:
+            cd.check(self.L.cuMemcpy3D_v2(c), "cuMemcpy3D")
 
     def array_read(self, a: object, shape: tuple[int, int, int]) -> bytes:
+        """(a checkpoint's) on a stream of its own: a capture on a blocking stream forbids the legacy stream, which a
+        synchronous copy would use."""
         buf = bytearray(shape[0] * shape[1] * shape[2])
-        self._array_host_copy(a, shape, buf, False)
+        s = ffi.new("CUstream *")
+        cd.check(self.L.cuStreamCreateWithPriority(s, 1, 0), "cuStreamCreate")  # (1: CU_STREAM_NON_BLOCKING)
+        try:
+            self._array_host_copy(a, shape, buf, False, s[0])
+            cd.check(self.L.cuStreamSynchronize(s[0]), "cuStreamSynchronize")
+        finally:
+            self.L.cuStreamDestroy_v2(s[0])
         return bytes(buf)
 
     def array_write(self, a: object, shape: tuple[int, int, int], data: bytes) -> None:
@@ -680,6 +693,10 @@ class GpuBackend:
     def device_sync(self, dev: int) -> None:
         self.activate(dev)
         cd.check(self.L.cuCtxSynchronize(), "cuCtxSynchronize")
+
+    def capture_relaxed(self) -> contextlib.AbstractContextManager[None]:
+        """The calling thread in relaxed capture mode for a while (proxy/handlers/graphs.drain)."""
+        return relaxed(self.L)
 
     # ---- events ----
     def event_create(self, dev: int, flags: int) -> object:

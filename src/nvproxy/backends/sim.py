@@ -11,13 +11,15 @@ fails with a clear error naming the kernel.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import mmap
 import os
 import struct
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,6 +179,8 @@ class SimCapture:
     streams: list[SimStream] = field(default_factory=list)  # the origin and the streams that joined
     invalid: bool = False
     ended: bool = False
+    mode: int = 0  # cudaStreamCaptureMode (0: global)
+    thread: int = 0  # the thread that began it
     deps: list[int] | None = None  # set by cudaStreamUpdateCaptureDependencies, until the next work
 
     @property
@@ -255,6 +259,8 @@ class SimBackend:
         self.globals_space = FreeList(GLOBALS_BASE + (os.getpid() % 1024 << 30), 1 << 30)
         self.sticky = 0
         self._captures = 0
+        self._open: list[SimCapture] = []  # captures begun and not yet ended
+        self._relaxed = threading.local()  # (capture_relaxed: the calling thread's capture mode is relaxed)
         self.text: list[str] = []
         self._text_notify: Callable[[bool], None] = lambda pending: None
         self._handles: dict[int, object] = {}
@@ -471,9 +477,36 @@ class SimBackend:
         if s.capture is not None:  # as the driver does: the capture is invalidated
             s.capture.invalid = True
             raise CudaError(STREAM_CAPTURE_UNSUPPORTED)
+        if s.legacy:  # (the legacy stream encompasses every blocking stream, capturing ones too)
+            self._refuse([c for c in self._open if c.streams[0].device == s.device
+                          and any(not x.flags & 1 for x in c.streams)])
+
+    def _refuse(self, captures: list[SimCapture]) -> None:
+        """As the driver does to a call that would wait for capturing work: the captures are invalidated."""
+        if captures:
+            for c in captures:
+                c.invalid = True
+            raise CudaError(STREAM_CAPTURE_UNSUPPORTED)
+
+    @contextlib.contextmanager
+    def capture_relaxed(self) -> Iterator[None]:
+        before = getattr(self._relaxed, "on", False)
+        self._relaxed.on = True
+        try:
+            yield
+        finally:
+            self._relaxed.on = before
+
+    def _unsafe(self) -> None:
+        """As the driver does to a wait in a thread not in relaxed mode while another thread's global-mode capture
+        is on: refused, and the capture invalidated."""
+        if not getattr(self._relaxed, "on", False):
+            me = threading.get_ident()
+            self._refuse([c for c in self._open if c.mode == 0 and c.thread != me])
 
     def stream_sync(self, s: SimStream) -> None:
         self._not_while_capturing(s)
+        self._unsafe()
         self.check()
 
     def stream_query(self, s: SimStream) -> bool:
@@ -502,7 +535,8 @@ class SimBackend:
         if s.capture is not None:
             raise CudaError(ILLEGAL_STATE)
         self._captures += 1
-        s.capture = SimCapture(self._captures, SimGraph([]), streams=[s])
+        s.capture = SimCapture(self._captures, SimGraph([]), streams=[s], mode=mode, thread=threading.get_ident())
+        self._open.append(s.capture)
 
     def begin_capture_to_graph(self, s: SimStream, g: SimGraph, deps: list[int], mode: int) -> None:
         self.begin_capture(s, mode)
@@ -534,6 +568,7 @@ class SimBackend:
         for joined in c.streams:
             joined.capture = None
         c.ended = True
+        self._open.remove(c)
         if c.invalid:
             raise CudaError(STREAM_CAPTURE_INVALIDATED)
         return c.graph
@@ -692,6 +727,7 @@ class SimBackend:
         pass
 
     def device_sync(self, dev: int) -> None:
+        self._refuse([c for c in self._open if c.streams[0].device == dev])  # (a context sync waits for them all)
         self.check()
 
     def event_create(self, dev: int, flags: int) -> SimEvent:
@@ -705,17 +741,28 @@ class SimBackend:
             e.capture = s.capture
             s.capture.ops.append(functools.partial(self.event_record, e, None, flags))
             return
+        if s is not None:
+            self._not_while_capturing(s)
+        e.capture = None
         self.check()
         e.stamp = time.perf_counter()
 
+    def _captured(self, *events: SimEvent) -> None:
+        """An event last recorded in a capture still on has no completion to wait for or time to give."""
+        self._refuse([e.capture for e in events if e.capture is not None and not e.capture.ended])
+
     def event_sync(self, e: SimEvent) -> None:
+        self._captured(e)
+        self._unsafe()
         self.check()
 
     def event_query(self, e: SimEvent) -> bool:
+        self._captured(e)
         self.check()
         return True
 
     def event_elapsed(self, a: SimEvent, b: SimEvent) -> float:
+        self._captured(a, b)
         self.check()
         if a.stamp is None or b.stamp is None or (a.flags | b.flags) & 2:
             raise CudaError(INVALID_RESOURCE_HANDLE)

@@ -34,8 +34,9 @@ def describe(state: ProcessState) -> dict[str, Any]:
     """The image header's description of the process (no regions yet)."""
     devices = []
     before: dict[int, float] = {}  # event -> ms it was recorded before now
+    captured = graphs.captured_events(state)
     for dev in sorted(state.devices):
-        before.update(state.times_before(dev))
+        before.update(state.times_before(dev, captured))
     for dev, d in sorted(state.devices.items()):
         name, uuid, total, attrs = state.props(dev)
         devices.append({"index": dev, "name": name, "uuid": uuid.hex(), "total_mem": total,
@@ -100,6 +101,13 @@ def dump(state: ProcessState, himg: HostImage) -> dict[str, Any]:
     t0 = time.monotonic()
     if state.broken:
         return _dump_broken(state, himg, t0)
+    # (the proxy's thread may have begun stream captures: in global or thread-local mode they forbid it the calls
+    # a checkpoint makes)
+    with state.backend.capture_relaxed():
+        return _dump(state, himg, t0)
+
+
+def _dump(state: ProcessState, himg: HostImage, t0: float) -> dict[str, Any]:
     be = state.backend
     header = describe(state)
     layout = Layout()

@@ -73,7 +73,8 @@ def device_to_host(m: Mover, himg: Any, va: int, size: int, off: int) -> list[in
 
     def summed(i: int, at: int, n: int) -> int:
         be.activate(m.dev)
-        be.event_sync(m.events[i])
+        with be.capture_relaxed():  # (a global-mode capture on another thread forbids the wait otherwise)
+            be.event_sync(m.events[i])
         return checksum_at(himg.base + at, n)
 
     for k, (c, n) in enumerate(region_chunks(size)):

@@ -37,7 +37,7 @@ class Dispatcher:
                     self.table[op] = functools.partial(fn, self)
         # while a capture is on, stream work goes through _logged (captures_changed swaps the entries in)
         self._plain = {op: self.table[op] for op in graphs.CAPTURABLE}
-        self._logging = {op: functools.partial(self._logged, op, at, self.table[op])
+        self._logging = {op: functools.partial(self._logged, op, at, graphs.fenced(self, op, self.table[op]))
                          for op, at in graphs.CAPTURABLE.items()}
 
     def _logged(self, op: int, at: int, fn: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Any:

@@ -30,7 +30,7 @@ from typing import Any
 from .. import wire
 from ..errors import NOT_SUPPORTED, STICKY, UNKNOWN, CudaError
 from . import commands, control, fastpath, mailbox
-from .handlers import ipc
+from .handlers import graphs, ipc
 from .listen import listen_at
 
 REQ = wire.REQ
@@ -644,7 +644,10 @@ class Server:
         for dev in list(state.devices):
             try:
                 self.backend.activate(dev)
-                self.backend.device_sync(dev)
+                if any(log.dev == dev for log in state.captures.values()):
+                    graphs.drain(self.dispatch, dev)  # (the driver refuses to synchronise the context then)
+                else:
+                    self.backend.device_sync(dev)
             except CudaError as e:  # (its work is over: a checkpoint keeps the error, not the memory)
                 if e.code not in STICKY:
                     raise

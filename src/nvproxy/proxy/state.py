@@ -48,6 +48,9 @@ class CaptureLog:
     nodes: dict[int, Any] = field(default_factory=dict)  # its graph's nodes that have wire ids (not kept)
     deps: list[int] = field(default_factory=list)  # captured into an existing graph: after these nodes of it
     hidden: dict[Any, Any] = field(default_factory=dict)  # nvproxy's own nodes it made (by node key), not listed
+    # events marking the work its streams (and the legacy stream) had when they were taken into it: a checkpoint
+    # waits for them, since it may not synchronise a capturing stream (graphs.drain); not kept
+    fences: list[Any] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"dev": self.dev, "origin": self.origin, "mode": self.mode, "target": self.target, "deps": self.deps,
@@ -329,17 +332,19 @@ class ProcessState:
         (ea, sa), (eb, sb) = self.event_time(a), self.event_time(b)
         return self.backend.event_elapsed(ea, eb) + sb - sa
 
-    def times_before(self, dev: int) -> dict[int, float]:
+    def times_before(self, dev: int, captured: set[int]) -> dict[int, float]:
         """For the device's recorded timing events: how many ms before now
-        (the device idle) each was recorded.  Unrecorded ones are left out."""
+        (the device idle) each was recorded.  Unrecorded ones are left out, and those recorded in a stream
+        capture still on (captured: asking for their time invalidates it)."""
         be = self.backend
         ref = be.event_create(dev, 0)
+        s = be.stream_create(dev, 1, 0)  # (non-blocking: a capture on a blocking stream forbids the legacy stream)
         try:
-            be.event_record(ref, be.legacy_stream(dev), 0)
+            be.event_record(ref, s, 0)
             be.event_sync(ref)
             out = {}
             for w, (d, _e) in self.events.items():
-                if d != dev or self.event_flags.get(w, 0) & 2:  # cudaEventDisableTiming
+                if d != dev or self.event_flags.get(w, 0) & 2 or w in captured:  # (2: cudaEventDisableTiming)
                     continue
                 e, shift = self.event_time(w)
                 try:
@@ -349,6 +354,7 @@ class ProcessState:
             return out
         finally:
             be.event_destroy(ref)
+            be.stream_destroy(s)
 
     def set_times_before(self, dev: int, before: dict[int, float]) -> None:
         """After a restore: the events recorded before it keep their distances."""

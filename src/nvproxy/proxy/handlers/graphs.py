@@ -29,13 +29,20 @@ CAPTURABLE = {wire.NVP_OP_LAUNCH: 5, wire.NVP_OP_MEMCPY: 3, wire.NVP_OP_MEMCPY_2
               wire.NVP_OP_HOST_FUNC: 0, wire.NVP_OP_GRAPH_LAUNCH: 1, wire.NVP_OP_COPY_3D: 0,
               wire.NVP_OP_DRV_MEMSET: 6}
 EVENT_ARG = {wire.NVP_OP_EVENT_RECORD: 0, wire.NVP_OP_STREAM_WAIT_EVENT: 1}  # (which argument is the event)
+NON_BLOCKING = 1  # cudaStreamNonBlocking
+PER_THREAD = 2  # the wire id of the calling thread's per-thread default stream
 
 
 def CAPTURE_BEGIN(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     s = p.stream(ch, a[0])
-    p.backend.begin_capture(s, a[1])
+    fences = _fences(p, ch, a[0], s)
+    try:
+        p.backend.begin_capture(s, a[1])
+    except CudaError:
+        _drop(p, fences)
+        raise
     _status, cid = p.backend.capture_status(s)
-    p.state.captures[cid] = CaptureLog(ch.dev, a[0], a[1])
+    p.state.captures[cid] = CaptureLog(ch.dev, a[0], a[1], fences=fences)
     p.captures_changed()
 
 
@@ -43,10 +50,104 @@ def CAPTURE_TO_GRAPH(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Non
     """cudaStreamBeginCaptureToGraph: what the capture takes goes into graph a[2], after nodes of it."""
     s, g = p.stream(ch, a[0]), _graph(p, a[2])
     ids = _ids(payload, a[3])
-    p.backend.begin_capture_to_graph(s, g.handle, _nodes_of(g.nodes, ids), a[1])
+    fences = _fences(p, ch, a[0], s)
+    try:
+        p.backend.begin_capture_to_graph(s, g.handle, _nodes_of(g.nodes, ids), a[1])
+    except CudaError:
+        _drop(p, fences)
+        raise
     _status, cid = p.backend.capture_status(s)
-    p.state.captures[cid] = CaptureLog(ch.dev, a[0], a[1], graph_id=a[2], target=a[2], nodes=g.nodes, deps=ids)
+    p.state.captures[cid] = CaptureLog(ch.dev, a[0], a[1], graph_id=a[2], target=a[2], nodes=g.nodes, deps=ids,
+                                       fences=fences)
     p.captures_changed()
+
+
+# ---- checkpoints while captures are on ----
+# The driver refuses, and invalidates the captures for, a synchronisation of the context, of a capturing stream, of
+# the legacy stream while a blocking stream captures (it encompasses them) and of an event recorded in a capture.
+# So a stream's work from before it was taken into a capture is marked by an event (a fence) as it is taken, and a
+# checkpoint waits for those and synchronises only the streams that are not capturing.
+
+def _blocking(p: Any, wire_stream: int) -> bool:
+    """Does the program's stream synchronise with the legacy stream (not made cudaStreamNonBlocking)?"""
+    return wire_stream == PER_THREAD or not p.state.stream_args.get(wire_stream, (0, 0))[0] & NON_BLOCKING
+
+
+def _legacy_captured(p: Any, dev: int) -> bool:
+    """Is a blocking stream of dev capturing (the legacy stream may not be used then)?"""
+    be = p.backend
+    return any(be.capture_status(s)[0] for s in p._streams_of(dev, blocking_only=True))
+
+
+def _fences(p: Any, ch: Any, wire_stream: int, s: Any) -> list[Any]:
+    """Fences for stream s as a capture is about to take it: its work so far, and where it is a blocking stream and
+    the legacy stream still has work (which nothing may wait for once s captures), the legacy stream's.  The legacy
+    fence is recorded only then: as any work on the legacy stream, it waits for the blocking streams' work."""
+    be, dev = p.backend, ch.dev
+    with be.capture_relaxed():
+        fences = [_mark(be, dev, s)]
+        legacy = be.legacy_stream(dev)
+        if _blocking(p, wire_stream) and not _legacy_captured(p, dev) and not be.stream_query(legacy):
+            fences.append(_mark(be, dev, legacy))
+    return fences
+
+
+def _mark(be: Any, dev: int, s: Any) -> Any:
+    e = be.event_create(dev, 2)  # (cudaEventDisableTiming)
+    be.event_record(e, s, 0)
+    return e
+
+
+def _drop(p: Any, fences: list[Any]) -> None:
+    for e in fences:
+        p.backend.event_destroy(e)
+
+
+def fenced(p: Any, op: int, fn: Any) -> Any:
+    """The handler of op while captures are on: a stream that joins a capture (cudaStreamWaitEvent on an event
+    recorded in one) gets its fences first."""
+    if op != wire.NVP_OP_STREAM_WAIT_EVENT:
+        return fn
+
+    def wait_event(ch: Any, a: tuple[int, ...], payload: bytes) -> Any:
+        s = p.stream(ch, a[0])
+        if p.capturing(s):
+            return fn(ch, a, payload)
+        fences = _fences(p, ch, a[0], s)
+        try:
+            result = fn(ch, a, payload)
+        finally:
+            _status, _cid, log = _active_log(p, s)
+            if log is not None:
+                log.fences += fences
+            else:
+                _drop(p, fences)
+        return result
+
+    return wait_event
+
+
+def drain(p: Any, dev: int) -> None:
+    """Let dev's work finish while captures are on there: its streams that are not capturing are synchronised, the
+    legacy stream too unless a blocking stream captures, and the captures' fences are waited for; every call in
+    relaxed mode (the proxy's thread began the captures: in global or thread-local mode they forbid it more)."""
+    be = p.backend
+    with be.capture_relaxed():
+        for s in p._streams_of(dev, blocking_only=False):
+            if not be.capture_status(s)[0]:
+                be.stream_sync(s)
+        if not _legacy_captured(p, dev):
+            be.stream_sync(be.legacy_stream(dev))
+        for log in list(p.state.captures.values()):
+            if log.dev == dev:
+                for e in log.fences:
+                    be.event_sync(e)
+
+
+def captured_events(state: Any) -> set[int]:
+    """The events recorded in captures still on: they have no time to give (asking invalidates the capture)."""
+    return {a[EVENT_ARG[op]] for log in state.captures.values() for op, a, _pl in log.calls
+            if op == wire.NVP_OP_EVENT_RECORD}
 
 
 def CAPTURE_END(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
@@ -86,6 +187,9 @@ def CAPTURE_END(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tu
 def _end_log(p: Any, cid: Any, log: CaptureLog | None, failed: bool) -> None:
     p.state.captures.pop(cid, None)
     p.captures_changed()
+    if log is not None:
+        _drop(p, log.fences)
+        log.fences.clear()
     if failed and log is not None and log.graph_id and not log.target:  # (cudaStreamGetCaptureInfo's graph)
         for k in [k for k, r in p.state.graphs.items() if k == log.graph_id or r.body_of == log.graph_id]:
             del p.state.graphs[k]
