@@ -1,10 +1,13 @@
 // nvproxy microbenchmarks: the same binary runs natively and under nvproxy.
 // Prints one JSON object per line: {"bench", "param", "value", "unit"}.
-// Usage: microbench [--quick]   (--quick: tiny sizes for the sim backend / CI)
+// Usage: microbench [--quick] [--only pinned]   (--quick: tiny sizes for the sim backend / CI;
+//        --only pinned: the pinned host memory rows alone)
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 #include <cuda_runtime.h>
@@ -29,8 +32,67 @@ static void emit(const char *bench, long long param, double value, const char *u
     fflush(stdout);
 }
 
+static double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    size_t n = v.size();
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// Pinned host memory: each API's allocation and free timed apart (median us per call), at sizes from a page to
+// 1 GiB.  cudaHostRegister's buffer is the program's own, its pages present, as an application's would be.
+static void pinned_rows(bool quick) {
+    struct api { const char *name; int how; unsigned flags; };  // how: 0 cudaMallocHost, 1 cudaHostAlloc, 2 register
+    const api apis[] = {{"mallochost", 0, 0},
+                        {"hostalloc_default", 1, cudaHostAllocDefault},
+                        {"hostalloc_portable", 1, cudaHostAllocPortable},
+                        {"hostalloc_mapped", 1, cudaHostAllocMapped},
+                        {"hostalloc_wc", 1, cudaHostAllocWriteCombined},
+                        {"hostregister", 2, cudaHostRegisterDefault}};
+    for (size_t sz : {4096ul, 65536ul, 1ul << 20, 16ul << 20, 256ul << 20, 1ul << 30}) {
+        if (quick && sz > (1 << 20)) break;
+        int reps = quick ? 5 : sz <= (1 << 20) ? 100 : sz <= (16 << 20) ? 20 : sz <= (256 << 20) ? 5 : 3;
+        for (const api &a : apis) {
+            void *own = nullptr;
+            if (a.how == 2) {
+                own = aligned_alloc(4096, sz);
+                memset(own, 1, sz);
+            }
+            std::vector<double> ta, tf;
+            for (int i = 0; i <= reps; i++) {  // (the first, a warm-up, is not counted)
+                void *p = own;
+                double t0 = now();
+                if (a.how == 0) CHECK(cudaMallocHost(&p, sz));
+                else if (a.how == 1) CHECK(cudaHostAlloc(&p, sz, a.flags));
+                else CHECK(cudaHostRegister(p, sz, a.flags));
+                double t1 = now();
+                if (a.how == 2) CHECK(cudaHostUnregister(p));
+                else CHECK(cudaFreeHost(p));
+                double t2 = now();
+                if (i) {
+                    ta.push_back((t1 - t0) * 1e6);
+                    tf.push_back((t2 - t1) * 1e6);
+                }
+            }
+            std::string name = a.name;
+            emit(("pinned_alloc_" + name).c_str(), (long long)sz, median(ta), "us");
+            emit(("pinned_free_" + name).c_str(), (long long)sz, median(tf), "us");
+            free(own);
+        }
+    }
+}
+
 int main(int argc, char **argv) {
-    bool quick = argc > 1 && !strcmp(argv[1], "--quick");
+    bool quick = false, only_pinned = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) quick = true;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "pinned")) { only_pinned = true; i++; }
+        else { fprintf(stderr, "usage: microbench [--quick] [--only pinned]\n"); return 2; }
+    }
+    if (only_pinned) {
+        CHECK(cudaFree(0));
+        pinned_rows(quick);
+        return 0;
+    }
     int N = quick ? 50 : 20000;
     CHECK(cudaFree(0));
     cudaStream_t s;
@@ -151,5 +213,6 @@ int main(int argc, char **argv) {
     CHECK(cudaFreeHost(pin));
     CHECK(cudaFree(dev));
     free(pag);
+    pinned_rows(quick);
     return 0;
 }
