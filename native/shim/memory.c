@@ -142,6 +142,8 @@ cudaError_t nvp_host_alloc(void **pHost, size_t size, unsigned flags, int kind)
         *pHost = NULL;
         return cudaSuccess;
     }
+    if (kind == NVP_HOST_ALLOC && (e = nvp_pinned_alloc(size, flags, pHost)) != cudaErrorNotSupported)
+        return nvp_ret(e); /* a block of a chunk already shared: no round trip */
     nvp_ckpt_disable(); /* from the shared memory to the list (see host_sharing_held) */
     e = host_alloc(pHost, size, flags, kind);
     nvp_ckpt_enable();
@@ -213,7 +215,10 @@ NVP_EXPORT cudaError_t cudaFreeHost(void *ptr)
     if (!ptr)
         return cudaSuccess;
     struct nvp_host_region h;
-    if (!nvp_host_shared((uint64_t)(uintptr_t)ptr, 0, &h) || h.kind != NVP_HOST_ALLOC || h.user != (uint64_t)(uintptr_t)ptr)
+    uint64_t p = (uint64_t)(uintptr_t)ptr;
+    if (nvp_host_shared(p, 0, &h) && h.kind == NVP_HOST_POOL)
+        return nvp_ret(nvp_pinned_free(p));
+    if (!nvp_host_shared(p, 0, &h) || h.kind != NVP_HOST_ALLOC || h.user != p)
         return nvp_ret(cudaErrorInvalidValue);
     return nvp_ret(nvp_host_free(&h));
 }
@@ -317,11 +322,25 @@ NVP_EXPORT cudaError_t cudaHostUnregister(void *ptr)
     return nvp_ret(e);
 }
 
+/* Is [p, p+n) pinned memory the application holds: shared, and in a pool chunk a live block (whose flags then
+ * stand in h's)? */
+static int host_live(uint64_t p, uint64_t n, struct nvp_host_region *h)
+{
+    struct nvp_host_region r;
+    if (!nvp_host_shared(p, n, &r))
+        return 0;
+    if (r.kind == NVP_HOST_POOL && !nvp_pinned_block(p, n, &r.flags))
+        return 0;
+    if (h)
+        *h = r;
+    return 1;
+}
+
 NVP_EXPORT cudaError_t cudaHostGetDevicePointer(void **pDevice, void *pHost, unsigned int flags)
 {
     if (!pDevice || flags != 0)
         return nvp_ret(cudaErrorInvalidValue);
-    if (!nvp_host_shared((uint64_t)(uintptr_t)pHost, 1, NULL))
+    if (!host_live((uint64_t)(uintptr_t)pHost, 1, NULL))
         return nvp_ret(cudaErrorInvalidValue);
     *pDevice = pHost; /* unified addressing: mapped at the same address in the proxy */
     return cudaSuccess;
@@ -330,7 +349,7 @@ NVP_EXPORT cudaError_t cudaHostGetDevicePointer(void **pDevice, void *pHost, uns
 NVP_EXPORT cudaError_t cudaHostGetFlags(unsigned int *pFlags, void *pHost)
 {
     struct nvp_host_region h;
-    if (!pFlags || !nvp_host_shared((uint64_t)(uintptr_t)pHost, 1, &h))
+    if (!pFlags || !host_live((uint64_t)(uintptr_t)pHost, 1, &h))
         return nvp_ret(cudaErrorInvalidValue);
     *pFlags = h.flags | cudaHostAllocMapped;
     return cudaSuccess;
@@ -352,7 +371,7 @@ NVP_EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *at
             if (di && p >= di->arena_base && p - di->arena_base < di->arena_size)
                 attr->device = d;
         }
-    } else if (nvp_host_shared(p, 1, &h)) {
+    } else if (host_live(p, 1, &h)) {
         attr->type = h.kind == NVP_HOST_MANAGED ? cudaMemoryTypeManaged : cudaMemoryTypeHost;
         attr->devicePointer = (void *)ptr;
         attr->hostPointer = (void *)ptr;

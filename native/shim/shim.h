@@ -175,6 +175,7 @@ void nvp_suballoc_reset(int dev);
 void nvp_note_async_sent(void); /* a fire-and-forget request went out */
 uint64_t nvp_async_sent(void);
 void nvp_note_device_idle(int dev, uint64_t sent_before); /* the device finished those */
+int nvp_device_known_idle(int dev); /* nothing sent since the device was last seen idle */
 
 /* Device allocations (cudaMalloc family) known to the shim. */
 #define NVP_ALLOC_PROXY 0 /* tag of an allocation the proxy made itself */
@@ -191,7 +192,8 @@ void nvp_symbol_add(uint64_t base, uint64_t size);
 /* Arena or module-variable address: memory of a device, not of the host. */
 int nvp_is_device_ptr(uint64_t p);
 
-enum nvp_host_kind { NVP_HOST_ALLOC = 1, NVP_HOST_REGISTERED = 2, NVP_HOST_MANAGED = 3 };
+/* NVP_HOST_POOL: a chunk that pinned_pool.c carves cudaMallocHost blocks out of */
+enum nvp_host_kind { NVP_HOST_ALLOC = 1, NVP_HOST_REGISTERED = 2, NVP_HOST_MANAGED = 3, NVP_HOST_POOL = 4 };
 struct nvp_host_region {
     uint64_t base, size;    /* the whole mapping (page aligned) */
     uint64_t user, user_size; /* what the application asked for */
@@ -208,6 +210,10 @@ int nvp_host_shared(uint64_t p, uint64_t n, struct nvp_host_region *out);
 /* memory.c: shared host memory at the same address in both processes (kind: nvp_host_kind) */
 cudaError_t nvp_host_alloc(void **p, size_t size, unsigned flags, int kind);
 cudaError_t nvp_host_free(const struct nvp_host_region *h);
+/* pinned_pool.c: small pinned allocations as blocks of shared chunks (cudaErrorNotSupported: not pooled) */
+cudaError_t nvp_pinned_alloc(size_t size, unsigned flags, void **out);
+cudaError_t nvp_pinned_free(uint64_t p);
+int nvp_pinned_block(uint64_t p, uint64_t n, unsigned *flags); /* is [p, p+n) in a live block; its flags */
 
 /* Handle tables: streams and events are small IDs owned by nvproxy. */
 enum nvp_handle_type {

@@ -57,6 +57,11 @@ void nvp_note_device_idle(int dev, uint64_t sent_before)
         ;
 }
 
+int nvp_device_known_idle(int dev)
+{
+    return dev >= 0 && dev < MAX_DEV && atomic_load(&idle_after[dev]) >= atomic_load(&async_sent);
+}
+
 static int class_of(size_t size)
 {
     int c = MIN_SHIFT;
