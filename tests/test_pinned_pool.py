@@ -1,0 +1,62 @@
+"""Pinned host memory of every kind and size (tests/apps/pinned_alloc): small cudaMallocHost/cudaHostAlloc blocks
+come from chunks the shim shares once (native/shim/pinned_pool.c).  The program's output equals native's on the
+GPU and its transcript on sim, and a program holding such blocks, freeing and allocating more at every step, prints
+the same after a migration or a recovery from an image as an uninterrupted run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from conftest import EXPECTED, nvproxy_cmd, run
+from gated import Gated, kill_and_wait
+from test_checkpoint import BACKENDS, migrate_mid_run, nvproxy
+
+APP = "pinned_alloc"
+
+
+def test_sim_matches_transcript(build) -> None:
+    r = run(nvproxy_cmd(build(APP), "sim", APP))
+    assert r.stdout == (EXPECTED / "sim" / f"{APP}.txt").read_text(), r.stderr
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.gpu
+def test_gpu_matches_native(build) -> None:
+    exe = build(APP)
+    native = run([str(exe)])
+    proxied = run(nvproxy_cmd(exe, "gpu", APP))
+    assert proxied.stdout == native.stdout, proxied.stderr
+    assert proxied.returncode == native.returncode == 0, proxied.stderr
+    assert "Test PASSED" in native.stdout, native.stdout
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_live_blocks_survive_migration(build, backend: str) -> None:
+    migrate_mid_run(build, backend, APP, ("40", "100"), "step 4:", reference_args=("40", "0"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_live_blocks_survive_a_recovery(build, backend: str, tmp_path: Path) -> None:
+    """NVPROXY_RECOVER: the proxy, checkpointed between two steps, dies; its successor maps the chunks again at
+    their addresses and the program goes on with the blocks it holds, frees and allocates."""
+    from nvproxy.launcher import find_proxy
+
+    exe = build(APP)
+    reference = run(nvproxy_cmd(exe, backend, APP, "12", "0"))
+    assert reference.returncode == 0, reference.stderr
+    image = tmp_path / "last.img"
+    env = dict(os.environ, NVPROXY_RECOVER=str(image))
+    env.pop("LD_PRELOAD", None)
+    with Gated(nvproxy_cmd(exe, backend, APP, "12", "-1"), env) as app:
+        while not app.line().startswith("step 0:"):
+            pass
+        for _ in range(3):
+            app.go()
+        assert nvproxy("checkpoint", str(app.pid), "-o", str(image)).returncode == 0
+        pid, _sock = find_proxy(app.pid)
+        kill_and_wait(pid)
+        out, err = app.finish()
+    assert "starting a new one from" in err, err
+    assert out == reference.stdout, err
