@@ -342,7 +342,7 @@ static int host_live(uint64_t p, uint64_t n, struct nvp_host_region *h)
     struct nvp_host_region r;
     if (!nvp_host_shared(p, n, &r))
         return 0;
-    if (r.kind == NVP_HOST_POOL && !nvp_pinned_block(p, n, &r.flags))
+    if (r.kind == NVP_HOST_POOL && !nvp_pinned_block(p, n, &r.flags, NULL, NULL))
         return 0;
     if (h)
         *h = r;

@@ -20,14 +20,14 @@
 #define FIRST_CHUNK (2ull << 20)
 #define MAX_CHUNK (64ull << 20)
 #define SPARE_LIMIT (64ull << 20) /* bytes of empty chunks kept for the next allocations */
-#define LIVE 0x80u                /* state of a block in use: LIVE | its cudaHostAlloc flags */
 
 struct chunk {
     uint64_t base, size;
     uint32_t nblocks, nfree;
     int cls;
     uint32_t *free;  /* indices of free blocks, a stack */
-    uint8_t *state;  /* per block: 0 free, else LIVE | flags */
+    uint32_t *used;  /* per block: the bytes asked for, 0 while free */
+    uint8_t *flags;  /* per block: its cudaHostAlloc flags */
     struct chunk *next;
 };
 
@@ -58,6 +58,14 @@ static struct chunk *chunk_of(uint64_t p)
     return NULL;
 }
 
+static void forget(struct chunk *k)
+{
+    free(k->free);
+    free(k->used);
+    free(k->flags);
+    free(k);
+}
+
 /* A new chunk for class cls, shared with the proxy (lock held) */
 static struct chunk *grow(int cls)
 {
@@ -70,13 +78,12 @@ static struct chunk *grow(int cls)
         return NULL;
     k->nblocks = (uint32_t)(size / bs);
     k->free = malloc(k->nblocks * sizeof *k->free);
-    k->state = calloc(k->nblocks, 1);
+    k->used = calloc(k->nblocks, sizeof *k->used);
+    k->flags = calloc(k->nblocks, 1);
     void *base = NULL;
-    if (!k->free || !k->state ||
+    if (!k->free || !k->used || !k->flags ||
         nvp_host_alloc(&base, size, cudaHostAllocPortable | cudaHostAllocMapped, NVP_HOST_POOL) != cudaSuccess) {
-        free(k->free);
-        free(k->state);
-        free(k);
+        forget(k);
         return NULL;
     }
     k->base = (uint64_t)(uintptr_t)base;
@@ -110,7 +117,8 @@ cudaError_t nvp_pinned_alloc(size_t size, unsigned flags, void **out)
     if (empty(k))
         spare_bytes -= k->size;
     uint32_t i = k->free[--k->nfree];
-    k->state[i] = (uint8_t)(LIVE | flags);
+    k->used[i] = (uint32_t)size;
+    k->flags[i] = (uint8_t)flags;
     *out = (void *)(uintptr_t)(k->base + i * block_size(cls));
     pthread_mutex_unlock(&lock);
     return cudaSuccess;
@@ -151,11 +159,11 @@ cudaError_t nvp_pinned_free(uint64_t p)
     struct chunk *k = chunk_of(p);
     uint64_t bs = k ? block_size(k->cls) : 0;
     uint32_t i = k ? (uint32_t)((p - k->base) / bs) : 0;
-    if (!k || (p - k->base) % bs || !k->state[i]) { /* not a block's start, or freed already */
+    if (!k || (p - k->base) % bs || !k->used[i]) { /* not a block's start, or freed already */
         pthread_mutex_unlock(&lock);
         return cudaErrorInvalidValue;
     }
-    k->state[i] = 0; /* (a second free of it fails from here on) */
+    k->used[i] = 0; /* (a second free of it fails from here on) */
     pthread_mutex_unlock(&lock);
     cudaError_t e = wait_for_device(); /* nothing on the device may still use the block when it is reused */
     pthread_mutex_lock(&lock);
@@ -168,23 +176,25 @@ cudaError_t nvp_pinned_free(uint64_t p)
             cudaError_t e2 = nvp_host_free(&h);
             e = e ? e : e2;
         }
-        free(gone->free);
-        free(gone->state);
-        free(gone);
+        forget(gone);
     }
     return e;
 }
 
-int nvp_pinned_block(uint64_t p, uint64_t n, unsigned *flags)
+int nvp_pinned_block(uint64_t p, uint64_t n, unsigned *flags, uint64_t *base, uint64_t *size)
 {
     pthread_mutex_lock(&lock);
     struct chunk *k = chunk_of(p);
     int live = 0;
     if (k) {
         uint64_t bs = block_size(k->cls), i = (p - k->base) / bs;
-        live = k->state[i] && (p - k->base) % bs + (n ? n : 1) <= bs;
+        live = k->used[i] && (p - k->base) % bs + (n ? n : 1) <= k->used[i];
         if (live && flags)
-            *flags = k->state[i] & ~LIVE;
+            *flags = k->flags[i];
+        if (live && base)
+            *base = k->base + i * bs;
+        if (live && size)
+            *size = k->used[i];
     }
     pthread_mutex_unlock(&lock);
     return live;

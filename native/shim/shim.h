@@ -213,7 +213,8 @@ cudaError_t nvp_host_free(const struct nvp_host_region *h);
 /* pinned_pool.c: small pinned allocations as blocks of shared chunks (cudaErrorNotSupported: not pooled) */
 cudaError_t nvp_pinned_alloc(size_t size, unsigned flags, void **out);
 cudaError_t nvp_pinned_free(uint64_t p);
-int nvp_pinned_block(uint64_t p, uint64_t n, unsigned *flags); /* is [p, p+n) in a live block; its flags */
+/* is [p, p+n) in a live block: its flags, start and size */
+int nvp_pinned_block(uint64_t p, uint64_t n, unsigned *flags, uint64_t *base, uint64_t *size);
 
 /* Handle tables: streams and events are small IDs owned by nvproxy. */
 enum nvp_handle_type {

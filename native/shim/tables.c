@@ -141,6 +141,8 @@ int nvp_alloc_range(uint64_t p, uint64_t *base, uint64_t *size)
     struct range x;
     if (!ranges_find(&allocs, p, 1, &x) && !ranges_find(&hosts, p, 1, &x))
         return -1;
+    if (x.host.kind == NVP_HOST_POOL) /* (a block of a chunk: the block's range) */
+        return nvp_pinned_block(p, 1, NULL, base, size) ? 0 : -1;
     *base = x.base;
     *size = x.size;
     return 0;
