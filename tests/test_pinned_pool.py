@@ -60,3 +60,20 @@ def test_live_blocks_survive_a_recovery(build, backend: str, tmp_path: Path) -> 
         out, err = app.finish()
     assert "starting a new one from" in err, err
     assert out == reference.stdout, err
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_live_blocks_survive_a_dmtcp_restart(build, backend: str, tmp_path: Path) -> None:
+    """DMTCP: the chunks come back in fresh shared memory at their addresses, the block lists with the program."""
+    from test_dmtcp import Session
+
+    session = Session(tmp_path)
+    exe = build(APP)
+    reference = run(nvproxy_cmd(exe, backend, APP, "20", "0")).stdout.splitlines(keepends=True)
+    app = session.launch(nvproxy_cmd(exe, backend, APP, "20", "100"))
+    session.wait_for(app, "step 4:")
+    session.checkpoint_and_kill(app)
+    r = session.restart()
+    after = r.stdout.splitlines(keepends=True)  # (what the program printed from the checkpoint on)
+    assert after and after[0] in reference, r.stderr
+    assert after == reference[reference.index(after[0]) :] and r.returncode == 0, r.stderr
