@@ -160,11 +160,15 @@ static cudaError_t host_alloc(void **pHost, size_t size, unsigned flags, int kin
     /* the same address must be free in both processes: try places in the host
      * arena until both sides can map there */
     e = cudaErrorMemoryAllocation;
+    /* Pinned memory is there when the runtime returns it, its pages mapped: populated here (one pass, no fault a
+     * page later); managed memory's pages come when first touched, as the runtime's do. */
+    int populate = kind == NVP_HOST_MANAGED ? 0 : MAP_POPULATE;
     for (int tries = 0; tries < 64; tries++) {
         uint64_t at = atomic_fetch_add(&host_cursor, len + (2ull << 20));
         if (at + len > HOST_ARENA_END)
             break;
-        void *p = mmap((void *)(uintptr_t)at, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
+        void *p = mmap((void *)(uintptr_t)at, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE | populate,
+                       fd, 0);
         if (p == MAP_FAILED)
             continue;
         if ((uint64_t)(uintptr_t)p != at) { /* kernels without NOREPLACE treat it as a hint */
