@@ -5,7 +5,9 @@
 // argv[1]: steps of a long run with live buffers (checkpoint tests; default 0), argv[2]: ms between steps, or -1:
 // after each step wait for a line on standard input (at its end of file, wait no more).
 #include "check.h"
+#include <cstdint>
 #include <cstring>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #include <vector>
@@ -107,6 +109,29 @@ static void attributes(const Buf &b) {
     printf("\n");
 }
 
+// threads allocating and freeing at once, each keeping a few blocks: a block handed to two of them, or freed under
+// one, shows as damage
+static void *churn(void *arg) {
+    unsigned seed = (unsigned)(uintptr_t)arg, tag = 1000000u * (seed + 1);
+    const size_t sizes[] = {100, 4096, 5000, 65536, 300000};
+    Buf held[8] = {};
+    long damaged = 0;
+    for (int i = 0; i < 300; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        Buf &b = held[(seed >> 8) % 8];
+        if (b.p) {
+            damaged += !intact(b);
+            CHECK(cudaFreeHost(b.p));
+        }
+        b = make(KINDS[(seed >> 12) % 6], sizes[(seed >> 16) % 5], tag++);
+    }
+    for (Buf &b : held) {
+        damaged += !intact(b);
+        CHECK(cudaFreeHost(b.p));
+    }
+    return (void *)damaged;
+}
+
 static const char *err_of(cudaError_t e) {
     cudaGetLastError();
     return cudaGetErrorName(e);
@@ -146,6 +171,15 @@ int main(int argc, char **argv) {
     for (const Buf &b : more) bad += !intact(b);
     for (const Buf &b : more) use(b, s, dsum, dev, back);
     printf("after freeing the rest backwards: %d damaged\n", bad);
+    pthread_t th[4];
+    for (long i = 0; i < 4; i++) pthread_create(&th[i], nullptr, churn, (void *)i);
+    long churned = 0;
+    for (pthread_t &t : th) {
+        void *d;
+        pthread_join(t, &d);
+        churned += (long)d;
+    }
+    printf("4 threads allocating and freeing at once: %ld damaged\n", churned);
 
     // bad frees and questions about freed memory
     void *p;
