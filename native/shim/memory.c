@@ -327,7 +327,8 @@ NVP_EXPORT cudaError_t cudaHostUnregister(void *ptr)
     uint64_t p = (uint64_t)(uintptr_t)ptr;
     if (p && host_live(p, 1, &h) && (h.kind == NVP_HOST_ALLOC || h.kind == NVP_HOST_POOL)) {
         e = cudaErrorInvalidValue; /* (the runtime's answer for pinned memory it allocated) */
-    } else if (!p || nvp_host_remove(p, &h) != 0) {
+    } else if (!p || !nvp_host_shared(p, 1, &h) || h.kind != NVP_HOST_REGISTERED || h.user != p ||
+               nvp_host_remove(p, &h) != 0) { /* (a chunk of the pool starts where a freed block did) */
         e = cudaErrorHostMemoryNotRegistered;
     } else { /* the pages stay where they are (shared memory now, same contents) */
         if (h.fd >= 0)
