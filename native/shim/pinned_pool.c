@@ -12,7 +12,6 @@
 #include "shim.h"
 
 #include <stdlib.h>
-#include <string.h>
 
 #define MIN_SHIFT 12 /* a page: every block is page aligned */
 #define MAX_SHIFT 25 /* 32 MiB; larger allocations get memory of their own */
