@@ -8,10 +8,14 @@
  * goes back to the proxy unless it is its class's only chunk and few such spares are kept.
  *
  * cudaFreeHost waits for the device, as the runtime's does: at once when nothing was sent since the device was
- * last seen idle, else after a device synchronisation; the block is free to reuse only then. */
+ * last seen idle, else after a device synchronisation; the block is free to reuse only then.
+ *
+ * A forked child starts with no chunks: the parent's are shared memory, which both would carve the same blocks
+ * out of. */
 #include "shim.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #define MIN_SHIFT 12 /* a page: every block is page aligned */
 #define MAX_SHIFT 25 /* 32 MiB; larger allocations get memory of their own */
@@ -65,6 +69,18 @@ static void forget(struct chunk *k)
     free(k);
 }
 
+/* The child of a fork: the chunks stay the parent's (mapped here too, and listed, as any pinned memory the child
+ * inherits); the child's blocks come from chunks of its own. */
+static void after_fork_child(void)
+{
+    pthread_mutex_init(&lock, NULL);
+    memset(classes, 0, sizeof classes);
+    memset(next_size, 0, sizeof next_size);
+    spare_bytes = 0;
+}
+
+static void watch_forks(void) { pthread_atfork(NULL, NULL, after_fork_child); }
+
 /* A new chunk for class cls, shared with the proxy (lock held) */
 static struct chunk *grow(int cls)
 {
@@ -72,6 +88,8 @@ static struct chunk *grow(int cls)
     uint64_t size = next_size[cls] ? next_size[cls] : FIRST_CHUNK;
     if (size < bs)
         size = bs;
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, watch_forks);
     struct chunk *k = calloc(1, sizeof *k);
     if (!k)
         return NULL;
