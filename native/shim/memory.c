@@ -218,9 +218,11 @@ NVP_EXPORT cudaError_t cudaFreeHost(void *ptr)
         return cudaSuccess;
     struct nvp_host_region h;
     uint64_t p = (uint64_t)(uintptr_t)ptr;
-    if (nvp_host_shared(p, 0, &h) && h.kind == NVP_HOST_POOL)
+    if (!nvp_host_shared(p, 0, &h))
+        return nvp_ret(cudaErrorInvalidValue);
+    if (h.kind == NVP_HOST_POOL)
         return nvp_ret(nvp_pinned_free(p));
-    if (!nvp_host_shared(p, 0, &h) || h.kind != NVP_HOST_ALLOC || h.user != p)
+    if (h.kind != NVP_HOST_ALLOC || h.user != p)
         return nvp_ret(cudaErrorInvalidValue);
     return nvp_ret(nvp_host_free(&h));
 }
