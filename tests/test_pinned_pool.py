@@ -65,18 +65,9 @@ def test_live_blocks_survive_a_recovery(build, backend: str, tmp_path: Path) -> 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_live_blocks_survive_a_dmtcp_restart(build, backend: str, tmp_path: Path) -> None:
     """DMTCP: the chunks come back in fresh shared memory at their addresses, the block lists with the program."""
-    from test_dmtcp import Session
+    from test_dmtcp import test_dmtcp_restart_keeps_features as restart_keeps_features
 
-    session = Session(tmp_path)
-    exe = build(APP)
-    reference = run(nvproxy_cmd(exe, backend, APP, "20", "0")).stdout.splitlines(keepends=True)
-    app = session.launch(nvproxy_cmd(exe, backend, APP, "20", "100"))
-    session.wait_for(app, "step 4:")
-    session.checkpoint_and_kill(app)
-    r = session.restart()
-    after = r.stdout.splitlines(keepends=True)  # (what the program printed from the checkpoint on)
-    assert after and after[0] in reference, r.stderr
-    assert after == reference[reference.index(after[0]) :] and r.returncode == 0, r.stderr
+    restart_keeps_features(build, backend, APP, ("20", "100"), "step 4:", tmp_path)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
