@@ -1,7 +1,7 @@
-"""Builds the two native libraries (plain C, no Python inside, no link against
+"""Builds the native libraries (plain C, no Python inside, no link against
 libcuda or libcudart; only the CUDA headers are needed): the LD_PRELOAD shim,
-and the proxy's native part (fast path, checksums, image file loading), which Python loads
-with cffi."""
+the proxy's native part (fast path, checksums, image file loading), which Python loads
+with cffi, and an empty library named libcuda.so.1 that is preloaded with the shim."""
 
 import os
 import shutil
@@ -14,6 +14,7 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 SHIM = "nvproxy._native.libnvproxy"
 FAST = "nvproxy._native.libnvproxy_fast"
+NAME = "nvproxy._native.libnvproxy_cuda"
 HEADERS = [ROOT / "native" / "include" / "nvproxy_wire.h", ROOT / "native" / "proxy" / "fastpath.h",
            ROOT / "native" / "proxy" / "checksum.h", ROOT / "native" / "proxy" / "fileload.h",
            ROOT / "native" / "proxy" / "libexec.h"]
@@ -34,7 +35,7 @@ def cuda_include() -> str:
 class BuildShim(build_ext):
     def get_ext_filename(self, ext_name: str) -> str:
         parts = ext_name.split(".")
-        if parts[-1] in ("libnvproxy", "libnvproxy_fast"):  # called with the full name and with the last part
+        if parts[-1] in ("libnvproxy", "libnvproxy_fast", "libnvproxy_cuda"):  # called with the full name and with the last part
             return os.path.join(*parts[:-1], parts[-1] + ".so")
         return super().get_ext_filename(ext_name)
 
@@ -68,4 +69,12 @@ fast = Extension(
     libraries=["pthread"],
 )
 
-setup(ext_modules=[shim, fast], cmdclass={"build_ext": BuildShim})
+# libcuda.so.1 by name only: native/soname/libcuda_name.c says why
+name = Extension(
+    NAME,
+    sources=["native/soname/libcuda_name.c"],
+    extra_compile_args=["-Wall", "-Wextra"],
+    extra_link_args=["-Wl,-soname,libcuda.so.1"],
+)
+
+setup(ext_modules=[shim, fast, name], cmdclass={"build_ext": BuildShim})

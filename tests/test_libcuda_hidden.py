@@ -1,11 +1,10 @@
-"""A program linked with -lcuda, under nvproxy run, maps no libcuda of its own (src/nvproxy/libdir.py): its
-libcuda.so.1 is the shim.  On sim the libcuda it is linked with is a stand-in that says when the loader maps it and
-aborts when called.  Found through the program's DT_RUNPATH or the user's LD_LIBRARY_PATH, it is never mapped; a
-library linked with -lcuda too, opened with RTLD_DEEPBIND, reaches the shim; opening that library into a namespace
-of its own (dlmopen), where it would find the stand-in, is refused with one line.  Through a DT_RPATH, which comes
-before LD_LIBRARY_PATH, the stand-in is mapped, `nvproxy run` says so, and still nothing calls it.  On a GPU the
-program, linked with the toolkit's libcuda, prints native's output (less the real libcuda native maps), also after
-a migration, whose new proxy loads the real libcuda."""
+"""A program linked with -lcuda, under nvproxy run, maps no libcuda of its own: an empty library named libcuda.so.1
+is preloaded after the shim (native/soname/libcuda_name.c).  On sim the libcuda it is linked with is a stand-in that
+says when the loader maps it and aborts when called.  Found through the program's DT_RPATH, DT_RUNPATH or the user's
+LD_LIBRARY_PATH, it is never mapped; a library linked with -lcuda too, opened with RTLD_DEEPBIND, reaches the shim;
+opening that library into a namespace of its own (dlmopen), where it would find the stand-in, is refused with one
+line.  On a GPU the program, linked with the toolkit's libcuda, prints native's output (less the real libcuda native
+maps), also after a migration, whose new proxy loads the real libcuda."""
 
 from __future__ import annotations
 
@@ -17,6 +16,7 @@ import pytest
 from conftest import APPS, hooked, nvproxy_cmd, run
 from test_checkpoint import nvproxy
 
+from nvproxy import libcuda_name_path, shim_path
 from nvproxy.launcher import find_proxy
 
 NAME = "linked_libcuda"
@@ -76,7 +76,7 @@ def environment(how: str, fake: Path) -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize("how", ["runpath", "ld_library_path"])
+@pytest.mark.parametrize("how", ["rpath", "runpath", "ld_library_path"])
 def test_sim_linked_program_maps_no_libcuda(linked, how: str) -> None:
     build, helper, fake = linked
     exe, env = build(how), environment(how, fake)
@@ -84,7 +84,11 @@ def test_sim_linked_program_maps_no_libcuda(linked, how: str) -> None:
     assert LOADED in alone.stderr and CALLED in alone.stderr and alone.returncode != 0, alone.stdout + alone.stderr
     r = run(nvproxy_cmd(exe, "sim", NAME, str(helper)), env=env)
     assert r.returncode == 0 and r.stdout.endswith("Test PASSED\n"), r.stdout + r.stderr[-3000:]
-    assert LOADED not in r.stderr and CALLED not in r.stderr, r.stderr[-3000:]
+    assert CALLED not in r.stderr, r.stderr[-3000:]
+    # (mapped only into the namespace of the refused dlmopen, whose constructors the loader runs before it returns)
+    lines = r.stderr.splitlines()
+    assert [line for line in lines if LOADED in line] == [LOADED], r.stderr[-3000:]
+    assert lines[lines.index(LOADED) + 1].startswith(f'nvproxy: dlmopen("{helper}") refused'), r.stderr[-3000:]
     assert "mapped:" not in r.stdout, r.stdout
     assert "memset: 1020304 1020304" in r.stdout and "driver answered" in r.stdout, r.stdout
     # (in a namespace of its own the library would find the stand-in: refused, with one line)
@@ -92,16 +96,18 @@ def test_sim_linked_program_maps_no_libcuda(linked, how: str) -> None:
     assert len([line for line in r.stderr.splitlines() if f'dlmopen("{helper}") refused' in line]) == 1, r.stderr
 
 
-def test_sim_rpath_libcuda_is_mapped_and_said(linked) -> None:
-    """A DT_RPATH comes before LD_LIBRARY_PATH: the stand-in is mapped, nvproxy run says where it came from, and
-    the library opened with RTLD_DEEPBIND (which nvproxy drops) still reaches the shim."""
-    build, helper, fake = linked
-    exe = build("rpath")
-    r = run(nvproxy_cmd(exe, "sim", NAME, str(helper)))
-    assert r.returncode == 0 and r.stdout.endswith("Test PASSED\n"), r.stdout + r.stderr[-3000:]
-    assert f"DT_RPATH names {fake}" in r.stderr and LOADED in r.stderr, r.stderr[-3000:]
-    assert CALLED not in r.stderr and "driver answered" in r.stdout, r.stdout + r.stderr[-3000:]
-    assert f"mapped: {fake}/libcuda.so.1" in r.stdout, r.stdout
+def test_sim_linked_program_under_dmtcp_maps_no_libcuda(linked, tmp_path: Path) -> None:
+    """Under `nvproxy run --dmtcp` the shim is a DMTCP plugin; the library named libcuda.so.1 is preloaded all the
+    same, so the program, linked through a DT_RPATH to the stand-in, maps none and calls none."""
+    from test_dmtcp import Session
+
+    build, _helper, _fake = linked
+    session = Session(tmp_path / "dmtcp")
+    app = session.launch(nvproxy_cmd(build("rpath"), "sim", NAME))
+    _out, err = app.communicate(timeout=120)
+    out = session.out.read_text()
+    assert app.returncode == 0 and out.endswith("Test PASSED\n"), out + err[-3000:]
+    assert LOADED not in err and CALLED not in err and "mapped:" not in out, out + err[-3000:]
 
 
 @pytest.mark.gpu
@@ -133,9 +139,9 @@ def environ_of(pid: int) -> dict[str, str]:
     return dict(p.split("=", 1) for p in pairs if "=" in p)
 
 
-def test_sim_proxies_go_without_the_directory(build, tmp_path: Path) -> None:
-    """The program's LD_LIBRARY_PATH begins with the directory; its proxies' (which load the real libcuda on a GPU)
-    do not hold it: neither the one nvproxy run starts, nor the one the shim starts when the program recovers
+def test_sim_proxies_start_without_the_preloads(build, tmp_path: Path) -> None:
+    """The program preloads the shim and the library named libcuda.so.1; its proxies (which load the real libcuda on
+    a GPU) preload neither: not the one nvproxy run starts, nor the one the shim starts when the program recovers
     (NVPROXY_RECOVER) from its proxy's death."""
     exe = build("ckpt_steps")
     image = tmp_path / "last.img"
@@ -147,10 +153,9 @@ def test_sim_proxies_go_without_the_directory(build, tmp_path: Path) -> None:
     try:
         assert app.stdout.readline(), app.communicate()[1][-3000:]  # (step 1 done: it waits for a line)
         mine = environ_of(app.pid)
-        d = mine["NVPROXY_LIBDIR"]
-        assert mine["LD_LIBRARY_PATH"].split(":")[0] == d and Path(d, "libcuda.so.1").is_symlink()
+        assert mine["LD_PRELOAD"].split(":")[:2] == [str(shim_path()), str(libcuda_name_path())], mine["LD_PRELOAD"]
         first = find_proxy(app.pid)[0]
-        assert d not in environ_of(first).get("LD_LIBRARY_PATH", "").split(":")
+        assert not environ_of(first).get("LD_PRELOAD"), environ_of(first).get("LD_PRELOAD")
         c = nvproxy("checkpoint", str(app.pid), "-o", str(image))
         assert c.returncode == 0, c.stdout + c.stderr
         os.kill(first, 9)
@@ -158,7 +163,7 @@ def test_sim_proxies_go_without_the_directory(build, tmp_path: Path) -> None:
         app.stdin.flush()
         assert app.stdout.readline(), app.communicate()[1][-3000:]  # (step 2, served by the new proxy)
         second = find_proxy(app.pid)[0]
-        assert second != first and d not in environ_of(second).get("LD_LIBRARY_PATH", "").split(":")
+        assert second != first and not environ_of(second).get("LD_PRELOAD"), environ_of(second).get("LD_PRELOAD")
         _out, err = app.communicate(timeout=120)  # (its end of file: it waits no more)
     finally:
         if app.poll() is None:

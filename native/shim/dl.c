@@ -9,8 +9,8 @@
  * rather than to the shim.  A library opened into another link-map namespace (dlmopen) has no shim there: one whose
  * dependencies bring a CUDA library into that namespace is closed again and refused, with one line.
  *
- * A program linked with -lcuda finds libcuda.so.1 as the shim through LD_LIBRARY_PATH (src/nvproxy/libdir.py);
- * nvp_library_path_for_proxy gives the proxies the shim starts the path without that directory.
+ * A program linked with -lcuda maps no real libcuda either: an empty library named libcuda.so.1, preloaded after the
+ * shim, answers its DT_NEEDED (native/soname/libcuda_name.c).
  *
  * Under DMTCP the shim is a plugin after DMTCP's own libraries, whose dlopen wrapper calls this one as its next;
  * the next dlopen after the shim is found through dmtcp_dlsym there (plain dlsym(RTLD_NEXT) is DMTCP's wrapper). */
@@ -68,40 +68,6 @@ static void *self(int mode)
         next_dlopen = (dlopen_fn)next_symbol("dlopen");
     int flags = RTLD_NOLOAD | (mode & (RTLD_GLOBAL | RTLD_NODELETE)) | (mode & RTLD_NOW ? RTLD_NOW : RTLD_LAZY);
     return next_dlopen ? next_dlopen(path, flags) : NULL;
-}
-
-char *nvp_library_path_for_proxy(void)
-{
-    const char *dir = getenv("NVPROXY_LIBDIR"), *path = getenv("LD_LIBRARY_PATH");
-    if (!dir || !*dir || !path)
-        return NULL;
-    static const char NAME[] = "LD_LIBRARY_PATH=";
-    char *out = malloc(sizeof NAME + strlen(path));
-    if (!out)
-        return NULL;
-    char *w = stpcpy(out, NAME), *start = w;
-    size_t dn = strlen(dir);
-    int found = 0;
-    for (const char *p = path;; p++) {
-        size_t n = strcspn(p, ":");
-        if (n == dn && !strncmp(p, dir, n))
-            found = 1;
-        else if (n) {
-            if (w != start)
-                *w++ = ':';
-            memcpy(w, p, n);
-            w += n;
-        }
-        p += n;
-        if (!*p)
-            break;
-    }
-    *w = 0;
-    if (!found) {
-        free(out);
-        return NULL;
-    }
-    return out;
 }
 
 static void trace(const char *call, const char *file)

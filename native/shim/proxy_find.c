@@ -128,20 +128,16 @@ char **nvp_env_without_shim(const char *visible)
     size_t n = 0;
     while (environ[n])
         n++;
-    char **envp = calloc(n + 3, sizeof *envp);
+    char **envp = calloc(n + 2, sizeof *envp);
     if (!envp)
         return NULL;
-    char *library_path = nvp_library_path_for_proxy(); /* (kept: a proxy start is rare) */
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
         if (strncmp(environ[i], "LD_PRELOAD=", 11) != 0 && strncmp(environ[i], "NVPROXY_SOCKET=", 15) != 0 &&
-            !(visible && strncmp(environ[i], "CUDA_VISIBLE_DEVICES=", 21) == 0) &&
-            !(library_path && strncmp(environ[i], "LD_LIBRARY_PATH=", 16) == 0))
+            !(visible && strncmp(environ[i], "CUDA_VISIBLE_DEVICES=", 21) == 0))
             envp[k++] = environ[i];
     if (visible)
         envp[k++] = (char *)visible;
-    if (library_path)
-        envp[k++] = library_path;
     return envp;
 }
 

@@ -275,7 +275,6 @@ int nvp_on_callback_thread(void);       /* stream.c: this thread runs host callb
 const char *nvp_restart_devices(void); /* NVPROXY_DEVICES of dmtcp_restart's environment */
 pid_t nvp_real_pid(void);
 char **nvp_env_without_shim(const char *visible); /* environ less LD_PRELOAD etc. (calloc'ed; visible: CUDA_VISIBLE_DEVICES=) */
-char *nvp_library_path_for_proxy(void); /* dl.c: "LD_LIBRARY_PATH=..." less nvproxy's libcuda directory, or NULL */
 const char *nvp_python(void);                     /* the Python that runs nvproxy */
 extern struct nvp_test_hooks nvp_test;            /* test_hooks.c: the tests' hooks, if their library is loaded */
 int nvp_private_dir(char *out, size_t cap); /* the user's 0700 directory of sockets and handles: 0, or -1 */

@@ -19,3 +19,13 @@ def shim_path() -> Path:
     if not p.exists():
         raise FileNotFoundError(f"{p} is missing: build the package first (pip install -e .)")
     return p
+
+
+def libcuda_name_path() -> Path:
+    """The empty library named libcuda.so.1, preloaded after the shim (native/soname/libcuda_name.c)."""
+    return shim_path().with_name("libnvproxy_cuda.so")
+
+
+def preload() -> str:
+    """LD_PRELOAD's entries for a program run through nvproxy: the shim, then libcuda.so.1's name."""
+    return f"{shim_path()}:{libcuda_name_path()}"

@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import shim_path
+from . import libcuda_name_path, shim_path
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -114,8 +114,8 @@ def _containment_refusal(argv: list[str]) -> str | None:
 
 def _exec_plainly(argv: list[str]) -> int:
     """Run argv without the shim (a static runtime under the shim fails loudly at its first call instead)."""
-    shim = str(shim_path())
-    kept = [p for p in os.environ.get("LD_PRELOAD", "").split(":") if p and os.path.realpath(p) != shim]
+    ours = {str(shim_path()), str(libcuda_name_path())}
+    kept = [p for p in os.environ.get("LD_PRELOAD", "").split(":") if p and os.path.realpath(p) not in ours]
     if kept:
         os.environ["LD_PRELOAD"] = ":".join(kept)
     else:
@@ -596,6 +596,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
     print(f"shim: {shim_path()}")
+    print(f"libcuda.so.1 by name (preloaded after the shim): {libcuda_name_path()}")
     return 0
 
 

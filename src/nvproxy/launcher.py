@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import libdir, shim_path
+from . import libcuda_name_path, preload, shim_path
 
 
 def _private(d: Path) -> Path:
@@ -213,14 +213,14 @@ def exec_app(argv: list[str], sock: str, proxy_pid: int, proxy_settings: dict[st
     env = dict(os.environ)
     env.update({k: v for k, v in proxy_settings.items()
                 if k in ("NVPROXY_BACKEND", "NVPROXY_SIM_KERNELS", "NVPROXY_BOOT", "NVPROXY_ROOT")})
-    libdir.hide_libcuda(env, argv[0])  # (libcuda.so.1 is the shim for the program: libdir.py)
     if dmtcp_args is not None:
         # under DMTCP the shim is a plugin (loaded after DMTCP's own libraries), not an LD_PRELOAD
         env["NVPROXY_DMTCP_NOCHECKPOINT"] = dmtcp_tool("dmtcp_nocheckpoint")
         argv = [dmtcp_tool("dmtcp_launch"), *dmtcp_args, "--with-plugin", str(shim_path()), *argv]
-    else:
-        pre = env.get("LD_PRELOAD", "")
-        env["LD_PRELOAD"] = f"{shim_path()}:{pre}" if pre else str(shim_path())
+    # (libcuda.so.1 by name, after the shim: the program maps no real libcuda; native/soname/libcuda_name.c)
+    ours = str(libcuda_name_path()) if dmtcp_args is not None else preload()
+    pre = env.get("LD_PRELOAD", "")
+    env["LD_PRELOAD"] = f"{ours}:{pre}" if pre else ours
     env["NVPROXY_SOCKET"] = sock
     env["NVPROXY_OWNER_PID"] = str(os.getpid())
     env["NVPROXY_PROXY_PID"] = str(proxy_pid)
