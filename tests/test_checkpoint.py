@@ -387,6 +387,24 @@ def test_migrate_to_another_gpu(build, backend: str, monkeypatch: Any) -> None:
     assert "".join(lines) + out == reference.stdout, err
 
 
+def recovered(cmd: list[str], env: dict[str, str], image: Path, ready: str, steps: int) -> tuple[str, str]:
+    """A gated program under NVPROXY_RECOVER=image (in env): once a line starting with ready has come, `steps` more
+    steps, then its proxy is checkpointed to image and killed; the program recovers and finishes.  (out, err)"""
+    from nvproxy.launcher import find_proxy
+
+    with Gated(cmd, env) as app:
+        while not app.line().startswith(ready):
+            pass
+        for _ in range(steps):
+            app.go()
+        assert nvproxy("checkpoint", str(app.pid), "-o", str(image)).returncode == 0
+        pid, _sock = find_proxy(app.pid)
+        kill_and_wait(pid)
+        out, err = app.finish()
+    assert "starting a new one from" in err, err
+    return out, err
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("steps", [20, 6], ids=["mid-run", "before-first-launch"])
 def test_recover_from_image_after_the_proxy_died(build, backend: str, steps: int, tmp_path: Path) -> None:
@@ -398,22 +416,13 @@ def test_recover_from_image_after_the_proxy_died(build, backend: str, steps: int
     while the new proxy started (checkpoint/earlycheck.py; on sim nothing else holds the restore back that long)."""
     from conftest import run as plain_run
 
-    from nvproxy.launcher import find_proxy
-
     exe = build("ckpt_steps")
     reference = plain_run(nvproxy_cmd(exe, backend, "ckpt_steps", str(steps), "0"))
     image = tmp_path / "last.img"
     env = dict(os.environ, NVPROXY_RECOVER=str(image), NVPROXY_RESTORE_READ="map" if steps == 20 else "bounce")
     env.pop("LD_PRELOAD", None)
-    with Gated(nvproxy_cmd(exe, backend, "ckpt_steps", str(steps), "-1"), env) as app:
-        app.line()
-        for _ in range(5):
-            app.go()  # (six steps done; the program waits until the proxy is checkpointed and dead)
-        assert nvproxy("checkpoint", str(app.pid), "-o", str(image)).returncode == 0
-        pid, _sock = find_proxy(app.pid)
-        kill_and_wait(pid)
-        out, err = app.finish()
-    assert "starting a new one from" in err, err
+    # (six steps done; the program waits until the proxy is checkpointed and dead)
+    out, err = recovered(nvproxy_cmd(exe, backend, "ckpt_steps", str(steps), "-1"), env, image, "", 5)
     assert out == reference.stdout, err
     if steps == 6 and backend == "sim":
         early = re.search(r"(\d+) of its (\d+) chunks were summed while the proxy started", err)

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import EXPECTED, nvproxy_cmd, run
-from gated import Gated, kill_and_wait
-from test_checkpoint import BACKENDS, migrate_mid_run, nvproxy
+from test_checkpoint import BACKENDS, migrate_mid_run, recovered
 
 APP = "pinned_alloc"
 
@@ -41,24 +40,13 @@ def test_live_blocks_survive_migration(build, backend: str) -> None:
 def test_live_blocks_survive_a_recovery(build, backend: str, tmp_path: Path) -> None:
     """NVPROXY_RECOVER: the proxy, checkpointed between two steps, dies; its successor maps the chunks again at
     their addresses and the program goes on with the blocks it holds, frees and allocates."""
-    from nvproxy.launcher import find_proxy
-
     exe = build(APP)
     reference = run(nvproxy_cmd(exe, backend, APP, "12", "0"))
     assert reference.returncode == 0, reference.stderr
     image = tmp_path / "last.img"
     env = dict(os.environ, NVPROXY_RECOVER=str(image))
     env.pop("LD_PRELOAD", None)
-    with Gated(nvproxy_cmd(exe, backend, APP, "12", "-1"), env) as app:
-        while not app.line().startswith("step 0:"):
-            pass
-        for _ in range(3):
-            app.go()
-        assert nvproxy("checkpoint", str(app.pid), "-o", str(image)).returncode == 0
-        pid, _sock = find_proxy(app.pid)
-        kill_and_wait(pid)
-        out, err = app.finish()
-    assert "starting a new one from" in err, err
+    out, err = recovered(nvproxy_cmd(exe, backend, APP, "12", "-1"), env, image, "step 0:", 3)
     assert out == reference.stdout, err
 
 

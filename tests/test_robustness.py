@@ -241,10 +241,11 @@ def test_pinned_memory_goes_on_where_dev_shm_is_full(build) -> None:
     cmd = nvproxy_cmd(exe, "sim", "pinned_fds")
     reference = run(cmd)
     assert reference.returncode == 0 and "/dev/shm has no room" not in reference.stderr, reference.stderr
-    r = run(["unshare", "-m", "sh", "-c", mount, "sh", *cmd])  # (8 buffers of 64 KiB: the first fits, no more)
+    # (8 buffers of 64 KiB, served from pinned chunks of 2 MiB or more, none of which fits)
+    r = run(["unshare", "-m", "sh", "-c", mount, "sh", *cmd])
     assert r.returncode == 0, r.stderr
     assert r.stdout == reference.stdout
-    assert r.stderr.count("nvproxy: /dev/shm has no room for 65536 bytes of pinned memory") == 1, r.stderr
+    assert r.stderr.count("nvproxy: /dev/shm has no room for ") == 1, r.stderr
 
 
 def test_proxy_socket_listens_before_its_path_appears(tmp_path) -> None:
