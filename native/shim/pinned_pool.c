@@ -3,8 +3,10 @@
  *
  * A chunk is an ordinary entry of the host-region table, so checkpoints, migrations, DMTCP restarts and
  * recoveries share it again at its address like any pinned memory; the block lists below live in the
- * application's memory and come back with it.  One free list per power-of-two class from a page; a class's
- * chunks double in size (2 MiB up to 64 MiB, never less than one block).  A chunk whose last block is freed
+ * application's memory and come back with it.  One free list per size class: a page and two pages, then four
+ * classes per doubling from 16 KiB (16, 20, 24, 28, 32 KiB...) up to 32 MiB, so that a block wastes at most a
+ * quarter of what was asked for beyond the first pages (pinned memory and /dev/shm are scarce); every class is
+ * a whole number of pages.  A class's chunks double in size (2 MiB up to 64 MiB, never less than one block).  A chunk whose last block is freed
  * goes back to the proxy unless it is its class's only chunk and few such spares are kept.
  *
  * cudaFreeHost waits for the device, as the runtime's does: at once when nothing was sent since the device was
@@ -17,9 +19,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MIN_SHIFT 12 /* a page: every block is page aligned */
-#define MAX_SHIFT 25 /* 32 MiB; larger allocations get memory of their own */
-#define NCLASS (MAX_SHIFT - MIN_SHIFT + 1)
+#define MIN_SHIFT 12  /* a page: every block is page aligned */
+#define STEP_SHIFT 14 /* from 16 KiB, four classes per doubling */
+#define MAX_SHIFT 25  /* 32 MiB; larger allocations get memory of their own */
+#define NCLASS ((STEP_SHIFT - MIN_SHIFT) + 4 * (MAX_SHIFT - STEP_SHIFT) + 1)
 #define FIRST_CHUNK (2ull << 20)
 #define MAX_CHUNK (64ull << 20)
 #define SPARE_LIMIT (64ull << 20) /* bytes of empty chunks kept for the next allocations */
@@ -39,15 +42,21 @@ static struct chunk *classes[NCLASS];
 static uint64_t next_size[NCLASS]; /* the size of a class's next chunk */
 static uint64_t spare_bytes;       /* empty chunks kept */
 
-static int class_of(size_t size)
+static uint64_t block_size(int cls)
 {
-    int c = MIN_SHIFT;
-    while (((size_t)1 << c) < size)
-        c++;
-    return c - MIN_SHIFT;
+    if (cls < STEP_SHIFT - MIN_SHIFT)
+        return 1ull << (cls + MIN_SHIFT);
+    int k = cls - (STEP_SHIFT - MIN_SHIFT); /* 2^shift * (4 + step) / 4 */
+    return (1ull << (STEP_SHIFT + k / 4 - 2)) * (uint64_t)(4 + k % 4);
 }
 
-static uint64_t block_size(int cls) { return 1ull << (cls + MIN_SHIFT); }
+static int class_of(size_t size)
+{
+    int c = 0;
+    while (block_size(c) < size)
+        c++;
+    return c;
+}
 
 static int empty(const struct chunk *k) { return k->nfree == k->nblocks; }
 
