@@ -120,3 +120,31 @@ def _ends_before_its_proxy(rt: Path) -> None:
         finally:
             os.close(fd)
     assert os.listdir(rt / "nvproxy") == []
+
+
+STARTING_PROXY = """import socket, sys, time
+print("running", flush=True)
+time.sleep(0.5)  # (a proxy still importing and starting its driver)
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(sys.argv[3] + ".%d.ctl" % __import__("os").getpid())
+s.listen(1)
+sys.stdin.readline()
+"""
+
+
+def test_a_command_that_comes_while_the_proxy_starts_waits_for_it(tmp_path: Path) -> None:
+    """nvproxy run starts the program while its proxy starts, so a checkpoint or migration may come first: the
+    proxy the command finds (a stand-in, with a proxy's command line, that makes its control socket only after a
+    while) is handed over once it has its control socket, not before."""
+    sock = str(tmp_path / f"p{os.getpid()}-1.sock")
+    proxy = subprocess.Popen([sys.executable, "-c", STARTING_PROXY, "proxy", "--socket", sock, "--owner-pid",
+                              str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proxy.stdin is not None and proxy.stdout is not None
+    try:
+        assert proxy.stdout.readline() == "running\n"
+        pid, found = find_proxy(os.getpid())
+        assert (pid, found) == (proxy.pid, sock)
+        assert os.path.exists(f"{sock}.{pid}.ctl"), "found before its control socket was made"
+    finally:
+        proxy.stdin.close()
+        proxy.wait(timeout=60)

@@ -67,11 +67,27 @@ def find_proxy(app_pid: int) -> tuple[int, str]:
         if st.st_uid != os.getuid() or b"proxy" not in argv or b"--owner-pid" not in argv or b"--socket" not in argv:
             continue
         if argv[argv.index(b"--owner-pid") + 1] == str(app_pid).encode():
-            return int(d.name), argv[argv.index(b"--socket") + 1].decode()
+            pid, sock = int(d.name), argv[argv.index(b"--socket") + 1].decode()
+            _wait_until_up(pid, sock)
+            return pid, sock
     taken = _taken_proxy(app_pid)
     if taken:
         return taken
     raise SystemExit(f"nvproxy: no proxy of this user serves process {app_pid}")
+
+
+# as long as the shim waits for a proxy that is starting (proxy_find.c)
+PROXY_START_S = 60.0
+
+
+def _wait_until_up(pid: int, sock: str) -> None:
+    """nvproxy run starts the program while its proxy starts: a command that comes that early (a checkpoint, a
+    migration) finds the proxy before it has made its control socket, which it makes once it listens.  Wait for
+    that while the proxy runs; a proxy that ends first is reported by the command's own connect."""
+    ctl = f"{sock}.{pid}.ctl"
+    deadline = time.monotonic() + PROXY_START_S
+    while not os.path.exists(ctl) and alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def _taken_proxy(app_pid: int) -> tuple[int, str] | None:
