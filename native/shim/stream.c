@@ -373,10 +373,18 @@ cudaError_t nvp_callbacks_start(void)
     }
     /* first use, or a new proxy replaced the one the old thread served */
     CB.fd = nvp_open_channel(NVP_CHAN_CALLBACK, NULL, NULL);
-    pthread_t t;
-    if (CB.fd < 0 || pthread_create(&t, NULL, callback_thread, (void *)(intptr_t)CB.fd) != 0) {
+    if (CB.fd < 0) {
         pthread_mutex_unlock(&CB.lock);
-        return cudaErrorDevicesUnavailable;
+        /* the proxy is gone: said once, as for any call (and, under NVPROXY_RECOVER, the caller's exchange
+         * starts a new one) */
+        return nvp_lost("its callback channel could not be opened");
+    }
+    pthread_t t;
+    if (pthread_create(&t, NULL, callback_thread, (void *)(intptr_t)CB.fd) != 0) {
+        nvp_socket_close(CB.fd, 0);
+        CB.fd = -1;
+        pthread_mutex_unlock(&CB.lock);
+        return cudaErrorMemoryAllocation;
     }
     pthread_detach(t);
     if (nvp_trace_enabled())
@@ -411,18 +419,33 @@ uint64_t nvp_host_node_callback(void *fn, void *data)
     return nvp_callbacks_start() ? 0 : callback_add(0, fn, data, NULL);
 }
 
+struct host_func_call {
+    int64_t w;
+    int with_status, hidden;
+    void *fn, *data;
+    cudaStream_t s;
+    uint64_t id; /* its entry in CB.v, once made (a recovered call runs again with the same) */
+};
+
+static cudaError_t host_func_once(void *arg)
+{
+    struct host_func_call *c = arg;
+    cudaError_t e = nvp_callbacks_start();
+    if (e)
+        return e;
+    if (!c->id && !(c->id = callback_add(c->with_status, c->fn, c->data, c->s)))
+        return cudaErrorMemoryAllocation;
+    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)c->w, c->id, (uint64_t)c->hidden};
+    return nvp_call(NVP_OP_HOST_FUNC, a, NULL, 0, NULL, -1);
+}
+
 static cudaError_t host_func_on(int64_t w, int with_status, void *fn, void *data, cudaStream_t s, int hidden)
 {
     if (!hidden) /* (nvproxy's own host functions come inside a call that holds checkpoints off) */
         nvp_callback_gate_enter();
     nvp_ckpt_disable(); /* (the channel and the call go to the same proxy: see graph.c's launch) */
-    cudaError_t e = nvp_callbacks_start();
-    uint64_t id = e ? 0 : callback_add(with_status, fn, data, s);
-    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w, id, (uint64_t)hidden};
-    if (!e && !id)
-        e = cudaErrorMemoryAllocation;
-    if (!e)
-        e = nvp_call(NVP_OP_HOST_FUNC, a, NULL, 0, NULL, -1);
+    struct host_func_call c = {w, with_status, hidden, fn, data, s, 0};
+    cudaError_t e = nvp_exchange(host_func_once, &c);
     nvp_ckpt_enable();
     if (!hidden)
         nvp_callback_gate_leave();
