@@ -17,6 +17,7 @@ from test_fastpath import req, setup  # noqa: F401  (the fixture)
 
 from nvproxy import wire
 from nvproxy.libs import native, spec
+from nvproxy.libs import state as libstate
 from nvproxy.proxy import fastpath
 
 FAKES = Path(__file__).resolve().parent / "libfakes"
@@ -26,13 +27,20 @@ LIBS = list(SP.libs)
 
 
 @pytest.fixture(scope="module")
-def exe(tmp_path_factory: pytest.TempPathFactory) -> native.Executor:
+def fakes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The stand-ins' directory (under their sonames)."""
     d = tmp_path_factory.mktemp("fakes")
+    for name in ("cublas", "curand"):
+        so = d / SP.libs[name].soname
+        subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(so), str(FAKES / f"fake_{name}.c")], check=True)
+    return d
+
+
+@pytest.fixture(scope="module")
+def exe(fakes: Path) -> native.Executor:
     x = native.Executor()
     for name in ("cublas", "curand"):
-        so = d / f"lib{name}.so"
-        subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(so), str(FAKES / f"fake_{name}.c")], check=True)
-        assert x.open(LIBS.index(name), [str(so)]) is None
+        assert x.open(LIBS.index(name), [str(fakes / SP.libs[name].soname)]) is None
     x.fast_host_only(False)
     return x
 
@@ -137,3 +145,41 @@ def test_generation_calls_that_repeat_the_record_are_made_and_counted(setup, exe
     exe.teach_generation((kind, 0x2001), 0, 0, 0, None)
     assert fast.run(chan, bytearray(lib_req(3, "curandGenerate", call, reply=False)), 3)[:2] == (fastpath.PYTHON, 0)
     assert exe.take_generated((kind, 0x2001)) == 0
+
+
+class Backend:
+    """What LibState asks of a GPU backend here."""
+
+    name = "gpu"
+
+    def device_sync(self, dev: int) -> None:
+        pass
+
+
+def test_the_generations_c_made_are_in_the_records(setup, exe: native.Executor, fakes: Path,  # noqa: F811
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint's records count the generation calls C made as the same record's (a restore makes them all
+    again); a configuration of the generator between them starts a new record, which C does not add to."""
+    fast, _drv, chan, _peer = setup
+    monkeypatch.setenv("NVPROXY_LIB_DIR", str(fakes))
+    ls = libstate.LibState(Backend())
+    assert ls.run(None, 0, fn("curandCreateGenerator").fid, 0, struct.pack("<2Q", 0x3001, 100), 0, int).ret == 0
+    out = np.zeros(4, dtype=np.uint32)
+    gen = fn("curandGenerate")
+    call = [0x3001, address(out), 4]
+    assert ls.run(None, 0, gen.fid, 0, struct.pack("<3Q", *call), 0, int, fast=True).ret == 0
+    for seq in (1, 2, 3):
+        buf = bytearray(lib_req(seq, "curandGenerate", call, reply=False))
+        assert fast.run(chan, buf, seq) == (fastpath.MORE, len(buf), seq + 1)
+
+    def generations() -> list[tuple[str, int]]:
+        return [(r[0], r[5]) for r in ls.describe()["lib_records"] if r[0] == "curandGenerate"]
+
+    assert generations() == [("curandGenerate", 4)]
+    seed = fn("curandSetPseudoRandomGeneratorSeed")
+    assert ls.run(None, 0, seed.fid, 0, struct.pack("<2Q", 0x3001, 5), 0, int).ret == 0
+    buf = bytearray(lib_req(4, "curandGenerate", call, reply=False))
+    assert fast.run(chan, buf, 4)[:2] == (fastpath.PYTHON, 0)  # (the record to add to is not made yet)
+    assert ls.run(None, 0, gen.fid, 0, struct.pack("<3Q", *call), 0, int, fast=True).ret == 0
+    assert fast.run(chan, buf, 4) == (fastpath.MORE, len(buf), 5)
+    assert generations() == [("curandGenerate", 4), ("curandGenerate", 2)]
