@@ -371,7 +371,8 @@ static int text_waiting(void)
 
 /* Reply from here when nothing may come before it (Python's queued replies,
  * kernel printf text); else leave it to Python. */
-static int reply_with(struct nvpf_chan *ch, int err, const uint64_t r4[4], const uint8_t *out, size_t n);
+static int reply_with(struct nvpf_chan *ch, int err, const uint64_t r4[4], const uint8_t *out, size_t n,
+                      int may_defer);
 static int reply_r0(struct nvpf_chan *ch, int err, uint64_t r0);
 
 static int reply(struct nvpf_chan *ch, int err) { return reply_r0(ch, err, 0); }
@@ -380,16 +381,17 @@ static int reply(struct nvpf_chan *ch, int err) { return reply_r0(ch, err, 0); }
 static int reply_r0(struct nvpf_chan *ch, int err, uint64_t r0)
 {
     uint64_t r4[4] = {r0, 0, 0, 0};
-    return reply_with(ch, err, r4, NULL, 0);
+    return reply_with(ch, err, r4, NULL, 0, 1);
 }
 
-/* The reply with r0..r3 and n bytes of payload at out: a caller that gives a payload checked first that nothing may
- * come before it (Python cannot send it). */
-static int reply_with(struct nvpf_chan *ch, int err, const uint64_t r4[4], const uint8_t *out, size_t n)
+/* The reply with r0..r3 and n bytes of payload at out; may_defer: Python sends it (err alone) where something must
+ * come before it, else the caller checked that nothing must. */
+static int reply_with(struct nvpf_chan *ch, int err, const uint64_t r4[4], const uint8_t *out, size_t n,
+                      int may_defer)
 {
     ch->reply_err = err;
     ch->wait_kind = NVPF_WAIT_NONE;
-    if (!n && (ch->pending || text_waiting()))
+    if (may_defer && (ch->pending || text_waiting()))
         return REPLY_BY_PYTHON;
     struct nvp_rep r;
     memset(&r, 0, sizeof r);
@@ -410,7 +412,7 @@ static int reply_with(struct nvpf_chan *ch, int err, const uint64_t r4[4], const
     struct iovec iov[2] = {{&r, sizeof r}, {(void *)out, n}};
     struct msghdr m = {.msg_iov = iov, .msg_iovlen = n ? 2 : 1};
     ssize_t k = sendmsg(ch->fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (k <= 0 && !n)
+    if (k <= 0 && may_defer)
         return REPLY_BY_PYTHON; /* full (or closed): Python's blocking send deals with it */
     /* a partial write: finish it here, the stream must stay framed */
     size_t off = k > 0 ? (size_t)k : 0, total = sizeof r + n;
@@ -700,7 +702,7 @@ static int execute(struct nvpf_chan *ch, const struct nvp_req *q, const uint8_t 
         if (translating || (wants_reply && (ch->pending || text_waiting())) ||
             !nvpl_fast(ch, q->a, payload, plen, lib_stream_of, r, &out, &n))
             return TO_PYTHON;
-        return wants_reply ? reply_with(ch, 0, r, out, n) : DONE;
+        return wants_reply ? reply_with(ch, 0, r, out, n, 0) : DONE;
     }
     default:
         return TO_PYTHON;

@@ -37,11 +37,21 @@ EXPORT int nvpl_open(int lib, const char *path)
 }
 
 /* ---- handles: nvproxy's id -> the library's own, per kind (an open-addressed table) ---- */
+/* a generator's latest generation record, as Python taught it (nvpl_teach_generation) */
+struct gen_rec {
+    uint32_t fid;
+    int out; /* the output parameter, whose slot is not compared */
+    uint64_t hostmask, counted;
+    size_t len;
+    uint8_t payload[];
+};
+
 struct hent {
     uint64_t id; /* 0: empty; ~0: removed */
     int kind;
     int slow; /* its calls are Python's (a handle on the per-thread stream: Python gives it the caller's) */
     uint64_t real;
+    struct gen_rec *gen;
 };
 static struct hent *ht;
 static size_t hcap, hused;
@@ -80,7 +90,9 @@ EXPORT void nvpl_learn(int kind, uint64_t id, uint64_t real)
         for (size_t i = 0; i < old; i++)
             if (ot[i].id && ot[i].id != REMOVED) {
                 nvpl_learn(ot[i].kind, ot[i].id, ot[i].real);
-                hfind(ot[i].kind, ot[i].id)->slow = ot[i].slow;
+                struct hent *e = hfind(ot[i].kind, ot[i].id);
+                e->slow = ot[i].slow;
+                e->gen = ot[i].gen;
             }
         free(ot);
     }
@@ -89,18 +101,23 @@ EXPORT void nvpl_learn(int kind, uint64_t id, uint64_t real)
         i = (i + 1) & (hcap - 1);
     if (!ht[i].id)
         hused++;
-    ht[i] = (struct hent){id, kind, 0, real};
+    ht[i] = (struct hent){id, kind, 0, real, NULL};
 }
 
 EXPORT void nvpl_forget(int kind, uint64_t id)
 {
     struct hent *e = hfind(kind, id);
-    if (e)
+    if (e) {
         e->id = REMOVED;
+        free(e->gen);
+        e->gen = NULL;
+    }
 }
 
 EXPORT void nvpl_forget_all(void)
 {
+    for (size_t i = 0; i < hcap; i++)
+        free(ht[i].gen);
     free(ht);
     ht = NULL;
     hcap = hused = 0;
@@ -186,6 +203,7 @@ static int call_slots(uint32_t fid, const struct nvpl_fn *f, uint64_t hostmask, 
             if (dir_out) {
                 if (k > out_cap - o || pad8(k) > out_cap - o)
                     return fail(res, NVPL_E_OUT, i);
+                memset(out + o + k, 0, pad8(k) - k); /* (the padding goes out too) */
                 if (dir_in)
                     memcpy(out + o, payload + in, k);
                 else
@@ -246,6 +264,52 @@ EXPORT void nvpl_handle_slow(int kind, uint64_t id, int slow)
 
 EXPORT void nvpl_fast_host_only(int on) { host_only = on; }
 
+EXPORT void nvpl_teach_generation(int kind, uint64_t id, uint32_t fid, int out, uint64_t hostmask,
+                                  const uint8_t *payload, size_t len)
+{
+    struct hent *e = hfind(kind, id);
+    if (!e)
+        return;
+    free(e->gen);
+    e->gen = NULL;
+    if (!payload || fid >= (uint32_t)nvpl_table_size || out < 0 || out >= nvpl_table[fid].nparams ||
+        len < (size_t)nvpl_table[fid].nparams * 8 || !(e->gen = malloc(sizeof *e->gen + len)))
+        return;
+    *e->gen = (struct gen_rec){fid, out, hostmask, 0, len};
+    memcpy(e->gen->payload, payload, len);
+}
+
+EXPORT uint64_t nvpl_take_generated(int kind, uint64_t id)
+{
+    struct hent *e = hfind(kind, id);
+    if (!e || !e->gen)
+        return 0;
+    uint64_t n = e->gen->counted;
+    e->gen->counted = 0;
+    return n;
+}
+
+/* The generator record a generation call adds to (the same call but for its output), or NULL: Python's. */
+static struct gen_rec *same_generation(const struct nvpl_fn *f, uint32_t fid, uint64_t hostmask,
+                                       const uint8_t *payload, size_t len)
+{
+    int owner = -1;
+    for (int i = 0; i < f->nparams && owner < 0; i++)
+        owner = f->roles[i] == 'h' ? i : -1;
+    uint64_t id;
+    if (owner < 0)
+        return NULL;
+    memcpy(&id, payload + 8 * owner, sizeof id);
+    struct hent *e = hfind((f->kinds[2 * owner] - '0') * 10 + (f->kinds[2 * owner + 1] - '0'), id);
+    struct gen_rec *g = e ? e->gen : NULL;
+    if (!g || g->fid != fid || g->hostmask != hostmask || g->len != len)
+        return NULL;
+    size_t o = 8 * (size_t)g->out;
+    if (memcmp(g->payload, payload, o) || memcmp(g->payload + o + 8, payload + o + 8, len - o - 8))
+        return NULL;
+    return g;
+}
+
 /* The slots of a call C may make, streams translated; 0 if it is Python's. */
 static int fast_slots(void *ch, const struct nvpl_fn *f, uint64_t hostmask, const uint8_t *payload, uint64_t *slot,
                       int (*stream_of)(void *ch, uint64_t wire, void **s))
@@ -279,7 +343,7 @@ int nvpl_fast(void *chan, const uint64_t *a, const uint8_t *payload, size_t len,
     int posted = a[3] != 0;
     uint64_t out_cap = a[2];
     if (!fast_fns || fid >= (uint32_t)nvpl_table_size ||
-        !(fast_fns[fid] & (posted ? NVPL_FAST_POSTED : NVPL_FAST_WAITED)) || (posted && out_cap) ||
+        !(fast_fns[fid] & (posted ? NVPL_FAST_POSTED | NVPL_FAST_GENERATE : NVPL_FAST_WAITED)) || (posted && out_cap) ||
         out_cap > sizeof fast_out)
         return 0; /* (not allowed yet, or outputs C does not take) */
     struct nvpl_result res;
@@ -289,9 +353,14 @@ int nvpl_fast(void *chan, const uint64_t *a, const uint8_t *payload, size_t len,
     if (!f || len < (size_t)f->nparams * 8 || (unsigned)f->lib >= NVPF_LIBS ||
         !fast_slots(ch, f, a[1], payload, slot, stream_of))
         return 0;
+    struct gen_rec *gen = NULL;
+    if ((fast_fns[fid] & NVPL_FAST_GENERATE) && !(gen = same_generation(f, fid, a[1], payload, len)))
+        return 0;
     if (call_slots(fid, f, a[1], slot, payload, len, fast_out, (size_t)out_cap, &res))
         return 0; /* (Python tells what was wrong with it) */
     int status_fn = (f->flags & NVPL_RET_MASK) == NVPL_RET_STATUS;
+    if (gen && !res.ret)
+        gen->counted++;
     if (posted) {
         if (status_fn && res.ret) {
             fprintf(stderr, "nvproxy: %s returned status %d after it had returned (it was posted); the thread's "

@@ -48,7 +48,14 @@ int nvpl_call(uint32_t fid, uint64_t hostmask, const uint8_t *payload, size_t le
  * lies elsewhere in the proxy, and Python translates its addresses). */
 #define NVPL_FAST_POSTED 1 /* its posted calls (they create, configure and destroy nothing) */
 #define NVPL_FAST_WAITED 2 /* its calls that wait for a reply (likewise, and outputs it need not wait for) */
+#define NVPL_FAST_GENERATE 4 /* its posted calls, each the same as its generator's latest record (a generation) */
 void nvpl_allow_fast(uint32_t fid, int how);
+/* A generator's latest generation record (Python's: its payload with the output's slot, parameter out, zero; NULL:
+ * none): posted calls the same as it but for their output are made by C and counted, until Python takes the count
+ * into the record. */
+void nvpl_teach_generation(int kind, uint64_t id, uint32_t fid, int out, uint64_t hostmask, const uint8_t *payload,
+                           size_t len);
+uint64_t nvpl_take_generated(int kind, uint64_t id);
 void nvpl_handle_slow(int kind, uint64_t id, int slow);
 void nvpl_fast_host_only(int on);
 /* CDEF-END */

@@ -75,6 +75,19 @@ int cublasSgemm_v2(struct ctx *h, int ta, int tb, int m, int n, int k, const flo
         }
     return 0;
 }
+int cublasZdotc_v2(struct ctx *h, int n, const double *x, int incx, const double *y, int incy, double *result)
+{
+    (void)h;
+    double re = 0, im = 0; /* (conj(x) . y, complex doubles) */
+    for (int i = 0; i < n; i++) {
+        const double *a = x + 2 * i * incx, *b = y + 2 * i * incy;
+        re += a[0] * b[0] + a[1] * b[1];
+        im += a[0] * b[1] - a[1] * b[0];
+    }
+    result[0] = re;
+    result[1] = im;
+    return 0;
+}
 const char *cublasGetStatusName(int s) { return s == 0 ? "CUBLAS_STATUS_SUCCESS" : "CUBLAS_STATUS_OTHER"; }
 
 /* For the test program's link only: the shim answers these itself, or refuses them */

@@ -20,6 +20,7 @@ CONSTANTS = wire.defines(wire.cdef_block(TEXT), "NVPL_")
 E_NOLIB, E_NOSYM, E_HANDLE = CONSTANTS["NVPL_E_NOLIB"], CONSTANTS["NVPL_E_NOSYM"], CONSTANTS["NVPL_E_HANDLE"]
 E_BAD, E_OUT = CONSTANTS["NVPL_E_BAD"], CONSTANTS["NVPL_E_OUT"]
 FAST_POSTED, FAST_WAITED = CONSTANTS["NVPL_FAST_POSTED"], CONSTANTS["NVPL_FAST_WAITED"]
+FAST_GENERATE = CONSTANTS["NVPL_FAST_GENERATE"]
 NULL_SLOT = (1 << 64) - 1
 STRING_CAP = 4096  # the longest string a function's answer carries
 
@@ -74,6 +75,16 @@ class Executor:
     def fast_host_only(self, on: bool) -> None:
         """The fast path takes only calls that give the library no device memory (the sim backend's)."""
         self.lib.nvpl_fast_host_only(int(on))
+
+    def teach_generation(self, owner: tuple[int, int], fid: int, out: int, hostmask: int,
+                         payload: bytes | None) -> None:
+        """The generator's latest generation record (None: none), whose like the fast path makes and counts."""
+        buf = ffi.from_buffer(payload) if payload is not None else ffi.NULL
+        self.lib.nvpl_teach_generation(owner[0], owner[1], fid, out, hostmask, buf, len(payload or b""))
+
+    def take_generated(self, owner: tuple[int, int]) -> int:
+        """How many calls like its record the fast path made for the generator since it was last asked."""
+        return int(self.lib.nvpl_take_generated(owner[0], owner[1]))
 
     def handle_slow(self, kind: int, hid: int, slow: bool) -> None:
         self.lib.nvpl_handle_slow(kind, hid, int(slow))

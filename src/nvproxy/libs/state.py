@@ -132,7 +132,7 @@ class LibState:
             return self._refused(f, res)
         ok = f.retkind != "status" or res.ret == 0
         if ok and record:
-            self._note(f, slots, hostmask, payload, out_cap, res, ch, dev)
+            self._note(f, slots, hostmask, payload, out_cap, res, ch, dev, fast)
         if fast and fid not in self.fast:
             how = _fast_how(f)
             if how:
@@ -175,7 +175,7 @@ class LibState:
         return self.serial
 
     def _note(self, f: spec.Func, slots: tuple[int, ...], hostmask: int, payload: bytes, out_cap: int,
-              res: Any, ch: Any, dev: int) -> None:
+              res: Any, ch: Any, dev: int, fast: bool = False) -> None:
         assert self.exe is not None
         owner = (f.params[f.owner].kind, slots[f.owner]) if f.owner >= 0 else None
         if f.state == "create":
@@ -193,6 +193,7 @@ class LibState:
                 self.records.pop(old, None)
             n = self.keys[key] = self._add(Record(f.fid, hostmask, payload, out_cap, dev, owner,
                                                   self._refs(f, slots)))
+            self._took_generated(owner, forget=True)
             self.last_generation.pop(owner, None)
             if f.stream_setter:
                 h = self.handles[owner]
@@ -200,22 +201,39 @@ class LibState:
                 h.setter, h.bound = n, ch
                 self.exe.handle_slow(owner[0], owner[1], h.stream == PER_THREAD)
         elif f.state == "generate" and owner is not None and owner in self.handles:
-            self._generated(f, slots, hostmask, payload, out_cap, dev, owner)
+            self._generated(f, slots, hostmask, payload, out_cap, dev, owner, fast)
 
     def _generated(self, f: spec.Func, slots: tuple[int, ...], hostmask: int, payload: bytes, out_cap: int,
-                   dev: int, owner: tuple[int, int]) -> None:
+                   dev: int, owner: tuple[int, int], fast: bool) -> None:
         """A generation call: counted into the generator's latest record when it is the same call (its output
-        pointer aside: a replay writes scratch memory)."""
+        pointer aside: a replay writes scratch memory).  fast: the C fast path makes and counts the posted calls
+        like it that follow."""
         out = _output_param(f)
         body = bytearray(payload)
-        if not hostmask >> out & 1:  # (device memory: a replay writes scratch; host memory: its length stays)
+        device = not hostmask >> out & 1
+        if device:  # (device memory: a replay writes scratch; host memory: its length stays)
             struct.pack_into("<Q", body, 8 * out, 0)
+        self._took_generated(owner)
         last = self.records.get(self.last_generation.get(owner, -1))
         if last is not None and last.fid == f.fid and last.payload == bytes(body) and last.hostmask == hostmask:
             last.count += 1
+        else:
+            self.last_generation[owner] = self._add(Record(f.fid, hostmask, bytes(body), out_cap, dev, owner,
+                                                           self._refs(f, slots)))
+        if fast and self.exe is not None:
+            self.exe.teach_generation(owner, f.fid, out, hostmask, bytes(body) if device else None)
+
+    def _took_generated(self, owner: tuple[int, int], forget: bool = False) -> None:
+        """The generation calls the C fast path made for owner since it was last asked, counted into the
+        generator's latest record (they were the same call); forget: C makes no more of them."""
+        if self.exe is None:
             return
-        self.last_generation[owner] = self._add(Record(f.fid, hostmask, bytes(body), out_cap, dev, owner,
-                                                       self._refs(f, slots)))
+        n = self.exe.take_generated(owner)
+        last = self.records.get(self.last_generation.get(owner, -1))
+        if n and last is not None:
+            last.count += n
+        if forget:
+            self.exe.teach_generation(owner, 0, 0, 0, None)
 
     def _drop(self, h: tuple[int, int]) -> None:
         """A handle destroyed: its records, and those naming it, go."""
@@ -230,6 +248,8 @@ class LibState:
 
     # ---- checkpoint and restore ----
     def describe(self) -> dict[str, Any]:
+        for owner in list(self.last_generation):
+            self._took_generated(owner)
         recs = []
         for r in self.records.values():
             f = self.spec.func(r.fid)
@@ -306,10 +326,13 @@ class LibState:
 
 def _fast_how(f: spec.Func) -> int:
     """Which calls of f the proxy's C fast path may make (native.FAST_*): none of a function that creates,
-    configures or destroys what a restore makes again (its records are Python's), nor waited ones whose host outputs
-    need a wait for the device (sync) or are a string."""
+    configures or destroys what a restore makes again (its records are Python's) but posted generation calls that
+    repeat their generator's latest record, nor waited ones whose host outputs need a wait for the device (sync) or
+    are a string."""
     from . import native
 
+    if f.state == "generate" and f.posted_possible:
+        return native.FAST_GENERATE  # (counted into the generator's record: _generated)
     if f.state:
         return 0
     waited = native.FAST_WAITED if not f.sync and f.retkind in ("status", "value") else 0
