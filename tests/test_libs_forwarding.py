@@ -30,7 +30,7 @@ def fakes(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(d / soname), str(FAKES / f"fake_{name}.c"), "-lm"],
                        check=True)
         (d / f"lib{name}.so").symlink_to(soname)
-    for name in ("libs_app", "libs_failures"):
+    for name in ("libs_app", "libs_failures", "libs_constant"):
         subprocess.run([nvcc, "-cudart", "shared", "-o", str(d / name), str(FAKES / f"{name}.cu"), f"-L{d}",
                         "-lcublas", "-lcurand", "-lcufft", "-Xlinker", f"-rpath={d}"], check=True)
     return d, d / "libs_app"
@@ -96,6 +96,19 @@ def test_a_posted_failure_goes_to_its_own_librarys_next_waited_call(fakes: tuple
                  f"round {k} config: saxpy 0, curand 0, cublas 7, then 0"]
     assert r.stdout.splitlines() == [*want, "destroy: 0"], r.stderr
     assert r.stderr.count("nvproxy: cublasSaxpy_v2 returned status 7 after it had returned (it was posted)") == 6
+
+
+def test_constant_answers_are_asked_once(fakes: tuple[Path, Path]) -> None:
+    """Versions and status names never change in a process: the shim asks the proxy once per argument and answers
+    the rest itself, on every thread (a query per call would cost a round trip each)."""
+    d, _exe = fakes
+    r = run(nvproxy_cmd(d / "libs_constant", "sim", "libs_constant"),
+            env=hooked(NVPROXY_LIB_DIR=str(d), FAKE_SAY_VERSION="1"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == ["versions 10400 10400 10400, failures 0",
+                                     "CUBLAS_STATUS_SUCCESS (same string: 1), CUBLAS_STATUS_OTHER"], r.stderr
+    assert r.stderr.count("fake curandGetVersion called") == 1, r.stderr
+    assert r.stderr.count("fake cublasGetStatusName called") == 2, r.stderr  # (for status 0, and for 1)
 
 
 def test_without_the_libraries_calls_fail_cleanly(fakes: tuple[Path, Path]) -> None:

@@ -17,6 +17,7 @@
 #define NVPL_ORDERED 1 /* stream-ordered: posted (no reply) when it writes no host memory this time */
 #define NVPL_VALUE 2   /* returns a number, not a status */
 #define NVPL_STRING 4  /* returns a string */
+#define NVPL_CONST 8   /* its answer depends on its plain arguments alone: asked once, then kept */
 
 struct nvpl_lib_info {
     const char *name, *soname;

@@ -207,6 +207,8 @@ def gen_shim(sp: S.Spec) -> str:
         flags = [LIB_FLAGS[f.retkind]] if f.retkind in ("value", "string") else []
         if f.posted_possible:
             flags.append("NVPL_ORDERED")
+        if f.constant:
+            flags.append("NVPL_CONST")
         fl = " | ".join(str(x) for x in flags) if flags else "0"
         why = '"' + f.why.replace('"', "'") + '"' if f.how == "fail" else "NULL"
         out.append(f'    {{"{f.name}", {libs.index(f.lib)}, {fl}, {why}}},\n')

@@ -2,6 +2,7 @@
  * tests/libfakes/libs_app.cu uses, computed on the host.  On sim, device memory is host memory at the same
  * addresses in the proxy, so this library, loaded by the proxy (NVPROXY_LIB_DIR), reads and writes it directly.
  * Linked into the test program too, where the shim's entry points replace every function of it. */
+#include <stdio.h>
 #include <stdlib.h>
 
 struct ctx {
@@ -88,7 +89,12 @@ int cublasZdotc_v2(struct ctx *h, int n, const double *x, int incx, const double
     result[1] = im;
     return 0;
 }
-const char *cublasGetStatusName(int s) { return s == 0 ? "CUBLAS_STATUS_SUCCESS" : "CUBLAS_STATUS_OTHER"; }
+const char *cublasGetStatusName(int s)
+{
+    if (getenv("FAKE_SAY_VERSION"))
+        fprintf(stderr, "fake cublasGetStatusName called\n");
+    return s == 0 ? "CUBLAS_STATUS_SUCCESS" : "CUBLAS_STATUS_OTHER";
+}
 
 /* For the test program's link only: the shim answers these itself, or refuses them */
 #define LINK_ONLY(name) \

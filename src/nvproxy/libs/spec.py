@@ -100,6 +100,7 @@ class Func:
     local: str = ""  # shim: a C expression (the status) answering it without the proxy
     sync: bool = False  # the proxy waits for the device after the call (host memory it may still use)
     stream_setter: bool = False  # sets its owner's stream (a per-thread stream is bound to the calling thread)
+    constant: bool = False  # its answer depends on its plain arguments alone (a version): the shim keeps it
     classified: bool = False
     raw: tuple[str, list[str]] = ("", [])  # the description's return type and parameters, until classified
 
@@ -338,6 +339,8 @@ def classify(spec: Spec, lib: Library, f: Func) -> None:
         f.ordered = uses_main and f.state in ("", "generate") and not unordered
     if f.how == "forward":
         _check_forwardable(f)
+    f.constant = f.how == "forward" and bool(re.search(getattr(ann, "CONSTANT", r"(?!)"), f.name)) and all(
+        p.role in ("val", "out") for p in f.params)
 
 
 def _index(f: Func, name: str) -> int:

@@ -10,6 +10,8 @@ MAIN_HANDLES = ("cublasHandle_t",)
 MODE = "nvpl_host_mode(handle)"
 CONFIG = r"^cublasSet(Stream|PointerMode|MathMode|AtomicsMode|Workspace|SmCountTarget|Emulation|FixedPoint)"
 UNORDERED = r"^cublas(Get|Set|Create|Destroy|Logger)"
+# answers that never change in a process: the shim asks the proxy once
+CONSTANT = r"^cublasGet(Version|Property|StatusName|StatusString|CudartVersion)$"  # (not _v2: a handle)
 LEGACY = (r"^cublas", "the legacy cuBLAS API (cublas.h) is not forwarded; use cublas_v2.h")
 
 _EX_SCALAR = "nvpl_compute_size(computeType, Ctype)"

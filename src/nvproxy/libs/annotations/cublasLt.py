@@ -13,6 +13,8 @@ HANDLE_TYPES = {t: t for t in ("cublasLtMatmulDesc_t", "cublasLtMatrixLayout_t",
 CONFIG = r"SetAttribute$"
 CONFIG_KEYS = r"attr"
 UNORDERED = r"^cublasLtMatmulAlgo"
+# answers that never change in a process: the shim asks the proxy once
+CONSTANT = r"^cublasLtGet(Version|Property|StatusName|StatusString|CudartVersion)$"
 
 _ATTR_GET = r"GetAttribute$"
 

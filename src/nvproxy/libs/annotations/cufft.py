@@ -13,6 +13,8 @@ HANDLE_TYPES = {"cufftHandle": "cufftHandle"}
 CONFIG = r"^cufft(Set|MakePlan|ResetPlanProperty|XtMakePlanMany)"
 CONFIG_KEYS = r"property"
 UNORDERED = r"^cufft(Set|Get|Create|Destroy|MakePlan|Estimate|Plan|ResetPlan|XtMakePlan|XtGetSize)"
+# answers that never change in a process: the shim asks the proxy once
+CONSTANT = r"^cufftGet(Version|Property)$"
 
 _RANK_ARRAYS = r"^(n|inembed|onembed)$"
 

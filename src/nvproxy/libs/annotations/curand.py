@@ -12,6 +12,8 @@ STATUS = {"success": 0, "invalid_handle": 101, "invalid_value": 104, "internal":
 MAIN_HANDLES = ("curandGenerator_t",)
 CONFIG = r"^curandSet|^curandGenerateSeeds$"
 UNORDERED = r"^curand(Set|Get|Create|Destroy)"
+# answers that never change in a process: the shim asks the proxy once
+CONSTANT = r"^curandGet(Version|Property)$"
 
 MODE = "nvpl_host_mode(generator)"  # (a host generator's output is host memory)
 

@@ -14,6 +14,8 @@ CONFIG = (r"^cusolver(Dn|Sp|Rf)Set|SetAdvOptions$|^cusolverDnX(syevj|gesvdj)Set"
           r"|^cusolverDnIRSParams(Set|Enable|Disable)|^cusolverDnIRSInfosRequestResidual$")
 CONFIG_KEYS = r"function"
 UNORDERED = r"^cusolver(Dn|Sp|Rf)?(Set|Get|Create|Destroy|Logger)|_bufferSize\w*$|bufferInfo|GetResidual|GetSweeps"
+# answers that never change in a process: the shim asks the proxy once
+CONSTANT = r"^cusolverGet(Version|Property)$"
 
 # cusolverSp's computations on host matrices that are forwarded (the matrices travel with the call; the rest of
 # its *Host functions keep state in host buffers between calls, and fail)

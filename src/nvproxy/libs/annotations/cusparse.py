@@ -14,6 +14,8 @@ CONFIG = (r"^cusparseSet|SetPointers$|SetValues$|SetStridedBatch$|SetAttribute$|
 CONFIG_KEYS = r"attribute"
 UNORDERED = (r"^cusparse(Set|Get|Create|Destroy|Logger)|_bufferSize\w*$|_createDescr$|_destroyDescr$"
              r"|_createPlan$|_destroyPlan$|_getNumProducts$")
+# answers that never change in a process: the shim asks the proxy once
+CONSTANT = r"^cusparseGet(Property|ErrorName|ErrorString)$"  # (not GetVersion: a handle)
 
 _TYPED = r"^cusparse(SpMV|SpMM|SpSV|SpSM|SDDMM|SpGEMM|SpGEMMreuse|SpMMOp)"
 
