@@ -2,6 +2,7 @@
  * must survive a restart into a fresh proxy); callbacks run here, in the
  * application, on a callback thread the proxy drives in stream order. */
 #include "shim.h"
+#include "transport.h"
 
 #include <errno.h>
 #include <stdatomic.h>
