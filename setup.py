@@ -50,6 +50,23 @@ class BuildShim(build_ext):
             dst.mkdir(parents=True, exist_ok=True)
             for h in HEADERS:
                 shutil.copy2(h, dst / h.name)
+            prebuilt_ffi(Path(base) / "nvproxy" / "_ffi")
+
+
+def prebuilt_ffi(directory: Path) -> None:
+    """The cffi declarations parsed now, not at each proxy start (src/nvproxy/ffi_prebuilt.py); without cffi
+    here, one line says so and the package parses them at run time."""
+    sys.path.insert(0, str(ROOT / "src"))
+    try:
+        import cffi  # noqa: F401
+
+        from nvproxy import ffi_prebuilt
+    except ImportError as e:
+        print(f"nvproxy: cffi declarations left to be parsed at run time: {e}", file=sys.stderr)
+        return
+    finally:
+        sys.path.pop(0)
+    ffi_prebuilt.emit_all(directory)
 
 
 shim = Extension(
