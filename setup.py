@@ -35,7 +35,8 @@ def cuda_include() -> str:
 class BuildShim(build_ext):
     def get_ext_filename(self, ext_name: str) -> str:
         parts = ext_name.split(".")
-        if parts[-1] in ("libnvproxy", "libnvproxy_fast", "libnvproxy_cuda"):  # called with the full name and with the last part
+        # (called with the full name and with the last part)
+        if parts[-1] in ("libnvproxy", "libnvproxy_fast", "libnvproxy_cuda"):
             return os.path.join(*parts[:-1], parts[-1] + ".so")
         return super().get_ext_filename(ext_name)
 
