@@ -32,7 +32,7 @@ def _layout(ffi) -> dict[str, tuple]:
             t = ffi.typeof(f"{kind} {name}")
             try:
                 size = ffi.sizeof(t)
-            except (ValueError, cffi.FFIError):
+            except (ValueError, getattr(ffi, "error", ValueError)):  # (each kind of FFI has its own)
                 continue  # (opaque: a handle's type)
             out[f"{kind} {name}"] = (size, [(f, ffi.offsetof(t, f)) for f, _ in t.fields])
     return out
