@@ -4,6 +4,7 @@ the proxy's native part (fast path, checksums, image file loading), which Python
 with cffi, and an empty library named libcuda.so.1 that is preloaded with the shim."""
 
 import os
+import platform
 import shutil
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ ROOT = Path(__file__).resolve().parent
 SHIM = "nvproxy._native.libnvproxy"
 FAST = "nvproxy._native.libnvproxy_fast"
 NAME = "nvproxy._native.libnvproxy_cuda"
+PROBE = "nvproxy._native.libnvproxy_firstcall"
 HEADERS = [ROOT / "native" / "include" / "nvproxy_wire.h", ROOT / "native" / "proxy" / "fastpath.h",
            ROOT / "native" / "proxy" / "checksum.h", ROOT / "native" / "proxy" / "fileload.h",
            ROOT / "native" / "proxy" / "libexec.h"]
@@ -36,7 +38,7 @@ class BuildShim(build_ext):
     def get_ext_filename(self, ext_name: str) -> str:
         parts = ext_name.split(".")
         # (called with the full name and with the last part)
-        if parts[-1] in ("libnvproxy", "libnvproxy_fast", "libnvproxy_cuda"):
+        if parts[-1] in ("libnvproxy", "libnvproxy_fast", "libnvproxy_cuda", "libnvproxy_firstcall"):
             return os.path.join(*parts[:-1], parts[-1] + ".so")
         return super().get_ext_filename(ext_name)
 
@@ -95,4 +97,13 @@ name = Extension(
     extra_link_args=["-Wl,-soname,libcuda.so.1"],
 )
 
-setup(ext_modules=[shim, fast, name], cmdclass={"build_ext": BuildShim})
+# the first-call probe of `nvproxy bench --apps` (its trampolines are x86-64 code)
+probe = Extension(
+    PROBE,
+    sources=["native/probe/first_call.c"],
+    extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra", "-fvisibility=hidden"],
+    libraries=["dl"],
+)
+X86_64 = platform.machine() in ("x86_64", "AMD64")
+
+setup(ext_modules=[shim, fast, name, *([probe] if X86_64 else [])], cmdclass={"build_ext": BuildShim})
