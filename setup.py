@@ -4,6 +4,7 @@ the proxy's native part (fast path, checksums, image file loading), which Python
 with cffi, and an empty library named libcuda.so.1 that is preloaded with the shim."""
 
 import os
+import platform
 import shutil
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ ROOT = Path(__file__).resolve().parent
 SHIM = "nvproxy._native.libnvproxy"
 FAST = "nvproxy._native.libnvproxy_fast"
 NAME = "nvproxy._native.libnvproxy_cuda"
+PROBE = "nvproxy._native.libnvproxy_firstcall"
 HEADERS = [ROOT / "native" / "include" / "nvproxy_wire.h", ROOT / "native" / "proxy" / "fastpath.h",
            ROOT / "native" / "proxy" / "checksum.h", ROOT / "native" / "proxy" / "fileload.h",
            ROOT / "native" / "proxy" / "libexec.h"]
@@ -35,7 +37,8 @@ def cuda_include() -> str:
 class BuildShim(build_ext):
     def get_ext_filename(self, ext_name: str) -> str:
         parts = ext_name.split(".")
-        if parts[-1] in ("libnvproxy", "libnvproxy_fast", "libnvproxy_cuda"):  # called with the full name and with the last part
+        # (called with the full name and with the last part)
+        if parts[-1] in ("libnvproxy", "libnvproxy_fast", "libnvproxy_cuda", "libnvproxy_firstcall"):
             return os.path.join(*parts[:-1], parts[-1] + ".so")
         return super().get_ext_filename(ext_name)
 
@@ -50,6 +53,23 @@ class BuildShim(build_ext):
             dst.mkdir(parents=True, exist_ok=True)
             for h in HEADERS:
                 shutil.copy2(h, dst / h.name)
+            prebuilt_ffi(Path(base) / "nvproxy" / "_ffi")
+
+
+def prebuilt_ffi(directory: Path) -> None:
+    """The cffi declarations parsed now, not at each proxy start (src/nvproxy/ffi_prebuilt.py); without cffi
+    here, one line says so and the package parses them at run time."""
+    sys.path.insert(0, str(ROOT / "src"))
+    try:
+        import cffi  # noqa: F401
+
+        from nvproxy import ffi_prebuilt
+    except ImportError as e:
+        print(f"nvproxy: cffi declarations left to be parsed at run time: {e}", file=sys.stderr)
+        return
+    finally:
+        sys.path.pop(0)
+    ffi_prebuilt.emit_all(directory)
 
 
 shim = Extension(
@@ -77,4 +97,13 @@ name = Extension(
     extra_link_args=["-Wl,-soname,libcuda.so.1"],
 )
 
-setup(ext_modules=[shim, fast, name], cmdclass={"build_ext": BuildShim})
+# the first-call probe of `nvproxy bench --apps` (its trampolines are x86-64 code)
+probe = Extension(
+    PROBE,
+    sources=["native/probe/first_call.c"],
+    extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra", "-fvisibility=hidden"],
+    libraries=["dl"],
+)
+X86_64 = platform.machine() in ("x86_64", "AMD64")
+
+setup(ext_modules=[shim, fast, name, *([probe] if X86_64 else [])], cmdclass={"build_ext": BuildShim})

@@ -100,7 +100,15 @@ def main() -> None:
     import site
 
     site.main()  # (what -S left out: site-packages, .pth files, sitecustomize)
-    from .cli import main as cli_main
+    from . import cli
 
     sys.argv[0] = "nvproxy"
-    raise SystemExit(cli_main(argv))
+    if argv[:1] != ["proxy"]:
+        raise SystemExit(cli.main(argv))
+    import argparse
+
+    # (the proxy's options alone: the parser of every command takes longer to build)
+    p = argparse.ArgumentParser(prog="nvproxy proxy", description=dict(cli.COMMANDS)["proxy"])
+    cli._options("proxy", p)
+    args = p.parse_args(argv[1:])
+    raise SystemExit(int(args.fn(args) or 0))

@@ -14,7 +14,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-import cffi
+from .ffi_prebuilt import load
 
 FATBIN_MAGIC = 0xBA55ED50
 KIND_PTX, KIND_ELF = 1, 2
@@ -67,11 +67,9 @@ class Module:
     variables: dict[str, Variable] = field(default_factory=dict)
 
 
-_ffi = cffi.FFI()
-_ffi.cdef(
-    "size_t ZSTD_decompress(void *dst, size_t dstCapacity, const void *src, size_t compressedSize);"
-    "unsigned ZSTD_isError(size_t code);"
-)
+CDEF = ("size_t ZSTD_decompress(void *dst, size_t dstCapacity, const void *src, size_t compressedSize);"
+        "unsigned ZSTD_isError(size_t code);")
+_ffi = load("zstd", CDEF)
 _zstd = None
 
 

@@ -12,7 +12,7 @@ import struct
 from importlib import resources
 from pathlib import Path
 
-import cffi
+from .ffi_prebuilt import load
 
 
 def header_text(name: str = "nvproxy_wire.h", folder: str = "include") -> str:
@@ -29,8 +29,8 @@ def cdef_block(text: str) -> str:
 
 
 HEADER = header_text()
-ffi = cffi.FFI()
-ffi.cdef(cdef_block(HEADER))
+CDEF = cdef_block(HEADER)
+ffi = load("wire", CDEF)
 _lib = ffi.dlopen(None)
 
 def defines(block: str, prefix: str) -> dict[str, int]:

@@ -9,13 +9,11 @@ synchronisation never stalls the others.
 
 from __future__ import annotations
 
-import cffi
-
 from ..errors import CudaError
+from ..ffi_prebuilt import load
 
-ffi = cffi.FFI()
-ffi.cdef(
-    """
+# (parsed when the package is built: ffi_prebuilt.py)
+CDEF = """
 typedef int CUresult;
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
@@ -240,7 +238,7 @@ CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *numBlocks, CU
 CUresult cuProfilerStart(void);
 CUresult cuProfilerStop(void);
 """
-)
+ffi = load("cuda_driver", CDEF)
 
 CUDA_ERROR_NOT_READY = 600
 CUDA_ERROR_NO_DEVICE = 100

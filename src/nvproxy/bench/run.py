@@ -3,11 +3,13 @@ medians, nvproxy/native ratios, a markdown table and plots.
 
     nvproxy bench [--suite micro,libs,ckpt] [--quick] [--reps N] [--backend gpu|sim] [--out DIR]
                   [--variant NAME:VAR=VALUE,...]
+    nvproxy bench --apps DIR [--reps N] [--backend gpu|sim] [--no-native] [--out DIR]
 (also `python -m nvproxy.bench.run`).  Suites: micro, the CUDA runtime's calls and copies (microbench.cu); libs,
 math-library calls (libbench.cu: SGEMM, batched GEMM, 3D FFT, normal random numbers, SpMV, a dot product returned
 to the host), each beside its target (large calls >= 0.98x native throughput, small ones <= 1.25x native time),
 and skipped with one line where the libraries are absent (the sim backend among them); ckpt, checkpoints and
-restores.  Default: all three.  Ratios are the figures to read: the machines are noisy.  A variant is
+restores.  Default: all three.  --apps DIR runs whole programs instead, every executable file in DIR (bench/apps.py
+says how, and what DIR may hold beside them).  Ratios are the figures to read: the machines are noisy.  A variant is
 nvproxy once more with other environment settings, in the same rounds (an A/B:
 `--variant sockets:NVPROXY_DEBUG=no-mailbox`).
 The CUDA programs are built on first use (build.py).  `python -m nvproxy.bench.ckpt_run` and
@@ -28,7 +30,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
 
-from . import build, libs, startup
+from . import apps, build, libs, startup
 
 HERE = Path(__file__).resolve().parent
 # for bandwidth higher is better: ratio = nvproxy/native bandwidth; for times, nvproxy/native time
@@ -75,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint-sizes",
                     help="device memory to checkpoint and restore, e.g. 1,4,16,32 (GiB) or 8M (default: "
                          "1,4,16,32 on a GPU, 8M with --quick; 'none' skips)")
+    ap.add_argument("--apps", metavar="DIR", type=Path,
+                    help="run every executable file in DIR natively and through nvproxy instead of the suites")
     args = ap.parse_args(argv)
     suites = parse_suites(args.suite)
     out = Path(args.out)
@@ -82,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     backend = args.backend or ("gpu" if shutil.which("nvidia-smi") else "sim")
     native = args.native if args.native is not None else backend == "gpu"
+    if args.apps is not None:
+        return apps.main(args.apps, args.reps, native, backend, out, env)
     variants = [parse_variant(v) for v in args.variant]
     programs: list[tuple[str, Path, list[str]]] = []  # name, binary, its `nvproxy run` options
     if "micro" in suites:

@@ -7,16 +7,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import cffi
-
 from .. import wire
+from ..ffi_prebuilt import load
 from ..proxy import fastpath
 from . import spec
 
 TEXT = wire.header_text("libexec.h", "proxy")
-ffi = cffi.FFI()
-ffi.cdef(wire.cdef_block(TEXT))
-CONSTANTS = wire.defines(wire.cdef_block(TEXT), "NVPL_")
+CDEF = wire.cdef_block(TEXT)
+ffi = load("libexec", CDEF)
+CONSTANTS = wire.defines(CDEF, "NVPL_")
 E_NOLIB, E_NOSYM, E_HANDLE = CONSTANTS["NVPL_E_NOLIB"], CONSTANTS["NVPL_E_NOSYM"], CONSTANTS["NVPL_E_HANDLE"]
 E_BAD, E_OUT = CONSTANTS["NVPL_E_BAD"], CONSTANTS["NVPL_E_OUT"]
 FAST_POSTED, FAST_WAITED = CONSTANTS["NVPL_FAST_POSTED"], CONSTANTS["NVPL_FAST_WAITED"]

@@ -13,15 +13,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import cffi
-
 from .. import wire
 from ..errors import CudaError
+from ..ffi_prebuilt import load
 
 TEXT = wire.header_text("fastpath.h", "proxy")
-ffi = cffi.FFI()
-ffi.cdef(wire.cdef_block(TEXT))
-CONSTANTS = wire.defines(wire.cdef_block(TEXT), "NVPF_")
+CDEF = wire.cdef_block(TEXT)
+ffi = load("fastpath", CDEF)
+CONSTANTS = wire.defines(CDEF, "NVPF_")
 MORE, PYTHON, REPLY = CONSTANTS["NVPF_MORE"], CONSTANTS["NVPF_PYTHON"], CONSTANTS["NVPF_REPLY"]
 IDLE, CLOSED, FDS = CONSTANTS["NVPF_IDLE"], CONSTANTS["NVPF_CLOSED"], CONSTANTS["NVPF_FDS"]
 WAIT_NONE, WAIT_STREAM, WAIT_EVENT = (CONSTANTS[f"NVPF_WAIT_{k}"] for k in ("NONE", "STREAM", "EVENT"))

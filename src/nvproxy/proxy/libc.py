@@ -6,20 +6,17 @@ from __future__ import annotations
 
 import os
 
-import cffi
-
 from ..boot import reserve_range as reserve  # noqa: F401  (hostimage's; one implementation)
+from ..ffi_prebuilt import load
 
-ffi = cffi.FFI()
-ffi.cdef(
-    """
+CDEF = """
 void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset);
 int munmap(void *addr, size_t length);
 int madvise(void *addr, size_t length, int advice);
 void *memset(void *s, int c, size_t n);
 int fflush(void *stream);
 """
-)
+ffi = load("libc", CDEF)
 _c = ffi.dlopen(None)
 
 PROT_READ, PROT_WRITE = 1, 2
