@@ -19,7 +19,7 @@ NAME = "nvproxy._native.libnvproxy_cuda"
 PROBE = "nvproxy._native.libnvproxy_firstcall"
 HEADERS = [ROOT / "native" / "include" / "nvproxy_wire.h", ROOT / "native" / "proxy" / "fastpath.h",
            ROOT / "native" / "proxy" / "checksum.h", ROOT / "native" / "proxy" / "fileload.h",
-           ROOT / "native" / "proxy" / "libexec.h"]
+           ROOT / "native" / "proxy" / "libexec.h", ROOT / "native" / "proxy" / "reach.h"]
 
 
 def cuda_include() -> str:

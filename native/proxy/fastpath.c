@@ -1,6 +1,7 @@
 /* The proxy's native fast path (see fastpath.h).  Runs on the dispatcher
  * thread only; Python calls in with the GIL released. */
 #include "fastpath.h"
+#include "reach.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -600,6 +601,7 @@ static int execute(struct nvpf_chan *ch, const struct nvp_req *q, const uint8_t 
         ch->ahead_n = 0; /* (Python executed those: their events are simply not waited for here) */
     if (issues_work(q))
         nvpf_note_issue();
+    nvpr_note(q->op, q->a, payload, plen); /* (what it may write: before it runs, whoever runs it) */
     switch (q->op) {
     case NVP_OP_LAUNCH:
         return wants_reply ? TO_PYTHON : launch(ch, q, payload, plen);

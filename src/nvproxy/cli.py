@@ -480,7 +480,8 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     pid, sock = find_proxy(args.pid)
     if note:
         print(f"nvproxy checkpoint: {note}", file=sys.stderr)
-    reply = _control_call(sock, pid, {"cmd": "checkpoint", "image": image})
+    reply = _control_call(sock, pid, {"cmd": "checkpoint", "image": image, "incremental": args.incremental,
+                                      "verify": not args.tracked})
     if not reply.get("ok") and not _alive(pid):
         _remove_partial_image(image, pid)
         print(f"nvproxy checkpoint: no image written to {image}: {reply.get('error')}", file=sys.stderr)
@@ -489,9 +490,16 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
         print(f"nvproxy checkpoint: {reply.get('error')}", file=sys.stderr)
         return 1
     s = reply["stats"]
-    print(f"{image}: {s['device_bytes'] >> 20} MiB of device memory copied out in {s['seconds']:.3f} s "
+    if s.get("note"):
+        print(f"nvproxy checkpoint: {s['note']}", file=sys.stderr)
+    print(f"{image}: {s.get('copied_bytes', s['device_bytes']) >> 20} MiB of device memory copied out in "
+          f"{s['seconds']:.3f} s "
           f"({s['gbps']:.1f} GB/s); the application was stopped {s['stopped_s']:.3f} s; "
           f"file written in {s['file_s']:.3f} s")
+    if args.incremental:
+        from .checkpoint.report import incremental_line
+
+        print(incremental_line(s))
     return 0
 
 
@@ -669,6 +677,13 @@ def _options(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("-o", "--output", help="image file, or a directory to write nvproxy-PID.img in "
                        "(default: nvproxy-PID.img here)")
         p.add_argument("--dmtcp", action="store_true", help="checkpoint the DMTCP computation instead (and wait)")
+        p.add_argument("--incremental", action="store_true",
+                       help="write from the device only what changed since the last image of this program in the "
+                       "same directory, taking the rest from that image's file (the image stays whole): everything "
+                       "is copied out and compared, and memory that write tracking had not marked is reported")
+        p.add_argument("--tracked", action="store_true",
+                       help="with --incremental: copy out only what write tracking marks, a shorter stop (exact for "
+                       "programs that keep device addresses in pointer-sized words: docs/architecture.md)")
         p.add_argument("--coord-port", type=int, help="DMTCP coordinator port (with --dmtcp; default: "
                        "$DMTCP_COORD_PORT, else 7779)")
         p.add_argument("--timeout", type=_positive, default=600, help="seconds (default 600)")

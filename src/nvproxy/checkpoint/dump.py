@@ -4,6 +4,7 @@ and the modules themselves, into one image in the host image buffer."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any
@@ -18,6 +19,7 @@ from . import hostimage, transfer
 from .checksum import checksum
 from .hostimage import HostImage
 from .image import ALIGN, Layout, encode_header
+from .parent import Parent
 
 PROGRESS_OVER = 1 << 30
 
@@ -95,21 +97,25 @@ def prefault(state: ProcessState) -> None:
             himg.lock.release()
 
 
-def dump(state: ProcessState, himg: HostImage) -> dict[str, Any]:
+def dump(state: ProcessState, himg: HostImage, parent: Parent | None = None) -> dict[str, Any]:
     """Write an image of everything into the host image buffer (the device must be idle).
-    Returns statistics; the image is the buffer's first stats["image_bytes"] bytes."""
+    Returns statistics; the image is the buffer's first stats["image_bytes"] bytes.  parent: an earlier image
+    whose unchanged mappings are taken from its file (stats["reuse"]), not copied from the device."""
     t0 = time.monotonic()
     if state.broken:
         return _dump_broken(state, himg, t0)
     # (the proxy's thread may have begun stream captures: in global or thread-local mode they forbid it the calls
     # a checkpoint makes)
     with state.backend.capture_relaxed():
-        return _dump(state, himg, t0)
+        return _dump(state, himg, t0, parent)
 
 
-def _dump(state: ProcessState, himg: HostImage, t0: float) -> dict[str, Any]:
+def _dump(state: ProcessState, himg: HostImage, t0: float, parent: Parent | None) -> dict[str, Any]:
     be = state.backend
     header = describe(state)
+    header["id"] = os.urandom(16).hex()
+    if parent is not None:
+        header["parent"] = {"name": os.path.basename(parent.path), "id": parent.id}
     layout = Layout()
     modules = []
     for mod_id, image in sorted(state.images.items()):
@@ -138,12 +144,14 @@ def _dump(state: ProcessState, himg: HostImage, t0: float) -> dict[str, Any]:
         himg.view(r["offset"], len(image))[:] = image
         r["crcs"] = [checksum(image)]
     total = sum(r["size"] for r in device_regions if r["kind"] == "mem")
+    reuse: list[tuple[int, int, int]] = []  # (offset here, offset in the parent's file, bytes)
+    copied = [r for r in device_regions if parent is None or not parent.takes(r, reuse)]
     done = 0
     t_copy = time.monotonic()
     for dev in sorted(state.devices):
         m = transfer.Mover(be, dev)
         try:
-            for r in device_regions:
+            for r in copied:
                 if r["dev"] == dev:
                     r["crcs"] = transfer.device_to_host(m, himg, r.pop("from"), r["size"], r["offset"])
                     done += r["size"] if r["kind"] == "mem" else 0
@@ -152,6 +160,9 @@ def _dump(state: ProcessState, himg: HostImage, t0: float) -> dict[str, Any]:
         finally:
             m.close()
     t_copy = time.monotonic() - t_copy
+    missed = parent.verified(copied, reuse) if parent is not None else []
+    for r in device_regions:
+        r.pop("from", None)
     for r in array_regions:  # (through pageable memory: arrays are small beside the arena)
         rec = state.arrays[r["id"]]
         be.activate(rec.dev)
@@ -166,7 +177,11 @@ def _dump(state: ProcessState, himg: HostImage, t0: float) -> dict[str, Any]:
     seconds = time.monotonic() - t0
     return {"device_bytes": total, "image_bytes": layout.end + len(data), "seconds": seconds,
             "gbps": total / seconds / 1e9 if seconds > 0 else 0.0, "grow_s": t_grow,
-            "copy_gbps": total / t_copy / 1e9 if t_copy > 0 else 0.0}
+            "copy_gbps": total / t_copy / 1e9 if t_copy > 0 else 0.0, "id": header["id"],
+            "copied_bytes": sum(r["size"] for r in copied if r["kind"] == "mem"),
+            "written_bytes": total - sum(n for _o, _p, n in reuse), "reused_bytes": sum(n for _o, _p, n in reuse),
+            "reuse": reuse, "missed": missed,
+            "scan": [(r["kind"], r.get("va", 0), r["offset"], r["size"]) for r in copied]}
 
 
 def _dump_broken(state: ProcessState, himg: HostImage, t0: float) -> dict[str, Any]:

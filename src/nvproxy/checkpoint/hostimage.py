@@ -32,6 +32,7 @@ one registration).
 from __future__ import annotations
 
 import bisect
+import errno
 import os
 import threading
 from collections.abc import Iterator
@@ -42,6 +43,7 @@ from typing import Any
 from ..proxy import libc
 from .image import CHUNK, atomic_file
 
+Reuse = tuple[int, list[tuple[int, int, int]]]
 BASE = 0x100000000000  # 16 TiB: below the device arenas (32 TiB up), far from where Linux puts mmaps
 RESERVE = 4 << 40
 FIRST, LARGEST = 64 << 20, 1 << 30
@@ -139,19 +141,36 @@ class HostImage:
     def view(self, off: int, n: int) -> memoryview:
         return libc.buffer(self.base + off, n)
 
-    def write_file(self, path: str | Path, size: int) -> None:
-        """The first size bytes (an image) into path, atomically, on several threads."""
+    def write_file(self, path: str | Path, size: int, reuse: Reuse | None = None) -> None:
+        """The first size bytes (an image) into path, atomically, on several threads.  reuse: (a parent image's
+        fd, [(offset, offset in the parent, bytes)]): those ranges come from the parent's file instead."""
+        taken = sorted(reuse[1]) if reuse else []
 
         def write(fd: int) -> None:
             os.ftruncate(fd, size)
 
-            def part(off: int) -> None:
-                v, done = self.view(off, min(CHUNK, size - off)), 0
+            def part(span: tuple[int, int]) -> None:
+                off, end = span
+                v, done = self.view(off, end - off), 0
                 while done < len(v):
                     done += os.pwrite(fd, v[done:], off + done)
 
+            def copied(span: tuple[int, int, int]) -> None:
+                off, src, n = span
+                while n > 0:
+                    k = os.copy_file_range(reuse[0], fd, n, src, off)  # type: ignore[index]
+                    if k <= 0:
+                        raise OSError(errno.EIO, "the earlier image ended early")
+                    off, src, n = off + k, src + k, n - k
+
+            spans, at = [], 0
+            for off, _src, n in taken + [(size, 0, 0)]:
+                spans += [(a, min(a + CHUNK, off)) for a in range(at, off, CHUNK)]
+                at = off + n
+            pieces = [(off + c, src + c, min(CHUNK, n - c)) for off, src, n in taken for c in range(0, n, CHUNK)]
             with ThreadPoolExecutor(WRITERS, thread_name_prefix="nvproxy-write") as pool:
-                list(pool.map(part, range(0, size, CHUNK)))
+                list(pool.map(part, spans))
+                list(pool.map(copied, pieces))
 
         atomic_file(path, write)
 

@@ -13,9 +13,12 @@ import time
 from typing import Any
 
 from .. import wire
-from ..checkpoint import hostimage
+from ..checkpoint import hostimage, reach
 from ..checkpoint.dump import dump, estimate, prefault
 from ..checkpoint.image import WriteError
+from ..checkpoint.parent import Parent
+from ..checkpoint.parent import find as find_parent
+from ..checkpoint.reach import scan_image
 from . import control
 from .handlers.ipc import export_event, export_fd
 
@@ -29,7 +32,8 @@ def handle(server: Any, conn: socket.socket, msg: dict[str, Any]) -> bool:
         if not isinstance(msg.get("image"), str) or not msg["image"]:
             control.send(conn, {"ok": False, "error": "a checkpoint command without an image path"})
             return False
-        checkpoint(server, conn, msg["image"], bool(msg.get("disconnect")))
+        checkpoint(server, conn, msg["image"], bool(msg.get("disconnect")), bool(msg.get("incremental")),
+                   bool(msg.get("verify")))
         return True
     if cmd == "usage":
         st = server.dispatch.state
@@ -60,9 +64,11 @@ def handle(server: Any, conn: socket.socket, msg: dict[str, Any]) -> bool:
     return False
 
 
-def _dump(server: Any, disconnect: bool = False) -> tuple[hostimage.HostImage, dict[str, Any]]:
+def _dump(server: Any, disconnect: bool = False, parent: Parent | None = None
+          ) -> tuple[hostimage.HostImage, dict[str, Any]]:
     """Stop at a cut, let the device drain and copy everything into the host
-    image buffer.  Returns the buffer, still locked, and the statistics.
+    image buffer (parent: but what is unchanged since that image).  Returns the buffer, still locked, and the
+    statistics (stats["cut"]: the epoch of write tracking the image closes).
     The idle device is the time to unregister spare staging buffers (and, where the application's shim drops its
     channels after this checkpoint, theirs: disconnect): unregistering waits for running kernels."""
     from .handlers.memory import drop_staging  # (handlers import the server, which imports this)
@@ -72,27 +78,47 @@ def _dump(server: Any, disconnect: bool = False) -> tuple[hostimage.HostImage, d
     himg = hostimage.locked(state)
     try:
         server.quiesce()
+        cut = reach.of(state).cut()
         drop_staging(server.dispatch, server.channels if disconnect else ())
-        stats = dump(state, himg)
+        stats = dump(state, himg, parent)
         hostimage.before_release(himg)
     except BaseException:
         hostimage.after_checkpoint(state, himg)
         raise
     stats["stopped_s"] = time.monotonic() - t0
+    stats["cut"] = cut
+    stats["mappings"] = reach.of(state).mappings()
     return himg, stats
 
 
-def checkpoint(server: Any, conn: socket.socket, path: str, disconnect: bool = False) -> None:
+def checkpoint(server: Any, conn: socket.socket, path: str, disconnect: bool = False, incremental: bool = False,
+               verify: bool = False) -> None:
     """The application goes on as soon as the device memory is in the buffer;
-    a thread writes the file from it and then answers."""
-    himg, stats = _dump(server, disconnect)
+    a thread writes the file from it and then answers.  incremental: only what may have changed since the last
+    image written into the same directory is copied from the device (verify: everything is, and compared)."""
+    tracking = reach.of(server.dispatch.state)
+    parent, note = find_parent(tracking, path, verify) if incremental else (None, "")
+    try:
+        himg, stats = _dump(server, disconnect, parent)
+    except BaseException:
+        if parent is not None:
+            parent.close()
+        raise
     before = server.writer
 
     def persist() -> None:
         try:
             t = time.monotonic()
-            himg.write_file(path, stats["image_bytes"])
+            himg.write_file(path, stats["image_bytes"], (parent.fd, stats["reuse"]) if parent is not None else None)
             stats["file_s"] = time.monotonic() - t
+            if not stats.get("broken"):
+                tracking.scanned(scan_image(himg, stats, tracking))
+                tracking.images[os.path.dirname(path)] = {"path": path, "id": stats["id"], "cut": stats["cut"]}
+            stats.pop("reuse"), stats.pop("scan"), stats.pop("mappings")
+            if parent is not None:
+                stats["parent"] = parent.path
+            if note:
+                stats["note"] = note
             reply = {"ok": True, "stats": dict(stats, path=path)}
         except WriteError as e:  # (it names path; the temporary file is gone)
             reply = {"ok": False, "error": str(e)}
@@ -100,6 +126,8 @@ def checkpoint(server: Any, conn: socket.socket, path: str, disconnect: bool = F
             reply = {"ok": False, "error": f"cannot write {path}: {e}"}
         finally:
             hostimage.after_checkpoint(server.dispatch.state, himg)
+            if parent is not None:
+                parent.close()
         try:
             control.send(conn, reply)
         except OSError:
@@ -116,6 +144,8 @@ def hand_over(server: Any, conn: socket.socket, image: str | None) -> None:
     """Migration: the image stays in the host image buffer, whose memfd the new
     proxy gets with the connections (image: also write it to this file)."""
     himg, stats = _dump(server)
+    for k in ("reuse", "scan", "mappings"):  # (the image is whole, and this proxy ends)
+        stats.pop(k)
     try:
         if image:
             himg.write_file(image, stats["image_bytes"])

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import wire
+from ..checkpoint import reach
 from ..errors import NOT_SUPPORTED, STICKY, UNKNOWN, CudaError
 from . import commands, control, fastpath, mailbox
 from .handlers import graphs, ipc
@@ -536,6 +537,7 @@ class Server:
             self.backend.activate(ch.dev)
             if self.dispatch.fast is not None:
                 self.dispatch.fast.note_issue()
+            reach.of(self.dispatch.state).note(op, args, payload)  # (what it may write: checkpoint/reach.py)
             result = handler(ch, args, payload)
         except CudaError as e:
             if flags & F_REPLY:
