@@ -109,12 +109,13 @@ def checkpoint(server: Any, conn: socket.socket, path: str, disconnect: bool = F
     def persist() -> None:
         try:
             t = time.monotonic()
-            himg.write_file(path, stats["image_bytes"], (parent.fd, stats["reuse"]) if parent is not None else None)
+            reuse = stats.pop("reuse", [])
+            himg.write_file(path, stats["image_bytes"], (parent.fd, reuse) if parent is not None else None)
             stats["file_s"] = time.monotonic() - t
             if not stats.get("broken"):
                 tracking.scanned(scan_image(himg, stats, tracking))
                 tracking.images[os.path.dirname(path)] = {"path": path, "id": stats["id"], "cut": stats["cut"]}
-            stats.pop("reuse"), stats.pop("scan"), stats.pop("mappings")
+            stats.pop("scan", None), stats.pop("mappings", None)
             if parent is not None:
                 stats["parent"] = parent.path
             if note:
@@ -145,7 +146,7 @@ def hand_over(server: Any, conn: socket.socket, image: str | None) -> None:
     proxy gets with the connections (image: also write it to this file)."""
     himg, stats = _dump(server)
     for k in ("reuse", "scan", "mappings"):  # (the image is whole, and this proxy ends)
-        stats.pop(k)
+        stats.pop(k, None)
     try:
         if image:
             himg.write_file(image, stats["image_bytes"])
