@@ -24,6 +24,9 @@ BINDINGS = {
     "libc": "nvproxy.proxy.libc",
     "zstd": "nvproxy.fatbin",
     "cuda_driver": "nvproxy.backends.cuda_driver",
+    "fileload": "nvproxy.checkpoint.fileload",
+    "checksum": "nvproxy.checkpoint.checksum",
+    "reach": "nvproxy.checkpoint.reach",
 }
 
 

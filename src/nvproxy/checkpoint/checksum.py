@@ -4,13 +4,12 @@ on several threads at once."""
 
 from __future__ import annotations
 
-import cffi
-
 from .. import wire
+from ..ffi_prebuilt import load
 from ..proxy.fastpath import library_path
 
-ffi = cffi.FFI()
-ffi.cdef(wire.cdef_block(wire.header_text("checksum.h", "proxy")))
+CDEF = wire.cdef_block(wire.header_text("checksum.h", "proxy"))
+ffi = load("checksum", CDEF)
 _lib = ffi.dlopen(str(library_path()))
 
 

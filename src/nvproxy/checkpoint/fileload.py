@@ -10,17 +10,15 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import cffi
-
 from .. import wire
+from ..ffi_prebuilt import load
 from ..proxy.fastpath import library_path
 from .image import open_trusted
 
-_CDEF = wire.cdef_block(wire.header_text("fileload.h", "proxy"))
-ffi = cffi.FFI()
-ffi.cdef(_CDEF)
+CDEF = wire.cdef_block(wire.header_text("fileload.h", "proxy"))
+ffi = load("fileload", CDEF)
 _lib = ffi.dlopen(str(library_path()))
-C = wire.defines(_CDEF, "NVPL_")
+C = wire.defines(CDEF, "NVPL_")
 OK, SHORT, MISMATCH, CUDA, NO_SLOTS, THREADS, CANCELLED = (
     C[f"NVPL_{k}"] for k in ("OK", "SHORT", "MISMATCH", "CUDA", "NO_SLOTS", "THREADS", "CANCELLED"))
 SLOT_MAKING, SLOT_READY, SLOT_FAILED = C["NVPL_SLOT_MAKING"], C["NVPL_SLOT_READY"], C["NVPL_SLOT_FAILED"]

@@ -15,8 +15,8 @@ a mapping that may point anywhere, a graph launch, a device reset, an operation 
 overflowed marks every mapping.  Memory exported through CUDA IPC (other processes write it) is always marked.
 The rule holds for programs that keep device pointers as pointers, in pointer-sized aligned words; a kernel that
 rebuilds an address from other data (two 32-bit halves, an offset past the end of the allocation it was given)
-is outside it: `--verify` copies everything and compares it with the earlier image, writing what differs and
-reporting each mapping the rule missed.
+is outside it.  So an incremental checkpoint copies everything and compares it with the earlier image, writing
+what differs and reporting each mapping the rule missed; only `--tracked` trusts the rule and copies what it marks.
 """
 
 from __future__ import annotations
@@ -26,19 +26,17 @@ import weakref
 from typing import Any
 
 from .. import wire
+from ..ffi_prebuilt import load
 from ..proxy.fastpath import enabled, library_path
 
 ANYWHERE = None  # what a mapping "may point anywhere" holds
 VARS = -1  # the module variables, as one node of the graph of what may point where
 
+CDEF = wire.cdef_block(wire.header_text("reach.h", "proxy"))
 try:
-    import cffi
-
-    _CDEF = wire.cdef_block(wire.header_text("reach.h", "proxy"))
-    ffi = cffi.FFI()
-    ffi.cdef(_CDEF)
+    ffi = load("reach", CDEF)
     _lib: Any = ffi.dlopen(str(library_path())) if enabled() else None
-    C = wire.defines(_CDEF, "NVPR_")
+    C = wire.defines(CDEF, "NVPR_")
 except (OSError, ValueError, FileNotFoundError):  # (no native library: every checkpoint is taken whole)
     _lib, C = None, {}
 
