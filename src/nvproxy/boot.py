@@ -107,6 +107,7 @@ def main() -> None:
         raise SystemExit(cli.main(argv))
     import argparse
 
+    cli.whole_lines()
     # (the proxy's options alone: the parser of every command takes longer to build)
     p = argparse.ArgumentParser(prog="nvproxy proxy", description=dict(cli.COMMANDS)["proxy"])
     cli._options("proxy", p)

@@ -724,8 +724,19 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def whole_lines() -> None:
+    """Each line on stderr in one write.  A program, its proxy and a migration's new proxy share one stderr, and
+    Python's stderr writes a message and its newline apart (write-through): another process's line could come
+    between the two, leaving two messages on one line and an empty one after."""
+    try:
+        sys.stderr.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
+    except (AttributeError, ValueError):  # (not a text stream of io's: a test's capture, say)
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    whole_lines()
     if argv[:1] == ["bench"]:  # every option belongs to the benchmark runner
         return cmd_bench(argparse.Namespace(rest=argv[1:]))
     args = parser().parse_args(argv)

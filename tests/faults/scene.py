@@ -214,8 +214,8 @@ def tidy(w: Watched) -> list[str]:
     line)."""
     lines = said(w)
     assert not any("Traceback" in x for x in lines), "a Python traceback:\n" + tail(lines)
-    # (a blank line says nothing; one now and then comes during a migration, from a writer not yet found)
-    strangers = [x for x in lines if x and not x.startswith("nvproxy")]
+    # (an empty line too: the newline of a message another process's line came into; see cli.whole_lines)
+    strangers = [x for x in lines if not x.startswith("nvproxy")]
     assert not strangers, "lines that are no message of nvproxy's (a message is one line):\n" + repr(strangers[-40:])
     return lines
 

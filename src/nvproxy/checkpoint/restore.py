@@ -177,13 +177,19 @@ def _replay(state: ProcessState, img: Any, host_fds: dict[int, int] | None, t0: 
             early.close()
 
 
+def _not_visible(dev: int, count: int) -> str:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    where = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
+    return f"the image uses device {dev}, and this proxy sees {count} device{'' if count == 1 else 's'}{where}"
+
+
 def _map_devices(state: ProcessState, h: dict[str, Any], exported: dict[int, int] | None,
                  phase: Callable[[str], None]) -> None:
     """Each device checked against the image, its context made, its arena mapped at the image's addresses."""
     be = state.backend
     for desc in h["devices"]:
         if desc["index"] >= be.device_count():
-            raise ImageError(f"the image uses device {desc['index']}; only {be.device_count()} are visible")
+            raise ImageError(_not_visible(desc["index"], be.device_count()))
         be.activate(desc["index"])  # (a restoring proxy's contexts are being made since it started: backends/warmup)
     phase("driver")
     for desc in h["devices"]:
@@ -322,7 +328,7 @@ def _restore_broken(state: ProcessState, img: Any) -> None:
     state.broken = int(h["broken"])
     for dev in h.get("used", []):  # (contexts all the same: a migration's new proxy registers staging memory)
         if dev >= state.backend.device_count():
-            raise ImageError(f"the image uses device {dev}; only {state.backend.device_count()} are visible")
+            raise ImageError(_not_visible(dev, state.backend.device_count()))
         state.backend.activate(dev)
     print(f"nvproxy: {img.what} holds a context that CUDA error {state.broken} left unusable; every CUDA call of "
           "the application fails with it, as it did before the checkpoint", file=sys.stderr)
