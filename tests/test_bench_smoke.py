@@ -35,13 +35,16 @@ def test_bench_smoke(nvcc: str, tmp_path: Path) -> None:
     assert runs and all(r["verified"] and "file_restore_phases_s" in r for r in runs)
 
 
-def test_bench_library_suite_alone_is_skipped_on_sim(nvcc: str, tmp_path: Path) -> None:
-    """`--suite libs` runs the library benchmarks only; the sim backend has no libraries, which one line says,
-    and nothing else runs."""
-    r = subprocess.run([*BENCH, "--suite", "libs", "--quick", "--reps", "1", "--backend", "sim", "--out",
+@pytest.mark.parametrize("suite,skip", [("libs", SIM_SKIP),
+                                        ("torch", "nvproxy bench: torch benchmarks skipped: the sim backend runs "
+                                                  "no PyTorch")])
+def test_bench_gpu_only_suite_alone_is_skipped_on_sim(nvcc: str, tmp_path: Path, suite: str, skip: str) -> None:
+    """`--suite libs` (`torch`) runs the library (PyTorch) benchmarks only; the sim backend has no libraries (no
+    PyTorch), which one line says, and nothing else runs."""
+    r = subprocess.run([*BENCH, "--suite", suite, "--quick", "--reps", "1", "--backend", "sim", "--out",
                         str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert [ln for ln in r.stderr.splitlines() if ln.startswith("nvproxy bench:")] == [SIM_SKIP], r.stderr
+    assert [ln for ln in r.stderr.splitlines() if ln.startswith("nvproxy bench:")] == [skip], r.stderr
     assert "Traceback" not in r.stderr and not any(ln.startswith("[1/1]") for ln in r.stderr.splitlines())
     assert json.loads((tmp_path / "results.json").read_text())["rows"] == []
 
@@ -59,7 +62,7 @@ def test_bench_suite_selection(nvcc: str, tmp_path: Path) -> None:
     r = subprocess.run([*BENCH, "--suite", "micro,blas"], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert r.stderr.strip().splitlines() == [
-        "nvproxy bench: --suite 'micro,blas': expected a comma-separated list of micro, libs, ckpt (or all)"]
+        "nvproxy bench: --suite 'micro,blas': expected a comma-separated list of micro, libs, ckpt, torch (or all)"]
 
 
 def test_library_targets_and_result_checks() -> None:
@@ -71,6 +74,10 @@ def test_library_targets_and_result_checks() -> None:
     assert libs.target("sgemm_small_sync", "us") == ("<=", 1.25)
     assert libs.target("sgemm_batched", "GFLOP/s") == (">=", 0.8)
     assert libs.target("launch_empty", "us") is None
+    from nvproxy.bench import frameworks
+
+    assert frameworks.target("torch resnet18 step", "ms") == ("<=", 1.05)
+    assert frameworks.target("torch first tensor", "s") is None
     assert libs.meets((">=", 0.98), 0.99) and not libs.meets(("<=", 1.25), 1.27)
     checks = {("fft_c2c_3d", 128): {"native": {"00ab"}, "nvproxy": {"00ab", "00ac"}},
               ("spmv_csr", 4096): {"native": {"0f00"}, "nvproxy": {"0f00"}}}

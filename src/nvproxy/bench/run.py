@@ -1,15 +1,17 @@
 """Run the benchmarks natively and through nvproxy, alternating, and write
 medians, nvproxy/native ratios, a markdown table and plots.
 
-    nvproxy bench [--suite micro,libs,ckpt] [--quick] [--reps N] [--backend gpu|sim] [--out DIR]
+    nvproxy bench [--suite micro,libs,ckpt,torch] [--quick] [--reps N] [--backend gpu|sim] [--out DIR]
                   [--variant NAME:VAR=VALUE,...]
     nvproxy bench --apps DIR [--reps N] [--backend gpu|sim] [--no-native] [--out DIR]
 (also `python -m nvproxy.bench.run`).  Suites: micro, the CUDA runtime's calls and copies (microbench.cu); libs,
 math-library calls (libbench.cu: SGEMM, batched GEMM, 3D FFT, normal random numbers, SpMV, a dot product returned
 to the host), each beside its target (large calls >= 0.98x native throughput, small ones <= 1.25x native time),
 and skipped with one line where the libraries are absent (the sim backend among them); ckpt, checkpoints and
-restores.  Default: all three.  --apps DIR runs whole programs instead, every executable file in DIR (bench/apps.py
-says how, and what DIR may hold beside them).  Ratios are the figures to read: the machines are noisy.  A variant is
+restores; torch, PyTorch's start-up and training steps (torch_steps.py: ResNet-18 and a small transformer, targets
+<= 1.05x and <= 1.10x native time per step), skipped with one line where PyTorch is absent.  Default: all four.
+--apps DIR runs whole programs instead, every executable file in DIR (bench/apps.py says how, and what DIR may hold
+beside them).  Ratios are the figures to read: the machines are noisy.  A variant is
 nvproxy once more with other environment settings, in the same rounds (an A/B:
 `--variant sockets:NVPROXY_DEBUG=no-mailbox`).
 The CUDA programs are built on first use (build.py).  `python -m nvproxy.bench.ckpt_run` and
@@ -30,12 +32,12 @@ from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
 
-from . import apps, build, libs, startup
+from . import apps, build, frameworks, libs, startup
 
 HERE = Path(__file__).resolve().parent
 # for bandwidth higher is better: ratio = nvproxy/native bandwidth; for times, nvproxy/native time
 HIGHER_IS_BETTER = {"GB/s"} | libs.THROUGHPUT
-SUITES = ("micro", "libs", "ckpt")
+SUITES = ("micro", "libs", "ckpt", "torch")
 
 
 class RunFailed(RuntimeError):
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="nvproxy bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--suite", default="all", metavar="SUITE,...",
-                    help="what to run, of micro, libs and ckpt (default: all)")
+                    help="what to run, of micro, libs, ckpt and torch (default: all)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (CI smoke run on the sim backend)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--backend", choices=("gpu", "sim"))
@@ -89,16 +91,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.apps is not None:
         return apps.main(args.apps, args.reps, native, backend, out, env)
     variants = [parse_variant(v) for v in args.variant]
-    programs: list[tuple[str, Path, list[str]]] = []  # name, binary, its `nvproxy run` options
+    programs: list[tuple[str, list[str], list[str]]] = []  # name, its command, its `nvproxy run` options
     if "micro" in suites:
         try:
-            programs.append(("microbench", build.program("microbench", "-std=c++17", "-O2"),
+            programs.append(("microbench", [str(build.program("microbench", "-std=c++17", "-O2"))],
                              ["--sim-kernels", str(HERE / "microbench_sim.py")]))
         except build.BuildError as e:
             print(f"nvproxy bench: {e}", file=sys.stderr)
             return 2
     if "libs" in suites and (exe := libs.program(backend)):
-        programs.append(("libbench", exe, []))
+        programs.append(("libbench", [str(exe)], []))
+    if "torch" in suites and (cmd := frameworks.program(backend)):
+        programs.append(("torch", cmd, []))
     extra = ["--quick"] if args.quick else []
     samples: dict[tuple[str, int, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     checks: dict[tuple[str, int], dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
@@ -107,11 +111,11 @@ def main(argv: list[str] | None = None) -> int:
         modes += [("nvproxy", {}), *variants]
         if rep % 2:
             modes.reverse()  # alternate which goes first
-        for name, exe, options in programs:
+        for name, argv, options in programs:
             for mode, settings in modes:
                 print(f"[{rep + 1}/{args.reps}] {mode} {name}", file=sys.stderr, flush=True)
-                cmd = [str(exe), *extra] if settings is None else [
-                    sys.executable, "-m", "nvproxy", "run", "--backend", backend, *options, "--", str(exe), *extra]
+                cmd = [*argv, *extra] if settings is None else [
+                    sys.executable, "-m", "nvproxy", "run", "--backend", backend, *options, "--", *argv, *extra]
                 try:
                     records = run_once(cmd, {**env, **(settings or {})})
                 except RunFailed as e:
@@ -152,7 +156,7 @@ def _write(samples: dict, variants: list[tuple[str, dict[str, str]]], out: Path,
             for name, _env in variants:
                 if name in row:
                     row[f"{name}_ratio"] = row[name] / row["native"]
-        if goal := libs.target(bench, unit):
+        if goal := libs.target(bench, unit) or frameworks.target(bench, unit):
             row["target"] = f"{goal[0]} {goal[1]:g}"
             if "ratio" in row:
                 row["meets_target"] = libs.meets(goal, row["ratio"])
