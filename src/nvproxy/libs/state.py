@@ -153,6 +153,10 @@ class LibState:
         if res.error == native.E_NOSYM:
             self.tell_once(f.name, f"{f.name} is not forwarded: {lib.soname} has no such function")
             return Outcome(lib.status("not_supported"), b"", False)
+        if 0 <= res.param < len(f.params) and f.params[res.param].role in spec.ELEMENT_ROLES:
+            print(f"nvproxy: {f.name}: its elements' type (parameter {f.params[f.params[res.param].typed].name}) is "
+                  "not one nvproxy knows; refused", file=sys.stderr)
+            return Outcome(lib.status("invalid_value"), b"", False)
         print(f"nvproxy: a malformed request for {f.name} (parameter {res.param}); refused", file=sys.stderr)
         return Outcome(lib.status("invalid_value"), b"", False)
 
