@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The math-library tests on a bare GPU machine of the device tool: set nvproxy up, then run with -m gpu
+# The math-library and cuDNN tests on a bare GPU machine of the device tool: set nvproxy up, then run with -m gpu
 # tests/test_libraries.py (the library programs) and tests/test_library_samples.py (NVIDIA's library samples of
 # .samples), the log teed to $OUT/lib.log.  Extra arguments go to pytest, e.g. -k matches_native.
 # The run stops itself before the device tool's 10 minutes (NVPROXY_GPU_TIMEOUT seconds, default 560) so that the
 # log comes back; pytest-xdist, where installed, runs NVPROXY_GPU_WORKERS tests at a time (default 4).
 # Carry .gpu-wheels, .samples and .dmtcp (git-ignored; without .dmtcp the DMTCP tests are skipped, saying so).
+# cuDNN comes from NVPROXY_CUDNN_DIR or the machine Python's nvidia-cudnn wheel (PyTorch's); without it lib_cudnn skips.
 # Usage, from the repository root: bash tests/gpu_libraries.sh [pytest arguments]
 set -u
 . scripts/device-setup.sh

@@ -254,6 +254,30 @@ print("free", cuda.cuMemFree_v2(p))
     assert r.stdout == "init 0 count 0 1\nretain 0 set 0\nalloc 0 0x20\ninfo 0 True\nfree 0\n", r.stderr
 
 
+def test_cudnn_opens_as_the_shim_and_its_engines_are_refused() -> None:
+    """cuDNN and its sub-libraries of public functions open as the shim, wherever they are (this machine has none);
+    its engine libraries, GPU code only the real libcudnn calls, are refused with one line."""
+    code = """
+import ctypes
+for name in ("libcudnn.so.9", "/opt/x/libcudnn_graph.so.9", "libcudnn_ops.so", "libcudnn_adv.so.9.28.1"):
+    print(name, hasattr(ctypes.CDLL(name), "cudnnBackendExecute"))
+for name in ("libcudnn_engines_precompiled.so.9", "libcudnn_heuristic.so.9"):
+    try:
+        ctypes.CDLL(name)
+        print(name, "opened")
+    except OSError:
+        print(name, "refused")
+"""
+    env = dict(os.environ, LD_PRELOAD=str(shim_path()))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.splitlines() == ["libcudnn.so.9 True", "/opt/x/libcudnn_graph.so.9 True", "libcudnn_ops.so True",
+                                     "libcudnn_adv.so.9.28.1 True", "libcudnn_engines_precompiled.so.9 refused",
+                                     "libcudnn_heuristic.so.9 refused"]
+    assert p.stderr.count("nvproxy: dlopen(\"libcudnn_engines_precompiled.so.9\") refused: cuDNN's engines run in "
+                          "the proxy") == 1, p.stderr
+
+
 def test_dlopen_leaves_the_callers_search_path_alone(tmp_path: Path) -> None:
     """The shim's dlopen hands other names to the real one by a tail call, so a library found only through the
     caller's RUNPATH ($ORIGIN/lib) is still found."""

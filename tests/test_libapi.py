@@ -56,6 +56,12 @@ def test_every_exported_function_has_an_entry_point() -> None:
     ("cusolverDnSgetrf", "handle val val dev val dev dev dev", True),
     ("cublasLtMatmul", "handle handle scalar dev handle dev handle scalar dev handle dev handle in dev val stream",
      True),
+    ("cudnnConvolutionForward", "handle in handle dev handle dev handle val dev val in handle dev", True),
+    ("cudnnGetConvolutionForwardAlgorithm_v7", "handle handle handle handle handle val out out", False),
+    ("cudnnSetTensorNdDescriptor", "handle val val in in", False),
+    ("cudnnBackendSetAttribute", "handle val val val elems", False),
+    ("cudnnBackendGetAttribute", "handle val val val out elemsout", False),
+    ("cudnnBackendExecute", "handle handle handle", True),
 ])
 def test_classification(name: str, roles: str, posted: bool) -> None:
     f = spec.load().named(name)
@@ -73,6 +79,28 @@ def test_state_roles() -> None:
     desc_attr = sp.named("cublasLtMatmulDescSetAttribute")
     assert desc_attr.state == "config" and [desc_attr.params[k].name for k in desc_attr.key] == ["attr"]
     assert sp.named("cusparseSpSV_analysis").params[sp.named("cusparseSpSV_analysis").owner].name == "spsvDescr"
+
+
+def test_cudnn_sizes_and_records() -> None:
+    """cuDNN's alpha and beta are sized by the output tensor's data type, a backend attribute's elements by their
+    type parameter; setters, attributes (per name) and finalizations are records, a dropout descriptor's setter
+    replayed as cudnnRestoreDropoutDescriptor; stream-ordered compute is posted, cudnnSetTensor included."""
+    sp = spec.load()
+    conv = sp.named("cudnnConvolutionBackwardData")
+    assert {p.name: p.size for p in conv.params if p.role == "in"} == {"alpha": "nvpl_dnn_scale(dxDesc)",
+                                                                        "beta": "nvpl_dnn_scale(dxDesc)"}
+    attr = sp.named("cudnnBackendSetAttribute")
+    elems = attr.params[4]
+    assert elems.size == "nvpl_elem_size(LIB, attributeType)*elementCount" and attr.params[elems.typed].name == \
+        "attributeType"
+    assert attr.state == "config" and [attr.params[k].name for k in attr.key] == ["attributeName"]
+    assert sp.named("cudnnBackendFinalize").state == "config"
+    assert sp.named("cudnnBackendDestroyDescriptor").state == "destroy"
+    assert sp.named("cudnnSetStream").stream_setter
+    assert sp.named("cudnnSetTensor").state == "" and sp.named("cudnnSetTensor").posted_possible
+    ann = sp.libs["cudnn"].ann
+    assert sp.named(ann.REPLAY_AS["cudnnSetDropoutDescriptor"]).state == "config"
+    assert sp.named("cudnnGetErrorString").constant and sp.named("cudnnGetVersion").constant
 
 
 def test_what_is_not_forwarded_says_why() -> None:

@@ -1,4 +1,4 @@
-"""NVIDIA's math libraries (cuBLAS, cuBLASLt, cuFFT, cuRAND, cuSPARSE, cuSOLVER) under nvproxy.
+"""NVIDIA's math libraries (cuBLAS, cuBLASLt, cuFFT, cuRAND, cuSPARSE, cuSOLVER) and cuDNN under nvproxy.
 
 With -m gpu: the programs tests/apps/lib_*.cu (each uses one library as HPC codes do, in numbered steps whose lines
 end in checksums of the results) run natively and through nvproxy; through nvproxy again while they are migrated at
@@ -30,12 +30,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # the programs and the libraries each links
 PROGRAMS = {"lib_cublas": ("-lcublas",), "lib_cublaslt": ("-lcublasLt",), "lib_cufft": ("-lcufft",),
-            "lib_curand": ("-lcurand",), "lib_cusparse": ("-lcusparse",), "lib_cusolver": ("-lcusolver",)}
+            "lib_curand": ("-lcurand",), "lib_cusparse": ("-lcusparse",), "lib_cusolver": ("-lcusolver",),
+            "lib_cudnn": ("-lcudnn",)}
 # each library's soname, its status for "not supported" (cuRAND has none: any failure status) and the prefix of its
 # functions (cublasLt before cublas: the longest prefix names the library)
 LIBRARIES = {"cublasLt": ("libcublasLt.so.13", 15), "cublas": ("libcublas.so.13", 15), "cufft": ("libcufft.so.12", 16),
              "curand": ("libcurand.so.10", None), "cusparse": ("libcusparse.so.12", 10),
-             "cusolver": ("libcusolver.so.12", 9)}
+             "cusolver": ("libcusolver.so.12", 9), "cudnn": ("libcudnn.so.9", 3000)}
 MID_STEPS = "40"  # (a run of 40 steps, 150 ms apart, goes on for 3 s and more after its step 3: migrate_mid_run)
 PAUSE_MS = "150"
 
@@ -50,10 +51,42 @@ def migrating_at(call: int) -> dict[str, str]:
     return hooked(NVPROXY_MIGRATE_AT=str(call))
 
 
+def cudnn_dirs() -> tuple[Path, Path | None] | None:
+    """(include, lib) of cuDNN 9: NVPROXY_CUDNN_DIR, or the nvidia-cudnn wheel of this Python (PyTorch's), or the
+    toolkit's directories; (.cuda-libs/include, None): its headers alone, copied here; None: not found."""
+    import importlib.util
+
+    roots = [Path(d) for d in [os.environ.get("NVPROXY_CUDNN_DIR")] if d]
+    try:
+        spec = importlib.util.find_spec("nvidia.cudnn")
+        roots += [Path(d) for d in (spec.submodule_search_locations or [])] if spec else []
+    except (ImportError, ValueError):
+        pass
+    toolkit = Path(os.environ.get("CUDA_HOME") or "/usr/local/cuda")
+    roots += [toolkit, toolkit / "targets" / "x86_64-linux"]
+    for r in roots:
+        lib = next((d for d in (r / "lib", r / "lib64") if (d / "libcudnn.so.9").exists()), None)
+        if (r / "include" / "cudnn.h").exists() and lib is not None:
+            return r / "include", lib
+    local = ROOT / ".cuda-libs" / "include"
+    return (local, None) if (local / "cudnn.h").exists() else None
+
+
+def cudnn_flags(need_library: bool) -> list[str]:
+    """nvcc's flags for cuDNN's headers (and library, with an RPATH to it); skips, saying why, where it is not
+    found."""
+    found = cudnn_dirs()
+    if found is None or (need_library and found[1] is None):
+        pytest.skip("cuDNN 9 is not found (NVPROXY_CUDNN_DIR, `python3 -c 'import nvidia.cudnn'`, $CUDA_HOME)")
+    include, lib = found
+    return [f"-I{include}"] + ([f"-L{lib}", "-Xlinker", f"-rpath={lib}"] if need_library and lib else [])
+
+
 @pytest.fixture(scope="session")
 def lib_build(build):
-    """A library program built -cudart shared and linked against its library (the toolkit's headers)."""
-    return lambda name: build(name, *PROGRAMS.get(name, ()))
+    """A library program built -cudart shared and linked against its library (the toolkit's headers; cuDNN's where
+    cudnn_dirs finds it)."""
+    return lambda name: build(name, *(cudnn_flags(True) if name == "lib_cudnn" else []), *PROGRAMS.get(name, ()))
 
 
 @cache
@@ -288,7 +321,8 @@ def test_sim_linked_programs_reach_only_the_shim(nvcc: str, name: str, tmp_path:
     under nvproxy every library call is the shim's (no stand-in is reached), and the program either passes (the sim
     backend models the library) or stops at a call that failed cleanly."""
     obj = tmp_path / f"{name}.o"
-    subprocess.run([nvcc, "-cudart", "shared", *library_headers(nvcc), "-c", "-o", str(obj), str(APPS / f"{name}.cu")],
+    headers = cudnn_flags(False) if name == "lib_cudnn" else library_headers(nvcc)
+    subprocess.run([nvcc, "-cudart", "shared", *headers, "-c", "-o", str(obj), str(APPS / f"{name}.cu")],
                    check=True, cwd=APPS)
     undefined = subprocess.run(["nm", "-u", str(obj)], capture_output=True, text=True, check=True).stdout.split()
     used = {s for s in undefined if library_of(s)}

@@ -1,4 +1,4 @@
-/* Executing the math libraries' calls in the proxy (see libexec.h). */
+/* Executing the NVIDIA libraries' calls in the proxy (see libexec.h). */
 #define _GNU_SOURCE
 #include "libexec.h"
 
@@ -123,8 +123,54 @@ EXPORT void nvpl_forget_all(void)
     hcap = hused = 0;
 }
 
+/* the id behind a real handle of a kind (0: none), for handles a library hands back among typed elements */
+static uint64_t hid_of(int kind, uint64_t real)
+{
+    for (size_t i = 0; real && i < hcap; i++)
+        if (ht[i].id && ht[i].id != REMOVED && ht[i].kind == kind && ht[i].real == real)
+            return ht[i].id;
+    return 0;
+}
+
 /* ---- one call ---- */
 static uint64_t pad8(uint64_t n) { return (n + 7) & ~(uint64_t)7; }
+
+static const struct nvpl_elem_type *elem_type(int lib, int64_t type)
+{
+    for (int i = 0; i < nvpl_nelem_types; i++)
+        if (nvpl_elem_types[i].lib == lib && nvpl_elem_types[i].type == type)
+            return &nvpl_elem_types[i];
+    return NULL;
+}
+
+/* Typed elements as the library takes them: handle ids in place of the real handles (0 if one is unknown). */
+static int elems_to_real(const struct nvpl_elem_type *t, uint8_t *buf, uint64_t len)
+{
+    if (t->kind < 0)
+        return 1;
+    for (uint64_t o = 0; o + 8 <= len; o += 8) {
+        uint64_t id;
+        memcpy(&id, buf + o, 8);
+        if (!id)
+            continue;
+        struct hent *e = hfind(t->kind, id);
+        if (!e)
+            return 0;
+        memcpy(buf + o, &e->real, 8);
+    }
+    return 1;
+}
+
+/* ...and back: the handles the library answered with, as the application's ids */
+static void elems_to_ids(const struct nvpl_elem_type *t, uint8_t *buf, uint64_t len)
+{
+    for (uint64_t o = 0; t->kind >= 0 && o + 8 <= len; o += 8) {
+        uint64_t real;
+        memcpy(&real, buf + o, 8);
+        uint64_t id = hid_of(t->kind, real);
+        memcpy(buf + o, &id, 8);
+    }
+}
 
 static int fail(struct nvpl_result *res, int error, int param)
 {
@@ -169,15 +215,19 @@ EXPORT int nvpl_call(uint32_t fid, uint64_t hostmask, const uint8_t *payload, si
 static int call_slots(uint32_t fid, const struct nvpl_fn *f, uint64_t hostmask, const uint64_t *slot,
                       const uint8_t *payload, size_t len, uint8_t *out, size_t out_cap, struct nvpl_result *res)
 {
-    int n = f->nparams;
+    int n = f->nparams, rc = NVPL_OK;
     uint64_t v[NVPL_MAX_PARAMS] = {0};
+    uint8_t *copies[NVPL_MAX_PARAMS]; /* typed input elements, translated in a copy of the request's */
+    int ncopies = 0;
+    const struct nvpl_elem_type *back[NVPL_MAX_PARAMS] = {0}; /* typed outputs whose handles go back as ids */
+    uint64_t back_len[NVPL_MAX_PARAMS];
     size_t in = (size_t)n * 8, o = 0;
     uint64_t made[NVPL_MAX_CREATED] = {0};
     int nmade = 0;
     for (int i = 0; i < n; i++) {
         char r = f->roles[i];
         int kind = f->kinds[2 * i] == '-' ? -1 : (f->kinds[2 * i] - '0') * 10 + (f->kinds[2 * i + 1] - '0');
-        int host = r == 'i' || r == 'o' || r == 'b' || r == 't' || r == 'x' ||
+        int host = r == 'i' || r == 'o' || r == 'b' || r == 't' || r == 'x' || r == 'e' || r == 'E' ||
                    ((r == 'S' || r == 'R' || r == 'B') && (hostmask >> i & 1));
         if ((r == 'h' || r == 'd') && !slot[i]) {
             v[i] = 0; /* (NULL: the library answers it) */
@@ -191,8 +241,8 @@ static int call_slots(uint32_t fid, const struct nvpl_fn *f, uint64_t hostmask, 
                 return fail(res, NVPL_E_BAD, i);
             v[i] = (uint64_t)(uintptr_t)&made[nmade++];
         } else if (host) {
-            int dir_in = r == 'i' || r == 'b' || r == 't' || r == 'x' || r == 'S' || r == 'B';
-            int dir_out = r == 'o' || r == 'b' || r == 'R' || r == 'B';
+            int dir_in = r == 'i' || r == 'b' || r == 't' || r == 'x' || r == 'S' || r == 'B' || r == 'e' || r == 'E';
+            int dir_out = r == 'o' || r == 'b' || r == 'R' || r == 'B' || r == 'E';
             if (slot[i] == NVPL_NULL_SLOT) {
                 v[i] = 0;
                 continue;
@@ -217,11 +267,40 @@ static int call_slots(uint32_t fid, const struct nvpl_fn *f, uint64_t hostmask, 
             }
             if (dir_in)
                 in += pad8(k);
+            if (r == 'e' || r == 'E') { /* (the type's parameter comes first: its digits are in kinds) */
+                const struct nvpl_elem_type *t = elem_type(f->lib, (int64_t)slot[kind]);
+                if (!t || k % (uint64_t)t->size)
+                    rc = fail(res, NVPL_E_BAD, i);
+                else if (r == 'e' && t->kind >= 0 && !(copies[ncopies] = malloc(k ? k : 1)))
+                    rc = fail(res, NVPL_E_BAD, i);
+                else if (r == 'e' && t->kind >= 0) {
+                    memcpy(copies[ncopies], (const void *)(uintptr_t)v[i], k);
+                    v[i] = (uint64_t)(uintptr_t)copies[ncopies++];
+                }
+                if (!rc && !elems_to_real(t, (uint8_t *)(uintptr_t)v[i], k))
+                    rc = fail(res, NVPL_E_HANDLE, i);
+                if (rc)
+                    break;
+                if (r == 'E') {
+                    back[i] = t;
+                    back_len[i] = k;
+                }
+            }
         } else {
             v[i] = slot[i];
         }
     }
+    if (rc) {
+        while (ncopies)
+            free(copies[--ncopies]);
+        return rc;
+    }
     int64_t ret = f->call(syms[fid], v);
+    while (ncopies)
+        free(copies[--ncopies]);
+    for (int i = 0; i < n; i++)
+        if (back[i])
+            elems_to_ids(back[i], (uint8_t *)(uintptr_t)v[i], back_len[i]);
     res->out_len = o;
     if ((f->flags & NVPL_RET_MASK) == NVPL_RET_STRING) {
         const char *s = (const char *)(uintptr_t)ret;
@@ -327,8 +406,9 @@ static int fast_slots(void *ch, const struct nvpl_fn *f, uint64_t hostmask, cons
             struct hent *e = hfind(kind, slot[i]);
             if (!e || e->slow)
                 return 0; /* (Python answers an unknown handle, and binds a per-thread stream) */
-        } else if (host_only && slot[i] && (r == 'p' || ((r == 'S' || r == 'R' || r == 'B') && !(hostmask >> i & 1)))) {
-            return 0; /* (device memory Python translates) */
+        } else if (host_only && slot[i] && (r == 'p' || r == 'e' || r == 'E' ||
+                                            ((r == 'S' || r == 'R' || r == 'B') && !(hostmask >> i & 1)))) {
+            return 0; /* (device memory Python translates, perhaps among typed elements) */
         }
     }
     return 1;

@@ -1,6 +1,9 @@
 /* dlopen interposition: a program (or a library, or an interpreter such as Python) that opens the CUDA driver,
- * the CUDA runtime or one of NVIDIA's math libraries by name gets the shim itself, which exports their functions,
- * so that dlsym(handle, "cuInit") yields the shim's and nothing reaches the GPU from the application's process.
+ * the CUDA runtime, one of NVIDIA's math libraries or cuDNN by name gets the shim itself, which exports their
+ * functions, so that dlsym(handle, "cuInit") yields the shim's and nothing reaches the GPU from the application's
+ * process.  cuDNN's sub-libraries that hold its public functions (libcudnn_graph, _ops, _cnn, _adv) open as the shim
+ * too; those that hold only its engines and heuristics (libcudnn_engines_*, _heuristic, _ext: GPU code that only the
+ * real libcudnn, in the proxy, calls) are refused with one line, as there is nothing in the shim to give.
  * A statically linked runtime opens libcuda.so.1 the same way: it lands on the shim, whose cuGetExportTable
  * refuses it loudly.  Every other name goes to the real dlopen, by a tail call, so that it still sees its
  * caller's return address (the caller's RUNPATH and $ORIGIN, and its namespace, follow from it).
@@ -37,14 +40,22 @@ static void *next_symbol(const char *name)
 /* the libraries whose functions the shim exports (libNAME.so, libNAME.so.N...) */
 static const char *const INTERPOSED[] = {
     "libcuda", "libcudart", "libcublas", "libcublasLt", "libcufft", "libcurand", "libcusparse", "libcusolver",
+    "libcudnn", "libcudnn_graph", "libcudnn_ops", "libcudnn_cnn", "libcudnn_adv",
 };
+/* libraries of GPU code the shim has no functions for (a name beginning so, then .so or _...) */
+static const char *const REFUSED[] = {"libcudnn_engines", "libcudnn_heuristic", "libcudnn_ext"};
+
+static const char *base_name(const char *path)
+{
+    const char *base = strrchr(path, '/');
+    return base ? base + 1 : path;
+}
 
 static int interposed(const char *path)
 {
     if (!path)
         return 0;
-    const char *base = strrchr(path, '/');
-    base = base ? base + 1 : path;
+    const char *base = base_name(path);
     for (size_t i = 0; i < sizeof INTERPOSED / sizeof *INTERPOSED; i++) {
         size_t n = strlen(INTERPOSED[i]);
         const char *rest = base + n;
@@ -52,6 +63,26 @@ static int interposed(const char *path)
             return 1;
     }
     return 0;
+}
+
+static int refused(const char *path)
+{
+    if (!path)
+        return 0;
+    const char *base = base_name(path);
+    for (size_t i = 0; i < sizeof REFUSED / sizeof *REFUSED; i++) {
+        size_t n = strlen(REFUSED[i]);
+        if (!strncmp(base, REFUSED[i], n) && (base[n] == '_' || !strncmp(base + n, ".so", 3)) && strstr(base, ".so"))
+            return 1;
+    }
+    return 0;
+}
+
+static void *refuse(const char *call, const char *file)
+{
+    nvp_log("nvproxy: %s(\"%s\") refused: cuDNN's engines run in the proxy, behind libcudnn's functions (which the "
+            "shim exports); loaded here they would reach the GPU unprotected", call, file);
+    return NULL;
 }
 
 /* a handle of the shim: dlsym on it finds the shim's functions first */
@@ -82,6 +113,8 @@ NVP_EXPORT void *dlopen(const char *file, int mode)
         trace("dlopen", file);
         return self(mode);
     }
+    if (refused(file))
+        return refuse("dlopen", file);
     if (!next_dlopen)
         next_dlopen = (dlopen_fn)next_symbol("dlopen");
     if ((mode & RTLD_DEEPBIND) && nvp_trace_enabled())
@@ -99,7 +132,7 @@ static const char *cuda_in_namespace(void *handle)
     while (l->l_prev)
         l = l->l_prev;
     for (; l; l = l->l_next)
-        if (interposed(l->l_name))
+        if (interposed(l->l_name) || refused(l->l_name))
             return l->l_name;
     return NULL;
 }
@@ -110,6 +143,8 @@ NVP_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int mode)
         trace("dlmopen", file);
         return self(mode);
     }
+    if (refused(file))
+        return refuse("dlmopen", file);
     if (!next_dlmopen)
         next_dlmopen = (dlmopen_fn)next_symbol("dlmopen");
     void *h = next_dlmopen(lmid, file, mode & ~RTLD_DEEPBIND);

@@ -30,7 +30,7 @@ NVP_EXPORT int32_t cublasAsumEx(void *handle, int32_t n, void *x, int32_t xType,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)xType;
@@ -45,7 +45,7 @@ NVP_EXPORT int32_t cublasAsumEx_64(void *handle, int64_t n, void *x, int32_t xTy
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)xType;
@@ -60,7 +60,7 @@ NVP_EXPORT int32_t cublasAxpyEx(void *handle, int32_t n, void *alpha, int32_t al
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 3, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(alphaType)) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(int64_t)alphaType;
@@ -78,7 +78,7 @@ NVP_EXPORT int32_t cublasAxpyEx_64(void *handle, int64_t n, void *alpha, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 4, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(alphaType)) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(int64_t)alphaType;
@@ -101,7 +101,7 @@ NVP_EXPORT int32_t cublasCaxpy_v2(void *handle, int32_t n, void *alpha, void *x,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 6, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
@@ -115,7 +115,7 @@ NVP_EXPORT int32_t cublasCaxpy_v2_64(void *handle, int64_t n, void *alpha, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 7, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
@@ -139,7 +139,7 @@ NVP_EXPORT int32_t cublasCcopy_v2(void *handle, int32_t n, void *x, int32_t incx
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 10, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -152,7 +152,7 @@ NVP_EXPORT int32_t cublasCcopy_v2_64(void *handle, int64_t n, void *x, int64_t i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 11, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -165,7 +165,7 @@ NVP_EXPORT int32_t cublasCdgmm(void *handle, int32_t mode, int32_t m, int32_t n,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 12, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -182,7 +182,7 @@ NVP_EXPORT int32_t cublasCdgmm_64(void *handle, int32_t mode, int64_t m, int64_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 13, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -206,7 +206,7 @@ NVP_EXPORT int32_t cublasCdotc_v2(void *handle, int32_t n, void *x, int32_t incx
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 15, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -220,7 +220,7 @@ NVP_EXPORT int32_t cublasCdotc_v2_64(void *handle, int64_t n, void *x, int64_t i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 16, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -241,7 +241,7 @@ NVP_EXPORT int32_t cublasCdotu_v2(void *handle, int32_t n, void *x, int32_t incx
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 18, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -255,7 +255,7 @@ NVP_EXPORT int32_t cublasCdotu_v2_64(void *handle, int64_t n, void *x, int64_t i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 19, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -274,7 +274,7 @@ NVP_EXPORT int32_t cublasCgbmv_v2(void *handle, int32_t trans, int32_t m, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 21, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -295,7 +295,7 @@ NVP_EXPORT int32_t cublasCgbmv_v2_64(void *handle, int32_t trans, int64_t m, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 22, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -316,7 +316,7 @@ NVP_EXPORT int32_t cublasCgeam(void *handle, int32_t transa, int32_t transb, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 23, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -336,7 +336,7 @@ NVP_EXPORT int32_t cublasCgeam_64(void *handle, int32_t transa, int32_t transb, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 24, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -356,7 +356,7 @@ NVP_EXPORT int32_t cublasCgelsBatched(void *handle, int32_t trans, int32_t m, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 25, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -380,7 +380,7 @@ NVP_EXPORT int32_t cublasCgemm3m(void *handle, int32_t transa, int32_t transb, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 27, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -401,7 +401,7 @@ NVP_EXPORT int32_t cublasCgemm3mBatched(void *handle, int32_t transa, int32_t tr
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 28, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -423,7 +423,7 @@ NVP_EXPORT int32_t cublasCgemm3mBatched_64(void *handle, int32_t transa, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 29, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -445,7 +445,7 @@ NVP_EXPORT int32_t cublasCgemm3mEx(void *handle, int32_t transa, int32_t transb,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 30, 17);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -469,7 +469,7 @@ NVP_EXPORT int32_t cublasCgemm3mEx_64(void *handle, int32_t transa, int32_t tran
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 31, 17);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -493,7 +493,7 @@ NVP_EXPORT int32_t cublasCgemm3mStridedBatched(void *handle, int32_t transa, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 32, 18);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -518,7 +518,7 @@ NVP_EXPORT int32_t cublasCgemm3mStridedBatched_64(void *handle, int32_t transa, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 33, 18);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -543,7 +543,7 @@ NVP_EXPORT int32_t cublasCgemm3m_64(void *handle, int32_t transa, int32_t transb
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 34, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -564,7 +564,7 @@ NVP_EXPORT int32_t cublasCgemmBatched(void *handle, int32_t transa, int32_t tran
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 35, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -586,7 +586,7 @@ NVP_EXPORT int32_t cublasCgemmBatched_64(void *handle, int32_t transa, int32_t t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 36, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -608,7 +608,7 @@ NVP_EXPORT int32_t cublasCgemmEx(void *handle, int32_t transa, int32_t transb, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 37, 17);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -632,7 +632,7 @@ NVP_EXPORT int32_t cublasCgemmEx_64(void *handle, int32_t transa, int32_t transb
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 38, 17);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -656,7 +656,7 @@ NVP_EXPORT int32_t cublasCgemmStridedBatched(void *handle, int32_t transa, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 39, 18);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -681,7 +681,7 @@ NVP_EXPORT int32_t cublasCgemmStridedBatched_64(void *handle, int32_t transa, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 40, 18);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -706,7 +706,7 @@ NVP_EXPORT int32_t cublasCgemm_v2(void *handle, int32_t transa, int32_t transb, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 41, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -727,7 +727,7 @@ NVP_EXPORT int32_t cublasCgemm_v2_64(void *handle, int32_t transa, int32_t trans
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 42, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -753,7 +753,7 @@ NVP_EXPORT int32_t cublasCgemvBatched(void *handle, int32_t trans, int32_t m, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 44, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -773,7 +773,7 @@ NVP_EXPORT int32_t cublasCgemvBatched_64(void *handle, int32_t trans, int64_t m,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 45, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -793,7 +793,7 @@ NVP_EXPORT int32_t cublasCgemvStridedBatched(void *handle, int32_t trans, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 46, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -816,7 +816,7 @@ NVP_EXPORT int32_t cublasCgemvStridedBatched_64(void *handle, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 47, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -839,7 +839,7 @@ NVP_EXPORT int32_t cublasCgemv_v2(void *handle, int32_t trans, int32_t m, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 48, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -858,7 +858,7 @@ NVP_EXPORT int32_t cublasCgemv_v2_64(void *handle, int32_t trans, int64_t m, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 49, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -877,7 +877,7 @@ NVP_EXPORT int32_t cublasCgeqrfBatched(void *handle, int32_t m, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 50, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)Aarray;
@@ -897,7 +897,7 @@ NVP_EXPORT int32_t cublasCgerc_v2(void *handle, int32_t m, int32_t n, void *alph
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 52, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -914,7 +914,7 @@ NVP_EXPORT int32_t cublasCgerc_v2_64(void *handle, int64_t m, int64_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 53, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -936,7 +936,7 @@ NVP_EXPORT int32_t cublasCgeru_v2(void *handle, int32_t m, int32_t n, void *alph
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 55, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -953,7 +953,7 @@ NVP_EXPORT int32_t cublasCgeru_v2_64(void *handle, int64_t m, int64_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 56, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -970,7 +970,7 @@ NVP_EXPORT int32_t cublasCgetrfBatched(void *handle, int32_t n, void *A, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 57, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)lda;
@@ -984,7 +984,7 @@ NVP_EXPORT int32_t cublasCgetriBatched(void *handle, int32_t n, void *A, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 58, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)lda;
@@ -1000,7 +1000,7 @@ NVP_EXPORT int32_t cublasCgetrsBatched(void *handle, int32_t trans, int32_t n, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 59, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -1023,7 +1023,7 @@ NVP_EXPORT int32_t cublasChbmv_v2(void *handle, int32_t uplo, int32_t n, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 61, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)k;
@@ -1042,7 +1042,7 @@ NVP_EXPORT int32_t cublasChbmv_v2_64(void *handle, int32_t uplo, int64_t n, int6
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 62, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)k;
@@ -1066,7 +1066,7 @@ NVP_EXPORT int32_t cublasChemm_v2(void *handle, int32_t side, int32_t uplo, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 64, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -1086,7 +1086,7 @@ NVP_EXPORT int32_t cublasChemm_v2_64(void *handle, int32_t side, int32_t uplo, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 65, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -1111,7 +1111,7 @@ NVP_EXPORT int32_t cublasChemv_v2(void *handle, int32_t uplo, int32_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 67, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -1129,7 +1129,7 @@ NVP_EXPORT int32_t cublasChemv_v2_64(void *handle, int32_t uplo, int64_t n, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 68, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -1157,7 +1157,7 @@ NVP_EXPORT int32_t cublasCher2_v2(void *handle, int32_t uplo, int32_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 71, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -1174,7 +1174,7 @@ NVP_EXPORT int32_t cublasCher2_v2_64(void *handle, int32_t uplo, int64_t n, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 72, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -1196,7 +1196,7 @@ NVP_EXPORT int32_t cublasCher2k_v2(void *handle, int32_t uplo, int32_t trans, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 74, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -1216,7 +1216,7 @@ NVP_EXPORT int32_t cublasCher2k_v2_64(void *handle, int32_t uplo, int32_t trans,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 75, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -1236,7 +1236,7 @@ NVP_EXPORT int32_t cublasCher_v2(void *handle, int32_t uplo, int32_t n, void *al
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 76, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
@@ -1251,7 +1251,7 @@ NVP_EXPORT int32_t cublasCher_v2_64(void *handle, int32_t uplo, int64_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 77, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
@@ -1271,7 +1271,7 @@ NVP_EXPORT int32_t cublasCherk3mEx(void *handle, int32_t uplo, int32_t trans, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 79, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -1291,7 +1291,7 @@ NVP_EXPORT int32_t cublasCherk3mEx_64(void *handle, int32_t uplo, int32_t trans,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 80, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -1311,7 +1311,7 @@ NVP_EXPORT int32_t cublasCherkEx(void *handle, int32_t uplo, int32_t trans, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 81, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -1331,7 +1331,7 @@ NVP_EXPORT int32_t cublasCherkEx_64(void *handle, int32_t uplo, int32_t trans, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 82, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -1351,7 +1351,7 @@ NVP_EXPORT int32_t cublasCherk_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 83, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -1369,7 +1369,7 @@ NVP_EXPORT int32_t cublasCherk_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 84, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -1387,7 +1387,7 @@ NVP_EXPORT int32_t cublasCherkx(void *handle, int32_t uplo, int32_t trans, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 85, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -1407,7 +1407,7 @@ NVP_EXPORT int32_t cublasCherkx_64(void *handle, int32_t uplo, int32_t trans, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 86, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -1432,7 +1432,7 @@ NVP_EXPORT int32_t cublasChpmv_v2(void *handle, int32_t uplo, int32_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 88, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -1449,7 +1449,7 @@ NVP_EXPORT int32_t cublasChpmv_v2_64(void *handle, int32_t uplo, int64_t n, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 89, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -1476,7 +1476,7 @@ NVP_EXPORT int32_t cublasChpr2_v2(void *handle, int32_t uplo, int32_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 92, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -1492,7 +1492,7 @@ NVP_EXPORT int32_t cublasChpr2_v2_64(void *handle, int32_t uplo, int64_t n, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 93, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -1508,7 +1508,7 @@ NVP_EXPORT int32_t cublasChpr_v2(void *handle, int32_t uplo, int32_t n, void *al
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 94, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
@@ -1522,7 +1522,7 @@ NVP_EXPORT int32_t cublasChpr_v2_64(void *handle, int32_t uplo, int64_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 95, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
@@ -1536,7 +1536,7 @@ NVP_EXPORT int32_t cublasCmatinvBatched(void *handle, int32_t n, void *A, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 96, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)lda;
@@ -1551,7 +1551,7 @@ NVP_EXPORT int32_t cublasCopyEx(void *handle, int32_t n, void *x, int32_t xType,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 97, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)xType;
@@ -1566,7 +1566,7 @@ NVP_EXPORT int32_t cublasCopyEx_64(void *handle, int64_t n, void *x, int32_t xTy
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 98, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)xType;
@@ -1581,7 +1581,7 @@ NVP_EXPORT int32_t cublasCreate_v2(void *handle)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 99, 1);
-    nvpl_create(&nvpl_c_, 0, handle, 12, 0);
+    nvpl_create(&nvpl_c_, 0, handle, 13, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -1594,7 +1594,7 @@ NVP_EXPORT int32_t cublasCrot_v2(void *handle, int32_t n, void *x, int32_t incx,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 101, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -1609,7 +1609,7 @@ NVP_EXPORT int32_t cublasCrot_v2_64(void *handle, int64_t n, void *x, int64_t in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 102, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -1629,7 +1629,7 @@ NVP_EXPORT int32_t cublasCrotg_v2(void *handle, void *a, void *b, void *c, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 104, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_buf(&nvpl_c_, 1, a, NVPL_INOUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
     nvpl_buf(&nvpl_c_, 2, b, NVPL_INOUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
     nvpl_buf(&nvpl_c_, 3, c, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
@@ -1646,7 +1646,7 @@ NVP_EXPORT int32_t cublasCscal_v2(void *handle, int32_t n, void *alpha, void *x,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 106, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
@@ -1658,7 +1658,7 @@ NVP_EXPORT int32_t cublasCscal_v2_64(void *handle, int64_t n, void *alpha, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 107, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
@@ -1675,7 +1675,7 @@ NVP_EXPORT int32_t cublasCsrot_v2(void *handle, int32_t n, void *x, int32_t incx
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 109, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -1690,7 +1690,7 @@ NVP_EXPORT int32_t cublasCsrot_v2_64(void *handle, int64_t n, void *x, int64_t i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 110, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -1710,7 +1710,7 @@ NVP_EXPORT int32_t cublasCsscal_v2(void *handle, int32_t n, void *alpha, void *x
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 112, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
@@ -1722,7 +1722,7 @@ NVP_EXPORT int32_t cublasCsscal_v2_64(void *handle, int64_t n, void *alpha, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 113, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
@@ -1739,7 +1739,7 @@ NVP_EXPORT int32_t cublasCswap_v2(void *handle, int32_t n, void *x, int32_t incx
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 115, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -1752,7 +1752,7 @@ NVP_EXPORT int32_t cublasCswap_v2_64(void *handle, int64_t n, void *x, int64_t i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 116, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -1770,7 +1770,7 @@ NVP_EXPORT int32_t cublasCsymm_v2(void *handle, int32_t side, int32_t uplo, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 118, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -1790,7 +1790,7 @@ NVP_EXPORT int32_t cublasCsymm_v2_64(void *handle, int32_t side, int32_t uplo, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 119, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -1810,7 +1810,7 @@ NVP_EXPORT int32_t cublasCsymv_v2(void *handle, int32_t uplo, int32_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 120, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -1828,7 +1828,7 @@ NVP_EXPORT int32_t cublasCsymv_v2_64(void *handle, int32_t uplo, int64_t n, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 121, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -1846,7 +1846,7 @@ NVP_EXPORT int32_t cublasCsyr2_v2(void *handle, int32_t uplo, int32_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 122, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -1863,7 +1863,7 @@ NVP_EXPORT int32_t cublasCsyr2_v2_64(void *handle, int32_t uplo, int64_t n, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 123, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -1885,7 +1885,7 @@ NVP_EXPORT int32_t cublasCsyr2k_v2(void *handle, int32_t uplo, int32_t trans, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 125, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -1905,7 +1905,7 @@ NVP_EXPORT int32_t cublasCsyr2k_v2_64(void *handle, int32_t uplo, int32_t trans,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 126, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -1925,7 +1925,7 @@ NVP_EXPORT int32_t cublasCsyr_v2(void *handle, int32_t uplo, int32_t n, void *al
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 127, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -1940,7 +1940,7 @@ NVP_EXPORT int32_t cublasCsyr_v2_64(void *handle, int32_t uplo, int64_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 128, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -1960,7 +1960,7 @@ NVP_EXPORT int32_t cublasCsyrk3mEx(void *handle, int32_t uplo, int32_t trans, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 130, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -1980,7 +1980,7 @@ NVP_EXPORT int32_t cublasCsyrk3mEx_64(void *handle, int32_t uplo, int32_t trans,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 131, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -2000,7 +2000,7 @@ NVP_EXPORT int32_t cublasCsyrkEx(void *handle, int32_t uplo, int32_t trans, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 132, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -2020,7 +2020,7 @@ NVP_EXPORT int32_t cublasCsyrkEx_64(void *handle, int32_t uplo, int32_t trans, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 133, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -2040,7 +2040,7 @@ NVP_EXPORT int32_t cublasCsyrk_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 134, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -2058,7 +2058,7 @@ NVP_EXPORT int32_t cublasCsyrk_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 135, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -2076,7 +2076,7 @@ NVP_EXPORT int32_t cublasCsyrkx(void *handle, int32_t uplo, int32_t trans, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 136, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -2096,7 +2096,7 @@ NVP_EXPORT int32_t cublasCsyrkx_64(void *handle, int32_t uplo, int32_t trans, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 137, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -2121,7 +2121,7 @@ NVP_EXPORT int32_t cublasCtbmv_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 139, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -2138,7 +2138,7 @@ NVP_EXPORT int32_t cublasCtbmv_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 140, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -2160,7 +2160,7 @@ NVP_EXPORT int32_t cublasCtbsv_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 142, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -2177,7 +2177,7 @@ NVP_EXPORT int32_t cublasCtbsv_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 143, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -2199,7 +2199,7 @@ NVP_EXPORT int32_t cublasCtpmv_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 145, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -2214,7 +2214,7 @@ NVP_EXPORT int32_t cublasCtpmv_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 146, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -2234,7 +2234,7 @@ NVP_EXPORT int32_t cublasCtpsv_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 148, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -2249,7 +2249,7 @@ NVP_EXPORT int32_t cublasCtpsv_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 149, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -2264,7 +2264,7 @@ NVP_EXPORT int32_t cublasCtpttr(void *handle, int32_t uplo, int32_t n, void *AP,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 150, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)AP;
@@ -2282,7 +2282,7 @@ NVP_EXPORT int32_t cublasCtrmm_v2(void *handle, int32_t side, int32_t uplo, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 152, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -2303,7 +2303,7 @@ NVP_EXPORT int32_t cublasCtrmm_v2_64(void *handle, int32_t side, int32_t uplo, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 153, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -2329,7 +2329,7 @@ NVP_EXPORT int32_t cublasCtrmv_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 155, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -2345,7 +2345,7 @@ NVP_EXPORT int32_t cublasCtrmv_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 156, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -2366,7 +2366,7 @@ NVP_EXPORT int32_t cublasCtrsmBatched(void *handle, int32_t side, int32_t uplo, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 158, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -2386,7 +2386,7 @@ NVP_EXPORT int32_t cublasCtrsmBatched_64(void *handle, int32_t side, int32_t upl
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 159, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -2406,7 +2406,7 @@ NVP_EXPORT int32_t cublasCtrsm_v2(void *handle, int32_t side, int32_t uplo, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 160, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -2425,7 +2425,7 @@ NVP_EXPORT int32_t cublasCtrsm_v2_64(void *handle, int32_t side, int32_t uplo, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 161, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -2449,7 +2449,7 @@ NVP_EXPORT int32_t cublasCtrsv_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 163, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -2465,7 +2465,7 @@ NVP_EXPORT int32_t cublasCtrsv_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 164, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -2481,7 +2481,7 @@ NVP_EXPORT int32_t cublasCtrttp(void *handle, int32_t uplo, int32_t n, void *A, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 165, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -2500,7 +2500,7 @@ NVP_EXPORT int32_t cublasDasum_v2(void *handle, int32_t n, void *x, int32_t incx
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 167, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -2512,7 +2512,7 @@ NVP_EXPORT int32_t cublasDasum_v2_64(void *handle, int64_t n, void *x, int64_t i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 168, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -2529,7 +2529,7 @@ NVP_EXPORT int32_t cublasDaxpy_v2(void *handle, int32_t n, void *alpha, void *x,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 170, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
@@ -2543,7 +2543,7 @@ NVP_EXPORT int32_t cublasDaxpy_v2_64(void *handle, int64_t n, void *alpha, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 171, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
@@ -2567,7 +2567,7 @@ NVP_EXPORT int32_t cublasDcopy_v2(void *handle, int32_t n, void *x, int32_t incx
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 174, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -2580,7 +2580,7 @@ NVP_EXPORT int32_t cublasDcopy_v2_64(void *handle, int64_t n, void *x, int64_t i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 175, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -2593,7 +2593,7 @@ NVP_EXPORT int32_t cublasDdgmm(void *handle, int32_t mode, int32_t m, int32_t n,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 176, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -2610,7 +2610,7 @@ NVP_EXPORT int32_t cublasDdgmm_64(void *handle, int32_t mode, int64_t m, int64_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 177, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -2633,7 +2633,7 @@ NVP_EXPORT int32_t cublasDdot_v2(void *handle, int32_t n, void *x, int32_t incx,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 179, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -2647,7 +2647,7 @@ NVP_EXPORT int32_t cublasDdot_v2_64(void *handle, int64_t n, void *x, int64_t in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 180, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -2661,7 +2661,7 @@ NVP_EXPORT int32_t cublasDestroy_v2(void *handle)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 181, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -2674,7 +2674,7 @@ NVP_EXPORT int32_t cublasDgbmv_v2(void *handle, int32_t trans, int32_t m, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 183, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -2695,7 +2695,7 @@ NVP_EXPORT int32_t cublasDgbmv_v2_64(void *handle, int32_t trans, int64_t m, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 184, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -2716,7 +2716,7 @@ NVP_EXPORT int32_t cublasDgeam(void *handle, int32_t transa, int32_t transb, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 185, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -2736,7 +2736,7 @@ NVP_EXPORT int32_t cublasDgeam_64(void *handle, int32_t transa, int32_t transb, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 186, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -2756,7 +2756,7 @@ NVP_EXPORT int32_t cublasDgelsBatched(void *handle, int32_t trans, int32_t m, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 187, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -2780,7 +2780,7 @@ NVP_EXPORT int32_t cublasDgemmBatched(void *handle, int32_t transa, int32_t tran
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 189, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -2802,7 +2802,7 @@ NVP_EXPORT int32_t cublasDgemmBatched_64(void *handle, int32_t transa, int32_t t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 190, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -2824,7 +2824,7 @@ NVP_EXPORT int32_t cublasDgemmGroupedBatched(void *handle, void *transa_array, v
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 191, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_buf(&nvpl_c_, 1, transa_array, NVPL_IN, (int64_t)(4*group_count));
     nvpl_buf(&nvpl_c_, 2, transb_array, NVPL_IN, (int64_t)(4*group_count));
     nvpl_buf(&nvpl_c_, 3, m_array, NVPL_IN, (int64_t)(4*group_count));
@@ -2847,7 +2847,7 @@ NVP_EXPORT int32_t cublasDgemmGroupedBatched_64(void *handle, void *transa_array
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 192, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_buf(&nvpl_c_, 1, transa_array, NVPL_IN, (int64_t)(4*group_count));
     nvpl_buf(&nvpl_c_, 2, transb_array, NVPL_IN, (int64_t)(4*group_count));
     nvpl_buf(&nvpl_c_, 3, m_array, NVPL_IN, (int64_t)(8*group_count));
@@ -2870,7 +2870,7 @@ NVP_EXPORT int32_t cublasDgemmStridedBatched(void *handle, int32_t transa, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 193, 18);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -2895,7 +2895,7 @@ NVP_EXPORT int32_t cublasDgemmStridedBatched_64(void *handle, int32_t transa, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 194, 18);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -2920,7 +2920,7 @@ NVP_EXPORT int32_t cublasDgemm_v2(void *handle, int32_t transa, int32_t transb, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 195, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -2941,7 +2941,7 @@ NVP_EXPORT int32_t cublasDgemm_v2_64(void *handle, int32_t transa, int32_t trans
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 196, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -2967,7 +2967,7 @@ NVP_EXPORT int32_t cublasDgemvBatched(void *handle, int32_t trans, int32_t m, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 198, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -2987,7 +2987,7 @@ NVP_EXPORT int32_t cublasDgemvBatched_64(void *handle, int32_t trans, int64_t m,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 199, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -3007,7 +3007,7 @@ NVP_EXPORT int32_t cublasDgemvStridedBatched(void *handle, int32_t trans, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 200, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -3030,7 +3030,7 @@ NVP_EXPORT int32_t cublasDgemvStridedBatched_64(void *handle, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 201, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -3053,7 +3053,7 @@ NVP_EXPORT int32_t cublasDgemv_v2(void *handle, int32_t trans, int32_t m, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 202, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -3072,7 +3072,7 @@ NVP_EXPORT int32_t cublasDgemv_v2_64(void *handle, int32_t trans, int64_t m, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 203, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -3091,7 +3091,7 @@ NVP_EXPORT int32_t cublasDgeqrfBatched(void *handle, int32_t m, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 204, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)Aarray;
@@ -3111,7 +3111,7 @@ NVP_EXPORT int32_t cublasDger_v2(void *handle, int32_t m, int32_t n, void *alpha
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 206, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -3128,7 +3128,7 @@ NVP_EXPORT int32_t cublasDger_v2_64(void *handle, int64_t m, int64_t n, void *al
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 207, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -3145,7 +3145,7 @@ NVP_EXPORT int32_t cublasDgetrfBatched(void *handle, int32_t n, void *A, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 208, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)lda;
@@ -3159,7 +3159,7 @@ NVP_EXPORT int32_t cublasDgetriBatched(void *handle, int32_t n, void *A, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 209, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)lda;
@@ -3175,7 +3175,7 @@ NVP_EXPORT int32_t cublasDgetrsBatched(void *handle, int32_t trans, int32_t n, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 210, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -3193,7 +3193,7 @@ NVP_EXPORT int32_t cublasDmatinvBatched(void *handle, int32_t n, void *A, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 211, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)lda;
@@ -3214,7 +3214,7 @@ NVP_EXPORT int32_t cublasDnrm2_v2(void *handle, int32_t n, void *x, int32_t incx
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 213, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -3226,7 +3226,7 @@ NVP_EXPORT int32_t cublasDnrm2_v2_64(void *handle, int64_t n, void *x, int64_t i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 214, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -3238,7 +3238,7 @@ NVP_EXPORT int32_t cublasDotEx(void *handle, int32_t n, void *x, int32_t xType, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 215, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)xType;
@@ -3256,7 +3256,7 @@ NVP_EXPORT int32_t cublasDotEx_64(void *handle, int64_t n, void *x, int32_t xTyp
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 216, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)xType;
@@ -3274,7 +3274,7 @@ NVP_EXPORT int32_t cublasDotcEx(void *handle, int32_t n, void *x, int32_t xType,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 217, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)xType;
@@ -3292,7 +3292,7 @@ NVP_EXPORT int32_t cublasDotcEx_64(void *handle, int64_t n, void *x, int32_t xTy
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 218, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)xType;
@@ -3315,7 +3315,7 @@ NVP_EXPORT int32_t cublasDrot_v2(void *handle, int32_t n, void *x, int32_t incx,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 220, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -3330,7 +3330,7 @@ NVP_EXPORT int32_t cublasDrot_v2_64(void *handle, int64_t n, void *x, int64_t in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 221, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -3350,7 +3350,7 @@ NVP_EXPORT int32_t cublasDrotg_v2(void *handle, void *a, void *b, void *c, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 223, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_buf(&nvpl_c_, 1, a, NVPL_INOUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
     nvpl_buf(&nvpl_c_, 2, b, NVPL_INOUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
     nvpl_buf(&nvpl_c_, 3, c, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -3367,7 +3367,7 @@ NVP_EXPORT int32_t cublasDrotm_v2(void *handle, int32_t n, void *x, int32_t incx
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 225, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -3381,7 +3381,7 @@ NVP_EXPORT int32_t cublasDrotm_v2_64(void *handle, int64_t n, void *x, int64_t i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 226, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -3400,7 +3400,7 @@ NVP_EXPORT int32_t cublasDrotmg_v2(void *handle, void *d1, void *d2, void *x1, v
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 228, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_buf(&nvpl_c_, 1, d1, NVPL_INOUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
     nvpl_buf(&nvpl_c_, 2, d2, NVPL_INOUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
     nvpl_buf(&nvpl_c_, 3, x1, NVPL_INOUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -3418,7 +3418,7 @@ NVP_EXPORT int32_t cublasDsbmv_v2(void *handle, int32_t uplo, int32_t n, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 230, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)k;
@@ -3437,7 +3437,7 @@ NVP_EXPORT int32_t cublasDsbmv_v2_64(void *handle, int32_t uplo, int64_t n, int6
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 231, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)k;
@@ -3461,7 +3461,7 @@ NVP_EXPORT int32_t cublasDscal_v2(void *handle, int32_t n, void *alpha, void *x,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 233, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
@@ -3473,7 +3473,7 @@ NVP_EXPORT int32_t cublasDscal_v2_64(void *handle, int64_t n, void *alpha, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 234, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
@@ -3490,7 +3490,7 @@ NVP_EXPORT int32_t cublasDspmv_v2(void *handle, int32_t uplo, int32_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 236, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -3507,7 +3507,7 @@ NVP_EXPORT int32_t cublasDspmv_v2_64(void *handle, int32_t uplo, int64_t n, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 237, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -3534,7 +3534,7 @@ NVP_EXPORT int32_t cublasDspr2_v2(void *handle, int32_t uplo, int32_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 240, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -3550,7 +3550,7 @@ NVP_EXPORT int32_t cublasDspr2_v2_64(void *handle, int32_t uplo, int64_t n, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 241, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -3566,7 +3566,7 @@ NVP_EXPORT int32_t cublasDspr_v2(void *handle, int32_t uplo, int32_t n, void *al
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 242, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -3580,7 +3580,7 @@ NVP_EXPORT int32_t cublasDspr_v2_64(void *handle, int32_t uplo, int64_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 243, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -3599,7 +3599,7 @@ NVP_EXPORT int32_t cublasDswap_v2(void *handle, int32_t n, void *x, int32_t incx
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 245, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -3612,7 +3612,7 @@ NVP_EXPORT int32_t cublasDswap_v2_64(void *handle, int64_t n, void *x, int64_t i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 246, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -3630,7 +3630,7 @@ NVP_EXPORT int32_t cublasDsymm_v2(void *handle, int32_t side, int32_t uplo, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 248, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -3650,7 +3650,7 @@ NVP_EXPORT int32_t cublasDsymm_v2_64(void *handle, int32_t side, int32_t uplo, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 249, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -3675,7 +3675,7 @@ NVP_EXPORT int32_t cublasDsymv_v2(void *handle, int32_t uplo, int32_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 251, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -3693,7 +3693,7 @@ NVP_EXPORT int32_t cublasDsymv_v2_64(void *handle, int32_t uplo, int64_t n, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 252, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -3721,7 +3721,7 @@ NVP_EXPORT int32_t cublasDsyr2_v2(void *handle, int32_t uplo, int32_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 255, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -3738,7 +3738,7 @@ NVP_EXPORT int32_t cublasDsyr2_v2_64(void *handle, int32_t uplo, int64_t n, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 256, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -3760,7 +3760,7 @@ NVP_EXPORT int32_t cublasDsyr2k_v2(void *handle, int32_t uplo, int32_t trans, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 258, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -3780,7 +3780,7 @@ NVP_EXPORT int32_t cublasDsyr2k_v2_64(void *handle, int32_t uplo, int32_t trans,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 259, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -3800,7 +3800,7 @@ NVP_EXPORT int32_t cublasDsyr_v2(void *handle, int32_t uplo, int32_t n, void *al
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 260, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -3815,7 +3815,7 @@ NVP_EXPORT int32_t cublasDsyr_v2_64(void *handle, int32_t uplo, int64_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 261, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -3835,7 +3835,7 @@ NVP_EXPORT int32_t cublasDsyrk_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 263, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -3853,7 +3853,7 @@ NVP_EXPORT int32_t cublasDsyrk_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 264, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -3871,7 +3871,7 @@ NVP_EXPORT int32_t cublasDsyrkx(void *handle, int32_t uplo, int32_t trans, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 265, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -3891,7 +3891,7 @@ NVP_EXPORT int32_t cublasDsyrkx_64(void *handle, int32_t uplo, int32_t trans, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 266, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -3916,7 +3916,7 @@ NVP_EXPORT int32_t cublasDtbmv_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 268, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -3933,7 +3933,7 @@ NVP_EXPORT int32_t cublasDtbmv_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 269, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -3955,7 +3955,7 @@ NVP_EXPORT int32_t cublasDtbsv_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 271, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -3972,7 +3972,7 @@ NVP_EXPORT int32_t cublasDtbsv_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 272, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -3994,7 +3994,7 @@ NVP_EXPORT int32_t cublasDtpmv_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 274, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -4009,7 +4009,7 @@ NVP_EXPORT int32_t cublasDtpmv_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 275, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -4029,7 +4029,7 @@ NVP_EXPORT int32_t cublasDtpsv_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 277, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -4044,7 +4044,7 @@ NVP_EXPORT int32_t cublasDtpsv_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 278, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -4059,7 +4059,7 @@ NVP_EXPORT int32_t cublasDtpttr(void *handle, int32_t uplo, int32_t n, void *AP,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 279, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)AP;
@@ -4077,7 +4077,7 @@ NVP_EXPORT int32_t cublasDtrmm_v2(void *handle, int32_t side, int32_t uplo, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 281, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -4098,7 +4098,7 @@ NVP_EXPORT int32_t cublasDtrmm_v2_64(void *handle, int32_t side, int32_t uplo, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 282, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -4124,7 +4124,7 @@ NVP_EXPORT int32_t cublasDtrmv_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 284, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -4140,7 +4140,7 @@ NVP_EXPORT int32_t cublasDtrmv_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 285, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -4161,7 +4161,7 @@ NVP_EXPORT int32_t cublasDtrsmBatched(void *handle, int32_t side, int32_t uplo, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 287, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -4181,7 +4181,7 @@ NVP_EXPORT int32_t cublasDtrsmBatched_64(void *handle, int32_t side, int32_t upl
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 288, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -4201,7 +4201,7 @@ NVP_EXPORT int32_t cublasDtrsm_v2(void *handle, int32_t side, int32_t uplo, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 289, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -4220,7 +4220,7 @@ NVP_EXPORT int32_t cublasDtrsm_v2_64(void *handle, int32_t side, int32_t uplo, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 290, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -4244,7 +4244,7 @@ NVP_EXPORT int32_t cublasDtrsv_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 292, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -4260,7 +4260,7 @@ NVP_EXPORT int32_t cublasDtrsv_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 293, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -4276,7 +4276,7 @@ NVP_EXPORT int32_t cublasDtrttp(void *handle, int32_t uplo, int32_t n, void *A, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 294, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -4295,7 +4295,7 @@ NVP_EXPORT int32_t cublasDzasum_v2(void *handle, int32_t n, void *x, int32_t inc
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 296, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -4307,7 +4307,7 @@ NVP_EXPORT int32_t cublasDzasum_v2_64(void *handle, int64_t n, void *x, int64_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 297, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -4325,7 +4325,7 @@ NVP_EXPORT int32_t cublasDznrm2_v2(void *handle, int32_t n, void *x, int32_t inc
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 299, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -4337,7 +4337,7 @@ NVP_EXPORT int32_t cublasDznrm2_v2_64(void *handle, int64_t n, void *x, int64_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 300, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -4354,7 +4354,7 @@ NVP_EXPORT int32_t cublasGemmBatchedEx(void *handle, int32_t transa, int32_t tra
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 302, 20);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -4381,7 +4381,7 @@ NVP_EXPORT int32_t cublasGemmBatchedEx_64(void *handle, int32_t transa, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 303, 20);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -4408,7 +4408,7 @@ NVP_EXPORT int32_t cublasGemmEx(void *handle, int32_t transa, int32_t transb, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 304, 19);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -4434,7 +4434,7 @@ NVP_EXPORT int32_t cublasGemmEx_64(void *handle, int32_t transa, int32_t transb,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 305, 19);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -4460,7 +4460,7 @@ NVP_EXPORT int32_t cublasGemmGroupedBatchedEx(void *handle, void *transa_array, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 306, 20);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_buf(&nvpl_c_, 1, transa_array, NVPL_IN, (int64_t)(4*group_count));
     nvpl_buf(&nvpl_c_, 2, transb_array, NVPL_IN, (int64_t)(4*group_count));
     nvpl_buf(&nvpl_c_, 3, m_array, NVPL_IN, (int64_t)(4*group_count));
@@ -4487,7 +4487,7 @@ NVP_EXPORT int32_t cublasGemmGroupedBatchedEx_64(void *handle, void *transa_arra
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 307, 20);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_buf(&nvpl_c_, 1, transa_array, NVPL_IN, (int64_t)(4*group_count));
     nvpl_buf(&nvpl_c_, 2, transb_array, NVPL_IN, (int64_t)(4*group_count));
     nvpl_buf(&nvpl_c_, 3, m_array, NVPL_IN, (int64_t)(8*group_count));
@@ -4514,7 +4514,7 @@ NVP_EXPORT int32_t cublasGemmStridedBatchedEx(void *handle, int32_t transa, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 308, 23);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -4544,7 +4544,7 @@ NVP_EXPORT int32_t cublasGemmStridedBatchedEx_64(void *handle, int32_t transa, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 309, 23);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -4574,7 +4574,7 @@ NVP_EXPORT int32_t cublasGetAtomicsMode(void *handle, void *mode)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 310, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_buf(&nvpl_c_, 1, mode, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -4595,7 +4595,7 @@ NVP_EXPORT int32_t cublasGetEmulationSpecialValuesSupport(void *handle, void *ma
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 313, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_buf(&nvpl_c_, 1, mask, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -4604,7 +4604,7 @@ NVP_EXPORT int32_t cublasGetEmulationStrategy(void *handle, void *emulationStrat
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 314, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_buf(&nvpl_c_, 1, emulationStrategy, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -4623,7 +4623,7 @@ NVP_EXPORT int32_t cublasGetFixedPointEmulationMantissaBitCountPointer(void *han
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 317, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_buf(&nvpl_c_, 1, mantissaBitCount, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -4632,7 +4632,7 @@ NVP_EXPORT int32_t cublasGetFixedPointEmulationMantissaBitOffset(void *handle, v
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 318, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_buf(&nvpl_c_, 1, mantissaBitOffset, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -4641,7 +4641,7 @@ NVP_EXPORT int32_t cublasGetFixedPointEmulationMantissaControl(void *handle, voi
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 319, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_buf(&nvpl_c_, 1, mantissaControl, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -4650,7 +4650,7 @@ NVP_EXPORT int32_t cublasGetFixedPointEmulationMaxMantissaBitCount(void *handle,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 320, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_buf(&nvpl_c_, 1, maxMantissaBitCount, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -4664,7 +4664,7 @@ NVP_EXPORT int32_t cublasGetMathMode(void *handle, void *mode)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 322, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_buf(&nvpl_c_, 1, mode, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -4693,7 +4693,7 @@ NVP_EXPORT int32_t cublasGetPointerMode_v2(void *handle, void *mode)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 327, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_buf(&nvpl_c_, 1, mode, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -4711,7 +4711,7 @@ NVP_EXPORT int32_t cublasGetSmCountTarget(void *handle, void *smCountTarget)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 329, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_buf(&nvpl_c_, 1, smCountTarget, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -4769,7 +4769,7 @@ NVP_EXPORT int32_t cublasGetVersion_v2(void *handle, void *version)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 338, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_buf(&nvpl_c_, 1, version, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -4848,7 +4848,7 @@ NVP_EXPORT int32_t cublasIamaxEx(void *handle, int32_t n, void *x, int32_t xType
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 353, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)xType;
@@ -4861,7 +4861,7 @@ NVP_EXPORT int32_t cublasIamaxEx_64(void *handle, int64_t n, void *x, int32_t xT
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 354, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)xType;
@@ -4874,7 +4874,7 @@ NVP_EXPORT int32_t cublasIaminEx(void *handle, int32_t n, void *x, int32_t xType
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 355, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)xType;
@@ -4887,7 +4887,7 @@ NVP_EXPORT int32_t cublasIaminEx_64(void *handle, int64_t n, void *x, int32_t xT
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 356, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)xType;
@@ -4906,7 +4906,7 @@ NVP_EXPORT int32_t cublasIcamax_v2(void *handle, int32_t n, void *x, int32_t inc
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 358, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -4918,7 +4918,7 @@ NVP_EXPORT int32_t cublasIcamax_v2_64(void *handle, int64_t n, void *x, int64_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 359, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -4936,7 +4936,7 @@ NVP_EXPORT int32_t cublasIcamin_v2(void *handle, int32_t n, void *x, int32_t inc
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 361, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -4948,7 +4948,7 @@ NVP_EXPORT int32_t cublasIcamin_v2_64(void *handle, int64_t n, void *x, int64_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 362, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -4966,7 +4966,7 @@ NVP_EXPORT int32_t cublasIdamax_v2(void *handle, int32_t n, void *x, int32_t inc
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 364, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -4978,7 +4978,7 @@ NVP_EXPORT int32_t cublasIdamax_v2_64(void *handle, int64_t n, void *x, int64_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 365, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -4996,7 +4996,7 @@ NVP_EXPORT int32_t cublasIdamin_v2(void *handle, int32_t n, void *x, int32_t inc
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 367, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -5008,7 +5008,7 @@ NVP_EXPORT int32_t cublasIdamin_v2_64(void *handle, int64_t n, void *x, int64_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 368, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -5031,7 +5031,7 @@ NVP_EXPORT int32_t cublasIsamax_v2(void *handle, int32_t n, void *x, int32_t inc
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 371, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -5043,7 +5043,7 @@ NVP_EXPORT int32_t cublasIsamax_v2_64(void *handle, int64_t n, void *x, int64_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 372, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -5061,7 +5061,7 @@ NVP_EXPORT int32_t cublasIsamin_v2(void *handle, int32_t n, void *x, int32_t inc
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 374, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -5073,7 +5073,7 @@ NVP_EXPORT int32_t cublasIsamin_v2_64(void *handle, int64_t n, void *x, int64_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 375, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -5091,7 +5091,7 @@ NVP_EXPORT int32_t cublasIzamax_v2(void *handle, int32_t n, void *x, int32_t inc
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 377, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -5103,7 +5103,7 @@ NVP_EXPORT int32_t cublasIzamax_v2_64(void *handle, int64_t n, void *x, int64_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 378, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -5121,7 +5121,7 @@ NVP_EXPORT int32_t cublasIzamin_v2(void *handle, int32_t n, void *x, int32_t inc
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 380, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -5133,7 +5133,7 @@ NVP_EXPORT int32_t cublasIzamin_v2_64(void *handle, int64_t n, void *x, int64_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 381, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -5156,7 +5156,7 @@ NVP_EXPORT int32_t cublasNrm2Ex(void *handle, int32_t n, void *x, int32_t xType,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 383, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)xType;
@@ -5171,7 +5171,7 @@ NVP_EXPORT int32_t cublasNrm2Ex_64(void *handle, int64_t n, void *x, int32_t xTy
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 384, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)xType;
@@ -5186,7 +5186,7 @@ NVP_EXPORT int32_t cublasRotEx(void *handle, int32_t n, void *x, int32_t xType, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 385, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)xType;
@@ -5205,7 +5205,7 @@ NVP_EXPORT int32_t cublasRotEx_64(void *handle, int64_t n, void *x, int32_t xTyp
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 386, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)xType;
@@ -5224,7 +5224,7 @@ NVP_EXPORT int32_t cublasRotgEx(void *handle, void *a, void *b, int32_t abType, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 387, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_buf(&nvpl_c_, 1, a, NVPL_INOUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(abType)) : NVPL_DEVICE);
     nvpl_buf(&nvpl_c_, 2, b, NVPL_INOUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(abType)) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(int64_t)abType;
@@ -5239,7 +5239,7 @@ NVP_EXPORT int32_t cublasRotmEx(void *handle, int32_t n, void *x, int32_t xType,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 388, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)xType;
@@ -5257,7 +5257,7 @@ NVP_EXPORT int32_t cublasRotmEx_64(void *handle, int64_t n, void *x, int32_t xTy
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 389, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)xType;
@@ -5275,7 +5275,7 @@ NVP_EXPORT int32_t cublasRotmgEx(void *handle, void *d1, int32_t d1Type, void *d
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 390, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_buf(&nvpl_c_, 1, d1, NVPL_INOUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(d1Type)) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)d1Type;
     nvpl_buf(&nvpl_c_, 3, d2, NVPL_INOUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(d1Type)) : NVPL_DEVICE);
@@ -5300,7 +5300,7 @@ NVP_EXPORT int32_t cublasSasum_v2(void *handle, int32_t n, void *x, int32_t incx
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 392, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -5312,7 +5312,7 @@ NVP_EXPORT int32_t cublasSasum_v2_64(void *handle, int64_t n, void *x, int64_t i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 393, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -5329,7 +5329,7 @@ NVP_EXPORT int32_t cublasSaxpy_v2(void *handle, int32_t n, void *alpha, void *x,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 395, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
@@ -5343,7 +5343,7 @@ NVP_EXPORT int32_t cublasSaxpy_v2_64(void *handle, int64_t n, void *alpha, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 396, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
@@ -5362,7 +5362,7 @@ NVP_EXPORT int32_t cublasScalEx(void *handle, int32_t n, void *alpha, int32_t al
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 398, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(alphaType)) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(int64_t)alphaType;
@@ -5377,7 +5377,7 @@ NVP_EXPORT int32_t cublasScalEx_64(void *handle, int64_t n, void *alpha, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 399, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(alphaType)) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(int64_t)alphaType;
@@ -5398,7 +5398,7 @@ NVP_EXPORT int32_t cublasScasum_v2(void *handle, int32_t n, void *x, int32_t inc
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 401, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -5410,7 +5410,7 @@ NVP_EXPORT int32_t cublasScasum_v2_64(void *handle, int64_t n, void *x, int64_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 402, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -5428,7 +5428,7 @@ NVP_EXPORT int32_t cublasScnrm2_v2(void *handle, int32_t n, void *x, int32_t inc
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 404, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -5440,7 +5440,7 @@ NVP_EXPORT int32_t cublasScnrm2_v2_64(void *handle, int64_t n, void *x, int64_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 405, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -5457,7 +5457,7 @@ NVP_EXPORT int32_t cublasScopy_v2(void *handle, int32_t n, void *x, int32_t incx
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 407, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -5470,7 +5470,7 @@ NVP_EXPORT int32_t cublasScopy_v2_64(void *handle, int64_t n, void *x, int64_t i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 408, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -5483,7 +5483,7 @@ NVP_EXPORT int32_t cublasSdgmm(void *handle, int32_t mode, int32_t m, int32_t n,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 409, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -5500,7 +5500,7 @@ NVP_EXPORT int32_t cublasSdgmm_64(void *handle, int32_t mode, int64_t m, int64_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 410, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -5523,7 +5523,7 @@ NVP_EXPORT int32_t cublasSdot_v2(void *handle, int32_t n, void *x, int32_t incx,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 412, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -5537,7 +5537,7 @@ NVP_EXPORT int32_t cublasSdot_v2_64(void *handle, int64_t n, void *x, int64_t in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 413, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -5551,7 +5551,7 @@ NVP_EXPORT int32_t cublasSetAtomicsMode(void *handle, int32_t mode)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 414, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -5570,7 +5570,7 @@ NVP_EXPORT int32_t cublasSetEmulationSpecialValuesSupport(void *handle, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 417, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)mask;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -5579,7 +5579,7 @@ NVP_EXPORT int32_t cublasSetEmulationStrategy(void *handle, int32_t emulationStr
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 418, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)emulationStrategy;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -5593,7 +5593,7 @@ NVP_EXPORT int32_t cublasSetFixedPointEmulationMantissaBitCountPointer(void *han
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 420, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(uintptr_t)mantissaBitCount;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -5602,7 +5602,7 @@ NVP_EXPORT int32_t cublasSetFixedPointEmulationMantissaBitOffset(void *handle, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 421, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)mantissaBitOffset;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -5611,7 +5611,7 @@ NVP_EXPORT int32_t cublasSetFixedPointEmulationMantissaControl(void *handle, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 422, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)mantissaControl;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -5620,7 +5620,7 @@ NVP_EXPORT int32_t cublasSetFixedPointEmulationMaxMantissaBitCount(void *handle,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 423, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)maxMantissaBitCount;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -5639,7 +5639,7 @@ NVP_EXPORT int32_t cublasSetMathMode(void *handle, int32_t mode)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 426, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -5668,7 +5668,7 @@ NVP_EXPORT int32_t cublasSetPointerMode_v2(void *handle, int32_t mode)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 431, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
     int64_t nvpl_r_ = nvpl_end(&nvpl_c_);
     if (nvpl_r_ == 0)
@@ -5680,7 +5680,7 @@ NVP_EXPORT int32_t cublasSetSmCountTarget(void *handle, int32_t smCountTarget)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 432, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)smCountTarget;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -5689,7 +5689,7 @@ NVP_EXPORT int32_t cublasSetStream_v2(void *handle, void *streamId)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 433, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_stream(&nvpl_c_, 1, streamId);
     int64_t nvpl_r_ = nvpl_end(&nvpl_c_);
     if (nvpl_r_ == 0)
@@ -5721,7 +5721,7 @@ NVP_EXPORT int32_t cublasSetWorkspace_v2(void *handle, void *workspace, uint64_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 438, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(uintptr_t)workspace;
     nvpl_c_.slot[2] = (uint64_t)workspaceSizeInBytes;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -5736,7 +5736,7 @@ NVP_EXPORT int32_t cublasSgbmv_v2(void *handle, int32_t trans, int32_t m, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 440, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -5757,7 +5757,7 @@ NVP_EXPORT int32_t cublasSgbmv_v2_64(void *handle, int32_t trans, int64_t m, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 441, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -5778,7 +5778,7 @@ NVP_EXPORT int32_t cublasSgeam(void *handle, int32_t transa, int32_t transb, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 442, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -5798,7 +5798,7 @@ NVP_EXPORT int32_t cublasSgeam_64(void *handle, int32_t transa, int32_t transb, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 443, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -5818,7 +5818,7 @@ NVP_EXPORT int32_t cublasSgelsBatched(void *handle, int32_t trans, int32_t m, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 444, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -5842,7 +5842,7 @@ NVP_EXPORT int32_t cublasSgemmBatched(void *handle, int32_t transa, int32_t tran
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 446, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -5864,7 +5864,7 @@ NVP_EXPORT int32_t cublasSgemmBatched_64(void *handle, int32_t transa, int32_t t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 447, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -5886,7 +5886,7 @@ NVP_EXPORT int32_t cublasSgemmEx(void *handle, int32_t transa, int32_t transb, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 448, 17);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -5910,7 +5910,7 @@ NVP_EXPORT int32_t cublasSgemmEx_64(void *handle, int32_t transa, int32_t transb
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 449, 17);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -5934,7 +5934,7 @@ NVP_EXPORT int32_t cublasSgemmGroupedBatched(void *handle, void *transa_array, v
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 450, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_buf(&nvpl_c_, 1, transa_array, NVPL_IN, (int64_t)(4*group_count));
     nvpl_buf(&nvpl_c_, 2, transb_array, NVPL_IN, (int64_t)(4*group_count));
     nvpl_buf(&nvpl_c_, 3, m_array, NVPL_IN, (int64_t)(4*group_count));
@@ -5957,7 +5957,7 @@ NVP_EXPORT int32_t cublasSgemmGroupedBatched_64(void *handle, void *transa_array
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 451, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_buf(&nvpl_c_, 1, transa_array, NVPL_IN, (int64_t)(4*group_count));
     nvpl_buf(&nvpl_c_, 2, transb_array, NVPL_IN, (int64_t)(4*group_count));
     nvpl_buf(&nvpl_c_, 3, m_array, NVPL_IN, (int64_t)(8*group_count));
@@ -5980,7 +5980,7 @@ NVP_EXPORT int32_t cublasSgemmStridedBatched(void *handle, int32_t transa, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 452, 18);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -6005,7 +6005,7 @@ NVP_EXPORT int32_t cublasSgemmStridedBatched_64(void *handle, int32_t transa, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 453, 18);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -6030,7 +6030,7 @@ NVP_EXPORT int32_t cublasSgemm_v2(void *handle, int32_t transa, int32_t transb, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 454, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -6051,7 +6051,7 @@ NVP_EXPORT int32_t cublasSgemm_v2_64(void *handle, int32_t transa, int32_t trans
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 455, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -6077,7 +6077,7 @@ NVP_EXPORT int32_t cublasSgemvBatched(void *handle, int32_t trans, int32_t m, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 457, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -6097,7 +6097,7 @@ NVP_EXPORT int32_t cublasSgemvBatched_64(void *handle, int32_t trans, int64_t m,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 458, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -6117,7 +6117,7 @@ NVP_EXPORT int32_t cublasSgemvStridedBatched(void *handle, int32_t trans, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 459, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -6140,7 +6140,7 @@ NVP_EXPORT int32_t cublasSgemvStridedBatched_64(void *handle, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 460, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -6163,7 +6163,7 @@ NVP_EXPORT int32_t cublasSgemv_v2(void *handle, int32_t trans, int32_t m, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 461, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -6182,7 +6182,7 @@ NVP_EXPORT int32_t cublasSgemv_v2_64(void *handle, int32_t trans, int64_t m, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 462, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -6201,7 +6201,7 @@ NVP_EXPORT int32_t cublasSgeqrfBatched(void *handle, int32_t m, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 463, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)Aarray;
@@ -6221,7 +6221,7 @@ NVP_EXPORT int32_t cublasSger_v2(void *handle, int32_t m, int32_t n, void *alpha
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 465, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
@@ -6238,7 +6238,7 @@ NVP_EXPORT int32_t cublasSger_v2_64(void *handle, int64_t m, int64_t n, void *al
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 466, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
@@ -6255,7 +6255,7 @@ NVP_EXPORT int32_t cublasSgetrfBatched(void *handle, int32_t n, void *A, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 467, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)lda;
@@ -6269,7 +6269,7 @@ NVP_EXPORT int32_t cublasSgetriBatched(void *handle, int32_t n, void *A, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 468, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)lda;
@@ -6285,7 +6285,7 @@ NVP_EXPORT int32_t cublasSgetrsBatched(void *handle, int32_t trans, int32_t n, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 469, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -6308,7 +6308,7 @@ NVP_EXPORT int32_t cublasSmatinvBatched(void *handle, int32_t n, void *A, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 471, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)lda;
@@ -6329,7 +6329,7 @@ NVP_EXPORT int32_t cublasSnrm2_v2(void *handle, int32_t n, void *x, int32_t incx
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 473, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -6341,7 +6341,7 @@ NVP_EXPORT int32_t cublasSnrm2_v2_64(void *handle, int64_t n, void *x, int64_t i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 474, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -6358,7 +6358,7 @@ NVP_EXPORT int32_t cublasSrot_v2(void *handle, int32_t n, void *x, int32_t incx,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 476, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -6373,7 +6373,7 @@ NVP_EXPORT int32_t cublasSrot_v2_64(void *handle, int64_t n, void *x, int64_t in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 477, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -6393,7 +6393,7 @@ NVP_EXPORT int32_t cublasSrotg_v2(void *handle, void *a, void *b, void *c, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 479, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_buf(&nvpl_c_, 1, a, NVPL_INOUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
     nvpl_buf(&nvpl_c_, 2, b, NVPL_INOUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
     nvpl_buf(&nvpl_c_, 3, c, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
@@ -6410,7 +6410,7 @@ NVP_EXPORT int32_t cublasSrotm_v2(void *handle, int32_t n, void *x, int32_t incx
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 481, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -6424,7 +6424,7 @@ NVP_EXPORT int32_t cublasSrotm_v2_64(void *handle, int64_t n, void *x, int64_t i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 482, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -6443,7 +6443,7 @@ NVP_EXPORT int32_t cublasSrotmg_v2(void *handle, void *d1, void *d2, void *x1, v
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 484, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_buf(&nvpl_c_, 1, d1, NVPL_INOUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
     nvpl_buf(&nvpl_c_, 2, d2, NVPL_INOUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
     nvpl_buf(&nvpl_c_, 3, x1, NVPL_INOUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
@@ -6461,7 +6461,7 @@ NVP_EXPORT int32_t cublasSsbmv_v2(void *handle, int32_t uplo, int32_t n, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 486, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)k;
@@ -6480,7 +6480,7 @@ NVP_EXPORT int32_t cublasSsbmv_v2_64(void *handle, int32_t uplo, int64_t n, int6
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 487, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)k;
@@ -6504,7 +6504,7 @@ NVP_EXPORT int32_t cublasSscal_v2(void *handle, int32_t n, void *alpha, void *x,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 489, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
@@ -6516,7 +6516,7 @@ NVP_EXPORT int32_t cublasSscal_v2_64(void *handle, int64_t n, void *alpha, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 490, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
@@ -6533,7 +6533,7 @@ NVP_EXPORT int32_t cublasSspmv_v2(void *handle, int32_t uplo, int32_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 492, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
@@ -6550,7 +6550,7 @@ NVP_EXPORT int32_t cublasSspmv_v2_64(void *handle, int32_t uplo, int64_t n, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 493, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
@@ -6577,7 +6577,7 @@ NVP_EXPORT int32_t cublasSspr2_v2(void *handle, int32_t uplo, int32_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 496, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
@@ -6593,7 +6593,7 @@ NVP_EXPORT int32_t cublasSspr2_v2_64(void *handle, int32_t uplo, int64_t n, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 497, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
@@ -6609,7 +6609,7 @@ NVP_EXPORT int32_t cublasSspr_v2(void *handle, int32_t uplo, int32_t n, void *al
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 498, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
@@ -6623,7 +6623,7 @@ NVP_EXPORT int32_t cublasSspr_v2_64(void *handle, int32_t uplo, int64_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 499, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
@@ -6642,7 +6642,7 @@ NVP_EXPORT int32_t cublasSswap_v2(void *handle, int32_t n, void *x, int32_t incx
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 501, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -6655,7 +6655,7 @@ NVP_EXPORT int32_t cublasSswap_v2_64(void *handle, int64_t n, void *x, int64_t i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 502, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -6673,7 +6673,7 @@ NVP_EXPORT int32_t cublasSsymm_v2(void *handle, int32_t side, int32_t uplo, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 504, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -6693,7 +6693,7 @@ NVP_EXPORT int32_t cublasSsymm_v2_64(void *handle, int32_t side, int32_t uplo, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 505, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -6718,7 +6718,7 @@ NVP_EXPORT int32_t cublasSsymv_v2(void *handle, int32_t uplo, int32_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 507, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
@@ -6736,7 +6736,7 @@ NVP_EXPORT int32_t cublasSsymv_v2_64(void *handle, int32_t uplo, int64_t n, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 508, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
@@ -6764,7 +6764,7 @@ NVP_EXPORT int32_t cublasSsyr2_v2(void *handle, int32_t uplo, int32_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 511, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
@@ -6781,7 +6781,7 @@ NVP_EXPORT int32_t cublasSsyr2_v2_64(void *handle, int32_t uplo, int64_t n, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 512, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
@@ -6803,7 +6803,7 @@ NVP_EXPORT int32_t cublasSsyr2k_v2(void *handle, int32_t uplo, int32_t trans, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 514, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -6823,7 +6823,7 @@ NVP_EXPORT int32_t cublasSsyr2k_v2_64(void *handle, int32_t uplo, int32_t trans,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 515, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -6843,7 +6843,7 @@ NVP_EXPORT int32_t cublasSsyr_v2(void *handle, int32_t uplo, int32_t n, void *al
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 516, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
@@ -6858,7 +6858,7 @@ NVP_EXPORT int32_t cublasSsyr_v2_64(void *handle, int32_t uplo, int64_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 517, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
@@ -6878,7 +6878,7 @@ NVP_EXPORT int32_t cublasSsyrk_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 519, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -6896,7 +6896,7 @@ NVP_EXPORT int32_t cublasSsyrk_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 520, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -6914,7 +6914,7 @@ NVP_EXPORT int32_t cublasSsyrkx(void *handle, int32_t uplo, int32_t trans, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 521, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -6934,7 +6934,7 @@ NVP_EXPORT int32_t cublasSsyrkx_64(void *handle, int32_t uplo, int32_t trans, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 522, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -6959,7 +6959,7 @@ NVP_EXPORT int32_t cublasStbmv_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 524, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -6976,7 +6976,7 @@ NVP_EXPORT int32_t cublasStbmv_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 525, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -6998,7 +6998,7 @@ NVP_EXPORT int32_t cublasStbsv_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 527, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -7015,7 +7015,7 @@ NVP_EXPORT int32_t cublasStbsv_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 528, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -7037,7 +7037,7 @@ NVP_EXPORT int32_t cublasStpmv_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 530, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -7052,7 +7052,7 @@ NVP_EXPORT int32_t cublasStpmv_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 531, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -7072,7 +7072,7 @@ NVP_EXPORT int32_t cublasStpsv_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 533, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -7087,7 +7087,7 @@ NVP_EXPORT int32_t cublasStpsv_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 534, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -7102,7 +7102,7 @@ NVP_EXPORT int32_t cublasStpttr(void *handle, int32_t uplo, int32_t n, void *AP,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 535, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)AP;
@@ -7120,7 +7120,7 @@ NVP_EXPORT int32_t cublasStrmm_v2(void *handle, int32_t side, int32_t uplo, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 537, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -7141,7 +7141,7 @@ NVP_EXPORT int32_t cublasStrmm_v2_64(void *handle, int32_t side, int32_t uplo, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 538, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -7167,7 +7167,7 @@ NVP_EXPORT int32_t cublasStrmv_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 540, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -7183,7 +7183,7 @@ NVP_EXPORT int32_t cublasStrmv_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 541, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -7204,7 +7204,7 @@ NVP_EXPORT int32_t cublasStrsmBatched(void *handle, int32_t side, int32_t uplo, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 543, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -7224,7 +7224,7 @@ NVP_EXPORT int32_t cublasStrsmBatched_64(void *handle, int32_t side, int32_t upl
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 544, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -7244,7 +7244,7 @@ NVP_EXPORT int32_t cublasStrsm_v2(void *handle, int32_t side, int32_t uplo, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 545, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -7263,7 +7263,7 @@ NVP_EXPORT int32_t cublasStrsm_v2_64(void *handle, int32_t side, int32_t uplo, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 546, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -7287,7 +7287,7 @@ NVP_EXPORT int32_t cublasStrsv_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 548, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -7303,7 +7303,7 @@ NVP_EXPORT int32_t cublasStrsv_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 549, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -7319,7 +7319,7 @@ NVP_EXPORT int32_t cublasStrttp(void *handle, int32_t uplo, int32_t n, void *A, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 550, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -7332,7 +7332,7 @@ NVP_EXPORT int32_t cublasSwapEx(void *handle, int32_t n, void *x, int32_t xType,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 551, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)xType;
@@ -7347,7 +7347,7 @@ NVP_EXPORT int32_t cublasSwapEx_64(void *handle, int64_t n, void *x, int32_t xTy
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 552, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)xType;
@@ -7402,7 +7402,7 @@ NVP_EXPORT int32_t cublasUint8gemmBias(void *handle, int32_t transa, int32_t tra
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 561, 18);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)transc;
@@ -7692,7 +7692,7 @@ NVP_EXPORT int32_t cublasZaxpy_v2(void *handle, int32_t n, void *alpha, void *x,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 615, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
@@ -7706,7 +7706,7 @@ NVP_EXPORT int32_t cublasZaxpy_v2_64(void *handle, int64_t n, void *alpha, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 616, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
@@ -7730,7 +7730,7 @@ NVP_EXPORT int32_t cublasZcopy_v2(void *handle, int32_t n, void *x, int32_t incx
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 619, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -7743,7 +7743,7 @@ NVP_EXPORT int32_t cublasZcopy_v2_64(void *handle, int64_t n, void *x, int64_t i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 620, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -7756,7 +7756,7 @@ NVP_EXPORT int32_t cublasZdgmm(void *handle, int32_t mode, int32_t m, int32_t n,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 621, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -7773,7 +7773,7 @@ NVP_EXPORT int32_t cublasZdgmm_64(void *handle, int32_t mode, int64_t m, int64_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 622, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -7797,7 +7797,7 @@ NVP_EXPORT int32_t cublasZdotc_v2(void *handle, int32_t n, void *x, int32_t incx
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 624, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -7811,7 +7811,7 @@ NVP_EXPORT int32_t cublasZdotc_v2_64(void *handle, int64_t n, void *x, int64_t i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 625, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -7832,7 +7832,7 @@ NVP_EXPORT int32_t cublasZdotu_v2(void *handle, int32_t n, void *x, int32_t incx
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 627, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -7846,7 +7846,7 @@ NVP_EXPORT int32_t cublasZdotu_v2_64(void *handle, int64_t n, void *x, int64_t i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 628, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -7865,7 +7865,7 @@ NVP_EXPORT int32_t cublasZdrot_v2(void *handle, int32_t n, void *x, int32_t incx
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 630, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -7880,7 +7880,7 @@ NVP_EXPORT int32_t cublasZdrot_v2_64(void *handle, int64_t n, void *x, int64_t i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 631, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -7900,7 +7900,7 @@ NVP_EXPORT int32_t cublasZdscal_v2(void *handle, int32_t n, void *alpha, void *x
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 633, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
@@ -7912,7 +7912,7 @@ NVP_EXPORT int32_t cublasZdscal_v2_64(void *handle, int64_t n, void *alpha, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 634, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
@@ -7929,7 +7929,7 @@ NVP_EXPORT int32_t cublasZgbmv_v2(void *handle, int32_t trans, int32_t m, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 636, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -7950,7 +7950,7 @@ NVP_EXPORT int32_t cublasZgbmv_v2_64(void *handle, int32_t trans, int64_t m, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 637, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -7971,7 +7971,7 @@ NVP_EXPORT int32_t cublasZgeam(void *handle, int32_t transa, int32_t transb, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 638, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -7991,7 +7991,7 @@ NVP_EXPORT int32_t cublasZgeam_64(void *handle, int32_t transa, int32_t transb, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 639, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -8011,7 +8011,7 @@ NVP_EXPORT int32_t cublasZgelsBatched(void *handle, int32_t trans, int32_t m, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 640, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -8035,7 +8035,7 @@ NVP_EXPORT int32_t cublasZgemm3m(void *handle, int32_t transa, int32_t transb, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 642, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -8056,7 +8056,7 @@ NVP_EXPORT int32_t cublasZgemm3m_64(void *handle, int32_t transa, int32_t transb
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 643, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -8077,7 +8077,7 @@ NVP_EXPORT int32_t cublasZgemmBatched(void *handle, int32_t transa, int32_t tran
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 644, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -8099,7 +8099,7 @@ NVP_EXPORT int32_t cublasZgemmBatched_64(void *handle, int32_t transa, int32_t t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 645, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -8121,7 +8121,7 @@ NVP_EXPORT int32_t cublasZgemmStridedBatched(void *handle, int32_t transa, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 646, 18);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -8146,7 +8146,7 @@ NVP_EXPORT int32_t cublasZgemmStridedBatched_64(void *handle, int32_t transa, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 647, 18);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -8171,7 +8171,7 @@ NVP_EXPORT int32_t cublasZgemm_v2(void *handle, int32_t transa, int32_t transb, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 648, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -8192,7 +8192,7 @@ NVP_EXPORT int32_t cublasZgemm_v2_64(void *handle, int32_t transa, int32_t trans
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 649, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transa;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -8218,7 +8218,7 @@ NVP_EXPORT int32_t cublasZgemvBatched(void *handle, int32_t trans, int32_t m, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 651, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -8238,7 +8238,7 @@ NVP_EXPORT int32_t cublasZgemvBatched_64(void *handle, int32_t trans, int64_t m,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 652, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -8258,7 +8258,7 @@ NVP_EXPORT int32_t cublasZgemvStridedBatched(void *handle, int32_t trans, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 653, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -8281,7 +8281,7 @@ NVP_EXPORT int32_t cublasZgemvStridedBatched_64(void *handle, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 654, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -8304,7 +8304,7 @@ NVP_EXPORT int32_t cublasZgemv_v2(void *handle, int32_t trans, int32_t m, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 655, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -8323,7 +8323,7 @@ NVP_EXPORT int32_t cublasZgemv_v2_64(void *handle, int32_t trans, int64_t m, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 656, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -8342,7 +8342,7 @@ NVP_EXPORT int32_t cublasZgeqrfBatched(void *handle, int32_t m, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 657, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)Aarray;
@@ -8362,7 +8362,7 @@ NVP_EXPORT int32_t cublasZgerc_v2(void *handle, int32_t m, int32_t n, void *alph
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 659, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
@@ -8379,7 +8379,7 @@ NVP_EXPORT int32_t cublasZgerc_v2_64(void *handle, int64_t m, int64_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 660, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
@@ -8401,7 +8401,7 @@ NVP_EXPORT int32_t cublasZgeru_v2(void *handle, int32_t m, int32_t n, void *alph
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 662, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
@@ -8418,7 +8418,7 @@ NVP_EXPORT int32_t cublasZgeru_v2_64(void *handle, int64_t m, int64_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 663, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
@@ -8435,7 +8435,7 @@ NVP_EXPORT int32_t cublasZgetrfBatched(void *handle, int32_t n, void *A, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 664, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)lda;
@@ -8449,7 +8449,7 @@ NVP_EXPORT int32_t cublasZgetriBatched(void *handle, int32_t n, void *A, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 665, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)lda;
@@ -8465,7 +8465,7 @@ NVP_EXPORT int32_t cublasZgetrsBatched(void *handle, int32_t trans, int32_t n, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 666, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -8488,7 +8488,7 @@ NVP_EXPORT int32_t cublasZhbmv_v2(void *handle, int32_t uplo, int32_t n, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 668, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)k;
@@ -8507,7 +8507,7 @@ NVP_EXPORT int32_t cublasZhbmv_v2_64(void *handle, int32_t uplo, int64_t n, int6
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 669, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)k;
@@ -8531,7 +8531,7 @@ NVP_EXPORT int32_t cublasZhemm_v2(void *handle, int32_t side, int32_t uplo, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 671, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -8551,7 +8551,7 @@ NVP_EXPORT int32_t cublasZhemm_v2_64(void *handle, int32_t side, int32_t uplo, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 672, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -8576,7 +8576,7 @@ NVP_EXPORT int32_t cublasZhemv_v2(void *handle, int32_t uplo, int32_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 674, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
@@ -8594,7 +8594,7 @@ NVP_EXPORT int32_t cublasZhemv_v2_64(void *handle, int32_t uplo, int64_t n, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 675, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
@@ -8622,7 +8622,7 @@ NVP_EXPORT int32_t cublasZher2_v2(void *handle, int32_t uplo, int32_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 678, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
@@ -8639,7 +8639,7 @@ NVP_EXPORT int32_t cublasZher2_v2_64(void *handle, int32_t uplo, int64_t n, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 679, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
@@ -8661,7 +8661,7 @@ NVP_EXPORT int32_t cublasZher2k_v2(void *handle, int32_t uplo, int32_t trans, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 681, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -8681,7 +8681,7 @@ NVP_EXPORT int32_t cublasZher2k_v2_64(void *handle, int32_t uplo, int32_t trans,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 682, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -8701,7 +8701,7 @@ NVP_EXPORT int32_t cublasZher_v2(void *handle, int32_t uplo, int32_t n, void *al
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 683, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -8716,7 +8716,7 @@ NVP_EXPORT int32_t cublasZher_v2_64(void *handle, int32_t uplo, int64_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 684, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -8736,7 +8736,7 @@ NVP_EXPORT int32_t cublasZherk_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 686, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -8754,7 +8754,7 @@ NVP_EXPORT int32_t cublasZherk_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 687, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -8772,7 +8772,7 @@ NVP_EXPORT int32_t cublasZherkx(void *handle, int32_t uplo, int32_t trans, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 688, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -8792,7 +8792,7 @@ NVP_EXPORT int32_t cublasZherkx_64(void *handle, int32_t uplo, int32_t trans, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 689, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -8817,7 +8817,7 @@ NVP_EXPORT int32_t cublasZhpmv_v2(void *handle, int32_t uplo, int32_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 691, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
@@ -8834,7 +8834,7 @@ NVP_EXPORT int32_t cublasZhpmv_v2_64(void *handle, int32_t uplo, int64_t n, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 692, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
@@ -8861,7 +8861,7 @@ NVP_EXPORT int32_t cublasZhpr2_v2(void *handle, int32_t uplo, int32_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 695, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
@@ -8877,7 +8877,7 @@ NVP_EXPORT int32_t cublasZhpr2_v2_64(void *handle, int32_t uplo, int64_t n, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 696, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
@@ -8893,7 +8893,7 @@ NVP_EXPORT int32_t cublasZhpr_v2(void *handle, int32_t uplo, int32_t n, void *al
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 697, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -8907,7 +8907,7 @@ NVP_EXPORT int32_t cublasZhpr_v2_64(void *handle, int32_t uplo, int64_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 698, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -8921,7 +8921,7 @@ NVP_EXPORT int32_t cublasZmatinvBatched(void *handle, int32_t n, void *A, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 699, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)lda;
@@ -8941,7 +8941,7 @@ NVP_EXPORT int32_t cublasZrot_v2(void *handle, int32_t n, void *x, int32_t incx,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 701, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -8956,7 +8956,7 @@ NVP_EXPORT int32_t cublasZrot_v2_64(void *handle, int64_t n, void *x, int64_t in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 702, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -8976,7 +8976,7 @@ NVP_EXPORT int32_t cublasZrotg_v2(void *handle, void *a, void *b, void *c, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 704, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_buf(&nvpl_c_, 1, a, NVPL_INOUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
     nvpl_buf(&nvpl_c_, 2, b, NVPL_INOUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
     nvpl_buf(&nvpl_c_, 3, c, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
@@ -8993,7 +8993,7 @@ NVP_EXPORT int32_t cublasZscal_v2(void *handle, int32_t n, void *alpha, void *x,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 706, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
@@ -9005,7 +9005,7 @@ NVP_EXPORT int32_t cublasZscal_v2_64(void *handle, int64_t n, void *alpha, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 707, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
@@ -9022,7 +9022,7 @@ NVP_EXPORT int32_t cublasZswap_v2(void *handle, int32_t n, void *x, int32_t incx
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 709, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -9035,7 +9035,7 @@ NVP_EXPORT int32_t cublasZswap_v2_64(void *handle, int64_t n, void *x, int64_t i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 710, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)incx;
@@ -9053,7 +9053,7 @@ NVP_EXPORT int32_t cublasZsymm_v2(void *handle, int32_t side, int32_t uplo, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 712, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -9073,7 +9073,7 @@ NVP_EXPORT int32_t cublasZsymm_v2_64(void *handle, int32_t side, int32_t uplo, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 713, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -9093,7 +9093,7 @@ NVP_EXPORT int32_t cublasZsymv_v2(void *handle, int32_t uplo, int32_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 714, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
@@ -9111,7 +9111,7 @@ NVP_EXPORT int32_t cublasZsymv_v2_64(void *handle, int32_t uplo, int64_t n, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 715, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
@@ -9129,7 +9129,7 @@ NVP_EXPORT int32_t cublasZsyr2_v2(void *handle, int32_t uplo, int32_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 716, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
@@ -9146,7 +9146,7 @@ NVP_EXPORT int32_t cublasZsyr2_v2_64(void *handle, int32_t uplo, int64_t n, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 717, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
@@ -9168,7 +9168,7 @@ NVP_EXPORT int32_t cublasZsyr2k_v2(void *handle, int32_t uplo, int32_t trans, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 719, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -9188,7 +9188,7 @@ NVP_EXPORT int32_t cublasZsyr2k_v2_64(void *handle, int32_t uplo, int32_t trans,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 720, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -9208,7 +9208,7 @@ NVP_EXPORT int32_t cublasZsyr_v2(void *handle, int32_t uplo, int32_t n, void *al
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 721, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
@@ -9223,7 +9223,7 @@ NVP_EXPORT int32_t cublasZsyr_v2_64(void *handle, int32_t uplo, int64_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 722, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
@@ -9243,7 +9243,7 @@ NVP_EXPORT int32_t cublasZsyrk_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 724, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -9261,7 +9261,7 @@ NVP_EXPORT int32_t cublasZsyrk_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 725, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -9279,7 +9279,7 @@ NVP_EXPORT int32_t cublasZsyrkx(void *handle, int32_t uplo, int32_t trans, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 726, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -9299,7 +9299,7 @@ NVP_EXPORT int32_t cublasZsyrkx_64(void *handle, int32_t uplo, int32_t trans, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 727, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -9324,7 +9324,7 @@ NVP_EXPORT int32_t cublasZtbmv_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 729, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -9341,7 +9341,7 @@ NVP_EXPORT int32_t cublasZtbmv_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 730, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -9363,7 +9363,7 @@ NVP_EXPORT int32_t cublasZtbsv_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 732, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -9380,7 +9380,7 @@ NVP_EXPORT int32_t cublasZtbsv_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 733, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -9402,7 +9402,7 @@ NVP_EXPORT int32_t cublasZtpmv_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 735, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -9417,7 +9417,7 @@ NVP_EXPORT int32_t cublasZtpmv_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 736, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -9437,7 +9437,7 @@ NVP_EXPORT int32_t cublasZtpsv_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 738, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -9452,7 +9452,7 @@ NVP_EXPORT int32_t cublasZtpsv_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 739, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -9467,7 +9467,7 @@ NVP_EXPORT int32_t cublasZtpttr(void *handle, int32_t uplo, int32_t n, void *AP,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 740, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)AP;
@@ -9485,7 +9485,7 @@ NVP_EXPORT int32_t cublasZtrmm_v2(void *handle, int32_t side, int32_t uplo, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 742, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -9506,7 +9506,7 @@ NVP_EXPORT int32_t cublasZtrmm_v2_64(void *handle, int32_t side, int32_t uplo, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 743, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -9532,7 +9532,7 @@ NVP_EXPORT int32_t cublasZtrmv_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 745, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -9548,7 +9548,7 @@ NVP_EXPORT int32_t cublasZtrmv_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 746, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -9569,7 +9569,7 @@ NVP_EXPORT int32_t cublasZtrsmBatched(void *handle, int32_t side, int32_t uplo, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 748, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -9589,7 +9589,7 @@ NVP_EXPORT int32_t cublasZtrsmBatched_64(void *handle, int32_t side, int32_t upl
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 749, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -9609,7 +9609,7 @@ NVP_EXPORT int32_t cublasZtrsm_v2(void *handle, int32_t side, int32_t uplo, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 750, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -9628,7 +9628,7 @@ NVP_EXPORT int32_t cublasZtrsm_v2_64(void *handle, int32_t side, int32_t uplo, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 751, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -9652,7 +9652,7 @@ NVP_EXPORT int32_t cublasZtrsv_v2(void *handle, int32_t uplo, int32_t trans, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 753, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -9668,7 +9668,7 @@ NVP_EXPORT int32_t cublasZtrsv_v2_64(void *handle, int32_t uplo, int32_t trans, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 754, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)diag;
@@ -9684,7 +9684,7 @@ NVP_EXPORT int32_t cublasZtrttp(void *handle, int32_t uplo, int32_t n, void *A, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 755, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 12, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 13, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -9857,7 +9857,7 @@ NVP_EXPORT int32_t cublasLtCreate(void *lightHandle)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 788, 1);
-    nvpl_create(&nvpl_c_, 0, lightHandle, 13, 0);
+    nvpl_create(&nvpl_c_, 0, lightHandle, 14, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -9900,7 +9900,7 @@ NVP_EXPORT int32_t cublasLtDestroy(void *lightHandle)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 796, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(lightHandle), 13, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(lightHandle), 14, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -9908,7 +9908,7 @@ NVP_EXPORT int32_t cublasLtEmulationDescCreate(void *emulationDesc)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 797, 1);
-    nvpl_create(&nvpl_c_, 0, emulationDesc, 14, 0);
+    nvpl_create(&nvpl_c_, 0, emulationDesc, 15, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -9916,7 +9916,7 @@ NVP_EXPORT int32_t cublasLtEmulationDescDestroy(void *emulationDesc)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 798, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(emulationDesc), 14, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(emulationDesc), 15, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -9924,7 +9924,7 @@ NVP_EXPORT int32_t cublasLtEmulationDescGetAttribute(void *emulationDesc, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 799, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(emulationDesc), 14, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(emulationDesc), 15, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)attr;
     nvpl_buf(&nvpl_c_, 2, buf, NVPL_OUT, (int64_t)(sizeInBytes));
     nvpl_c_.slot[3] = (uint64_t)sizeInBytes;
@@ -9941,7 +9941,7 @@ NVP_EXPORT int32_t cublasLtEmulationDescSetAttribute(void *emulationDesc, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 801, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(emulationDesc), 14, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(emulationDesc), 15, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)attr;
     nvpl_buf(&nvpl_c_, 2, buf, NVPL_IN, (int64_t)(sizeInBytes));
     nvpl_c_.slot[3] = (uint64_t)sizeInBytes;
@@ -10288,18 +10288,18 @@ NVP_EXPORT int32_t cublasLtMatmul(void *lightHandle, void *computeDesc, void *al
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 863, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(lightHandle), 13, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(computeDesc), 15, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(lightHandle), 14, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(computeDesc), 16, 0);
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_lt_host(NVPL_H(computeDesc), 0)) ? (int64_t)(nvpl_scale_size(NVPL_H(computeDesc))) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(Adesc), 17, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(Adesc), 18, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)B;
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(Bdesc), 17, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(Bdesc), 18, 0);
     nvpl_buf(&nvpl_c_, 7, beta, NVPL_IN, (nvpl_lt_host(NVPL_H(computeDesc), 1)) ? (int64_t)(nvpl_scale_size(NVPL_H(computeDesc))) : NVPL_DEVICE);
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)C;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(Cdesc), 17, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(Cdesc), 18, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)D;
-    nvpl_handle(&nvpl_c_, 11, NVPL_H(Ddesc), 17, 0);
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(Ddesc), 18, 0);
     nvpl_buf(&nvpl_c_, 12, algo, NVPL_IN, (int64_t)(64));
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)workspace;
     nvpl_c_.slot[14] = (uint64_t)workspaceSizeInBytes;
@@ -10323,12 +10323,12 @@ NVP_EXPORT int32_t cublasLtMatmulAlgoCheck(void *lightHandle, void *operationDes
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 865, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(lightHandle), 13, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(operationDesc), 15, 0);
-    nvpl_handle(&nvpl_c_, 2, NVPL_H(Adesc), 17, 0);
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(Bdesc), 17, 0);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(Cdesc), 17, 0);
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(Ddesc), 17, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(lightHandle), 14, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(operationDesc), 16, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(Adesc), 18, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(Bdesc), 18, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(Cdesc), 18, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(Ddesc), 18, 0);
     nvpl_buf(&nvpl_c_, 6, algo, NVPL_IN, (int64_t)(64));
     nvpl_buf(&nvpl_c_, 7, result, NVPL_OUT, (int64_t)(96));
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -10366,13 +10366,13 @@ NVP_EXPORT int32_t cublasLtMatmulAlgoGetHeuristic(void *lightHandle, void *opera
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 869, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(lightHandle), 13, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(operationDesc), 15, 0);
-    nvpl_handle(&nvpl_c_, 2, NVPL_H(Adesc), 17, 0);
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(Bdesc), 17, 0);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(Cdesc), 17, 0);
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(Ddesc), 17, 0);
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(preference), 16, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(lightHandle), 14, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(operationDesc), 16, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(Adesc), 18, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(Bdesc), 18, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(Cdesc), 18, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(Ddesc), 18, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(preference), 17, 0);
     nvpl_c_.slot[7] = (uint64_t)(int64_t)requestedAlgoCount;
     nvpl_buf(&nvpl_c_, 8, heuristicResultsArray, NVPL_OUT, (int64_t)(96*requestedAlgoCount));
     nvpl_buf(&nvpl_c_, 9, returnAlgoCount, NVPL_OUT, (int64_t)(4));
@@ -10383,7 +10383,7 @@ NVP_EXPORT int32_t cublasLtMatmulAlgoGetIds(void *lightHandle, int32_t computeTy
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 870, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(lightHandle), 13, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(lightHandle), 14, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)computeType;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)scaleType;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)Atype;
@@ -10400,7 +10400,7 @@ NVP_EXPORT int32_t cublasLtMatmulAlgoInit(void *lightHandle, int32_t computeType
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 871, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(lightHandle), 13, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(lightHandle), 14, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)computeType;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)scaleType;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)Atype;
@@ -10416,7 +10416,7 @@ NVP_EXPORT int32_t cublasLtMatmulDescCreate(void *matmulDesc, int32_t computeTyp
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 872, 3);
-    nvpl_create(&nvpl_c_, 0, matmulDesc, 15, 0);
+    nvpl_create(&nvpl_c_, 0, matmulDesc, 16, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)computeType;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)scaleType;
     int64_t nvpl_r_ = nvpl_end(&nvpl_c_);
@@ -10429,7 +10429,7 @@ NVP_EXPORT int32_t cublasLtMatmulDescDestroy(void *matmulDesc)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 873, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(matmulDesc), 15, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(matmulDesc), 16, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -10437,7 +10437,7 @@ NVP_EXPORT int32_t cublasLtMatmulDescGetAttribute(void *matmulDesc, int32_t attr
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 874, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(matmulDesc), 15, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(matmulDesc), 16, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)attr;
     nvpl_buf(&nvpl_c_, 2, buf, NVPL_OUT, (int64_t)(sizeInBytes));
     nvpl_c_.slot[3] = (uint64_t)sizeInBytes;
@@ -10454,7 +10454,7 @@ NVP_EXPORT int32_t cublasLtMatmulDescSetAttribute(void *matmulDesc, int32_t attr
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 876, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(matmulDesc), 15, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(matmulDesc), 16, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)attr;
     nvpl_buf(&nvpl_c_, 2, buf, NVPL_IN, (int64_t)(sizeInBytes));
     nvpl_c_.slot[3] = (uint64_t)sizeInBytes;
@@ -10468,7 +10468,7 @@ NVP_EXPORT int32_t cublasLtMatmulPreferenceCreate(void *pref)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 877, 1);
-    nvpl_create(&nvpl_c_, 0, pref, 16, 0);
+    nvpl_create(&nvpl_c_, 0, pref, 17, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -10476,7 +10476,7 @@ NVP_EXPORT int32_t cublasLtMatmulPreferenceDestroy(void *pref)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 878, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(pref), 16, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(pref), 17, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -10484,7 +10484,7 @@ NVP_EXPORT int32_t cublasLtMatmulPreferenceGetAttribute(void *pref, int32_t attr
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 879, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(pref), 16, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(pref), 17, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)attr;
     nvpl_buf(&nvpl_c_, 2, buf, NVPL_OUT, (int64_t)(sizeInBytes));
     nvpl_c_.slot[3] = (uint64_t)sizeInBytes;
@@ -10501,7 +10501,7 @@ NVP_EXPORT int32_t cublasLtMatmulPreferenceSetAttribute(void *pref, int32_t attr
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 881, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(pref), 16, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(pref), 17, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)attr;
     nvpl_buf(&nvpl_c_, 2, buf, NVPL_IN, (int64_t)(sizeInBytes));
     nvpl_c_.slot[3] = (uint64_t)sizeInBytes;
@@ -10512,7 +10512,7 @@ NVP_EXPORT int32_t cublasLtMatrixLayoutCreate(void *matLayout, int32_t type, uin
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 882, 5);
-    nvpl_create(&nvpl_c_, 0, matLayout, 17, 0);
+    nvpl_create(&nvpl_c_, 0, matLayout, 18, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)type;
     nvpl_c_.slot[2] = (uint64_t)rows;
     nvpl_c_.slot[3] = (uint64_t)cols;
@@ -10524,7 +10524,7 @@ NVP_EXPORT int32_t cublasLtMatrixLayoutDestroy(void *matLayout)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 883, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(matLayout), 17, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(matLayout), 18, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -10532,7 +10532,7 @@ NVP_EXPORT int32_t cublasLtMatrixLayoutGetAttribute(void *matLayout, int32_t att
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 884, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(matLayout), 17, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(matLayout), 18, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)attr;
     nvpl_buf(&nvpl_c_, 2, buf, NVPL_OUT, (int64_t)(sizeInBytes));
     nvpl_c_.slot[3] = (uint64_t)sizeInBytes;
@@ -10549,7 +10549,7 @@ NVP_EXPORT int32_t cublasLtMatrixLayoutSetAttribute(void *matLayout, int32_t att
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 886, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(matLayout), 17, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(matLayout), 18, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)attr;
     nvpl_buf(&nvpl_c_, 2, buf, NVPL_IN, (int64_t)(sizeInBytes));
     nvpl_c_.slot[3] = (uint64_t)sizeInBytes;
@@ -10560,16 +10560,16 @@ NVP_EXPORT int32_t cublasLtMatrixTransform(void *lightHandle, void *transformDes
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 887, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(lightHandle), 13, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(transformDesc), 18, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(lightHandle), 14, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(transformDesc), 19, 0);
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_lt_host(NVPL_H(transformDesc), 0)) ? (int64_t)(nvpl_scale_size(NVPL_H(transformDesc))) : NVPL_DEVICE);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(Adesc), 17, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(Adesc), 18, 0);
     nvpl_buf(&nvpl_c_, 5, beta, NVPL_IN, (nvpl_lt_host(NVPL_H(transformDesc), 1)) ? (int64_t)(nvpl_scale_size(NVPL_H(transformDesc))) : NVPL_DEVICE);
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)B;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(Bdesc), 17, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(Bdesc), 18, 0);
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)C;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(Cdesc), 17, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(Cdesc), 18, 0);
     nvpl_stream(&nvpl_c_, 10, stream);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -10578,7 +10578,7 @@ NVP_EXPORT int32_t cublasLtMatrixTransformDescCreate(void *transformDesc, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 888, 2);
-    nvpl_create(&nvpl_c_, 0, transformDesc, 18, 0);
+    nvpl_create(&nvpl_c_, 0, transformDesc, 19, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)scaleType;
     int64_t nvpl_r_ = nvpl_end(&nvpl_c_);
     if (nvpl_r_ == 0)
@@ -10590,7 +10590,7 @@ NVP_EXPORT int32_t cublasLtMatrixTransformDescDestroy(void *transformDesc)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 889, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(transformDesc), 18, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(transformDesc), 19, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -10598,7 +10598,7 @@ NVP_EXPORT int32_t cublasLtMatrixTransformDescGetAttribute(void *transformDesc, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 890, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(transformDesc), 18, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(transformDesc), 19, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)attr;
     nvpl_buf(&nvpl_c_, 2, buf, NVPL_OUT, (int64_t)(sizeInBytes));
     nvpl_c_.slot[3] = (uint64_t)sizeInBytes;
@@ -10615,7 +10615,7 @@ NVP_EXPORT int32_t cublasLtMatrixTransformDescSetAttribute(void *transformDesc, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 892, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(transformDesc), 18, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(transformDesc), 19, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)attr;
     nvpl_buf(&nvpl_c_, 2, buf, NVPL_IN, (int64_t)(sizeInBytes));
     nvpl_c_.slot[3] = (uint64_t)sizeInBytes;
@@ -10864,7 +10864,7 @@ NVP_EXPORT int32_t cufftCreate(void *handle)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 940, 1);
-    nvpl_create(&nvpl_c_, 0, handle, 20, 1);
+    nvpl_create(&nvpl_c_, 0, handle, 42, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -10877,7 +10877,7 @@ NVP_EXPORT int32_t cufftDestroy(int32_t plan)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 942, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 20, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 42, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -10937,7 +10937,7 @@ NVP_EXPORT int32_t cufftExecC2C(int32_t plan, void *idata, void *odata, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 947, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 20, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 42, 0);
     nvpl_c_.slot[1] = (uint64_t)(uintptr_t)idata;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)odata;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)direction;
@@ -10948,7 +10948,7 @@ NVP_EXPORT int32_t cufftExecC2R(int32_t plan, void *idata, void *odata)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 948, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 20, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 42, 0);
     nvpl_c_.slot[1] = (uint64_t)(uintptr_t)idata;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)odata;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -10958,7 +10958,7 @@ NVP_EXPORT int32_t cufftExecD2Z(int32_t plan, void *idata, void *odata)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 949, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 20, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 42, 0);
     nvpl_c_.slot[1] = (uint64_t)(uintptr_t)idata;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)odata;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -10968,7 +10968,7 @@ NVP_EXPORT int32_t cufftExecR2C(int32_t plan, void *idata, void *odata)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 950, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 20, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 42, 0);
     nvpl_c_.slot[1] = (uint64_t)(uintptr_t)idata;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)odata;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -10978,7 +10978,7 @@ NVP_EXPORT int32_t cufftExecZ2D(int32_t plan, void *idata, void *odata)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 951, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 20, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 42, 0);
     nvpl_c_.slot[1] = (uint64_t)(uintptr_t)idata;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)odata;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -10988,7 +10988,7 @@ NVP_EXPORT int32_t cufftExecZ2Z(int32_t plan, void *idata, void *odata, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 952, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 20, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 42, 0);
     nvpl_c_.slot[1] = (uint64_t)(uintptr_t)idata;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)odata;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)direction;
@@ -10999,7 +10999,7 @@ NVP_EXPORT int32_t cufftGetPlanPropertyInt64(int32_t plan, int32_t property, voi
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 953, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 20, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 42, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)property;
     nvpl_buf(&nvpl_c_, 2, returnPtrValue, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -11018,7 +11018,7 @@ NVP_EXPORT int32_t cufftGetSize(int32_t handle, void *workSize)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 955, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 20, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 42, 0);
     nvpl_buf(&nvpl_c_, 1, workSize, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -11027,7 +11027,7 @@ NVP_EXPORT int32_t cufftGetSize1d(int32_t handle, int32_t nx, int32_t type, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 956, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 20, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 42, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)nx;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)type;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)batch;
@@ -11039,7 +11039,7 @@ NVP_EXPORT int32_t cufftGetSize2d(int32_t handle, int32_t nx, int32_t ny, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 957, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 20, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 42, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)nx;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)ny;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)type;
@@ -11051,7 +11051,7 @@ NVP_EXPORT int32_t cufftGetSize3d(int32_t handle, int32_t nx, int32_t ny, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 958, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 20, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 42, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)nx;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)ny;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nz;
@@ -11064,7 +11064,7 @@ NVP_EXPORT int32_t cufftGetSizeMany(int32_t handle, int32_t rank, void *n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 959, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 20, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 42, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)rank;
     nvpl_buf(&nvpl_c_, 2, n, NVPL_IN, (int64_t)(4*rank));
     nvpl_buf(&nvpl_c_, 3, inembed, NVPL_IN, (int64_t)(4*rank));
@@ -11083,7 +11083,7 @@ NVP_EXPORT int32_t cufftGetSizeMany64(int32_t plan, int32_t rank, void *n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 960, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 20, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 42, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)rank;
     nvpl_buf(&nvpl_c_, 2, n, NVPL_IN, (int64_t)(8*rank));
     nvpl_buf(&nvpl_c_, 3, inembed, NVPL_IN, (int64_t)(8*rank));
@@ -11110,7 +11110,7 @@ NVP_EXPORT int32_t cufftMakePlan1d(int32_t plan, int32_t nx, int32_t type, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 962, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 20, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 42, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)nx;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)type;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)batch;
@@ -11122,7 +11122,7 @@ NVP_EXPORT int32_t cufftMakePlan2d(int32_t plan, int32_t nx, int32_t ny, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 963, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 20, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 42, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)nx;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)ny;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)type;
@@ -11134,7 +11134,7 @@ NVP_EXPORT int32_t cufftMakePlan3d(int32_t plan, int32_t nx, int32_t ny, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 964, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 20, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 42, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)nx;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)ny;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nz;
@@ -11147,7 +11147,7 @@ NVP_EXPORT int32_t cufftMakePlanMany(int32_t plan, int32_t rank, void *n, void *
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 965, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 20, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 42, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)rank;
     nvpl_buf(&nvpl_c_, 2, n, NVPL_IN, (int64_t)(4*rank));
     nvpl_buf(&nvpl_c_, 3, inembed, NVPL_IN, (int64_t)(4*rank));
@@ -11166,7 +11166,7 @@ NVP_EXPORT int32_t cufftMakePlanMany64(int32_t plan, int32_t rank, void *n, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 966, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 20, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 42, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)rank;
     nvpl_buf(&nvpl_c_, 2, n, NVPL_IN, (int64_t)(8*rank));
     nvpl_buf(&nvpl_c_, 3, inembed, NVPL_IN, (int64_t)(8*rank));
@@ -11185,7 +11185,7 @@ NVP_EXPORT int32_t cufftPlan1d(void *plan, int32_t nx, int32_t type, int32_t bat
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 967, 4);
-    nvpl_create(&nvpl_c_, 0, plan, 20, 1);
+    nvpl_create(&nvpl_c_, 0, plan, 42, 1);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)nx;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)type;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)batch;
@@ -11196,7 +11196,7 @@ NVP_EXPORT int32_t cufftPlan2d(void *plan, int32_t nx, int32_t ny, int32_t type)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 968, 4);
-    nvpl_create(&nvpl_c_, 0, plan, 20, 1);
+    nvpl_create(&nvpl_c_, 0, plan, 42, 1);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)nx;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)ny;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)type;
@@ -11207,7 +11207,7 @@ NVP_EXPORT int32_t cufftPlan3d(void *plan, int32_t nx, int32_t ny, int32_t nz, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 969, 5);
-    nvpl_create(&nvpl_c_, 0, plan, 20, 1);
+    nvpl_create(&nvpl_c_, 0, plan, 42, 1);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)nx;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)ny;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nz;
@@ -11219,7 +11219,7 @@ NVP_EXPORT int32_t cufftPlanMany(void *plan, int32_t rank, void *n, void *inembe
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 970, 11);
-    nvpl_create(&nvpl_c_, 0, plan, 20, 1);
+    nvpl_create(&nvpl_c_, 0, plan, 42, 1);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)rank;
     nvpl_buf(&nvpl_c_, 2, n, NVPL_IN, (int64_t)(4*rank));
     nvpl_buf(&nvpl_c_, 3, inembed, NVPL_IN, (int64_t)(4*rank));
@@ -11237,7 +11237,7 @@ NVP_EXPORT int32_t cufftResetPlanProperty(int32_t plan, int32_t property)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 971, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 20, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 42, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)property;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -11246,7 +11246,7 @@ NVP_EXPORT int32_t cufftSetAutoAllocation(int32_t plan, int32_t autoAllocate)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 972, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 20, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 42, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)autoAllocate;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -11255,7 +11255,7 @@ NVP_EXPORT int32_t cufftSetPlanPropertyInt64(int32_t plan, int32_t property, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 973, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 20, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 42, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)property;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)inputValueInt;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -11265,7 +11265,7 @@ NVP_EXPORT int32_t cufftSetStream(int32_t plan, void *stream)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 974, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 20, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 42, 0);
     nvpl_stream(&nvpl_c_, 1, stream);
     int64_t nvpl_r_ = nvpl_end(&nvpl_c_);
     if (nvpl_r_ == 0)
@@ -11277,7 +11277,7 @@ NVP_EXPORT int32_t cufftSetWorkArea(int32_t plan, void *workArea)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 975, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 20, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 42, 0);
     nvpl_c_.slot[1] = (uint64_t)(uintptr_t)workArea;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -11291,7 +11291,7 @@ NVP_EXPORT int32_t cufftXtExec(int32_t plan, void *input, void *output, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 977, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 20, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 42, 0);
     nvpl_c_.slot[1] = (uint64_t)(uintptr_t)input;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)output;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)direction;
@@ -11342,7 +11342,7 @@ NVP_EXPORT int32_t cufftXtGetSizeMany(int32_t plan, int32_t rank, void *n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 986, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 20, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 42, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)rank;
     nvpl_buf(&nvpl_c_, 2, n, NVPL_IN, (int64_t)(8*rank));
     nvpl_buf(&nvpl_c_, 3, inembed, NVPL_IN, (int64_t)(8*rank));
@@ -11368,7 +11368,7 @@ NVP_EXPORT int32_t cufftXtMakePlanMany(int32_t plan, int32_t rank, void *n, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 988, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 20, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 42, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)rank;
     nvpl_buf(&nvpl_c_, 2, n, NVPL_IN, (int64_t)(8*rank));
     nvpl_buf(&nvpl_c_, 3, inembed, NVPL_IN, (int64_t)(8*rank));
@@ -11434,7 +11434,7 @@ NVP_EXPORT int32_t curandCreateGenerator(void *generator, int32_t rng_type)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 998, 2);
-    nvpl_create(&nvpl_c_, 0, generator, 22, 0);
+    nvpl_create(&nvpl_c_, 0, generator, 44, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)rng_type;
     int64_t nvpl_r_ = nvpl_end(&nvpl_c_);
     if (nvpl_r_ == 0)
@@ -11446,7 +11446,7 @@ NVP_EXPORT int32_t curandCreateGeneratorHost(void *generator, int32_t rng_type)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 999, 2);
-    nvpl_create(&nvpl_c_, 0, generator, 22, 0);
+    nvpl_create(&nvpl_c_, 0, generator, 44, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)rng_type;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -11465,7 +11465,7 @@ NVP_EXPORT int32_t curandDestroyGenerator(void *generator)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1002, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 44, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -11473,7 +11473,7 @@ NVP_EXPORT int32_t curandGenerate(void *generator, void *outputPtr, uint64_t num
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1003, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 44, 0);
     nvpl_buf(&nvpl_c_, 1, outputPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(generator))) ? (int64_t)(4*num) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)num;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -11483,7 +11483,7 @@ NVP_EXPORT int32_t curandGenerateLogNormal(void *generator, void *outputPtr, uin
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1004, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 44, 0);
     nvpl_buf(&nvpl_c_, 1, outputPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(generator))) ? (int64_t)(4*n) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)n;
     nvpl_c_.slot[3] = nvp_slot_of_f4(mean);
@@ -11495,7 +11495,7 @@ NVP_EXPORT int32_t curandGenerateLogNormalDouble(void *generator, void *outputPt
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1005, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 44, 0);
     nvpl_buf(&nvpl_c_, 1, outputPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(generator))) ? (int64_t)(8*n) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)n;
     nvpl_c_.slot[3] = nvp_slot_of_f8(mean);
@@ -11507,7 +11507,7 @@ NVP_EXPORT int32_t curandGenerateLongLong(void *generator, void *outputPtr, uint
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1006, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 44, 0);
     nvpl_buf(&nvpl_c_, 1, outputPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(generator))) ? (int64_t)(8*num) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)num;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -11517,7 +11517,7 @@ NVP_EXPORT int32_t curandGenerateNormal(void *generator, void *outputPtr, uint64
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1007, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 44, 0);
     nvpl_buf(&nvpl_c_, 1, outputPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(generator))) ? (int64_t)(4*n) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)n;
     nvpl_c_.slot[3] = nvp_slot_of_f4(mean);
@@ -11529,7 +11529,7 @@ NVP_EXPORT int32_t curandGenerateNormalDouble(void *generator, void *outputPtr, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1008, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 44, 0);
     nvpl_buf(&nvpl_c_, 1, outputPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(generator))) ? (int64_t)(8*n) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)n;
     nvpl_c_.slot[3] = nvp_slot_of_f8(mean);
@@ -11541,7 +11541,7 @@ NVP_EXPORT int32_t curandGeneratePoisson(void *generator, void *outputPtr, uint6
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1009, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 44, 0);
     nvpl_buf(&nvpl_c_, 1, outputPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(generator))) ? (int64_t)(4*n) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)n;
     nvpl_c_.slot[3] = nvp_slot_of_f8(lambda);
@@ -11552,7 +11552,7 @@ NVP_EXPORT int32_t curandGeneratePoissonMethod(void *generator, void *outputPtr,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1010, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 44, 0);
     nvpl_buf(&nvpl_c_, 1, outputPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(generator))) ? (int64_t)(4*n) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)n;
     nvpl_c_.slot[3] = nvp_slot_of_f8(lambda);
@@ -11564,7 +11564,7 @@ NVP_EXPORT int32_t curandGenerateSeeds(void *generator)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1011, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 44, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -11572,7 +11572,7 @@ NVP_EXPORT int32_t curandGenerateUniform(void *generator, void *outputPtr, uint6
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1012, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 44, 0);
     nvpl_buf(&nvpl_c_, 1, outputPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(generator))) ? (int64_t)(4*num) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)num;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -11582,7 +11582,7 @@ NVP_EXPORT int32_t curandGenerateUniformDouble(void *generator, void *outputPtr,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1013, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 44, 0);
     nvpl_buf(&nvpl_c_, 1, outputPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(generator))) ? (int64_t)(8*num) : NVPL_DEVICE);
     nvpl_c_.slot[2] = (uint64_t)num;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -11629,7 +11629,7 @@ NVP_EXPORT int32_t curandSetGeneratorOffset(void *generator, uint64_t offset)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1020, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 44, 0);
     nvpl_c_.slot[1] = (uint64_t)offset;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -11638,7 +11638,7 @@ NVP_EXPORT int32_t curandSetGeneratorOrdering(void *generator, int32_t order)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1021, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 44, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)order;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -11647,7 +11647,7 @@ NVP_EXPORT int32_t curandSetPseudoRandomGeneratorSeed(void *generator, uint64_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1022, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 44, 0);
     nvpl_c_.slot[1] = (uint64_t)seed;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -11656,7 +11656,7 @@ NVP_EXPORT int32_t curandSetQuasiRandomGeneratorDimensions(void *generator, uint
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1023, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 44, 0);
     nvpl_c_.slot[1] = (uint64_t)num_dimensions;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -11665,7 +11665,7 @@ NVP_EXPORT int32_t curandSetStream(void *generator, void *stream)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1024, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 22, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(generator), 44, 0);
     nvpl_stream(&nvpl_c_, 1, stream);
     int64_t nvpl_r_ = nvpl_end(&nvpl_c_);
     if (nvpl_r_ == 0)
@@ -11677,11 +11677,11 @@ NVP_EXPORT int32_t cusparseAxpby(void *handle, void *alpha, void *vecX, void *be
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1025, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_buf(&nvpl_c_, 1, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(nvpl_handle_dtype(NVPL_H(vecY)))) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 2, NVPL_H(vecX), 39, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(vecX), 61, 0);
     nvpl_buf(&nvpl_c_, 3, beta, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(nvpl_handle_dtype(NVPL_H(vecY)))) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(vecY), 32, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(vecY), 54, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -11689,7 +11689,7 @@ NVP_EXPORT int32_t cusparseBlockedEllGet(void *spMatDescr, void *rows, void *col
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1026, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 36, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 58, 0);
     nvpl_buf(&nvpl_c_, 1, rows, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 2, cols, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 3, ellBlockSize, NVPL_OUT, (int64_t)(8));
@@ -11706,7 +11706,7 @@ NVP_EXPORT int32_t cusparseBsrSetStridedBatch(void *spMatDescr, int32_t batchCou
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1027, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 36, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 58, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)batchCount;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)offsetsBatchStride;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)columnsBatchStride;
@@ -11718,16 +11718,16 @@ NVP_EXPORT int32_t cusparseCbsr2csr(void *handle, int32_t dirA, int32_t mb, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1028, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColIndA;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)csrSortedColIndC;
@@ -11738,16 +11738,16 @@ NVP_EXPORT int32_t cusparseCbsric02(void *handle, int32_t dirA, int32_t mb, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1029, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 0, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 1, 0);
     nvpl_c_.slot[10] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -11757,16 +11757,16 @@ NVP_EXPORT int32_t cusparseCbsric02_analysis(void *handle, int32_t dirA, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1030, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 0, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 1, 0);
     nvpl_c_.slot[10] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)pInputBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -11776,16 +11776,16 @@ NVP_EXPORT int32_t cusparseCbsric02_bufferSize(void *handle, int32_t dirA, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1031, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 0, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 1, 0);
     nvpl_buf(&nvpl_c_, 10, pBufferSizeInBytes, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -11794,16 +11794,16 @@ NVP_EXPORT int32_t cusparseCbsrilu02(void *handle, int32_t dirA, int32_t mb, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1032, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 1, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 2, 0);
     nvpl_c_.slot[10] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -11813,16 +11813,16 @@ NVP_EXPORT int32_t cusparseCbsrilu02_analysis(void *handle, int32_t dirA, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1033, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 1, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 2, 0);
     nvpl_c_.slot[10] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -11832,16 +11832,16 @@ NVP_EXPORT int32_t cusparseCbsrilu02_bufferSize(void *handle, int32_t dirA, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1034, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 1, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 2, 0);
     nvpl_buf(&nvpl_c_, 10, pBufferSizeInBytes, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -11850,8 +11850,8 @@ NVP_EXPORT int32_t cusparseCbsrilu02_numericBoost(void *handle, void *info, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1035, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 1, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 2, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)enable_boost;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)tol;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)boost_val;
@@ -11862,7 +11862,7 @@ NVP_EXPORT int32_t cusparseCbsrmm(void *handle, int32_t dirA, int32_t transA, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1036, 19);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)transB;
@@ -11871,7 +11871,7 @@ NVP_EXPORT int32_t cusparseCbsrmm(void *handle, int32_t dirA, int32_t transA, in
     nvpl_c_.slot[6] = (uint64_t)(int64_t)kb;
     nvpl_c_.slot[7] = (uint64_t)(int64_t)nnzb;
     nvpl_buf(&nvpl_c_, 8, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)bsrSortedColIndA;
@@ -11888,14 +11888,14 @@ NVP_EXPORT int32_t cusparseCbsrmv(void *handle, int32_t dirA, int32_t transA, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1037, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nb;
     nvpl_c_.slot[5] = (uint64_t)(int64_t)nnzb;
     nvpl_buf(&nvpl_c_, 6, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedColIndA;
@@ -11910,19 +11910,19 @@ NVP_EXPORT int32_t cusparseCbsrsm2_analysis(void *handle, int32_t dirA, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1038, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)transXY;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[5] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[11] = (uint64_t)(int64_t)blockSize;
-    nvpl_handle(&nvpl_c_, 12, NVPL_H(info), 2, 0);
+    nvpl_handle(&nvpl_c_, 12, NVPL_H(info), 3, 0);
     nvpl_c_.slot[13] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -11932,19 +11932,19 @@ NVP_EXPORT int32_t cusparseCbsrsm2_bufferSize(void *handle, int32_t dirA, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1039, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)transXY;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[5] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[11] = (uint64_t)(int64_t)blockSize;
-    nvpl_handle(&nvpl_c_, 12, NVPL_H(info), 2, 0);
+    nvpl_handle(&nvpl_c_, 12, NVPL_H(info), 3, 0);
     nvpl_buf(&nvpl_c_, 13, pBufferSizeInBytes, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -11953,7 +11953,7 @@ NVP_EXPORT int32_t cusparseCbsrsm2_solve(void *handle, int32_t dirA, int32_t tra
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1040, 20);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)transXY;
@@ -11961,12 +11961,12 @@ NVP_EXPORT int32_t cusparseCbsrsm2_solve(void *handle, int32_t dirA, int32_t tra
     nvpl_c_.slot[5] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)nnzb;
     nvpl_buf(&nvpl_c_, 7, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[12] = (uint64_t)(int64_t)blockSize;
-    nvpl_handle(&nvpl_c_, 13, NVPL_H(info), 2, 0);
+    nvpl_handle(&nvpl_c_, 13, NVPL_H(info), 3, 0);
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)B;
     nvpl_c_.slot[15] = (uint64_t)(int64_t)ldb;
     nvpl_c_.slot[16] = (uint64_t)(uintptr_t)X;
@@ -11980,17 +11980,17 @@ NVP_EXPORT int32_t cusparseCbsrsv2_analysis(void *handle, int32_t dirA, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1041, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedColIndA;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(info), 3, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(info), 4, 0);
     nvpl_c_.slot[11] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -12000,17 +12000,17 @@ NVP_EXPORT int32_t cusparseCbsrsv2_bufferSize(void *handle, int32_t dirA, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1042, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedColIndA;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(info), 3, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(info), 4, 0);
     nvpl_buf(&nvpl_c_, 11, pBufferSizeInBytes, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -12019,18 +12019,18 @@ NVP_EXPORT int32_t cusparseCbsrsv2_solve(void *handle, int32_t dirA, int32_t tra
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1043, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nnzb;
     nvpl_buf(&nvpl_c_, 5, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedColIndA;
     nvpl_c_.slot[10] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 11, NVPL_H(info), 3, 0);
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(info), 4, 0);
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)f;
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[14] = (uint64_t)(int64_t)policy;
@@ -12042,7 +12042,7 @@ NVP_EXPORT int32_t cusparseCbsrxmv(void *handle, int32_t dirA, int32_t transA, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1044, 18);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)sizeOfMask;
@@ -12050,7 +12050,7 @@ NVP_EXPORT int32_t cusparseCbsrxmv(void *handle, int32_t dirA, int32_t transA, i
     nvpl_c_.slot[5] = (uint64_t)(int64_t)nb;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)nnzb;
     nvpl_buf(&nvpl_c_, 7, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedMaskPtrA;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
@@ -12067,16 +12067,16 @@ NVP_EXPORT int32_t cusparseCcsr2bsr(void *handle, int32_t dirA, int32_t m, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1045, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedValC;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)bsrSortedRowPtrC;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)bsrSortedColIndC;
@@ -12087,10 +12087,10 @@ NVP_EXPORT int32_t cusparseCcsr2csr_compress(void *handle, int32_t m, int32_t n,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1046, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
@@ -12107,15 +12107,15 @@ NVP_EXPORT int32_t cusparseCcsr2csru(void *handle, int32_t m, int32_t n, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1047, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrColInd;
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(info), 11, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(info), 12, 0);
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -12124,15 +12124,15 @@ NVP_EXPORT int32_t cusparseCcsr2gebsr(void *handle, int32_t dirA, int32_t m, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1048, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedValC;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedRowPtrC;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)bsrSortedColIndC;
@@ -12146,11 +12146,11 @@ NVP_EXPORT int32_t cusparseCcsr2gebsr_bufferSize(void *handle, int32_t dirA, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1049, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
@@ -12164,10 +12164,10 @@ NVP_EXPORT int32_t cusparseCcsrcolor(void *handle, int32_t m, int32_t nnz, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1050, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
@@ -12175,7 +12175,7 @@ NVP_EXPORT int32_t cusparseCcsrcolor(void *handle, int32_t m, int32_t nnz, void 
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)ncolors;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)coloring;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)reordering;
-    nvpl_handle(&nvpl_c_, 11, NVPL_H(info), 29, 0);
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(info), 51, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -12183,22 +12183,22 @@ NVP_EXPORT int32_t cusparseCcsrgeam2(void *handle, int32_t m, int32_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1051, 20);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(int64_t)nnzA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_buf(&nvpl_c_, 9, beta, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(descrB), 33, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(descrB), 55, 0);
     nvpl_c_.slot[11] = (uint64_t)(int64_t)nnzB;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)csrSortedValB;
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)csrSortedRowPtrB;
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)csrSortedColIndB;
-    nvpl_handle(&nvpl_c_, 15, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 15, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[16] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[17] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[18] = (uint64_t)(uintptr_t)csrSortedColIndC;
@@ -12210,22 +12210,22 @@ NVP_EXPORT int32_t cusparseCcsrgeam2_bufferSizeExt(void *handle, int32_t m, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1052, 20);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(int64_t)nnzA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_buf(&nvpl_c_, 9, beta, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(descrB), 33, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(descrB), 55, 0);
     nvpl_c_.slot[11] = (uint64_t)(int64_t)nnzB;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)csrSortedValB;
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)csrSortedRowPtrB;
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)csrSortedColIndB;
-    nvpl_handle(&nvpl_c_, 15, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 15, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[16] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[17] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[18] = (uint64_t)(uintptr_t)csrSortedColIndC;
@@ -12237,14 +12237,14 @@ NVP_EXPORT int32_t cusparseCcsric02(void *handle, int32_t m, int32_t nnz, void *
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1053, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA_valM;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 6, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 7, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -12254,14 +12254,14 @@ NVP_EXPORT int32_t cusparseCcsric02_analysis(void *handle, int32_t m, int32_t nn
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1054, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 6, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 7, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -12271,14 +12271,14 @@ NVP_EXPORT int32_t cusparseCcsric02_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1055, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 6, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 7, 0);
     nvpl_buf(&nvpl_c_, 8, pBufferSizeInBytes, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -12287,14 +12287,14 @@ NVP_EXPORT int32_t cusparseCcsrilu02(void *handle, int32_t m, int32_t nnz, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1056, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA_valM;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 7, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 8, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -12304,14 +12304,14 @@ NVP_EXPORT int32_t cusparseCcsrilu02_analysis(void *handle, int32_t m, int32_t n
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1057, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 7, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 8, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -12321,14 +12321,14 @@ NVP_EXPORT int32_t cusparseCcsrilu02_bufferSize(void *handle, int32_t m, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1058, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 7, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 8, 0);
     nvpl_buf(&nvpl_c_, 8, pBufferSizeInBytes, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -12337,8 +12337,8 @@ NVP_EXPORT int32_t cusparseCcsrilu02_numericBoost(void *handle, void *info, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1059, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 7, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 8, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)enable_boost;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)tol;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)boost_val;
@@ -12349,15 +12349,15 @@ NVP_EXPORT int32_t cusparseCcsru2csr(void *handle, int32_t m, int32_t n, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1060, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrColInd;
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(info), 11, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(info), 12, 0);
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -12366,14 +12366,14 @@ NVP_EXPORT int32_t cusparseCcsru2csr_bufferSizeExt(void *handle, int32_t m, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1061, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrVal;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColInd;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 11, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 12, 0);
     nvpl_buf(&nvpl_c_, 8, pBufferSizeInBytes, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -12382,17 +12382,17 @@ NVP_EXPORT int32_t cusparseCgebsr2csr(void *handle, int32_t dirA, int32_t mb, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1062, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColIndA;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)rowBlockDim;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)colBlockDim;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)csrSortedColIndC;
@@ -12403,7 +12403,7 @@ NVP_EXPORT int32_t cusparseCgebsr2gebsc(void *handle, int32_t mb, int32_t nb, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1063, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
@@ -12425,7 +12425,7 @@ NVP_EXPORT int32_t cusparseCgebsr2gebsc_bufferSize(void *handle, int32_t mb, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1064, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
@@ -12442,18 +12442,18 @@ NVP_EXPORT int32_t cusparseCgebsr2gebsr(void *handle, int32_t dirA, int32_t mb, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1065, 18);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nb;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedColIndA;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)rowBlockDimA;
     nvpl_c_.slot[10] = (uint64_t)(int64_t)colBlockDimA;
-    nvpl_handle(&nvpl_c_, 11, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)bsrSortedValC;
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)bsrSortedRowPtrC;
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)bsrSortedColIndC;
@@ -12467,12 +12467,12 @@ NVP_EXPORT int32_t cusparseCgebsr2gebsr_bufferSize(void *handle, int32_t dirA, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1066, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nb;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedColIndA;
@@ -12488,7 +12488,7 @@ NVP_EXPORT int32_t cusparseCgemvi(void *handle, int32_t transA, int32_t m, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1067, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -12509,7 +12509,7 @@ NVP_EXPORT int32_t cusparseCgemvi_bufferSize(void *handle, int32_t transA, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1068, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -12522,7 +12522,7 @@ NVP_EXPORT int32_t cusparseCgpsvInterleavedBatch(void *handle, int32_t algo, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1069, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)algo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)ds;
@@ -12540,7 +12540,7 @@ NVP_EXPORT int32_t cusparseCgpsvInterleavedBatch_bufferSizeExt(void *handle, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1070, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)algo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)ds;
@@ -12558,7 +12558,7 @@ NVP_EXPORT int32_t cusparseCgtsv2(void *handle, int32_t m, int32_t n, void *dl, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1071, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dl;
@@ -12574,7 +12574,7 @@ NVP_EXPORT int32_t cusparseCgtsv2StridedBatch(void *handle, int32_t m, void *dl,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1072, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)dl;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)d;
@@ -12590,7 +12590,7 @@ NVP_EXPORT int32_t cusparseCgtsv2StridedBatch_bufferSizeExt(void *handle, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1073, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)dl;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)d;
@@ -12606,7 +12606,7 @@ NVP_EXPORT int32_t cusparseCgtsv2_bufferSizeExt(void *handle, int32_t m, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1074, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dl;
@@ -12622,7 +12622,7 @@ NVP_EXPORT int32_t cusparseCgtsv2_nopivot(void *handle, int32_t m, int32_t n, vo
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1075, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dl;
@@ -12638,7 +12638,7 @@ NVP_EXPORT int32_t cusparseCgtsv2_nopivot_bufferSizeExt(void *handle, int32_t m,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1076, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dl;
@@ -12654,7 +12654,7 @@ NVP_EXPORT int32_t cusparseCgtsvInterleavedBatch(void *handle, int32_t algo, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1077, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)algo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dl;
@@ -12670,7 +12670,7 @@ NVP_EXPORT int32_t cusparseCgtsvInterleavedBatch_bufferSizeExt(void *handle, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1078, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)algo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dl;
@@ -12686,11 +12686,11 @@ NVP_EXPORT int32_t cusparseCnnz(void *handle, int32_t dirA, int32_t m, int32_t n
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1079, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)nnzPerRowCol;
@@ -12702,9 +12702,9 @@ NVP_EXPORT int32_t cusparseCnnz_compress(void *handle, int32_t m, void *descr, v
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1080, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
-    nvpl_handle(&nvpl_c_, 2, NVPL_H(descr), 33, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(descr), 55, 0);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)nnzPerRow;
@@ -12717,7 +12717,7 @@ NVP_EXPORT int32_t cusparseConstBlockedEllGet(void *spMatDescr, void *rows, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1081, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 36, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 58, 0);
     nvpl_buf(&nvpl_c_, 1, rows, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 2, cols, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 3, ellBlockSize, NVPL_OUT, (int64_t)(8));
@@ -12734,7 +12734,7 @@ NVP_EXPORT int32_t cusparseConstCooGet(void *spMatDescr, void *rows, void *cols,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1082, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 36, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 58, 0);
     nvpl_buf(&nvpl_c_, 1, rows, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 2, cols, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 3, nnz, NVPL_OUT, (int64_t)(8));
@@ -12751,7 +12751,7 @@ NVP_EXPORT int32_t cusparseConstCscGet(void *spMatDescr, void *rows, void *cols,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1083, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 36, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 58, 0);
     nvpl_buf(&nvpl_c_, 1, rows, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 2, cols, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 3, nnz, NVPL_OUT, (int64_t)(8));
@@ -12769,7 +12769,7 @@ NVP_EXPORT int32_t cusparseConstCsrGet(void *spMatDescr, void *rows, void *cols,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1084, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 36, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 58, 0);
     nvpl_buf(&nvpl_c_, 1, rows, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 2, cols, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 3, nnz, NVPL_OUT, (int64_t)(8));
@@ -12787,7 +12787,7 @@ NVP_EXPORT int32_t cusparseConstDnMatGet(void *dnMatDescr, void *rows, void *col
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1085, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnMatDescr), 31, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnMatDescr), 53, 0);
     nvpl_buf(&nvpl_c_, 1, rows, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 2, cols, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 3, ld, NVPL_OUT, (int64_t)(8));
@@ -12801,7 +12801,7 @@ NVP_EXPORT int32_t cusparseConstDnMatGetValues(void *dnMatDescr, void *values)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1086, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnMatDescr), 31, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnMatDescr), 53, 0);
     nvpl_c_.slot[1] = (uint64_t)(uintptr_t)values;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -12810,7 +12810,7 @@ NVP_EXPORT int32_t cusparseConstDnVecGet(void *dnVecDescr, void *size, void *val
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1087, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnVecDescr), 32, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnVecDescr), 54, 0);
     nvpl_buf(&nvpl_c_, 1, size, NVPL_OUT, (int64_t)(8));
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)values;
     nvpl_buf(&nvpl_c_, 3, valueType, NVPL_OUT, (int64_t)(4));
@@ -12821,7 +12821,7 @@ NVP_EXPORT int32_t cusparseConstDnVecGetValues(void *dnVecDescr, void *values)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1088, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnVecDescr), 32, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnVecDescr), 54, 0);
     nvpl_c_.slot[1] = (uint64_t)(uintptr_t)values;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -12830,7 +12830,7 @@ NVP_EXPORT int32_t cusparseConstSpMatGetValues(void *spMatDescr, void *values)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1089, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 36, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 58, 0);
     nvpl_c_.slot[1] = (uint64_t)(uintptr_t)values;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -12839,7 +12839,7 @@ NVP_EXPORT int32_t cusparseConstSpVecGet(void *spVecDescr, void *size, void *nnz
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1090, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spVecDescr), 39, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spVecDescr), 61, 0);
     nvpl_buf(&nvpl_c_, 1, size, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 2, nnz, NVPL_OUT, (int64_t)(8));
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)indices;
@@ -12854,7 +12854,7 @@ NVP_EXPORT int32_t cusparseConstSpVecGetValues(void *spVecDescr, void *values)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1091, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spVecDescr), 39, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spVecDescr), 61, 0);
     nvpl_c_.slot[1] = (uint64_t)(uintptr_t)values;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -12863,7 +12863,7 @@ NVP_EXPORT int32_t cusparseCooGet(void *spMatDescr, void *rows, void *cols, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1092, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 36, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 58, 0);
     nvpl_buf(&nvpl_c_, 1, rows, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 2, cols, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 3, nnz, NVPL_OUT, (int64_t)(8));
@@ -12880,7 +12880,7 @@ NVP_EXPORT int32_t cusparseCooSetPointers(void *spMatDescr, void *cooRows, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1093, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 36, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 58, 0);
     nvpl_c_.slot[1] = (uint64_t)(uintptr_t)cooRows;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)cooColumns;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)cooValues;
@@ -12891,7 +12891,7 @@ NVP_EXPORT int32_t cusparseCooSetStridedBatch(void *spMatDescr, int32_t batchCou
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1094, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 36, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 58, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)batchCount;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)batchStride;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -12901,7 +12901,7 @@ NVP_EXPORT int32_t cusparseCreate(void *handle)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1095, 1);
-    nvpl_create(&nvpl_c_, 0, handle, 30, 0);
+    nvpl_create(&nvpl_c_, 0, handle, 52, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -12909,7 +12909,7 @@ NVP_EXPORT int32_t cusparseCreateBlockedEll(void *spMatDescr, int64_t rows, int6
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1096, 10);
-    nvpl_create(&nvpl_c_, 0, spMatDescr, 36, 0);
+    nvpl_create(&nvpl_c_, 0, spMatDescr, 58, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)rows;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)cols;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)ellBlockSize;
@@ -12926,7 +12926,7 @@ NVP_EXPORT int32_t cusparseCreateBsr(void *spMatDescr, int64_t brows, int64_t bc
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1097, 14);
-    nvpl_create(&nvpl_c_, 0, spMatDescr, 36, 0);
+    nvpl_create(&nvpl_c_, 0, spMatDescr, 58, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)brows;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)bcols;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)bnnz;
@@ -12947,7 +12947,7 @@ NVP_EXPORT int32_t cusparseCreateBsric02Info(void *info)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1098, 1);
-    nvpl_create(&nvpl_c_, 0, info, 0, 0);
+    nvpl_create(&nvpl_c_, 0, info, 1, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -12955,7 +12955,7 @@ NVP_EXPORT int32_t cusparseCreateBsrilu02Info(void *info)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1099, 1);
-    nvpl_create(&nvpl_c_, 0, info, 1, 0);
+    nvpl_create(&nvpl_c_, 0, info, 2, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -12963,7 +12963,7 @@ NVP_EXPORT int32_t cusparseCreateBsrsm2Info(void *info)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1100, 1);
-    nvpl_create(&nvpl_c_, 0, info, 2, 0);
+    nvpl_create(&nvpl_c_, 0, info, 3, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -12971,7 +12971,7 @@ NVP_EXPORT int32_t cusparseCreateBsrsv2Info(void *info)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1101, 1);
-    nvpl_create(&nvpl_c_, 0, info, 3, 0);
+    nvpl_create(&nvpl_c_, 0, info, 4, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -12979,7 +12979,7 @@ NVP_EXPORT int32_t cusparseCreateColorInfo(void *info)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1102, 1);
-    nvpl_create(&nvpl_c_, 0, info, 29, 0);
+    nvpl_create(&nvpl_c_, 0, info, 51, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -12987,7 +12987,7 @@ NVP_EXPORT int32_t cusparseCreateConstBlockedEll(void *spMatDescr, int64_t rows,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1103, 10);
-    nvpl_create(&nvpl_c_, 0, spMatDescr, 36, 0);
+    nvpl_create(&nvpl_c_, 0, spMatDescr, 58, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)rows;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)cols;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)ellBlockSize;
@@ -13004,7 +13004,7 @@ NVP_EXPORT int32_t cusparseCreateConstBsr(void *spMatDescr, int64_t brows, int64
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1104, 14);
-    nvpl_create(&nvpl_c_, 0, spMatDescr, 36, 0);
+    nvpl_create(&nvpl_c_, 0, spMatDescr, 58, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)brows;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)bcols;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)bnnz;
@@ -13025,7 +13025,7 @@ NVP_EXPORT int32_t cusparseCreateConstCoo(void *spMatDescr, int64_t rows, int64_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1105, 10);
-    nvpl_create(&nvpl_c_, 0, spMatDescr, 36, 0);
+    nvpl_create(&nvpl_c_, 0, spMatDescr, 58, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)rows;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)cols;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
@@ -13042,7 +13042,7 @@ NVP_EXPORT int32_t cusparseCreateConstCsc(void *spMatDescr, int64_t rows, int64_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1106, 11);
-    nvpl_create(&nvpl_c_, 0, spMatDescr, 36, 0);
+    nvpl_create(&nvpl_c_, 0, spMatDescr, 58, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)rows;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)cols;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
@@ -13060,7 +13060,7 @@ NVP_EXPORT int32_t cusparseCreateConstCsr(void *spMatDescr, int64_t rows, int64_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1107, 11);
-    nvpl_create(&nvpl_c_, 0, spMatDescr, 36, 0);
+    nvpl_create(&nvpl_c_, 0, spMatDescr, 58, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)rows;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)cols;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
@@ -13078,7 +13078,7 @@ NVP_EXPORT int32_t cusparseCreateConstDnMat(void *dnMatDescr, int64_t rows, int6
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1108, 7);
-    nvpl_create(&nvpl_c_, 0, dnMatDescr, 31, 0);
+    nvpl_create(&nvpl_c_, 0, dnMatDescr, 53, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)rows;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)cols;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)ld;
@@ -13092,7 +13092,7 @@ NVP_EXPORT int32_t cusparseCreateConstDnVec(void *dnVecDescr, int64_t size, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1109, 4);
-    nvpl_create(&nvpl_c_, 0, dnVecDescr, 32, 0);
+    nvpl_create(&nvpl_c_, 0, dnVecDescr, 54, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)size;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)values;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)valueType;
@@ -13106,7 +13106,7 @@ NVP_EXPORT int32_t cusparseCreateConstSlicedEll(void *spMatDescr, int64_t rows, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1110, 13);
-    nvpl_create(&nvpl_c_, 0, spMatDescr, 36, 0);
+    nvpl_create(&nvpl_c_, 0, spMatDescr, 58, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)rows;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)cols;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
@@ -13126,7 +13126,7 @@ NVP_EXPORT int32_t cusparseCreateConstSpVec(void *spVecDescr, int64_t size, int6
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1111, 8);
-    nvpl_create(&nvpl_c_, 0, spVecDescr, 39, 0);
+    nvpl_create(&nvpl_c_, 0, spVecDescr, 61, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)size;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)indices;
@@ -13144,7 +13144,7 @@ NVP_EXPORT int32_t cusparseCreateCoo(void *spMatDescr, int64_t rows, int64_t col
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1112, 10);
-    nvpl_create(&nvpl_c_, 0, spMatDescr, 36, 0);
+    nvpl_create(&nvpl_c_, 0, spMatDescr, 58, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)rows;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)cols;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
@@ -13161,7 +13161,7 @@ NVP_EXPORT int32_t cusparseCreateCsc(void *spMatDescr, int64_t rows, int64_t col
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1113, 11);
-    nvpl_create(&nvpl_c_, 0, spMatDescr, 36, 0);
+    nvpl_create(&nvpl_c_, 0, spMatDescr, 58, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)rows;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)cols;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
@@ -13179,7 +13179,7 @@ NVP_EXPORT int32_t cusparseCreateCsr(void *spMatDescr, int64_t rows, int64_t col
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1114, 11);
-    nvpl_create(&nvpl_c_, 0, spMatDescr, 36, 0);
+    nvpl_create(&nvpl_c_, 0, spMatDescr, 58, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)rows;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)cols;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
@@ -13197,7 +13197,7 @@ NVP_EXPORT int32_t cusparseCreateCsric02Info(void *info)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1115, 1);
-    nvpl_create(&nvpl_c_, 0, info, 6, 0);
+    nvpl_create(&nvpl_c_, 0, info, 7, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -13205,7 +13205,7 @@ NVP_EXPORT int32_t cusparseCreateCsrilu02Info(void *info)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1116, 1);
-    nvpl_create(&nvpl_c_, 0, info, 7, 0);
+    nvpl_create(&nvpl_c_, 0, info, 8, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -13213,7 +13213,7 @@ NVP_EXPORT int32_t cusparseCreateCsru2csrInfo(void *info)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1117, 1);
-    nvpl_create(&nvpl_c_, 0, info, 11, 0);
+    nvpl_create(&nvpl_c_, 0, info, 12, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -13221,7 +13221,7 @@ NVP_EXPORT int32_t cusparseCreateDnMat(void *dnMatDescr, int64_t rows, int64_t c
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1118, 7);
-    nvpl_create(&nvpl_c_, 0, dnMatDescr, 31, 0);
+    nvpl_create(&nvpl_c_, 0, dnMatDescr, 53, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)rows;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)cols;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)ld;
@@ -13235,7 +13235,7 @@ NVP_EXPORT int32_t cusparseCreateDnVec(void *dnVecDescr, int64_t size, void *val
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1119, 4);
-    nvpl_create(&nvpl_c_, 0, dnVecDescr, 32, 0);
+    nvpl_create(&nvpl_c_, 0, dnVecDescr, 54, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)size;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)values;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)valueType;
@@ -13249,7 +13249,7 @@ NVP_EXPORT int32_t cusparseCreateIdentityPermutation(void *handle, int32_t n, vo
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1120, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)p;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -13259,7 +13259,7 @@ NVP_EXPORT int32_t cusparseCreateMatDescr(void *descrA)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1121, 1);
-    nvpl_create(&nvpl_c_, 0, descrA, 33, 0);
+    nvpl_create(&nvpl_c_, 0, descrA, 55, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -13267,7 +13267,7 @@ NVP_EXPORT int32_t cusparseCreatePruneInfo(void *info)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1122, 1);
-    nvpl_create(&nvpl_c_, 0, info, 41, 0);
+    nvpl_create(&nvpl_c_, 0, info, 63, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -13275,7 +13275,7 @@ NVP_EXPORT int32_t cusparseCreateSlicedEll(void *spMatDescr, int64_t rows, int64
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1123, 13);
-    nvpl_create(&nvpl_c_, 0, spMatDescr, 36, 0);
+    nvpl_create(&nvpl_c_, 0, spMatDescr, 58, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)rows;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)cols;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
@@ -13295,7 +13295,7 @@ NVP_EXPORT int32_t cusparseCreateSpVec(void *spVecDescr, int64_t size, int64_t n
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1124, 8);
-    nvpl_create(&nvpl_c_, 0, spVecDescr, 39, 0);
+    nvpl_create(&nvpl_c_, 0, spVecDescr, 61, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)size;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)indices;
@@ -13313,7 +13313,7 @@ NVP_EXPORT int32_t cusparseCscGet(void *spMatDescr, void *rows, void *cols, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1125, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 36, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 58, 0);
     nvpl_buf(&nvpl_c_, 1, rows, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 2, cols, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 3, nnz, NVPL_OUT, (int64_t)(8));
@@ -13331,7 +13331,7 @@ NVP_EXPORT int32_t cusparseCscSetPointers(void *spMatDescr, void *cscColOffsets,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1126, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 36, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 58, 0);
     nvpl_c_.slot[1] = (uint64_t)(uintptr_t)cscColOffsets;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)cscRowInd;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)cscValues;
@@ -13342,7 +13342,7 @@ NVP_EXPORT int32_t cusparseCsr2cscEx2(void *handle, int32_t m, int32_t n, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1127, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
@@ -13364,7 +13364,7 @@ NVP_EXPORT int32_t cusparseCsr2cscEx2_bufferSize(void *handle, int32_t m, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1128, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
@@ -13386,7 +13386,7 @@ NVP_EXPORT int32_t cusparseCsrGet(void *spMatDescr, void *rows, void *cols, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1129, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 36, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 58, 0);
     nvpl_buf(&nvpl_c_, 1, rows, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 2, cols, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 3, nnz, NVPL_OUT, (int64_t)(8));
@@ -13404,7 +13404,7 @@ NVP_EXPORT int32_t cusparseCsrSetPointers(void *spMatDescr, void *csrRowOffsets,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1130, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 36, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 58, 0);
     nvpl_c_.slot[1] = (uint64_t)(uintptr_t)csrRowOffsets;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)csrColInd;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)csrValues;
@@ -13415,7 +13415,7 @@ NVP_EXPORT int32_t cusparseCsrSetStridedBatch(void *spMatDescr, int32_t batchCou
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1131, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 36, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 58, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)batchCount;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)offsetsBatchStride;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)columnsValuesBatchStride;
@@ -13426,16 +13426,16 @@ NVP_EXPORT int32_t cusparseDbsr2csr(void *handle, int32_t dirA, int32_t mb, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1132, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColIndA;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)csrSortedColIndC;
@@ -13446,16 +13446,16 @@ NVP_EXPORT int32_t cusparseDbsric02(void *handle, int32_t dirA, int32_t mb, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1133, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 0, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 1, 0);
     nvpl_c_.slot[10] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -13465,16 +13465,16 @@ NVP_EXPORT int32_t cusparseDbsric02_analysis(void *handle, int32_t dirA, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1134, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 0, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 1, 0);
     nvpl_c_.slot[10] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)pInputBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -13484,16 +13484,16 @@ NVP_EXPORT int32_t cusparseDbsric02_bufferSize(void *handle, int32_t dirA, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1135, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 0, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 1, 0);
     nvpl_buf(&nvpl_c_, 10, pBufferSizeInBytes, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -13502,16 +13502,16 @@ NVP_EXPORT int32_t cusparseDbsrilu02(void *handle, int32_t dirA, int32_t mb, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1136, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 1, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 2, 0);
     nvpl_c_.slot[10] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -13521,16 +13521,16 @@ NVP_EXPORT int32_t cusparseDbsrilu02_analysis(void *handle, int32_t dirA, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1137, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 1, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 2, 0);
     nvpl_c_.slot[10] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -13540,16 +13540,16 @@ NVP_EXPORT int32_t cusparseDbsrilu02_bufferSize(void *handle, int32_t dirA, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1138, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 1, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 2, 0);
     nvpl_buf(&nvpl_c_, 10, pBufferSizeInBytes, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -13558,8 +13558,8 @@ NVP_EXPORT int32_t cusparseDbsrilu02_numericBoost(void *handle, void *info, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1139, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 1, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 2, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)enable_boost;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)tol;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)boost_val;
@@ -13570,7 +13570,7 @@ NVP_EXPORT int32_t cusparseDbsrmm(void *handle, int32_t dirA, int32_t transA, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1140, 19);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)transB;
@@ -13579,7 +13579,7 @@ NVP_EXPORT int32_t cusparseDbsrmm(void *handle, int32_t dirA, int32_t transA, in
     nvpl_c_.slot[6] = (uint64_t)(int64_t)kb;
     nvpl_c_.slot[7] = (uint64_t)(int64_t)nnzb;
     nvpl_buf(&nvpl_c_, 8, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)bsrSortedColIndA;
@@ -13596,14 +13596,14 @@ NVP_EXPORT int32_t cusparseDbsrmv(void *handle, int32_t dirA, int32_t transA, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1141, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nb;
     nvpl_c_.slot[5] = (uint64_t)(int64_t)nnzb;
     nvpl_buf(&nvpl_c_, 6, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedColIndA;
@@ -13618,19 +13618,19 @@ NVP_EXPORT int32_t cusparseDbsrsm2_analysis(void *handle, int32_t dirA, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1142, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)transXY;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[5] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[11] = (uint64_t)(int64_t)blockSize;
-    nvpl_handle(&nvpl_c_, 12, NVPL_H(info), 2, 0);
+    nvpl_handle(&nvpl_c_, 12, NVPL_H(info), 3, 0);
     nvpl_c_.slot[13] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -13640,19 +13640,19 @@ NVP_EXPORT int32_t cusparseDbsrsm2_bufferSize(void *handle, int32_t dirA, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1143, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)transXY;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[5] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[11] = (uint64_t)(int64_t)blockSize;
-    nvpl_handle(&nvpl_c_, 12, NVPL_H(info), 2, 0);
+    nvpl_handle(&nvpl_c_, 12, NVPL_H(info), 3, 0);
     nvpl_buf(&nvpl_c_, 13, pBufferSizeInBytes, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -13661,7 +13661,7 @@ NVP_EXPORT int32_t cusparseDbsrsm2_solve(void *handle, int32_t dirA, int32_t tra
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1144, 20);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)transXY;
@@ -13669,12 +13669,12 @@ NVP_EXPORT int32_t cusparseDbsrsm2_solve(void *handle, int32_t dirA, int32_t tra
     nvpl_c_.slot[5] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)nnzb;
     nvpl_buf(&nvpl_c_, 7, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[12] = (uint64_t)(int64_t)blockSize;
-    nvpl_handle(&nvpl_c_, 13, NVPL_H(info), 2, 0);
+    nvpl_handle(&nvpl_c_, 13, NVPL_H(info), 3, 0);
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)B;
     nvpl_c_.slot[15] = (uint64_t)(int64_t)ldb;
     nvpl_c_.slot[16] = (uint64_t)(uintptr_t)X;
@@ -13688,17 +13688,17 @@ NVP_EXPORT int32_t cusparseDbsrsv2_analysis(void *handle, int32_t dirA, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1145, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedColIndA;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(info), 3, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(info), 4, 0);
     nvpl_c_.slot[11] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -13708,17 +13708,17 @@ NVP_EXPORT int32_t cusparseDbsrsv2_bufferSize(void *handle, int32_t dirA, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1146, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedColIndA;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(info), 3, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(info), 4, 0);
     nvpl_buf(&nvpl_c_, 11, pBufferSizeInBytes, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -13727,18 +13727,18 @@ NVP_EXPORT int32_t cusparseDbsrsv2_solve(void *handle, int32_t dirA, int32_t tra
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1147, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nnzb;
     nvpl_buf(&nvpl_c_, 5, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedColIndA;
     nvpl_c_.slot[10] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 11, NVPL_H(info), 3, 0);
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(info), 4, 0);
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)f;
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[14] = (uint64_t)(int64_t)policy;
@@ -13750,7 +13750,7 @@ NVP_EXPORT int32_t cusparseDbsrxmv(void *handle, int32_t dirA, int32_t transA, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1148, 18);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)sizeOfMask;
@@ -13758,7 +13758,7 @@ NVP_EXPORT int32_t cusparseDbsrxmv(void *handle, int32_t dirA, int32_t transA, i
     nvpl_c_.slot[5] = (uint64_t)(int64_t)nb;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)nnzb;
     nvpl_buf(&nvpl_c_, 7, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedMaskPtrA;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
@@ -13775,16 +13775,16 @@ NVP_EXPORT int32_t cusparseDcsr2bsr(void *handle, int32_t dirA, int32_t m, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1149, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedValC;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)bsrSortedRowPtrC;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)bsrSortedColIndC;
@@ -13795,10 +13795,10 @@ NVP_EXPORT int32_t cusparseDcsr2csr_compress(void *handle, int32_t m, int32_t n,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1150, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
@@ -13815,15 +13815,15 @@ NVP_EXPORT int32_t cusparseDcsr2csru(void *handle, int32_t m, int32_t n, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1151, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrColInd;
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(info), 11, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(info), 12, 0);
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -13832,15 +13832,15 @@ NVP_EXPORT int32_t cusparseDcsr2gebsr(void *handle, int32_t dirA, int32_t m, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1152, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedValC;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedRowPtrC;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)bsrSortedColIndC;
@@ -13854,11 +13854,11 @@ NVP_EXPORT int32_t cusparseDcsr2gebsr_bufferSize(void *handle, int32_t dirA, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1153, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
@@ -13872,10 +13872,10 @@ NVP_EXPORT int32_t cusparseDcsrcolor(void *handle, int32_t m, int32_t nnz, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1154, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
@@ -13883,7 +13883,7 @@ NVP_EXPORT int32_t cusparseDcsrcolor(void *handle, int32_t m, int32_t nnz, void 
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)ncolors;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)coloring;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)reordering;
-    nvpl_handle(&nvpl_c_, 11, NVPL_H(info), 29, 0);
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(info), 51, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -13891,22 +13891,22 @@ NVP_EXPORT int32_t cusparseDcsrgeam2(void *handle, int32_t m, int32_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1155, 20);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(int64_t)nnzA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_buf(&nvpl_c_, 9, beta, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(descrB), 33, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(descrB), 55, 0);
     nvpl_c_.slot[11] = (uint64_t)(int64_t)nnzB;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)csrSortedValB;
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)csrSortedRowPtrB;
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)csrSortedColIndB;
-    nvpl_handle(&nvpl_c_, 15, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 15, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[16] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[17] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[18] = (uint64_t)(uintptr_t)csrSortedColIndC;
@@ -13918,22 +13918,22 @@ NVP_EXPORT int32_t cusparseDcsrgeam2_bufferSizeExt(void *handle, int32_t m, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1156, 20);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(int64_t)nnzA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_buf(&nvpl_c_, 9, beta, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(8) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(descrB), 33, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(descrB), 55, 0);
     nvpl_c_.slot[11] = (uint64_t)(int64_t)nnzB;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)csrSortedValB;
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)csrSortedRowPtrB;
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)csrSortedColIndB;
-    nvpl_handle(&nvpl_c_, 15, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 15, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[16] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[17] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[18] = (uint64_t)(uintptr_t)csrSortedColIndC;
@@ -13945,14 +13945,14 @@ NVP_EXPORT int32_t cusparseDcsric02(void *handle, int32_t m, int32_t nnz, void *
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1157, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA_valM;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 6, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 7, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -13962,14 +13962,14 @@ NVP_EXPORT int32_t cusparseDcsric02_analysis(void *handle, int32_t m, int32_t nn
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1158, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 6, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 7, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -13979,14 +13979,14 @@ NVP_EXPORT int32_t cusparseDcsric02_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1159, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 6, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 7, 0);
     nvpl_buf(&nvpl_c_, 8, pBufferSizeInBytes, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -13995,14 +13995,14 @@ NVP_EXPORT int32_t cusparseDcsrilu02(void *handle, int32_t m, int32_t nnz, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1160, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA_valM;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 7, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 8, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -14012,14 +14012,14 @@ NVP_EXPORT int32_t cusparseDcsrilu02_analysis(void *handle, int32_t m, int32_t n
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1161, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 7, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 8, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -14029,14 +14029,14 @@ NVP_EXPORT int32_t cusparseDcsrilu02_bufferSize(void *handle, int32_t m, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1162, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 7, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 8, 0);
     nvpl_buf(&nvpl_c_, 8, pBufferSizeInBytes, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -14045,8 +14045,8 @@ NVP_EXPORT int32_t cusparseDcsrilu02_numericBoost(void *handle, void *info, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1163, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 7, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 8, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)enable_boost;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)tol;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)boost_val;
@@ -14057,15 +14057,15 @@ NVP_EXPORT int32_t cusparseDcsru2csr(void *handle, int32_t m, int32_t n, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1164, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrColInd;
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(info), 11, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(info), 12, 0);
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -14074,14 +14074,14 @@ NVP_EXPORT int32_t cusparseDcsru2csr_bufferSizeExt(void *handle, int32_t m, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1165, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrVal;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColInd;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 11, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 12, 0);
     nvpl_buf(&nvpl_c_, 8, pBufferSizeInBytes, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -14090,9 +14090,9 @@ NVP_EXPORT int32_t cusparseDenseToSparse_analysis(void *handle, void *matA, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1166, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(matA), 31, 0);
-    nvpl_handle(&nvpl_c_, 2, NVPL_H(matB), 36, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(matA), 53, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(matB), 58, 0);
     nvpl_c_.slot[3] = (uint64_t)(int64_t)alg;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)externalBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -14102,9 +14102,9 @@ NVP_EXPORT int32_t cusparseDenseToSparse_bufferSize(void *handle, void *matA, vo
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1167, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(matA), 31, 0);
-    nvpl_handle(&nvpl_c_, 2, NVPL_H(matB), 36, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(matA), 53, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(matB), 58, 0);
     nvpl_c_.slot[3] = (uint64_t)(int64_t)alg;
     nvpl_buf(&nvpl_c_, 4, bufferSize, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -14114,9 +14114,9 @@ NVP_EXPORT int32_t cusparseDenseToSparse_convert(void *handle, void *matA, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1168, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(matA), 31, 0);
-    nvpl_handle(&nvpl_c_, 2, NVPL_H(matB), 36, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(matA), 53, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(matB), 58, 0);
     nvpl_c_.slot[3] = (uint64_t)(int64_t)alg;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)externalBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -14126,7 +14126,7 @@ NVP_EXPORT int32_t cusparseDestroy(void *handle)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1169, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -14134,7 +14134,7 @@ NVP_EXPORT int32_t cusparseDestroyBsric02Info(void *info)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1170, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 0, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 1, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -14142,7 +14142,7 @@ NVP_EXPORT int32_t cusparseDestroyBsrilu02Info(void *info)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1171, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 1, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 2, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -14150,7 +14150,7 @@ NVP_EXPORT int32_t cusparseDestroyBsrsm2Info(void *info)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1172, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 2, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 3, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -14158,7 +14158,7 @@ NVP_EXPORT int32_t cusparseDestroyBsrsv2Info(void *info)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1173, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 3, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 4, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -14166,7 +14166,7 @@ NVP_EXPORT int32_t cusparseDestroyColorInfo(void *info)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1174, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 29, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 51, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -14174,7 +14174,7 @@ NVP_EXPORT int32_t cusparseDestroyCsric02Info(void *info)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1175, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 6, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 7, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -14182,7 +14182,7 @@ NVP_EXPORT int32_t cusparseDestroyCsrilu02Info(void *info)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1176, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 7, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 8, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -14190,7 +14190,7 @@ NVP_EXPORT int32_t cusparseDestroyCsru2csrInfo(void *info)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1177, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 11, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 12, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -14198,7 +14198,7 @@ NVP_EXPORT int32_t cusparseDestroyDnMat(void *dnMatDescr)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1178, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnMatDescr), 31, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnMatDescr), 53, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -14206,7 +14206,7 @@ NVP_EXPORT int32_t cusparseDestroyDnVec(void *dnVecDescr)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1179, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnVecDescr), 32, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnVecDescr), 54, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -14214,7 +14214,7 @@ NVP_EXPORT int32_t cusparseDestroyMatDescr(void *descrA)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1180, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(descrA), 33, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(descrA), 55, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -14222,7 +14222,7 @@ NVP_EXPORT int32_t cusparseDestroyPruneInfo(void *info)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1181, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 41, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 63, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -14230,7 +14230,7 @@ NVP_EXPORT int32_t cusparseDestroySpMat(void *spMatDescr)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1182, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 36, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 58, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -14238,7 +14238,7 @@ NVP_EXPORT int32_t cusparseDestroySpVec(void *spVecDescr)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1183, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spVecDescr), 39, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spVecDescr), 61, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -14246,17 +14246,17 @@ NVP_EXPORT int32_t cusparseDgebsr2csr(void *handle, int32_t dirA, int32_t mb, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1184, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColIndA;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)rowBlockDim;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)colBlockDim;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)csrSortedColIndC;
@@ -14267,7 +14267,7 @@ NVP_EXPORT int32_t cusparseDgebsr2gebsc(void *handle, int32_t mb, int32_t nb, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1185, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
@@ -14289,7 +14289,7 @@ NVP_EXPORT int32_t cusparseDgebsr2gebsc_bufferSize(void *handle, int32_t mb, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1186, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
@@ -14306,18 +14306,18 @@ NVP_EXPORT int32_t cusparseDgebsr2gebsr(void *handle, int32_t dirA, int32_t mb, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1187, 18);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nb;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedColIndA;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)rowBlockDimA;
     nvpl_c_.slot[10] = (uint64_t)(int64_t)colBlockDimA;
-    nvpl_handle(&nvpl_c_, 11, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)bsrSortedValC;
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)bsrSortedRowPtrC;
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)bsrSortedColIndC;
@@ -14331,12 +14331,12 @@ NVP_EXPORT int32_t cusparseDgebsr2gebsr_bufferSize(void *handle, int32_t dirA, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1188, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nb;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedColIndA;
@@ -14352,7 +14352,7 @@ NVP_EXPORT int32_t cusparseDgemvi(void *handle, int32_t transA, int32_t m, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1189, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -14373,7 +14373,7 @@ NVP_EXPORT int32_t cusparseDgemvi_bufferSize(void *handle, int32_t transA, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1190, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -14386,7 +14386,7 @@ NVP_EXPORT int32_t cusparseDgpsvInterleavedBatch(void *handle, int32_t algo, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1191, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)algo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)ds;
@@ -14404,7 +14404,7 @@ NVP_EXPORT int32_t cusparseDgpsvInterleavedBatch_bufferSizeExt(void *handle, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1192, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)algo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)ds;
@@ -14422,7 +14422,7 @@ NVP_EXPORT int32_t cusparseDgtsv2(void *handle, int32_t m, int32_t n, void *dl, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1193, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dl;
@@ -14438,7 +14438,7 @@ NVP_EXPORT int32_t cusparseDgtsv2StridedBatch(void *handle, int32_t m, void *dl,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1194, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)dl;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)d;
@@ -14454,7 +14454,7 @@ NVP_EXPORT int32_t cusparseDgtsv2StridedBatch_bufferSizeExt(void *handle, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1195, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)dl;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)d;
@@ -14470,7 +14470,7 @@ NVP_EXPORT int32_t cusparseDgtsv2_bufferSizeExt(void *handle, int32_t m, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1196, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dl;
@@ -14486,7 +14486,7 @@ NVP_EXPORT int32_t cusparseDgtsv2_nopivot(void *handle, int32_t m, int32_t n, vo
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1197, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dl;
@@ -14502,7 +14502,7 @@ NVP_EXPORT int32_t cusparseDgtsv2_nopivot_bufferSizeExt(void *handle, int32_t m,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1198, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dl;
@@ -14518,7 +14518,7 @@ NVP_EXPORT int32_t cusparseDgtsvInterleavedBatch(void *handle, int32_t algo, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1199, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)algo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dl;
@@ -14534,7 +14534,7 @@ NVP_EXPORT int32_t cusparseDgtsvInterleavedBatch_bufferSizeExt(void *handle, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1200, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)algo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dl;
@@ -14550,7 +14550,7 @@ NVP_EXPORT int32_t cusparseDnMatGet(void *dnMatDescr, void *rows, void *cols, vo
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1201, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnMatDescr), 31, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnMatDescr), 53, 0);
     nvpl_buf(&nvpl_c_, 1, rows, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 2, cols, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 3, ld, NVPL_OUT, (int64_t)(8));
@@ -14564,7 +14564,7 @@ NVP_EXPORT int32_t cusparseDnMatGetStridedBatch(void *dnMatDescr, void *batchCou
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1202, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnMatDescr), 31, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnMatDescr), 53, 0);
     nvpl_buf(&nvpl_c_, 1, batchCount, NVPL_OUT, (int64_t)(4));
     nvpl_buf(&nvpl_c_, 2, batchStride, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -14574,7 +14574,7 @@ NVP_EXPORT int32_t cusparseDnMatGetValues(void *dnMatDescr, void *values)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1203, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnMatDescr), 31, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnMatDescr), 53, 0);
     nvpl_buf(&nvpl_c_, 1, values, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -14583,7 +14583,7 @@ NVP_EXPORT int32_t cusparseDnMatSetStridedBatch(void *dnMatDescr, int32_t batchC
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1204, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnMatDescr), 31, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnMatDescr), 53, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)batchCount;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)batchStride;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -14593,7 +14593,7 @@ NVP_EXPORT int32_t cusparseDnMatSetValues(void *dnMatDescr, void *values)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1205, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnMatDescr), 31, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnMatDescr), 53, 0);
     nvpl_c_.slot[1] = (uint64_t)(uintptr_t)values;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -14602,7 +14602,7 @@ NVP_EXPORT int32_t cusparseDnVecGet(void *dnVecDescr, void *size, void *values, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1206, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnVecDescr), 32, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnVecDescr), 54, 0);
     nvpl_buf(&nvpl_c_, 1, size, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 2, values, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 3, valueType, NVPL_OUT, (int64_t)(4));
@@ -14613,7 +14613,7 @@ NVP_EXPORT int32_t cusparseDnVecGetValues(void *dnVecDescr, void *values)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1207, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnVecDescr), 32, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnVecDescr), 54, 0);
     nvpl_buf(&nvpl_c_, 1, values, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -14622,7 +14622,7 @@ NVP_EXPORT int32_t cusparseDnVecSetValues(void *dnVecDescr, void *values)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1208, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnVecDescr), 32, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(dnVecDescr), 54, 0);
     nvpl_c_.slot[1] = (uint64_t)(uintptr_t)values;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -14631,11 +14631,11 @@ NVP_EXPORT int32_t cusparseDnnz(void *handle, int32_t dirA, int32_t m, int32_t n
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1209, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)nnzPerRowCol;
@@ -14647,9 +14647,9 @@ NVP_EXPORT int32_t cusparseDnnz_compress(void *handle, int32_t m, void *descr, v
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1210, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
-    nvpl_handle(&nvpl_c_, 2, NVPL_H(descr), 33, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(descr), 55, 0);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)nnzPerRow;
@@ -14662,16 +14662,16 @@ NVP_EXPORT int32_t cusparseDpruneCsr2csr(void *handle, int32_t m, int32_t n, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1211, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)threshold;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)csrSortedColIndC;
@@ -14683,20 +14683,20 @@ NVP_EXPORT int32_t cusparseDpruneCsr2csrByPercentage(void *handle, int32_t m, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1212, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_c_.slot[8] = nvp_slot_of_f4(percentage);
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)csrSortedColIndC;
-    nvpl_handle(&nvpl_c_, 13, NVPL_H(info), 41, 0);
+    nvpl_handle(&nvpl_c_, 13, NVPL_H(info), 63, 0);
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -14705,20 +14705,20 @@ NVP_EXPORT int32_t cusparseDpruneCsr2csrByPercentage_bufferSizeExt(void *handle,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1213, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_c_.slot[8] = nvp_slot_of_f4(percentage);
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)csrSortedColIndC;
-    nvpl_handle(&nvpl_c_, 13, NVPL_H(info), 41, 0);
+    nvpl_handle(&nvpl_c_, 13, NVPL_H(info), 63, 0);
     nvpl_buf(&nvpl_c_, 14, pBufferSizeInBytes, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -14727,16 +14727,16 @@ NVP_EXPORT int32_t cusparseDpruneCsr2csrNnz(void *handle, int32_t m, int32_t n, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1214, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)threshold;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_buf(&nvpl_c_, 11, nnzTotalDevHostPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)pBuffer;
@@ -14747,19 +14747,19 @@ NVP_EXPORT int32_t cusparseDpruneCsr2csrNnzByPercentage(void *handle, int32_t m,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1215, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_c_.slot[8] = nvp_slot_of_f4(percentage);
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_buf(&nvpl_c_, 11, nnzTotalDevHostPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 12, NVPL_H(info), 41, 0);
+    nvpl_handle(&nvpl_c_, 12, NVPL_H(info), 63, 0);
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -14768,16 +14768,16 @@ NVP_EXPORT int32_t cusparseDpruneCsr2csr_bufferSizeExt(void *handle, int32_t m, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1216, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)threshold;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)csrSortedColIndC;
@@ -14789,13 +14789,13 @@ NVP_EXPORT int32_t cusparseDpruneDense2csr(void *handle, int32_t m, int32_t n, v
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1217, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)threshold;
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)csrSortedColIndC;
@@ -14807,17 +14807,17 @@ NVP_EXPORT int32_t cusparseDpruneDense2csrByPercentage(void *handle, int32_t m, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1218, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[5] = nvp_slot_of_f4(percentage);
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)csrSortedColIndC;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(info), 41, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(info), 63, 0);
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -14826,17 +14826,17 @@ NVP_EXPORT int32_t cusparseDpruneDense2csrByPercentage_bufferSizeExt(void *handl
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1219, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[5] = nvp_slot_of_f4(percentage);
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)csrSortedColIndC;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(info), 41, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(info), 63, 0);
     nvpl_buf(&nvpl_c_, 11, pBufferSizeInBytes, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -14845,13 +14845,13 @@ NVP_EXPORT int32_t cusparseDpruneDense2csrNnz(void *handle, int32_t m, int32_t n
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1220, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)threshold;
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_buf(&nvpl_c_, 8, nnzTotalDevHostPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)pBuffer;
@@ -14862,16 +14862,16 @@ NVP_EXPORT int32_t cusparseDpruneDense2csrNnzByPercentage(void *handle, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1221, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[5] = nvp_slot_of_f4(percentage);
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrRowPtrC;
     nvpl_buf(&nvpl_c_, 8, nnzTotalDevHostPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 41, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 63, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -14880,13 +14880,13 @@ NVP_EXPORT int32_t cusparseDpruneDense2csr_bufferSizeExt(void *handle, int32_t m
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1222, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)threshold;
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)csrSortedColIndC;
@@ -14898,9 +14898,9 @@ NVP_EXPORT int32_t cusparseGather(void *handle, void *vecY, void *vecX)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1223, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(vecY), 32, 0);
-    nvpl_handle(&nvpl_c_, 2, NVPL_H(vecX), 39, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(vecY), 54, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(vecX), 61, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -14924,7 +14924,7 @@ NVP_EXPORT int32_t cusparseGetMatDiagType(void *descrA)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1226, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(descrA), 55, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -14932,7 +14932,7 @@ NVP_EXPORT int32_t cusparseGetMatFillMode(void *descrA)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1227, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(descrA), 55, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -14940,7 +14940,7 @@ NVP_EXPORT int32_t cusparseGetMatIndexBase(void *descrA)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1228, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(descrA), 55, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -14948,7 +14948,7 @@ NVP_EXPORT int32_t cusparseGetMatType(void *descrA)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1229, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(descrA), 55, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -14956,7 +14956,7 @@ NVP_EXPORT int32_t cusparseGetPointerMode(void *handle, void *mode)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1230, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_buf(&nvpl_c_, 1, mode, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -14979,7 +14979,7 @@ NVP_EXPORT int32_t cusparseGetVersion(void *handle, void *version)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1233, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_buf(&nvpl_c_, 1, version, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -15089,11 +15089,11 @@ NVP_EXPORT int32_t cusparseRot(void *handle, void *c_coeff, void *s_coeff, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1252, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_buf(&nvpl_c_, 1, c_coeff, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(nvpl_handle_dtype(NVPL_H(vecY)))) : NVPL_DEVICE);
     nvpl_buf(&nvpl_c_, 2, s_coeff, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(nvpl_handle_dtype(NVPL_H(vecY)))) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(vecX), 39, 0);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(vecY), 32, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(vecX), 61, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(vecY), 54, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -15101,14 +15101,14 @@ NVP_EXPORT int32_t cusparseSDDMM(void *handle, int32_t opA, int32_t opB, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1253, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)opA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)opB;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 31, 0);
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 31, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 53, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 53, 0);
     nvpl_buf(&nvpl_c_, 6, beta, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(matC), 36, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(matC), 58, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)computeType;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)alg;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)externalBuffer;
@@ -15119,14 +15119,14 @@ NVP_EXPORT int32_t cusparseSDDMM_bufferSize(void *handle, int32_t opA, int32_t o
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1254, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)opA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)opB;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 31, 0);
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 31, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 53, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 53, 0);
     nvpl_buf(&nvpl_c_, 6, beta, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(matC), 36, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(matC), 58, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)computeType;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)alg;
     nvpl_buf(&nvpl_c_, 10, bufferSize, NVPL_OUT, (int64_t)(8));
@@ -15137,14 +15137,14 @@ NVP_EXPORT int32_t cusparseSDDMM_preprocess(void *handle, int32_t opA, int32_t o
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1255, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)opA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)opB;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 31, 0);
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 31, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 53, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 53, 0);
     nvpl_buf(&nvpl_c_, 6, beta, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(matC), 36, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(matC), 58, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)computeType;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)alg;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)externalBuffer;
@@ -15155,16 +15155,16 @@ NVP_EXPORT int32_t cusparseSbsr2csr(void *handle, int32_t dirA, int32_t mb, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1256, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColIndA;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)csrSortedColIndC;
@@ -15175,16 +15175,16 @@ NVP_EXPORT int32_t cusparseSbsric02(void *handle, int32_t dirA, int32_t mb, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1257, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 0, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 1, 0);
     nvpl_c_.slot[10] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -15194,16 +15194,16 @@ NVP_EXPORT int32_t cusparseSbsric02_analysis(void *handle, int32_t dirA, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1258, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 0, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 1, 0);
     nvpl_c_.slot[10] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)pInputBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -15213,16 +15213,16 @@ NVP_EXPORT int32_t cusparseSbsric02_bufferSize(void *handle, int32_t dirA, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1259, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 0, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 1, 0);
     nvpl_buf(&nvpl_c_, 10, pBufferSizeInBytes, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -15231,16 +15231,16 @@ NVP_EXPORT int32_t cusparseSbsrilu02(void *handle, int32_t dirA, int32_t mb, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1260, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 1, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 2, 0);
     nvpl_c_.slot[10] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -15250,16 +15250,16 @@ NVP_EXPORT int32_t cusparseSbsrilu02_analysis(void *handle, int32_t dirA, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1261, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 1, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 2, 0);
     nvpl_c_.slot[10] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -15269,16 +15269,16 @@ NVP_EXPORT int32_t cusparseSbsrilu02_bufferSize(void *handle, int32_t dirA, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1262, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 1, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 2, 0);
     nvpl_buf(&nvpl_c_, 10, pBufferSizeInBytes, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -15287,8 +15287,8 @@ NVP_EXPORT int32_t cusparseSbsrilu02_numericBoost(void *handle, void *info, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1263, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 1, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 2, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)enable_boost;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)tol;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)boost_val;
@@ -15299,7 +15299,7 @@ NVP_EXPORT int32_t cusparseSbsrmm(void *handle, int32_t dirA, int32_t transA, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1264, 19);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)transB;
@@ -15308,7 +15308,7 @@ NVP_EXPORT int32_t cusparseSbsrmm(void *handle, int32_t dirA, int32_t transA, in
     nvpl_c_.slot[6] = (uint64_t)(int64_t)kb;
     nvpl_c_.slot[7] = (uint64_t)(int64_t)nnzb;
     nvpl_buf(&nvpl_c_, 8, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)bsrSortedColIndA;
@@ -15325,14 +15325,14 @@ NVP_EXPORT int32_t cusparseSbsrmv(void *handle, int32_t dirA, int32_t transA, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1265, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nb;
     nvpl_c_.slot[5] = (uint64_t)(int64_t)nnzb;
     nvpl_buf(&nvpl_c_, 6, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedColIndA;
@@ -15347,19 +15347,19 @@ NVP_EXPORT int32_t cusparseSbsrsm2_analysis(void *handle, int32_t dirA, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1266, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)transXY;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[5] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[11] = (uint64_t)(int64_t)blockSize;
-    nvpl_handle(&nvpl_c_, 12, NVPL_H(info), 2, 0);
+    nvpl_handle(&nvpl_c_, 12, NVPL_H(info), 3, 0);
     nvpl_c_.slot[13] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -15369,19 +15369,19 @@ NVP_EXPORT int32_t cusparseSbsrsm2_bufferSize(void *handle, int32_t dirA, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1267, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)transXY;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[5] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[11] = (uint64_t)(int64_t)blockSize;
-    nvpl_handle(&nvpl_c_, 12, NVPL_H(info), 2, 0);
+    nvpl_handle(&nvpl_c_, 12, NVPL_H(info), 3, 0);
     nvpl_buf(&nvpl_c_, 13, pBufferSizeInBytes, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -15390,7 +15390,7 @@ NVP_EXPORT int32_t cusparseSbsrsm2_solve(void *handle, int32_t dirA, int32_t tra
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1268, 20);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)transXY;
@@ -15398,12 +15398,12 @@ NVP_EXPORT int32_t cusparseSbsrsm2_solve(void *handle, int32_t dirA, int32_t tra
     nvpl_c_.slot[5] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)nnzb;
     nvpl_buf(&nvpl_c_, 7, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[12] = (uint64_t)(int64_t)blockSize;
-    nvpl_handle(&nvpl_c_, 13, NVPL_H(info), 2, 0);
+    nvpl_handle(&nvpl_c_, 13, NVPL_H(info), 3, 0);
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)B;
     nvpl_c_.slot[15] = (uint64_t)(int64_t)ldb;
     nvpl_c_.slot[16] = (uint64_t)(uintptr_t)X;
@@ -15417,17 +15417,17 @@ NVP_EXPORT int32_t cusparseSbsrsv2_analysis(void *handle, int32_t dirA, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1269, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedColIndA;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(info), 3, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(info), 4, 0);
     nvpl_c_.slot[11] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -15437,17 +15437,17 @@ NVP_EXPORT int32_t cusparseSbsrsv2_bufferSize(void *handle, int32_t dirA, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1270, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedColIndA;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(info), 3, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(info), 4, 0);
     nvpl_buf(&nvpl_c_, 11, pBufferSizeInBytes, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -15456,18 +15456,18 @@ NVP_EXPORT int32_t cusparseSbsrsv2_solve(void *handle, int32_t dirA, int32_t tra
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1271, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nnzb;
     nvpl_buf(&nvpl_c_, 5, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedColIndA;
     nvpl_c_.slot[10] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 11, NVPL_H(info), 3, 0);
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(info), 4, 0);
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)f;
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[14] = (uint64_t)(int64_t)policy;
@@ -15479,7 +15479,7 @@ NVP_EXPORT int32_t cusparseSbsrxmv(void *handle, int32_t dirA, int32_t transA, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1272, 18);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)sizeOfMask;
@@ -15487,7 +15487,7 @@ NVP_EXPORT int32_t cusparseSbsrxmv(void *handle, int32_t dirA, int32_t transA, i
     nvpl_c_.slot[5] = (uint64_t)(int64_t)nb;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)nnzb;
     nvpl_buf(&nvpl_c_, 7, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedMaskPtrA;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
@@ -15504,9 +15504,9 @@ NVP_EXPORT int32_t cusparseScatter(void *handle, void *vecX, void *vecY)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1273, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(vecX), 39, 0);
-    nvpl_handle(&nvpl_c_, 2, NVPL_H(vecY), 32, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(vecX), 61, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(vecY), 54, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -15514,16 +15514,16 @@ NVP_EXPORT int32_t cusparseScsr2bsr(void *handle, int32_t dirA, int32_t m, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1274, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedValC;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)bsrSortedRowPtrC;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)bsrSortedColIndC;
@@ -15534,10 +15534,10 @@ NVP_EXPORT int32_t cusparseScsr2csr_compress(void *handle, int32_t m, int32_t n,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1275, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
@@ -15554,15 +15554,15 @@ NVP_EXPORT int32_t cusparseScsr2csru(void *handle, int32_t m, int32_t n, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1276, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrColInd;
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(info), 11, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(info), 12, 0);
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -15571,15 +15571,15 @@ NVP_EXPORT int32_t cusparseScsr2gebsr(void *handle, int32_t dirA, int32_t m, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1277, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedValC;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedRowPtrC;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)bsrSortedColIndC;
@@ -15593,11 +15593,11 @@ NVP_EXPORT int32_t cusparseScsr2gebsr_bufferSize(void *handle, int32_t dirA, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1278, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
@@ -15611,10 +15611,10 @@ NVP_EXPORT int32_t cusparseScsrcolor(void *handle, int32_t m, int32_t nnz, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1279, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
@@ -15622,7 +15622,7 @@ NVP_EXPORT int32_t cusparseScsrcolor(void *handle, int32_t m, int32_t nnz, void 
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)ncolors;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)coloring;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)reordering;
-    nvpl_handle(&nvpl_c_, 11, NVPL_H(info), 29, 0);
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(info), 51, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -15630,22 +15630,22 @@ NVP_EXPORT int32_t cusparseScsrgeam2(void *handle, int32_t m, int32_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1280, 20);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(int64_t)nnzA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_buf(&nvpl_c_, 9, beta, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(descrB), 33, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(descrB), 55, 0);
     nvpl_c_.slot[11] = (uint64_t)(int64_t)nnzB;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)csrSortedValB;
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)csrSortedRowPtrB;
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)csrSortedColIndB;
-    nvpl_handle(&nvpl_c_, 15, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 15, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[16] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[17] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[18] = (uint64_t)(uintptr_t)csrSortedColIndC;
@@ -15657,22 +15657,22 @@ NVP_EXPORT int32_t cusparseScsrgeam2_bufferSizeExt(void *handle, int32_t m, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1281, 20);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(int64_t)nnzA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_buf(&nvpl_c_, 9, beta, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(descrB), 33, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(descrB), 55, 0);
     nvpl_c_.slot[11] = (uint64_t)(int64_t)nnzB;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)csrSortedValB;
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)csrSortedRowPtrB;
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)csrSortedColIndB;
-    nvpl_handle(&nvpl_c_, 15, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 15, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[16] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[17] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[18] = (uint64_t)(uintptr_t)csrSortedColIndC;
@@ -15684,14 +15684,14 @@ NVP_EXPORT int32_t cusparseScsric02(void *handle, int32_t m, int32_t nnz, void *
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1282, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA_valM;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 6, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 7, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -15701,14 +15701,14 @@ NVP_EXPORT int32_t cusparseScsric02_analysis(void *handle, int32_t m, int32_t nn
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1283, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 6, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 7, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -15718,14 +15718,14 @@ NVP_EXPORT int32_t cusparseScsric02_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1284, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 6, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 7, 0);
     nvpl_buf(&nvpl_c_, 8, pBufferSizeInBytes, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -15734,14 +15734,14 @@ NVP_EXPORT int32_t cusparseScsrilu02(void *handle, int32_t m, int32_t nnz, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1285, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA_valM;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 7, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 8, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -15751,14 +15751,14 @@ NVP_EXPORT int32_t cusparseScsrilu02_analysis(void *handle, int32_t m, int32_t n
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1286, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 7, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 8, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -15768,14 +15768,14 @@ NVP_EXPORT int32_t cusparseScsrilu02_bufferSize(void *handle, int32_t m, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1287, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 7, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 8, 0);
     nvpl_buf(&nvpl_c_, 8, pBufferSizeInBytes, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -15784,8 +15784,8 @@ NVP_EXPORT int32_t cusparseScsrilu02_numericBoost(void *handle, void *info, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1288, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 7, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 8, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)enable_boost;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)tol;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)boost_val;
@@ -15796,15 +15796,15 @@ NVP_EXPORT int32_t cusparseScsru2csr(void *handle, int32_t m, int32_t n, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1289, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrColInd;
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(info), 11, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(info), 12, 0);
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -15813,14 +15813,14 @@ NVP_EXPORT int32_t cusparseScsru2csr_bufferSizeExt(void *handle, int32_t m, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1290, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrVal;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColInd;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 11, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 12, 0);
     nvpl_buf(&nvpl_c_, 8, pBufferSizeInBytes, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -15829,7 +15829,7 @@ NVP_EXPORT int32_t cusparseSetMatDiagType(void *descrA, int32_t diagType)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1291, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)diagType;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -15838,7 +15838,7 @@ NVP_EXPORT int32_t cusparseSetMatFillMode(void *descrA, int32_t fillMode)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1292, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)fillMode;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -15847,7 +15847,7 @@ NVP_EXPORT int32_t cusparseSetMatIndexBase(void *descrA, int32_t base)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1293, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)base;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -15856,7 +15856,7 @@ NVP_EXPORT int32_t cusparseSetMatType(void *descrA, int32_t type)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1294, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)type;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -15865,7 +15865,7 @@ NVP_EXPORT int32_t cusparseSetPointerMode(void *handle, int32_t mode)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1295, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
     int64_t nvpl_r_ = nvpl_end(&nvpl_c_);
     if (nvpl_r_ == 0)
@@ -15877,7 +15877,7 @@ NVP_EXPORT int32_t cusparseSetStream(void *handle, void *streamId)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1296, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_stream(&nvpl_c_, 1, streamId);
     int64_t nvpl_r_ = nvpl_end(&nvpl_c_);
     if (nvpl_r_ == 0)
@@ -15889,17 +15889,17 @@ NVP_EXPORT int32_t cusparseSgebsr2csr(void *handle, int32_t dirA, int32_t mb, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1297, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColIndA;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)rowBlockDim;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)colBlockDim;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)csrSortedColIndC;
@@ -15910,7 +15910,7 @@ NVP_EXPORT int32_t cusparseSgebsr2gebsc(void *handle, int32_t mb, int32_t nb, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1298, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
@@ -15932,7 +15932,7 @@ NVP_EXPORT int32_t cusparseSgebsr2gebsc_bufferSize(void *handle, int32_t mb, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1299, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
@@ -15949,18 +15949,18 @@ NVP_EXPORT int32_t cusparseSgebsr2gebsr(void *handle, int32_t dirA, int32_t mb, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1300, 18);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nb;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedColIndA;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)rowBlockDimA;
     nvpl_c_.slot[10] = (uint64_t)(int64_t)colBlockDimA;
-    nvpl_handle(&nvpl_c_, 11, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)bsrSortedValC;
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)bsrSortedRowPtrC;
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)bsrSortedColIndC;
@@ -15974,12 +15974,12 @@ NVP_EXPORT int32_t cusparseSgebsr2gebsr_bufferSize(void *handle, int32_t dirA, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1301, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nb;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedColIndA;
@@ -15995,7 +15995,7 @@ NVP_EXPORT int32_t cusparseSgemvi(void *handle, int32_t transA, int32_t m, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1302, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -16016,7 +16016,7 @@ NVP_EXPORT int32_t cusparseSgemvi_bufferSize(void *handle, int32_t transA, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1303, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -16029,7 +16029,7 @@ NVP_EXPORT int32_t cusparseSgpsvInterleavedBatch(void *handle, int32_t algo, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1304, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)algo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)ds;
@@ -16047,7 +16047,7 @@ NVP_EXPORT int32_t cusparseSgpsvInterleavedBatch_bufferSizeExt(void *handle, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1305, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)algo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)ds;
@@ -16065,7 +16065,7 @@ NVP_EXPORT int32_t cusparseSgtsv2(void *handle, int32_t m, int32_t n, void *dl, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1306, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dl;
@@ -16081,7 +16081,7 @@ NVP_EXPORT int32_t cusparseSgtsv2StridedBatch(void *handle, int32_t m, void *dl,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1307, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)dl;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)d;
@@ -16097,7 +16097,7 @@ NVP_EXPORT int32_t cusparseSgtsv2StridedBatch_bufferSizeExt(void *handle, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1308, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)dl;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)d;
@@ -16113,7 +16113,7 @@ NVP_EXPORT int32_t cusparseSgtsv2_bufferSizeExt(void *handle, int32_t m, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1309, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dl;
@@ -16129,7 +16129,7 @@ NVP_EXPORT int32_t cusparseSgtsv2_nopivot(void *handle, int32_t m, int32_t n, vo
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1310, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dl;
@@ -16145,7 +16145,7 @@ NVP_EXPORT int32_t cusparseSgtsv2_nopivot_bufferSizeExt(void *handle, int32_t m,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1311, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dl;
@@ -16161,7 +16161,7 @@ NVP_EXPORT int32_t cusparseSgtsvInterleavedBatch(void *handle, int32_t algo, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1312, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)algo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dl;
@@ -16177,7 +16177,7 @@ NVP_EXPORT int32_t cusparseSgtsvInterleavedBatch_bufferSizeExt(void *handle, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1313, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)algo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dl;
@@ -16193,11 +16193,11 @@ NVP_EXPORT int32_t cusparseSnnz(void *handle, int32_t dirA, int32_t m, int32_t n
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1314, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)nnzPerRowCol;
@@ -16209,9 +16209,9 @@ NVP_EXPORT int32_t cusparseSnnz_compress(void *handle, int32_t m, void *descr, v
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1315, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
-    nvpl_handle(&nvpl_c_, 2, NVPL_H(descr), 33, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(descr), 55, 0);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)nnzPerRow;
@@ -16224,17 +16224,17 @@ NVP_EXPORT int32_t cusparseSpGEMM_compute(void *handle, int32_t opA, int32_t opB
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1316, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)opA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)opB;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 36, 0);
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 36, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 58, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 58, 0);
     nvpl_buf(&nvpl_c_, 6, beta, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(matC), 36, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(matC), 58, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)computeType;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)alg;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(spgemmDescr), 34, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(spgemmDescr), 56, 0);
     nvpl_buf(&nvpl_c_, 11, bufferSize2, NVPL_INOUT, (int64_t)(8));
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)externalBuffer2;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -16244,17 +16244,17 @@ NVP_EXPORT int32_t cusparseSpGEMM_copy(void *handle, int32_t opA, int32_t opB, v
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1317, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)opA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)opB;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 36, 0);
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 36, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 58, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 58, 0);
     nvpl_buf(&nvpl_c_, 6, beta, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(matC), 36, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(matC), 58, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)computeType;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)alg;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(spgemmDescr), 34, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(spgemmDescr), 56, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -16262,7 +16262,7 @@ NVP_EXPORT int32_t cusparseSpGEMM_createDescr(void *descr)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1318, 1);
-    nvpl_create(&nvpl_c_, 0, descr, 34, 0);
+    nvpl_create(&nvpl_c_, 0, descr, 56, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -16270,7 +16270,7 @@ NVP_EXPORT int32_t cusparseSpGEMM_destroyDescr(void *descr)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1319, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(descr), 34, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(descr), 56, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -16278,17 +16278,17 @@ NVP_EXPORT int32_t cusparseSpGEMM_estimateMemory(void *handle, int32_t opA, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1320, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)opA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)opB;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 36, 0);
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 36, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 58, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 58, 0);
     nvpl_buf(&nvpl_c_, 6, beta, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(matC), 36, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(matC), 58, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)computeType;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)alg;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(spgemmDescr), 34, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(spgemmDescr), 56, 0);
     nvpl_c_.slot[11] = nvp_slot_of_f4(chunk_fraction);
     nvpl_buf(&nvpl_c_, 12, bufferSize3, NVPL_INOUT, (int64_t)(8));
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)externalBuffer3;
@@ -16300,7 +16300,7 @@ NVP_EXPORT int32_t cusparseSpGEMM_getNumProducts(void *spgemmDescr, void *num_pr
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1321, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spgemmDescr), 34, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spgemmDescr), 56, 0);
     nvpl_buf(&nvpl_c_, 1, num_prods, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -16309,17 +16309,17 @@ NVP_EXPORT int32_t cusparseSpGEMM_workEstimation(void *handle, int32_t opA, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1322, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)opA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)opB;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 36, 0);
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 36, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 58, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 58, 0);
     nvpl_buf(&nvpl_c_, 6, beta, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(matC), 36, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(matC), 58, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)computeType;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)alg;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(spgemmDescr), 34, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(spgemmDescr), 56, 0);
     nvpl_buf(&nvpl_c_, 11, bufferSize1, NVPL_INOUT, (int64_t)(8));
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)externalBuffer1;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -16329,17 +16329,17 @@ NVP_EXPORT int32_t cusparseSpGEMMreuse_compute(void *handle, int32_t opA, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1323, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)opA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)opB;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 36, 0);
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 36, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 58, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 58, 0);
     nvpl_buf(&nvpl_c_, 6, beta, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(matC), 36, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(matC), 58, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)computeType;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)alg;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(spgemmDescr), 34, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(spgemmDescr), 56, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -16347,14 +16347,14 @@ NVP_EXPORT int32_t cusparseSpGEMMreuse_copy(void *handle, int32_t opA, int32_t o
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1324, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)opA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)opB;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(matA), 36, 0);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(matB), 36, 0);
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(matC), 36, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(matA), 58, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(matB), 58, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(matC), 58, 0);
     nvpl_c_.slot[6] = (uint64_t)(int64_t)alg;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(spgemmDescr), 34, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(spgemmDescr), 56, 0);
     nvpl_buf(&nvpl_c_, 8, bufferSize5, NVPL_INOUT, (int64_t)(8));
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)externalBuffer5;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -16364,14 +16364,14 @@ NVP_EXPORT int32_t cusparseSpGEMMreuse_nnz(void *handle, int32_t opA, int32_t op
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1325, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)opA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)opB;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(matA), 36, 0);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(matB), 36, 0);
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(matC), 36, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(matA), 58, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(matB), 58, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(matC), 58, 0);
     nvpl_c_.slot[6] = (uint64_t)(int64_t)alg;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(spgemmDescr), 34, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(spgemmDescr), 56, 0);
     nvpl_buf(&nvpl_c_, 8, bufferSize2, NVPL_INOUT, (int64_t)(8));
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)externalBuffer2;
     nvpl_buf(&nvpl_c_, 10, bufferSize3, NVPL_INOUT, (int64_t)(8));
@@ -16385,14 +16385,14 @@ NVP_EXPORT int32_t cusparseSpGEMMreuse_workEstimation(void *handle, int32_t opA,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1326, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)opA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)opB;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(matA), 36, 0);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(matB), 36, 0);
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(matC), 36, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(matA), 58, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(matB), 58, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(matC), 58, 0);
     nvpl_c_.slot[6] = (uint64_t)(int64_t)alg;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(spgemmDescr), 34, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(spgemmDescr), 56, 0);
     nvpl_buf(&nvpl_c_, 8, bufferSize1, NVPL_INOUT, (int64_t)(8));
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)externalBuffer1;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -16402,14 +16402,14 @@ NVP_EXPORT int32_t cusparseSpMM(void *handle, int32_t opA, int32_t opB, void *al
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1327, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)opA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)opB;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 36, 0);
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 31, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 58, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 53, 0);
     nvpl_buf(&nvpl_c_, 6, beta, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(matC), 31, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(matC), 53, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)computeType;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)alg;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)externalBuffer;
@@ -16420,7 +16420,7 @@ NVP_EXPORT int32_t cusparseSpMMOp(void *plan, void *externalBuffer)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1328, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 35, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 57, 0);
     nvpl_c_.slot[1] = (uint64_t)(uintptr_t)externalBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -16429,13 +16429,13 @@ NVP_EXPORT int32_t cusparseSpMMOp_createPlan(void *handle, void *plan, int32_t o
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1329, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
-    nvpl_create(&nvpl_c_, 1, plan, 35, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
+    nvpl_create(&nvpl_c_, 1, plan, 57, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)opA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)opB;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 36, 0);
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 31, 0);
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(matC), 31, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 58, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 53, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(matC), 53, 0);
     nvpl_c_.slot[7] = (uint64_t)(int64_t)computeType;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)alg;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)addOperationNvvmBuffer;
@@ -16452,7 +16452,7 @@ NVP_EXPORT int32_t cusparseSpMMOp_destroyPlan(void *plan)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1330, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 35, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(plan), 57, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -16460,14 +16460,14 @@ NVP_EXPORT int32_t cusparseSpMM_bufferSize(void *handle, int32_t opA, int32_t op
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1331, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)opA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)opB;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 36, 0);
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 31, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 58, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 53, 0);
     nvpl_buf(&nvpl_c_, 6, beta, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(matC), 31, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(matC), 53, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)computeType;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)alg;
     nvpl_buf(&nvpl_c_, 10, bufferSize, NVPL_OUT, (int64_t)(8));
@@ -16478,14 +16478,14 @@ NVP_EXPORT int32_t cusparseSpMM_preprocess(void *handle, int32_t opA, int32_t op
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1332, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)opA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)opB;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 36, 0);
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 31, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 58, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 53, 0);
     nvpl_buf(&nvpl_c_, 6, beta, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(matC), 31, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(matC), 53, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)computeType;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)alg;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)externalBuffer;
@@ -16496,13 +16496,13 @@ NVP_EXPORT int32_t cusparseSpMV(void *handle, int32_t opA, void *alpha, void *ma
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1333, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)opA;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(matA), 36, 0);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(vecX), 32, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(matA), 58, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(vecX), 54, 0);
     nvpl_buf(&nvpl_c_, 5, beta, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(vecY), 32, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(vecY), 54, 0);
     nvpl_c_.slot[7] = (uint64_t)(int64_t)computeType;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)alg;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)externalBuffer;
@@ -16513,13 +16513,13 @@ NVP_EXPORT int32_t cusparseSpMV_bufferSize(void *handle, int32_t opA, void *alph
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1334, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)opA;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(matA), 36, 0);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(vecX), 32, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(matA), 58, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(vecX), 54, 0);
     nvpl_buf(&nvpl_c_, 5, beta, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(vecY), 32, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(vecY), 54, 0);
     nvpl_c_.slot[7] = (uint64_t)(int64_t)computeType;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)alg;
     nvpl_buf(&nvpl_c_, 9, bufferSize, NVPL_OUT, (int64_t)(8));
@@ -16530,13 +16530,13 @@ NVP_EXPORT int32_t cusparseSpMV_preprocess(void *handle, int32_t opA, void *alph
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1335, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)opA;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(matA), 36, 0);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(vecX), 32, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(matA), 58, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(vecX), 54, 0);
     nvpl_buf(&nvpl_c_, 5, beta, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(vecY), 32, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(vecY), 54, 0);
     nvpl_c_.slot[7] = (uint64_t)(int64_t)computeType;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)alg;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)externalBuffer;
@@ -16547,7 +16547,7 @@ NVP_EXPORT int32_t cusparseSpMatGetAttribute(void *spMatDescr, int32_t attribute
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1336, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 36, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 58, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)attribute;
     nvpl_buf(&nvpl_c_, 2, data, NVPL_OUT, (int64_t)(dataSize));
     nvpl_c_.slot[3] = (uint64_t)dataSize;
@@ -16558,7 +16558,7 @@ NVP_EXPORT int32_t cusparseSpMatGetFormat(void *spMatDescr, void *format)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1337, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 36, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 58, 0);
     nvpl_buf(&nvpl_c_, 1, format, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -16567,7 +16567,7 @@ NVP_EXPORT int32_t cusparseSpMatGetIndexBase(void *spMatDescr, void *idxBase)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1338, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 36, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 58, 0);
     nvpl_buf(&nvpl_c_, 1, idxBase, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -16576,7 +16576,7 @@ NVP_EXPORT int32_t cusparseSpMatGetSize(void *spMatDescr, void *rows, void *cols
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1339, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 36, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 58, 0);
     nvpl_buf(&nvpl_c_, 1, rows, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 2, cols, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 3, nnz, NVPL_OUT, (int64_t)(8));
@@ -16587,7 +16587,7 @@ NVP_EXPORT int32_t cusparseSpMatGetStridedBatch(void *spMatDescr, void *batchCou
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1340, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 36, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 58, 0);
     nvpl_buf(&nvpl_c_, 1, batchCount, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -16596,7 +16596,7 @@ NVP_EXPORT int32_t cusparseSpMatGetValues(void *spMatDescr, void *values)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1341, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 36, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 58, 0);
     nvpl_buf(&nvpl_c_, 1, values, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -16605,7 +16605,7 @@ NVP_EXPORT int32_t cusparseSpMatSetAttribute(void *spMatDescr, int32_t attribute
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1342, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 36, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 58, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)attribute;
     nvpl_buf(&nvpl_c_, 2, data, NVPL_IN, (int64_t)(dataSize));
     nvpl_c_.slot[3] = (uint64_t)dataSize;
@@ -16616,7 +16616,7 @@ NVP_EXPORT int32_t cusparseSpMatSetValues(void *spMatDescr, void *values)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1343, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 36, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spMatDescr), 58, 0);
     nvpl_c_.slot[1] = (uint64_t)(uintptr_t)values;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -16625,16 +16625,16 @@ NVP_EXPORT int32_t cusparseSpSM_analysis(void *handle, int32_t opA, int32_t opB,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1344, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)opA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)opB;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 36, 0);
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 31, 0);
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(matC), 31, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 58, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 53, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(matC), 53, 0);
     nvpl_c_.slot[7] = (uint64_t)(int64_t)computeType;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)alg;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(spsmDescr), 37, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(spsmDescr), 59, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)externalBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -16643,16 +16643,16 @@ NVP_EXPORT int32_t cusparseSpSM_bufferSize(void *handle, int32_t opA, int32_t op
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1345, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)opA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)opB;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 36, 0);
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 31, 0);
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(matC), 31, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 58, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 53, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(matC), 53, 0);
     nvpl_c_.slot[7] = (uint64_t)(int64_t)computeType;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)alg;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(spsmDescr), 37, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(spsmDescr), 59, 0);
     nvpl_buf(&nvpl_c_, 10, bufferSize, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -16661,7 +16661,7 @@ NVP_EXPORT int32_t cusparseSpSM_createDescr(void *descr)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1346, 1);
-    nvpl_create(&nvpl_c_, 0, descr, 37, 0);
+    nvpl_create(&nvpl_c_, 0, descr, 59, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -16669,7 +16669,7 @@ NVP_EXPORT int32_t cusparseSpSM_destroyDescr(void *descr)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1347, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(descr), 37, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(descr), 59, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -16677,16 +16677,16 @@ NVP_EXPORT int32_t cusparseSpSM_solve(void *handle, int32_t opA, int32_t opB, vo
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1348, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)opA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)opB;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 36, 0);
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 31, 0);
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(matC), 31, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(matA), 58, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(matB), 53, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(matC), 53, 0);
     nvpl_c_.slot[7] = (uint64_t)(int64_t)computeType;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)alg;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(spsmDescr), 37, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(spsmDescr), 59, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -16694,8 +16694,8 @@ NVP_EXPORT int32_t cusparseSpSM_updateMatrix(void *handle, void *spsmDescr, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1349, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(spsmDescr), 37, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(spsmDescr), 59, 0);
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)newValues;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)updatePart;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -16705,15 +16705,15 @@ NVP_EXPORT int32_t cusparseSpSV_analysis(void *handle, int32_t opA, void *alpha,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1350, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)opA;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(matA), 36, 0);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(vecX), 32, 0);
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(vecY), 32, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(matA), 58, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(vecX), 54, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(vecY), 54, 0);
     nvpl_c_.slot[6] = (uint64_t)(int64_t)computeType;
     nvpl_c_.slot[7] = (uint64_t)(int64_t)alg;
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(spsvDescr), 38, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(spsvDescr), 60, 0);
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)externalBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -16722,15 +16722,15 @@ NVP_EXPORT int32_t cusparseSpSV_bufferSize(void *handle, int32_t opA, void *alph
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1351, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)opA;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(matA), 36, 0);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(vecX), 32, 0);
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(vecY), 32, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(matA), 58, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(vecX), 54, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(vecY), 54, 0);
     nvpl_c_.slot[6] = (uint64_t)(int64_t)computeType;
     nvpl_c_.slot[7] = (uint64_t)(int64_t)alg;
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(spsvDescr), 38, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(spsvDescr), 60, 0);
     nvpl_buf(&nvpl_c_, 9, bufferSize, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -16739,7 +16739,7 @@ NVP_EXPORT int32_t cusparseSpSV_createDescr(void *descr)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1352, 1);
-    nvpl_create(&nvpl_c_, 0, descr, 38, 0);
+    nvpl_create(&nvpl_c_, 0, descr, 60, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -16747,7 +16747,7 @@ NVP_EXPORT int32_t cusparseSpSV_destroyDescr(void *descr)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1353, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(descr), 38, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(descr), 60, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -16755,15 +16755,15 @@ NVP_EXPORT int32_t cusparseSpSV_solve(void *handle, int32_t opA, void *alpha, vo
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1354, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)opA;
     nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(matA), 36, 0);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(vecX), 32, 0);
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(vecY), 32, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(matA), 58, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(vecX), 54, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(vecY), 54, 0);
     nvpl_c_.slot[6] = (uint64_t)(int64_t)computeType;
     nvpl_c_.slot[7] = (uint64_t)(int64_t)alg;
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(spsvDescr), 38, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(spsvDescr), 60, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -16771,8 +16771,8 @@ NVP_EXPORT int32_t cusparseSpSV_updateMatrix(void *handle, void *spsvDescr, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1355, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(spsvDescr), 38, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(spsvDescr), 60, 0);
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)newValues;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)updatePart;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -16782,10 +16782,10 @@ NVP_EXPORT int32_t cusparseSpVV(void *handle, int32_t opX, void *vecX, void *vec
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1356, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)opX;
-    nvpl_handle(&nvpl_c_, 2, NVPL_H(vecX), 39, 0);
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(vecY), 32, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(vecX), 61, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(vecY), 54, 0);
     nvpl_buf(&nvpl_c_, 4, result, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(nvpl_dtype_size(computeType)) : NVPL_DEVICE);
     nvpl_c_.slot[5] = (uint64_t)(int64_t)computeType;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)externalBuffer;
@@ -16796,10 +16796,10 @@ NVP_EXPORT int32_t cusparseSpVV_bufferSize(void *handle, int32_t opX, void *vecX
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1357, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)opX;
-    nvpl_handle(&nvpl_c_, 2, NVPL_H(vecX), 39, 0);
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(vecY), 32, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(vecX), 61, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(vecY), 54, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)result;
     nvpl_c_.slot[5] = (uint64_t)(int64_t)computeType;
     nvpl_buf(&nvpl_c_, 6, bufferSize, NVPL_OUT, (int64_t)(8));
@@ -16810,7 +16810,7 @@ NVP_EXPORT int32_t cusparseSpVecGet(void *spVecDescr, void *size, void *nnz, voi
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1358, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spVecDescr), 39, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spVecDescr), 61, 0);
     nvpl_buf(&nvpl_c_, 1, size, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 2, nnz, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 3, indices, NVPL_OUT, (int64_t)(8));
@@ -16825,7 +16825,7 @@ NVP_EXPORT int32_t cusparseSpVecGetIndexBase(void *spVecDescr, void *idxBase)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1359, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spVecDescr), 39, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spVecDescr), 61, 0);
     nvpl_buf(&nvpl_c_, 1, idxBase, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -16834,7 +16834,7 @@ NVP_EXPORT int32_t cusparseSpVecGetValues(void *spVecDescr, void *values)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1360, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spVecDescr), 39, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spVecDescr), 61, 0);
     nvpl_buf(&nvpl_c_, 1, values, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -16843,7 +16843,7 @@ NVP_EXPORT int32_t cusparseSpVecSetValues(void *spVecDescr, void *values)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1361, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(spVecDescr), 39, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(spVecDescr), 61, 0);
     nvpl_c_.slot[1] = (uint64_t)(uintptr_t)values;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -16852,9 +16852,9 @@ NVP_EXPORT int32_t cusparseSparseToDense(void *handle, void *matA, void *matB, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1362, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(matA), 36, 0);
-    nvpl_handle(&nvpl_c_, 2, NVPL_H(matB), 31, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(matA), 58, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(matB), 53, 0);
     nvpl_c_.slot[3] = (uint64_t)(int64_t)alg;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)externalBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -16864,9 +16864,9 @@ NVP_EXPORT int32_t cusparseSparseToDense_bufferSize(void *handle, void *matA, vo
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1363, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(matA), 36, 0);
-    nvpl_handle(&nvpl_c_, 2, NVPL_H(matB), 31, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(matA), 58, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(matB), 53, 0);
     nvpl_c_.slot[3] = (uint64_t)(int64_t)alg;
     nvpl_buf(&nvpl_c_, 4, bufferSize, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -16876,16 +16876,16 @@ NVP_EXPORT int32_t cusparseSpruneCsr2csr(void *handle, int32_t m, int32_t n, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1364, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)threshold;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)csrSortedColIndC;
@@ -16897,20 +16897,20 @@ NVP_EXPORT int32_t cusparseSpruneCsr2csrByPercentage(void *handle, int32_t m, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1365, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_c_.slot[8] = nvp_slot_of_f4(percentage);
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)csrSortedColIndC;
-    nvpl_handle(&nvpl_c_, 13, NVPL_H(info), 41, 0);
+    nvpl_handle(&nvpl_c_, 13, NVPL_H(info), 63, 0);
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -16919,20 +16919,20 @@ NVP_EXPORT int32_t cusparseSpruneCsr2csrByPercentage_bufferSizeExt(void *handle,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1366, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_c_.slot[8] = nvp_slot_of_f4(percentage);
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)csrSortedColIndC;
-    nvpl_handle(&nvpl_c_, 13, NVPL_H(info), 41, 0);
+    nvpl_handle(&nvpl_c_, 13, NVPL_H(info), 63, 0);
     nvpl_buf(&nvpl_c_, 14, pBufferSizeInBytes, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -16941,16 +16941,16 @@ NVP_EXPORT int32_t cusparseSpruneCsr2csrNnz(void *handle, int32_t m, int32_t n, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1367, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)threshold;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_buf(&nvpl_c_, 11, nnzTotalDevHostPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)pBuffer;
@@ -16961,19 +16961,19 @@ NVP_EXPORT int32_t cusparseSpruneCsr2csrNnzByPercentage(void *handle, int32_t m,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1368, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_c_.slot[8] = nvp_slot_of_f4(percentage);
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_buf(&nvpl_c_, 11, nnzTotalDevHostPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 12, NVPL_H(info), 41, 0);
+    nvpl_handle(&nvpl_c_, 12, NVPL_H(info), 63, 0);
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -16982,16 +16982,16 @@ NVP_EXPORT int32_t cusparseSpruneCsr2csr_bufferSizeExt(void *handle, int32_t m, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1369, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)threshold;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)csrSortedColIndC;
@@ -17003,13 +17003,13 @@ NVP_EXPORT int32_t cusparseSpruneDense2csr(void *handle, int32_t m, int32_t n, v
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1370, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)threshold;
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)csrSortedColIndC;
@@ -17021,17 +17021,17 @@ NVP_EXPORT int32_t cusparseSpruneDense2csrByPercentage(void *handle, int32_t m, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1371, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[5] = nvp_slot_of_f4(percentage);
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)csrSortedColIndC;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(info), 41, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(info), 63, 0);
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -17040,17 +17040,17 @@ NVP_EXPORT int32_t cusparseSpruneDense2csrByPercentage_bufferSizeExt(void *handl
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1372, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[5] = nvp_slot_of_f4(percentage);
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)csrSortedColIndC;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(info), 41, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(info), 63, 0);
     nvpl_buf(&nvpl_c_, 11, pBufferSizeInBytes, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -17059,13 +17059,13 @@ NVP_EXPORT int32_t cusparseSpruneDense2csrNnz(void *handle, int32_t m, int32_t n
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1373, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)threshold;
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrRowPtrC;
     nvpl_buf(&nvpl_c_, 8, nnzTotalDevHostPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)pBuffer;
@@ -17076,16 +17076,16 @@ NVP_EXPORT int32_t cusparseSpruneDense2csrNnzByPercentage(void *handle, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1374, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[5] = nvp_slot_of_f4(percentage);
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrRowPtrC;
     nvpl_buf(&nvpl_c_, 8, nnzTotalDevHostPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 41, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 63, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -17094,13 +17094,13 @@ NVP_EXPORT int32_t cusparseSpruneDense2csr_bufferSizeExt(void *handle, int32_t m
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1375, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)threshold;
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)csrSortedColIndC;
@@ -17112,8 +17112,8 @@ NVP_EXPORT int32_t cusparseXbsric02_zeroPivot(void *handle, void *info, void *po
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1376, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 0, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 1, 0);
     nvpl_buf(&nvpl_c_, 2, position, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -17122,8 +17122,8 @@ NVP_EXPORT int32_t cusparseXbsrilu02_zeroPivot(void *handle, void *info, void *p
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1377, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 1, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 2, 0);
     nvpl_buf(&nvpl_c_, 2, position, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -17132,8 +17132,8 @@ NVP_EXPORT int32_t cusparseXbsrsm2_zeroPivot(void *handle, void *info, void *pos
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1378, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 2, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 3, 0);
     nvpl_buf(&nvpl_c_, 2, position, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -17142,8 +17142,8 @@ NVP_EXPORT int32_t cusparseXbsrsv2_zeroPivot(void *handle, void *info, void *pos
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1379, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 3, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 4, 0);
     nvpl_buf(&nvpl_c_, 2, position, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -17152,7 +17152,7 @@ NVP_EXPORT int32_t cusparseXcoo2csr(void *handle, void *cooRowInd, int32_t nnz, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1380, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(uintptr_t)cooRowInd;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -17165,7 +17165,7 @@ NVP_EXPORT int32_t cusparseXcoosortByColumn(void *handle, int32_t m, int32_t n, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1381, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
@@ -17180,7 +17180,7 @@ NVP_EXPORT int32_t cusparseXcoosortByRow(void *handle, int32_t m, int32_t n, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1382, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
@@ -17195,7 +17195,7 @@ NVP_EXPORT int32_t cusparseXcoosort_bufferSizeExt(void *handle, int32_t m, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1383, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
@@ -17209,11 +17209,11 @@ NVP_EXPORT int32_t cusparseXcscsort(void *handle, int32_t m, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1384, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)cscColPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)cscRowIndA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)P;
@@ -17225,7 +17225,7 @@ NVP_EXPORT int32_t cusparseXcscsort_bufferSizeExt(void *handle, int32_t m, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1385, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
@@ -17239,15 +17239,15 @@ NVP_EXPORT int32_t cusparseXcsr2bsrNnz(void *handle, int32_t dirA, int32_t m, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1386, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_c_.slot[7] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedRowPtrC;
     nvpl_buf(&nvpl_c_, 10, nnzTotalDevHostPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -17257,7 +17257,7 @@ NVP_EXPORT int32_t cusparseXcsr2coo(void *handle, void *csrSortedRowPtr, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1387, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(uintptr_t)csrSortedRowPtr;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -17270,14 +17270,14 @@ NVP_EXPORT int32_t cusparseXcsr2gebsrNnz(void *handle, int32_t dirA, int32_t m, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1388, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedRowPtrC;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)rowBlockDim;
     nvpl_c_.slot[10] = (uint64_t)(int64_t)colBlockDim;
@@ -17290,18 +17290,18 @@ NVP_EXPORT int32_t cusparseXcsrgeam2Nnz(void *handle, int32_t m, int32_t n, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1389, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nnzA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrB), 33, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrB), 55, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)nnzB;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)csrSortedRowPtrB;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)csrSortedColIndB;
-    nvpl_handle(&nvpl_c_, 11, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_buf(&nvpl_c_, 13, nnzTotalDevHostPtr, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)workspace;
@@ -17312,8 +17312,8 @@ NVP_EXPORT int32_t cusparseXcsric02_zeroPivot(void *handle, void *info, void *po
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1390, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 6, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 7, 0);
     nvpl_buf(&nvpl_c_, 2, position, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -17322,8 +17322,8 @@ NVP_EXPORT int32_t cusparseXcsrilu02_zeroPivot(void *handle, void *info, void *p
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1391, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 7, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 8, 0);
     nvpl_buf(&nvpl_c_, 2, position, NVPL_OUT, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(4) : NVPL_DEVICE);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -17332,11 +17332,11 @@ NVP_EXPORT int32_t cusparseXcsrsort(void *handle, int32_t m, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1392, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColIndA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)P;
@@ -17348,7 +17348,7 @@ NVP_EXPORT int32_t cusparseXcsrsort_bufferSizeExt(void *handle, int32_t m, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1393, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
@@ -17362,17 +17362,17 @@ NVP_EXPORT int32_t cusparseXgebsr2gebsrNnz(void *handle, int32_t dirA, int32_t m
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1394, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nb;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColIndA;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)rowBlockDimA;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)colBlockDimA;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)bsrSortedRowPtrC;
     nvpl_c_.slot[12] = (uint64_t)(int64_t)rowBlockDimC;
     nvpl_c_.slot[13] = (uint64_t)(int64_t)colBlockDimC;
@@ -17385,16 +17385,16 @@ NVP_EXPORT int32_t cusparseZbsr2csr(void *handle, int32_t dirA, int32_t mb, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1395, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColIndA;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)csrSortedColIndC;
@@ -17405,16 +17405,16 @@ NVP_EXPORT int32_t cusparseZbsric02(void *handle, int32_t dirA, int32_t mb, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1396, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 0, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 1, 0);
     nvpl_c_.slot[10] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -17424,16 +17424,16 @@ NVP_EXPORT int32_t cusparseZbsric02_analysis(void *handle, int32_t dirA, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1397, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 0, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 1, 0);
     nvpl_c_.slot[10] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)pInputBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -17443,16 +17443,16 @@ NVP_EXPORT int32_t cusparseZbsric02_bufferSize(void *handle, int32_t dirA, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1398, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 0, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 1, 0);
     nvpl_buf(&nvpl_c_, 10, pBufferSizeInBytes, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -17461,16 +17461,16 @@ NVP_EXPORT int32_t cusparseZbsrilu02(void *handle, int32_t dirA, int32_t mb, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1399, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 1, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 2, 0);
     nvpl_c_.slot[10] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -17480,16 +17480,16 @@ NVP_EXPORT int32_t cusparseZbsrilu02_analysis(void *handle, int32_t dirA, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1400, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 1, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 2, 0);
     nvpl_c_.slot[10] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -17499,16 +17499,16 @@ NVP_EXPORT int32_t cusparseZbsrilu02_bufferSize(void *handle, int32_t dirA, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1401, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 1, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 2, 0);
     nvpl_buf(&nvpl_c_, 10, pBufferSizeInBytes, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -17517,8 +17517,8 @@ NVP_EXPORT int32_t cusparseZbsrilu02_numericBoost(void *handle, void *info, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1402, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 1, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 2, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)enable_boost;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)tol;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)boost_val;
@@ -17529,7 +17529,7 @@ NVP_EXPORT int32_t cusparseZbsrmm(void *handle, int32_t dirA, int32_t transA, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1403, 19);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)transB;
@@ -17538,7 +17538,7 @@ NVP_EXPORT int32_t cusparseZbsrmm(void *handle, int32_t dirA, int32_t transA, in
     nvpl_c_.slot[6] = (uint64_t)(int64_t)kb;
     nvpl_c_.slot[7] = (uint64_t)(int64_t)nnzb;
     nvpl_buf(&nvpl_c_, 8, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)bsrSortedColIndA;
@@ -17555,14 +17555,14 @@ NVP_EXPORT int32_t cusparseZbsrmv(void *handle, int32_t dirA, int32_t transA, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1404, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nb;
     nvpl_c_.slot[5] = (uint64_t)(int64_t)nnzb;
     nvpl_buf(&nvpl_c_, 6, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedColIndA;
@@ -17577,19 +17577,19 @@ NVP_EXPORT int32_t cusparseZbsrsm2_analysis(void *handle, int32_t dirA, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1405, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)transXY;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[5] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[11] = (uint64_t)(int64_t)blockSize;
-    nvpl_handle(&nvpl_c_, 12, NVPL_H(info), 2, 0);
+    nvpl_handle(&nvpl_c_, 12, NVPL_H(info), 3, 0);
     nvpl_c_.slot[13] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -17599,19 +17599,19 @@ NVP_EXPORT int32_t cusparseZbsrsm2_bufferSize(void *handle, int32_t dirA, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1406, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)transXY;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[5] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[11] = (uint64_t)(int64_t)blockSize;
-    nvpl_handle(&nvpl_c_, 12, NVPL_H(info), 2, 0);
+    nvpl_handle(&nvpl_c_, 12, NVPL_H(info), 3, 0);
     nvpl_buf(&nvpl_c_, 13, pBufferSizeInBytes, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -17620,7 +17620,7 @@ NVP_EXPORT int32_t cusparseZbsrsm2_solve(void *handle, int32_t dirA, int32_t tra
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1407, 20);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)transXY;
@@ -17628,12 +17628,12 @@ NVP_EXPORT int32_t cusparseZbsrsm2_solve(void *handle, int32_t dirA, int32_t tra
     nvpl_c_.slot[5] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)nnzb;
     nvpl_buf(&nvpl_c_, 7, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedVal;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedRowPtr;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)bsrSortedColInd;
     nvpl_c_.slot[12] = (uint64_t)(int64_t)blockSize;
-    nvpl_handle(&nvpl_c_, 13, NVPL_H(info), 2, 0);
+    nvpl_handle(&nvpl_c_, 13, NVPL_H(info), 3, 0);
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)B;
     nvpl_c_.slot[15] = (uint64_t)(int64_t)ldb;
     nvpl_c_.slot[16] = (uint64_t)(uintptr_t)X;
@@ -17647,17 +17647,17 @@ NVP_EXPORT int32_t cusparseZbsrsv2_analysis(void *handle, int32_t dirA, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1408, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedColIndA;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(info), 3, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(info), 4, 0);
     nvpl_c_.slot[11] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -17667,17 +17667,17 @@ NVP_EXPORT int32_t cusparseZbsrsv2_bufferSize(void *handle, int32_t dirA, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1409, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedColIndA;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(info), 3, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(info), 4, 0);
     nvpl_buf(&nvpl_c_, 11, pBufferSizeInBytes, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -17686,18 +17686,18 @@ NVP_EXPORT int32_t cusparseZbsrsv2_solve(void *handle, int32_t dirA, int32_t tra
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1410, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nnzb;
     nvpl_buf(&nvpl_c_, 5, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedColIndA;
     nvpl_c_.slot[10] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 11, NVPL_H(info), 3, 0);
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(info), 4, 0);
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)f;
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[14] = (uint64_t)(int64_t)policy;
@@ -17709,7 +17709,7 @@ NVP_EXPORT int32_t cusparseZbsrxmv(void *handle, int32_t dirA, int32_t transA, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1411, 18);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)sizeOfMask;
@@ -17717,7 +17717,7 @@ NVP_EXPORT int32_t cusparseZbsrxmv(void *handle, int32_t dirA, int32_t transA, i
     nvpl_c_.slot[5] = (uint64_t)(int64_t)nb;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)nnzb;
     nvpl_buf(&nvpl_c_, 7, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedMaskPtrA;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
@@ -17734,16 +17734,16 @@ NVP_EXPORT int32_t cusparseZcsr2bsr(void *handle, int32_t dirA, int32_t m, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1412, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)blockDim;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedValC;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)bsrSortedRowPtrC;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)bsrSortedColIndC;
@@ -17754,10 +17754,10 @@ NVP_EXPORT int32_t cusparseZcsr2csr_compress(void *handle, int32_t m, int32_t n,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1413, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
@@ -17774,15 +17774,15 @@ NVP_EXPORT int32_t cusparseZcsr2csru(void *handle, int32_t m, int32_t n, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1414, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrColInd;
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(info), 11, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(info), 12, 0);
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -17791,15 +17791,15 @@ NVP_EXPORT int32_t cusparseZcsr2gebsr(void *handle, int32_t dirA, int32_t m, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1415, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bsrSortedValC;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bsrSortedRowPtrC;
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)bsrSortedColIndC;
@@ -17813,11 +17813,11 @@ NVP_EXPORT int32_t cusparseZcsr2gebsr_bufferSize(void *handle, int32_t dirA, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1416, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedColIndA;
@@ -17831,10 +17831,10 @@ NVP_EXPORT int32_t cusparseZcsrcolor(void *handle, int32_t m, int32_t nnz, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1417, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
@@ -17842,7 +17842,7 @@ NVP_EXPORT int32_t cusparseZcsrcolor(void *handle, int32_t m, int32_t nnz, void 
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)ncolors;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)coloring;
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)reordering;
-    nvpl_handle(&nvpl_c_, 11, NVPL_H(info), 29, 0);
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(info), 51, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -17850,22 +17850,22 @@ NVP_EXPORT int32_t cusparseZcsrgeam2(void *handle, int32_t m, int32_t n, void *a
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1418, 20);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(int64_t)nnzA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_buf(&nvpl_c_, 9, beta, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(descrB), 33, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(descrB), 55, 0);
     nvpl_c_.slot[11] = (uint64_t)(int64_t)nnzB;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)csrSortedValB;
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)csrSortedRowPtrB;
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)csrSortedColIndB;
-    nvpl_handle(&nvpl_c_, 15, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 15, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[16] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[17] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[18] = (uint64_t)(uintptr_t)csrSortedColIndC;
@@ -17877,22 +17877,22 @@ NVP_EXPORT int32_t cusparseZcsrgeam2_bufferSizeExt(void *handle, int32_t m, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1419, 20);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(int64_t)nnzA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)csrSortedColIndA;
     nvpl_buf(&nvpl_c_, 9, beta, NVPL_IN, (nvpl_host_mode(NVPL_H(handle))) ? (int64_t)(16) : NVPL_DEVICE);
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(descrB), 33, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(descrB), 55, 0);
     nvpl_c_.slot[11] = (uint64_t)(int64_t)nnzB;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)csrSortedValB;
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)csrSortedRowPtrB;
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)csrSortedColIndB;
-    nvpl_handle(&nvpl_c_, 15, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 15, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[16] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[17] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[18] = (uint64_t)(uintptr_t)csrSortedColIndC;
@@ -17904,14 +17904,14 @@ NVP_EXPORT int32_t cusparseZcsric02(void *handle, int32_t m, int32_t nnz, void *
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1420, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA_valM;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 6, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 7, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -17921,14 +17921,14 @@ NVP_EXPORT int32_t cusparseZcsric02_analysis(void *handle, int32_t m, int32_t nn
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1421, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 6, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 7, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -17938,14 +17938,14 @@ NVP_EXPORT int32_t cusparseZcsric02_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1422, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 6, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 7, 0);
     nvpl_buf(&nvpl_c_, 8, pBufferSizeInBytes, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -17954,14 +17954,14 @@ NVP_EXPORT int32_t cusparseZcsrilu02(void *handle, int32_t m, int32_t nnz, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1423, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA_valM;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 7, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 8, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -17971,14 +17971,14 @@ NVP_EXPORT int32_t cusparseZcsrilu02_analysis(void *handle, int32_t m, int32_t n
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1424, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 7, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 8, 0);
     nvpl_c_.slot[8] = (uint64_t)(int64_t)policy;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -17988,14 +17988,14 @@ NVP_EXPORT int32_t cusparseZcsrilu02_bufferSize(void *handle, int32_t m, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1425, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrSortedColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 7, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 8, 0);
     nvpl_buf(&nvpl_c_, 8, pBufferSizeInBytes, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -18004,8 +18004,8 @@ NVP_EXPORT int32_t cusparseZcsrilu02_numericBoost(void *handle, void *info, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1426, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 7, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 8, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)enable_boost;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)tol;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)boost_val;
@@ -18016,15 +18016,15 @@ NVP_EXPORT int32_t cusparseZcsru2csr(void *handle, int32_t m, int32_t n, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1427, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrColInd;
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(info), 11, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(info), 12, 0);
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -18033,14 +18033,14 @@ NVP_EXPORT int32_t cusparseZcsru2csr_bufferSizeExt(void *handle, int32_t m, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1428, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrVal;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColInd;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 11, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 12, 0);
     nvpl_buf(&nvpl_c_, 8, pBufferSizeInBytes, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -18049,17 +18049,17 @@ NVP_EXPORT int32_t cusparseZgebsr2csr(void *handle, int32_t dirA, int32_t mb, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1429, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nb;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedColIndA;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)rowBlockDim;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)colBlockDim;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)csrSortedValC;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)csrSortedRowPtrC;
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)csrSortedColIndC;
@@ -18070,7 +18070,7 @@ NVP_EXPORT int32_t cusparseZgebsr2gebsc(void *handle, int32_t mb, int32_t nb, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1430, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
@@ -18092,7 +18092,7 @@ NVP_EXPORT int32_t cusparseZgebsr2gebsc_bufferSize(void *handle, int32_t mb, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1431, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzb;
@@ -18109,18 +18109,18 @@ NVP_EXPORT int32_t cusparseZgebsr2gebsr(void *handle, int32_t dirA, int32_t mb, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1432, 18);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nb;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedColIndA;
     nvpl_c_.slot[9] = (uint64_t)(int64_t)rowBlockDimA;
     nvpl_c_.slot[10] = (uint64_t)(int64_t)colBlockDimA;
-    nvpl_handle(&nvpl_c_, 11, NVPL_H(descrC), 33, 0);
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(descrC), 55, 0);
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)bsrSortedValC;
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)bsrSortedRowPtrC;
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)bsrSortedColIndC;
@@ -18134,12 +18134,12 @@ NVP_EXPORT int32_t cusparseZgebsr2gebsr_bufferSize(void *handle, int32_t dirA, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1433, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)mb;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nb;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nnzb;
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)bsrSortedValA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)bsrSortedRowPtrA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)bsrSortedColIndA;
@@ -18155,7 +18155,7 @@ NVP_EXPORT int32_t cusparseZgemvi(void *handle, int32_t transA, int32_t m, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1434, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -18176,7 +18176,7 @@ NVP_EXPORT int32_t cusparseZgemvi_bufferSize(void *handle, int32_t transA, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1435, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)transA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -18189,7 +18189,7 @@ NVP_EXPORT int32_t cusparseZgpsvInterleavedBatch(void *handle, int32_t algo, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1436, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)algo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)ds;
@@ -18207,7 +18207,7 @@ NVP_EXPORT int32_t cusparseZgpsvInterleavedBatch_bufferSizeExt(void *handle, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1437, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)algo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)ds;
@@ -18225,7 +18225,7 @@ NVP_EXPORT int32_t cusparseZgtsv2(void *handle, int32_t m, int32_t n, void *dl, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1438, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dl;
@@ -18241,7 +18241,7 @@ NVP_EXPORT int32_t cusparseZgtsv2StridedBatch(void *handle, int32_t m, void *dl,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1439, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)dl;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)d;
@@ -18257,7 +18257,7 @@ NVP_EXPORT int32_t cusparseZgtsv2StridedBatch_bufferSizeExt(void *handle, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1440, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)dl;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)d;
@@ -18273,7 +18273,7 @@ NVP_EXPORT int32_t cusparseZgtsv2_bufferSizeExt(void *handle, int32_t m, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1441, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dl;
@@ -18289,7 +18289,7 @@ NVP_EXPORT int32_t cusparseZgtsv2_nopivot(void *handle, int32_t m, int32_t n, vo
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1442, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dl;
@@ -18305,7 +18305,7 @@ NVP_EXPORT int32_t cusparseZgtsv2_nopivot_bufferSizeExt(void *handle, int32_t m,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1443, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dl;
@@ -18321,7 +18321,7 @@ NVP_EXPORT int32_t cusparseZgtsvInterleavedBatch(void *handle, int32_t algo, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1444, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)algo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dl;
@@ -18337,7 +18337,7 @@ NVP_EXPORT int32_t cusparseZgtsvInterleavedBatch_bufferSizeExt(void *handle, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1445, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)algo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dl;
@@ -18353,11 +18353,11 @@ NVP_EXPORT int32_t cusparseZnnz(void *handle, int32_t dirA, int32_t m, int32_t n
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1446, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)dirA;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[6] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)nnzPerRowCol;
@@ -18369,9 +18369,9 @@ NVP_EXPORT int32_t cusparseZnnz_compress(void *handle, int32_t m, void *descr, v
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1447, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 30, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 52, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
-    nvpl_handle(&nvpl_c_, 2, NVPL_H(descr), 33, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(descr), 55, 0);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)csrSortedValA;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrSortedRowPtrA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)nnzPerRow;
@@ -18464,7 +18464,7 @@ NVP_EXPORT int32_t cusolverDnCCgels(void *handle, int32_t m, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1464, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -18485,7 +18485,7 @@ NVP_EXPORT int32_t cusolverDnCCgels_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1465, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -18504,7 +18504,7 @@ NVP_EXPORT int32_t cusolverDnCCgesv(void *handle, int32_t n, int32_t nrhs, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1466, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -18525,7 +18525,7 @@ NVP_EXPORT int32_t cusolverDnCCgesv_bufferSize(void *handle, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1467, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -18544,7 +18544,7 @@ NVP_EXPORT int32_t cusolverDnCEgels(void *handle, int32_t m, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1468, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -18565,7 +18565,7 @@ NVP_EXPORT int32_t cusolverDnCEgels_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1469, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -18584,7 +18584,7 @@ NVP_EXPORT int32_t cusolverDnCEgesv(void *handle, int32_t n, int32_t nrhs, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1470, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -18605,7 +18605,7 @@ NVP_EXPORT int32_t cusolverDnCEgesv_bufferSize(void *handle, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1471, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -18624,7 +18624,7 @@ NVP_EXPORT int32_t cusolverDnCKgels(void *handle, int32_t m, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1472, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -18645,7 +18645,7 @@ NVP_EXPORT int32_t cusolverDnCKgels_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1473, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -18664,7 +18664,7 @@ NVP_EXPORT int32_t cusolverDnCKgesv(void *handle, int32_t n, int32_t nrhs, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1474, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -18685,7 +18685,7 @@ NVP_EXPORT int32_t cusolverDnCKgesv_bufferSize(void *handle, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1475, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -18704,7 +18704,7 @@ NVP_EXPORT int32_t cusolverDnCYgels(void *handle, int32_t m, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1476, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -18725,7 +18725,7 @@ NVP_EXPORT int32_t cusolverDnCYgels_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1477, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -18744,7 +18744,7 @@ NVP_EXPORT int32_t cusolverDnCYgesv(void *handle, int32_t n, int32_t nrhs, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1478, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -18765,7 +18765,7 @@ NVP_EXPORT int32_t cusolverDnCYgesv_bufferSize(void *handle, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1479, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -18794,7 +18794,7 @@ NVP_EXPORT int32_t cusolverDnCgebrd(void *handle, int32_t m, int32_t n, void *A,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1482, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -18813,7 +18813,7 @@ NVP_EXPORT int32_t cusolverDnCgebrd_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1483, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, Lwork, NVPL_OUT, (int64_t)(4));
@@ -18839,7 +18839,7 @@ NVP_EXPORT int32_t cusolverDnCgeqrf(void *handle, int32_t m, int32_t n, void *A,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1487, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -18860,7 +18860,7 @@ NVP_EXPORT int32_t cusolverDnCgeqrf_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1489, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -18873,7 +18873,7 @@ NVP_EXPORT int32_t cusolverDnCgesvd(void *handle, int8_t jobu, int8_t jobvt, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1490, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobu;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobvt;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -18896,7 +18896,7 @@ NVP_EXPORT int32_t cusolverDnCgesvd_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1491, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, lwork, NVPL_OUT, (int64_t)(4));
@@ -18907,7 +18907,7 @@ NVP_EXPORT int32_t cusolverDnCgesvdaStridedBatched(void *handle, int32_t jobz, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1492, 21);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)rank;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -18935,7 +18935,7 @@ NVP_EXPORT int32_t cusolverDnCgesvdaStridedBatched_bufferSize(void *handle, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1493, 18);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)rank;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -18960,7 +18960,7 @@ NVP_EXPORT int32_t cusolverDnCgesvdj(void *handle, int32_t jobz, int32_t econ, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1494, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)econ;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -18975,7 +18975,7 @@ NVP_EXPORT int32_t cusolverDnCgesvdj(void *handle, int32_t jobz, int32_t econ, i
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)work;
     nvpl_c_.slot[13] = (uint64_t)(int64_t)lwork;
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)info;
-    nvpl_handle(&nvpl_c_, 15, NVPL_H(params), 40, 0);
+    nvpl_handle(&nvpl_c_, 15, NVPL_H(params), 62, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -18983,7 +18983,7 @@ NVP_EXPORT int32_t cusolverDnCgesvdjBatched(void *handle, int32_t jobz, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1495, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -18997,7 +18997,7 @@ NVP_EXPORT int32_t cusolverDnCgesvdjBatched(void *handle, int32_t jobz, int32_t 
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)work;
     nvpl_c_.slot[12] = (uint64_t)(int64_t)lwork;
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)info;
-    nvpl_handle(&nvpl_c_, 14, NVPL_H(params), 40, 0);
+    nvpl_handle(&nvpl_c_, 14, NVPL_H(params), 62, 0);
     nvpl_c_.slot[15] = (uint64_t)(int64_t)batchSize;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -19006,7 +19006,7 @@ NVP_EXPORT int32_t cusolverDnCgesvdjBatched_bufferSize(void *handle, int32_t job
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1496, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -19018,7 +19018,7 @@ NVP_EXPORT int32_t cusolverDnCgesvdjBatched_bufferSize(void *handle, int32_t job
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)V;
     nvpl_c_.slot[10] = (uint64_t)(int64_t)ldv;
     nvpl_buf(&nvpl_c_, 11, lwork, NVPL_OUT, (int64_t)(4));
-    nvpl_handle(&nvpl_c_, 12, NVPL_H(params), 40, 0);
+    nvpl_handle(&nvpl_c_, 12, NVPL_H(params), 62, 0);
     nvpl_c_.slot[13] = (uint64_t)(int64_t)batchSize;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -19027,7 +19027,7 @@ NVP_EXPORT int32_t cusolverDnCgesvdj_bufferSize(void *handle, int32_t jobz, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1497, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)econ;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -19040,7 +19040,7 @@ NVP_EXPORT int32_t cusolverDnCgesvdj_bufferSize(void *handle, int32_t jobz, int3
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)V;
     nvpl_c_.slot[11] = (uint64_t)(int64_t)ldv;
     nvpl_buf(&nvpl_c_, 12, lwork, NVPL_OUT, (int64_t)(4));
-    nvpl_handle(&nvpl_c_, 13, NVPL_H(params), 40, 0);
+    nvpl_handle(&nvpl_c_, 13, NVPL_H(params), 62, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -19048,7 +19048,7 @@ NVP_EXPORT int32_t cusolverDnCgetrf(void *handle, int32_t m, int32_t n, void *A,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1498, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -19063,7 +19063,7 @@ NVP_EXPORT int32_t cusolverDnCgetrf_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1499, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -19076,7 +19076,7 @@ NVP_EXPORT int32_t cusolverDnCgetrs(void *handle, int32_t trans, int32_t n, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1500, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -19093,7 +19093,7 @@ NVP_EXPORT int32_t cusolverDnCheevd(void *handle, int32_t jobz, int32_t uplo, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1501, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -19110,7 +19110,7 @@ NVP_EXPORT int32_t cusolverDnCheevd_bufferSize(void *handle, int32_t jobz, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1502, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -19125,7 +19125,7 @@ NVP_EXPORT int32_t cusolverDnCheevdx(void *handle, int32_t jobz, int32_t range, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1503, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)range;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
@@ -19148,7 +19148,7 @@ NVP_EXPORT int32_t cusolverDnCheevdx_bufferSize(void *handle, int32_t jobz, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1504, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)range;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
@@ -19169,7 +19169,7 @@ NVP_EXPORT int32_t cusolverDnCheevj(void *handle, int32_t jobz, int32_t uplo, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1505, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -19179,7 +19179,7 @@ NVP_EXPORT int32_t cusolverDnCheevj(void *handle, int32_t jobz, int32_t uplo, in
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)work;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)lwork;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)info;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(params), 42, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(params), 64, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -19187,7 +19187,7 @@ NVP_EXPORT int32_t cusolverDnCheevjBatched(void *handle, int32_t jobz, int32_t u
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1506, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -19197,7 +19197,7 @@ NVP_EXPORT int32_t cusolverDnCheevjBatched(void *handle, int32_t jobz, int32_t u
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)work;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)lwork;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)info;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(params), 42, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(params), 64, 0);
     nvpl_c_.slot[11] = (uint64_t)(int64_t)batchSize;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -19206,7 +19206,7 @@ NVP_EXPORT int32_t cusolverDnCheevjBatched_bufferSize(void *handle, int32_t jobz
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1507, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -19214,7 +19214,7 @@ NVP_EXPORT int32_t cusolverDnCheevjBatched_bufferSize(void *handle, int32_t jobz
     nvpl_c_.slot[5] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)W;
     nvpl_buf(&nvpl_c_, 7, lwork, NVPL_OUT, (int64_t)(4));
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(params), 42, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(params), 64, 0);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)batchSize;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -19223,7 +19223,7 @@ NVP_EXPORT int32_t cusolverDnCheevj_bufferSize(void *handle, int32_t jobz, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1508, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -19231,7 +19231,7 @@ NVP_EXPORT int32_t cusolverDnCheevj_bufferSize(void *handle, int32_t jobz, int32
     nvpl_c_.slot[5] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)W;
     nvpl_buf(&nvpl_c_, 7, lwork, NVPL_OUT, (int64_t)(4));
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(params), 42, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(params), 64, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -19249,7 +19249,7 @@ NVP_EXPORT int32_t cusolverDnChegvd(void *handle, int32_t itype, int32_t jobz, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1511, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)itype;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
@@ -19269,7 +19269,7 @@ NVP_EXPORT int32_t cusolverDnChegvd_bufferSize(void *handle, int32_t itype, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1512, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)itype;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
@@ -19287,7 +19287,7 @@ NVP_EXPORT int32_t cusolverDnChegvdx(void *handle, int32_t itype, int32_t jobz, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1513, 19);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)itype;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)range;
@@ -19313,7 +19313,7 @@ NVP_EXPORT int32_t cusolverDnChegvdx_bufferSize(void *handle, int32_t itype, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1514, 17);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)itype;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)range;
@@ -19337,7 +19337,7 @@ NVP_EXPORT int32_t cusolverDnChegvj(void *handle, int32_t itype, int32_t jobz, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1515, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)itype;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
@@ -19350,7 +19350,7 @@ NVP_EXPORT int32_t cusolverDnChegvj(void *handle, int32_t itype, int32_t jobz, i
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)work;
     nvpl_c_.slot[11] = (uint64_t)(int64_t)lwork;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)info;
-    nvpl_handle(&nvpl_c_, 13, NVPL_H(params), 42, 0);
+    nvpl_handle(&nvpl_c_, 13, NVPL_H(params), 64, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -19358,7 +19358,7 @@ NVP_EXPORT int32_t cusolverDnChegvj_bufferSize(void *handle, int32_t itype, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1516, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)itype;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
@@ -19369,7 +19369,7 @@ NVP_EXPORT int32_t cusolverDnChegvj_bufferSize(void *handle, int32_t itype, int3
     nvpl_c_.slot[8] = (uint64_t)(int64_t)ldb;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)W;
     nvpl_buf(&nvpl_c_, 10, lwork, NVPL_OUT, (int64_t)(4));
-    nvpl_handle(&nvpl_c_, 11, NVPL_H(params), 42, 0);
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(params), 64, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -19377,7 +19377,7 @@ NVP_EXPORT int32_t cusolverDnChetrd(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1517, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -19395,7 +19395,7 @@ NVP_EXPORT int32_t cusolverDnChetrd_bufferSize(void *handle, int32_t uplo, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1518, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -19456,7 +19456,7 @@ NVP_EXPORT int32_t cusolverDnClaswp(void *handle, int32_t n, void *A, int32_t ld
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1528, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)lda;
@@ -19471,7 +19471,7 @@ NVP_EXPORT int32_t cusolverDnClauum(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1529, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -19491,7 +19491,7 @@ NVP_EXPORT int32_t cusolverDnClauum_bufferSize(void *handle, int32_t uplo, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1531, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -19509,7 +19509,7 @@ NVP_EXPORT int32_t cusolverDnCpotrf(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1533, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -19524,7 +19524,7 @@ NVP_EXPORT int32_t cusolverDnCpotrfBatched(void *handle, int32_t uplo, int32_t n
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1534, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)Aarray;
@@ -19543,7 +19543,7 @@ NVP_EXPORT int32_t cusolverDnCpotrf_bufferSize(void *handle, int32_t uplo, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1536, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -19556,7 +19556,7 @@ NVP_EXPORT int32_t cusolverDnCpotri(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1537, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -19576,7 +19576,7 @@ NVP_EXPORT int32_t cusolverDnCpotri_bufferSize(void *handle, int32_t uplo, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1539, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -19589,7 +19589,7 @@ NVP_EXPORT int32_t cusolverDnCpotrs(void *handle, int32_t uplo, int32_t n, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1540, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -19605,7 +19605,7 @@ NVP_EXPORT int32_t cusolverDnCpotrsBatched(void *handle, int32_t uplo, int32_t n
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1541, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -19627,7 +19627,7 @@ NVP_EXPORT int32_t cusolverDnCreate(void *handle)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1543, 1);
-    nvpl_create(&nvpl_c_, 0, handle, 23, 0);
+    nvpl_create(&nvpl_c_, 0, handle, 45, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -19635,7 +19635,7 @@ NVP_EXPORT int32_t cusolverDnCreateGesvdjInfo(void *info)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1544, 1);
-    nvpl_create(&nvpl_c_, 0, info, 40, 0);
+    nvpl_create(&nvpl_c_, 0, info, 62, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -19643,7 +19643,7 @@ NVP_EXPORT int32_t cusolverDnCreateParams(void *params)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1545, 1);
-    nvpl_create(&nvpl_c_, 0, params, 26, 0);
+    nvpl_create(&nvpl_c_, 0, params, 48, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -19651,7 +19651,7 @@ NVP_EXPORT int32_t cusolverDnCreateSyevjInfo(void *info)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1546, 1);
-    nvpl_create(&nvpl_c_, 0, info, 42, 0);
+    nvpl_create(&nvpl_c_, 0, info, 64, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -19664,7 +19664,7 @@ NVP_EXPORT int32_t cusolverDnCsytrf(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1548, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -19680,7 +19680,7 @@ NVP_EXPORT int32_t cusolverDnCsytrf_bufferSize(void *handle, int32_t n, void *A,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1549, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)lda;
@@ -19692,7 +19692,7 @@ NVP_EXPORT int32_t cusolverDnCsytri(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1550, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -19713,7 +19713,7 @@ NVP_EXPORT int32_t cusolverDnCsytri_bufferSize(void *handle, int32_t uplo, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1552, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -19737,7 +19737,7 @@ NVP_EXPORT int32_t cusolverDnCungbr(void *handle, int32_t side, int32_t m, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1555, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -19760,7 +19760,7 @@ NVP_EXPORT int32_t cusolverDnCungbr_bufferSize(void *handle, int32_t side, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1557, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -19786,7 +19786,7 @@ NVP_EXPORT int32_t cusolverDnCungqr(void *handle, int32_t m, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1560, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)k;
@@ -19803,7 +19803,7 @@ NVP_EXPORT int32_t cusolverDnCungqr_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1561, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)k;
@@ -19818,7 +19818,7 @@ NVP_EXPORT int32_t cusolverDnCungtr(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1562, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -19839,7 +19839,7 @@ NVP_EXPORT int32_t cusolverDnCungtr_bufferSize(void *handle, int32_t uplo, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1564, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -19853,7 +19853,7 @@ NVP_EXPORT int32_t cusolverDnCunmqr(void *handle, int32_t side, int32_t trans, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1565, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -19879,7 +19879,7 @@ NVP_EXPORT int32_t cusolverDnCunmqr_bufferSize(void *handle, int32_t side, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1567, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -19898,7 +19898,7 @@ NVP_EXPORT int32_t cusolverDnCunmtr(void *handle, int32_t side, int32_t uplo, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1568, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -19924,7 +19924,7 @@ NVP_EXPORT int32_t cusolverDnCunmtr_bufferSize(void *handle, int32_t side, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1570, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -19943,7 +19943,7 @@ NVP_EXPORT int32_t cusolverDnDBgels(void *handle, int32_t m, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1571, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -19964,7 +19964,7 @@ NVP_EXPORT int32_t cusolverDnDBgels_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1572, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -19983,7 +19983,7 @@ NVP_EXPORT int32_t cusolverDnDBgesv(void *handle, int32_t n, int32_t nrhs, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1573, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -20004,7 +20004,7 @@ NVP_EXPORT int32_t cusolverDnDBgesv_bufferSize(void *handle, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1574, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -20023,7 +20023,7 @@ NVP_EXPORT int32_t cusolverDnDDgels(void *handle, int32_t m, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1575, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -20044,7 +20044,7 @@ NVP_EXPORT int32_t cusolverDnDDgels_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1576, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -20063,7 +20063,7 @@ NVP_EXPORT int32_t cusolverDnDDgesv(void *handle, int32_t n, int32_t nrhs, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1577, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -20084,7 +20084,7 @@ NVP_EXPORT int32_t cusolverDnDDgesv_bufferSize(void *handle, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1578, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -20103,7 +20103,7 @@ NVP_EXPORT int32_t cusolverDnDHgels(void *handle, int32_t m, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1579, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -20124,7 +20124,7 @@ NVP_EXPORT int32_t cusolverDnDHgels_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1580, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -20143,7 +20143,7 @@ NVP_EXPORT int32_t cusolverDnDHgesv(void *handle, int32_t n, int32_t nrhs, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1581, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -20164,7 +20164,7 @@ NVP_EXPORT int32_t cusolverDnDHgesv_bufferSize(void *handle, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1582, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -20183,7 +20183,7 @@ NVP_EXPORT int32_t cusolverDnDSgels(void *handle, int32_t m, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1583, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -20204,7 +20204,7 @@ NVP_EXPORT int32_t cusolverDnDSgels_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1584, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -20223,7 +20223,7 @@ NVP_EXPORT int32_t cusolverDnDSgesv(void *handle, int32_t n, int32_t nrhs, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1585, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -20244,7 +20244,7 @@ NVP_EXPORT int32_t cusolverDnDSgesv_bufferSize(void *handle, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1586, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -20263,7 +20263,7 @@ NVP_EXPORT int32_t cusolverDnDXgels(void *handle, int32_t m, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1587, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -20284,7 +20284,7 @@ NVP_EXPORT int32_t cusolverDnDXgels_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1588, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -20303,7 +20303,7 @@ NVP_EXPORT int32_t cusolverDnDXgesv(void *handle, int32_t n, int32_t nrhs, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1589, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -20324,7 +20324,7 @@ NVP_EXPORT int32_t cusolverDnDXgesv_bufferSize(void *handle, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1590, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -20348,7 +20348,7 @@ NVP_EXPORT int32_t cusolverDnDestroy(void *handle)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1592, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -20356,7 +20356,7 @@ NVP_EXPORT int32_t cusolverDnDestroyGesvdjInfo(void *info)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1593, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 40, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 62, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -20364,7 +20364,7 @@ NVP_EXPORT int32_t cusolverDnDestroyParams(void *params)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1594, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 26, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 48, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -20372,7 +20372,7 @@ NVP_EXPORT int32_t cusolverDnDestroySyevjInfo(void *info)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1595, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 42, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 64, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -20385,7 +20385,7 @@ NVP_EXPORT int32_t cusolverDnDgebrd(void *handle, int32_t m, int32_t n, void *A,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1597, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -20404,7 +20404,7 @@ NVP_EXPORT int32_t cusolverDnDgebrd_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1598, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, Lwork, NVPL_OUT, (int64_t)(4));
@@ -20430,7 +20430,7 @@ NVP_EXPORT int32_t cusolverDnDgeqrf(void *handle, int32_t m, int32_t n, void *A,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1602, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -20451,7 +20451,7 @@ NVP_EXPORT int32_t cusolverDnDgeqrf_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1604, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -20464,7 +20464,7 @@ NVP_EXPORT int32_t cusolverDnDgesvd(void *handle, int8_t jobu, int8_t jobvt, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1605, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobu;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobvt;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -20487,7 +20487,7 @@ NVP_EXPORT int32_t cusolverDnDgesvd_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1606, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, lwork, NVPL_OUT, (int64_t)(4));
@@ -20498,7 +20498,7 @@ NVP_EXPORT int32_t cusolverDnDgesvdaStridedBatched(void *handle, int32_t jobz, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1607, 21);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)rank;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -20526,7 +20526,7 @@ NVP_EXPORT int32_t cusolverDnDgesvdaStridedBatched_bufferSize(void *handle, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1608, 18);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)rank;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -20551,7 +20551,7 @@ NVP_EXPORT int32_t cusolverDnDgesvdj(void *handle, int32_t jobz, int32_t econ, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1609, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)econ;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -20566,7 +20566,7 @@ NVP_EXPORT int32_t cusolverDnDgesvdj(void *handle, int32_t jobz, int32_t econ, i
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)work;
     nvpl_c_.slot[13] = (uint64_t)(int64_t)lwork;
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)info;
-    nvpl_handle(&nvpl_c_, 15, NVPL_H(params), 40, 0);
+    nvpl_handle(&nvpl_c_, 15, NVPL_H(params), 62, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -20574,7 +20574,7 @@ NVP_EXPORT int32_t cusolverDnDgesvdjBatched(void *handle, int32_t jobz, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1610, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -20588,7 +20588,7 @@ NVP_EXPORT int32_t cusolverDnDgesvdjBatched(void *handle, int32_t jobz, int32_t 
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)work;
     nvpl_c_.slot[12] = (uint64_t)(int64_t)lwork;
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)info;
-    nvpl_handle(&nvpl_c_, 14, NVPL_H(params), 40, 0);
+    nvpl_handle(&nvpl_c_, 14, NVPL_H(params), 62, 0);
     nvpl_c_.slot[15] = (uint64_t)(int64_t)batchSize;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -20597,7 +20597,7 @@ NVP_EXPORT int32_t cusolverDnDgesvdjBatched_bufferSize(void *handle, int32_t job
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1611, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -20609,7 +20609,7 @@ NVP_EXPORT int32_t cusolverDnDgesvdjBatched_bufferSize(void *handle, int32_t job
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)V;
     nvpl_c_.slot[10] = (uint64_t)(int64_t)ldv;
     nvpl_buf(&nvpl_c_, 11, lwork, NVPL_OUT, (int64_t)(4));
-    nvpl_handle(&nvpl_c_, 12, NVPL_H(params), 40, 0);
+    nvpl_handle(&nvpl_c_, 12, NVPL_H(params), 62, 0);
     nvpl_c_.slot[13] = (uint64_t)(int64_t)batchSize;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -20618,7 +20618,7 @@ NVP_EXPORT int32_t cusolverDnDgesvdj_bufferSize(void *handle, int32_t jobz, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1612, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)econ;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -20631,7 +20631,7 @@ NVP_EXPORT int32_t cusolverDnDgesvdj_bufferSize(void *handle, int32_t jobz, int3
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)V;
     nvpl_c_.slot[11] = (uint64_t)(int64_t)ldv;
     nvpl_buf(&nvpl_c_, 12, lwork, NVPL_OUT, (int64_t)(4));
-    nvpl_handle(&nvpl_c_, 13, NVPL_H(params), 40, 0);
+    nvpl_handle(&nvpl_c_, 13, NVPL_H(params), 62, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -20639,7 +20639,7 @@ NVP_EXPORT int32_t cusolverDnDgetrf(void *handle, int32_t m, int32_t n, void *A,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1613, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -20654,7 +20654,7 @@ NVP_EXPORT int32_t cusolverDnDgetrf_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1614, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -20667,7 +20667,7 @@ NVP_EXPORT int32_t cusolverDnDgetrs(void *handle, int32_t trans, int32_t n, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1615, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -20734,7 +20734,7 @@ NVP_EXPORT int32_t cusolverDnDlaswp(void *handle, int32_t n, void *A, int32_t ld
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1626, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)lda;
@@ -20749,7 +20749,7 @@ NVP_EXPORT int32_t cusolverDnDlauum(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1627, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -20769,7 +20769,7 @@ NVP_EXPORT int32_t cusolverDnDlauum_bufferSize(void *handle, int32_t uplo, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1629, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -20787,7 +20787,7 @@ NVP_EXPORT int32_t cusolverDnDorgbr(void *handle, int32_t side, int32_t m, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1631, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -20810,7 +20810,7 @@ NVP_EXPORT int32_t cusolverDnDorgbr_bufferSize(void *handle, int32_t side, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1633, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -20836,7 +20836,7 @@ NVP_EXPORT int32_t cusolverDnDorgqr(void *handle, int32_t m, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1636, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)k;
@@ -20853,7 +20853,7 @@ NVP_EXPORT int32_t cusolverDnDorgqr_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1637, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)k;
@@ -20868,7 +20868,7 @@ NVP_EXPORT int32_t cusolverDnDorgtr(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1638, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -20889,7 +20889,7 @@ NVP_EXPORT int32_t cusolverDnDorgtr_bufferSize(void *handle, int32_t uplo, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1640, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -20903,7 +20903,7 @@ NVP_EXPORT int32_t cusolverDnDormqr(void *handle, int32_t side, int32_t trans, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1641, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -20929,7 +20929,7 @@ NVP_EXPORT int32_t cusolverDnDormqr_bufferSize(void *handle, int32_t side, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1643, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -20948,7 +20948,7 @@ NVP_EXPORT int32_t cusolverDnDormtr(void *handle, int32_t side, int32_t uplo, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1644, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -20974,7 +20974,7 @@ NVP_EXPORT int32_t cusolverDnDormtr_bufferSize(void *handle, int32_t side, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1646, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -20993,7 +20993,7 @@ NVP_EXPORT int32_t cusolverDnDpotrf(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1647, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -21008,7 +21008,7 @@ NVP_EXPORT int32_t cusolverDnDpotrfBatched(void *handle, int32_t uplo, int32_t n
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1648, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)Aarray;
@@ -21027,7 +21027,7 @@ NVP_EXPORT int32_t cusolverDnDpotrf_bufferSize(void *handle, int32_t uplo, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1650, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -21040,7 +21040,7 @@ NVP_EXPORT int32_t cusolverDnDpotri(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1651, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -21060,7 +21060,7 @@ NVP_EXPORT int32_t cusolverDnDpotri_bufferSize(void *handle, int32_t uplo, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1653, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -21073,7 +21073,7 @@ NVP_EXPORT int32_t cusolverDnDpotrs(void *handle, int32_t uplo, int32_t n, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1654, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -21089,7 +21089,7 @@ NVP_EXPORT int32_t cusolverDnDpotrsBatched(void *handle, int32_t uplo, int32_t n
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1655, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -21126,7 +21126,7 @@ NVP_EXPORT int32_t cusolverDnDsyevd(void *handle, int32_t jobz, int32_t uplo, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1660, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -21143,7 +21143,7 @@ NVP_EXPORT int32_t cusolverDnDsyevd_bufferSize(void *handle, int32_t jobz, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1661, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -21158,7 +21158,7 @@ NVP_EXPORT int32_t cusolverDnDsyevdx(void *handle, int32_t jobz, int32_t range, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1662, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)range;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
@@ -21181,7 +21181,7 @@ NVP_EXPORT int32_t cusolverDnDsyevdx_bufferSize(void *handle, int32_t jobz, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1663, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)range;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
@@ -21202,7 +21202,7 @@ NVP_EXPORT int32_t cusolverDnDsyevj(void *handle, int32_t jobz, int32_t uplo, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1664, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -21212,7 +21212,7 @@ NVP_EXPORT int32_t cusolverDnDsyevj(void *handle, int32_t jobz, int32_t uplo, in
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)work;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)lwork;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)info;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(params), 42, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(params), 64, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -21220,7 +21220,7 @@ NVP_EXPORT int32_t cusolverDnDsyevjBatched(void *handle, int32_t jobz, int32_t u
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1665, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -21230,7 +21230,7 @@ NVP_EXPORT int32_t cusolverDnDsyevjBatched(void *handle, int32_t jobz, int32_t u
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)work;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)lwork;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)info;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(params), 42, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(params), 64, 0);
     nvpl_c_.slot[11] = (uint64_t)(int64_t)batchSize;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -21239,7 +21239,7 @@ NVP_EXPORT int32_t cusolverDnDsyevjBatched_bufferSize(void *handle, int32_t jobz
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1666, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -21247,7 +21247,7 @@ NVP_EXPORT int32_t cusolverDnDsyevjBatched_bufferSize(void *handle, int32_t jobz
     nvpl_c_.slot[5] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)W;
     nvpl_buf(&nvpl_c_, 7, lwork, NVPL_OUT, (int64_t)(4));
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(params), 42, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(params), 64, 0);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)batchSize;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -21256,7 +21256,7 @@ NVP_EXPORT int32_t cusolverDnDsyevj_bufferSize(void *handle, int32_t jobz, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1667, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -21264,7 +21264,7 @@ NVP_EXPORT int32_t cusolverDnDsyevj_bufferSize(void *handle, int32_t jobz, int32
     nvpl_c_.slot[5] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)W;
     nvpl_buf(&nvpl_c_, 7, lwork, NVPL_OUT, (int64_t)(4));
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(params), 42, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(params), 64, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -21282,7 +21282,7 @@ NVP_EXPORT int32_t cusolverDnDsygvd(void *handle, int32_t itype, int32_t jobz, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1670, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)itype;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
@@ -21302,7 +21302,7 @@ NVP_EXPORT int32_t cusolverDnDsygvd_bufferSize(void *handle, int32_t itype, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1671, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)itype;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
@@ -21320,7 +21320,7 @@ NVP_EXPORT int32_t cusolverDnDsygvdx(void *handle, int32_t itype, int32_t jobz, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1672, 19);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)itype;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)range;
@@ -21346,7 +21346,7 @@ NVP_EXPORT int32_t cusolverDnDsygvdx_bufferSize(void *handle, int32_t itype, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1673, 17);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)itype;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)range;
@@ -21370,7 +21370,7 @@ NVP_EXPORT int32_t cusolverDnDsygvj(void *handle, int32_t itype, int32_t jobz, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1674, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)itype;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
@@ -21383,7 +21383,7 @@ NVP_EXPORT int32_t cusolverDnDsygvj(void *handle, int32_t itype, int32_t jobz, i
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)work;
     nvpl_c_.slot[11] = (uint64_t)(int64_t)lwork;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)info;
-    nvpl_handle(&nvpl_c_, 13, NVPL_H(params), 42, 0);
+    nvpl_handle(&nvpl_c_, 13, NVPL_H(params), 64, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -21391,7 +21391,7 @@ NVP_EXPORT int32_t cusolverDnDsygvj_bufferSize(void *handle, int32_t itype, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1675, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)itype;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
@@ -21402,7 +21402,7 @@ NVP_EXPORT int32_t cusolverDnDsygvj_bufferSize(void *handle, int32_t itype, int3
     nvpl_c_.slot[8] = (uint64_t)(int64_t)ldb;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)W;
     nvpl_buf(&nvpl_c_, 10, lwork, NVPL_OUT, (int64_t)(4));
-    nvpl_handle(&nvpl_c_, 11, NVPL_H(params), 42, 0);
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(params), 64, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -21410,7 +21410,7 @@ NVP_EXPORT int32_t cusolverDnDsytrd(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1676, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -21428,7 +21428,7 @@ NVP_EXPORT int32_t cusolverDnDsytrd_bufferSize(void *handle, int32_t uplo, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1677, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -21444,7 +21444,7 @@ NVP_EXPORT int32_t cusolverDnDsytrf(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1678, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -21460,7 +21460,7 @@ NVP_EXPORT int32_t cusolverDnDsytrf_bufferSize(void *handle, int32_t n, void *A,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1679, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)lda;
@@ -21472,7 +21472,7 @@ NVP_EXPORT int32_t cusolverDnDsytri(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1680, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -21493,7 +21493,7 @@ NVP_EXPORT int32_t cusolverDnDsytri_bufferSize(void *handle, int32_t uplo, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1682, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -21517,7 +21517,7 @@ NVP_EXPORT int32_t cusolverDnGetDeterministicMode(void *handle, void *mode)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1685, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_buf(&nvpl_c_, 1, mode, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -21526,7 +21526,7 @@ NVP_EXPORT int32_t cusolverDnGetEmulationStrategy(void *handle, void *strategy)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1686, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_buf(&nvpl_c_, 1, strategy, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -21535,7 +21535,7 @@ NVP_EXPORT int32_t cusolverDnGetMathMode(void *handle, void *mode)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1687, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_buf(&nvpl_c_, 1, mode, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -21549,7 +21549,7 @@ NVP_EXPORT int32_t cusolverDnIRSInfosCreate(void *infos_ptr)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1689, 1);
-    nvpl_create(&nvpl_c_, 0, infos_ptr, 24, 0);
+    nvpl_create(&nvpl_c_, 0, infos_ptr, 46, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -21557,7 +21557,7 @@ NVP_EXPORT int32_t cusolverDnIRSInfosDestroy(void *infos)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1690, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(infos), 24, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(infos), 46, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -21565,7 +21565,7 @@ NVP_EXPORT int32_t cusolverDnIRSInfosGetMaxIters(void *infos, void *maxiters)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1691, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(infos), 24, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(infos), 46, 0);
     nvpl_buf(&nvpl_c_, 1, maxiters, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -21574,7 +21574,7 @@ NVP_EXPORT int32_t cusolverDnIRSInfosGetNiters(void *infos, void *niters)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1692, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(infos), 24, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(infos), 46, 0);
     nvpl_buf(&nvpl_c_, 1, niters, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -21583,7 +21583,7 @@ NVP_EXPORT int32_t cusolverDnIRSInfosGetOuterNiters(void *infos, void *outer_nit
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1693, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(infos), 24, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(infos), 46, 0);
     nvpl_buf(&nvpl_c_, 1, outer_niters, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -21597,7 +21597,7 @@ NVP_EXPORT int32_t cusolverDnIRSInfosRequestResidual(void *infos)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1695, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(infos), 24, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(infos), 46, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -21605,7 +21605,7 @@ NVP_EXPORT int32_t cusolverDnIRSParamsCreate(void *params_ptr)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1696, 1);
-    nvpl_create(&nvpl_c_, 0, params_ptr, 25, 0);
+    nvpl_create(&nvpl_c_, 0, params_ptr, 47, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -21613,7 +21613,7 @@ NVP_EXPORT int32_t cusolverDnIRSParamsDestroy(void *params)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1697, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 25, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 47, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -21621,7 +21621,7 @@ NVP_EXPORT int32_t cusolverDnIRSParamsDisableFallback(void *params)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1698, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 25, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 47, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -21629,7 +21629,7 @@ NVP_EXPORT int32_t cusolverDnIRSParamsEnableFallback(void *params)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1699, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 25, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 47, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -21637,7 +21637,7 @@ NVP_EXPORT int32_t cusolverDnIRSParamsGetMaxIters(void *params, void *maxiters)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1700, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 25, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 47, 0);
     nvpl_buf(&nvpl_c_, 1, maxiters, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -21646,7 +21646,7 @@ NVP_EXPORT int32_t cusolverDnIRSParamsSetMaxIters(void *params, int32_t maxiters
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1701, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 25, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 47, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)maxiters;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -21655,7 +21655,7 @@ NVP_EXPORT int32_t cusolverDnIRSParamsSetMaxItersInner(void *params, int32_t max
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1702, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 25, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 47, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)maxiters_inner;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -21664,7 +21664,7 @@ NVP_EXPORT int32_t cusolverDnIRSParamsSetRefinementSolver(void *params, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1703, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 25, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 47, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)refinement_solver;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -21673,7 +21673,7 @@ NVP_EXPORT int32_t cusolverDnIRSParamsSetSolverLowestPrecision(void *params, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1704, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 25, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 47, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)solver_lowest_precision;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -21682,7 +21682,7 @@ NVP_EXPORT int32_t cusolverDnIRSParamsSetSolverMainPrecision(void *params, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1705, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 25, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 47, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)solver_main_precision;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -21691,7 +21691,7 @@ NVP_EXPORT int32_t cusolverDnIRSParamsSetSolverPrecisions(void *params, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1706, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 25, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 47, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)solver_main_precision;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)solver_lowest_precision;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -21701,7 +21701,7 @@ NVP_EXPORT int32_t cusolverDnIRSParamsSetTol(void *params, double val)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1707, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 25, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 47, 0);
     nvpl_c_.slot[1] = nvp_slot_of_f8(val);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -21710,7 +21710,7 @@ NVP_EXPORT int32_t cusolverDnIRSParamsSetTolInner(void *params, double val)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1708, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 25, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 47, 0);
     nvpl_c_.slot[1] = nvp_slot_of_f8(val);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -21719,9 +21719,9 @@ NVP_EXPORT int32_t cusolverDnIRSXgels(void *handle, void *gels_irs_params, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1709, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(gels_irs_params), 25, 0);
-    nvpl_handle(&nvpl_c_, 2, NVPL_H(gels_irs_infos), 24, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(gels_irs_params), 47, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(gels_irs_infos), 46, 0);
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[5] = (uint64_t)(int64_t)nrhs;
@@ -21742,8 +21742,8 @@ NVP_EXPORT int32_t cusolverDnIRSXgels_bufferSize(void *handle, void *params, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1710, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 25, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 47, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nrhs;
@@ -21755,9 +21755,9 @@ NVP_EXPORT int32_t cusolverDnIRSXgesv(void *handle, void *gesv_irs_params, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1711, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(gesv_irs_params), 25, 0);
-    nvpl_handle(&nvpl_c_, 2, NVPL_H(gesv_irs_infos), 24, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(gesv_irs_params), 47, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(gesv_irs_infos), 46, 0);
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)dA;
@@ -21777,8 +21777,8 @@ NVP_EXPORT int32_t cusolverDnIRSXgesv_bufferSize(void *handle, void *params, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1712, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 25, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 47, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
     nvpl_buf(&nvpl_c_, 4, lwork_bytes, NVPL_OUT, (int64_t)(8));
@@ -21789,7 +21789,7 @@ NVP_EXPORT int32_t cusolverDnSBgels(void *handle, int32_t m, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1713, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -21810,7 +21810,7 @@ NVP_EXPORT int32_t cusolverDnSBgels_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1714, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -21829,7 +21829,7 @@ NVP_EXPORT int32_t cusolverDnSBgesv(void *handle, int32_t n, int32_t nrhs, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1715, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -21850,7 +21850,7 @@ NVP_EXPORT int32_t cusolverDnSBgesv_bufferSize(void *handle, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1716, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -21869,7 +21869,7 @@ NVP_EXPORT int32_t cusolverDnSHgels(void *handle, int32_t m, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1717, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -21890,7 +21890,7 @@ NVP_EXPORT int32_t cusolverDnSHgels_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1718, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -21909,7 +21909,7 @@ NVP_EXPORT int32_t cusolverDnSHgesv(void *handle, int32_t n, int32_t nrhs, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1719, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -21930,7 +21930,7 @@ NVP_EXPORT int32_t cusolverDnSHgesv_bufferSize(void *handle, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1720, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -21949,7 +21949,7 @@ NVP_EXPORT int32_t cusolverDnSSgels(void *handle, int32_t m, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1721, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -21970,7 +21970,7 @@ NVP_EXPORT int32_t cusolverDnSSgels_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1722, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -21989,7 +21989,7 @@ NVP_EXPORT int32_t cusolverDnSSgesv(void *handle, int32_t n, int32_t nrhs, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1723, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -22010,7 +22010,7 @@ NVP_EXPORT int32_t cusolverDnSSgesv_bufferSize(void *handle, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1724, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -22029,7 +22029,7 @@ NVP_EXPORT int32_t cusolverDnSXgels(void *handle, int32_t m, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1725, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -22050,7 +22050,7 @@ NVP_EXPORT int32_t cusolverDnSXgels_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1726, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -22069,7 +22069,7 @@ NVP_EXPORT int32_t cusolverDnSXgesv(void *handle, int32_t n, int32_t nrhs, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1727, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -22090,7 +22090,7 @@ NVP_EXPORT int32_t cusolverDnSXgesv_bufferSize(void *handle, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1728, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -22114,7 +22114,7 @@ NVP_EXPORT int32_t cusolverDnSetAdvOptions(void *params, int32_t function, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1730, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 26, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(params), 48, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)function;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)algo;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -22124,7 +22124,7 @@ NVP_EXPORT int32_t cusolverDnSetDeterministicMode(void *handle, int32_t mode)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1731, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -22133,7 +22133,7 @@ NVP_EXPORT int32_t cusolverDnSetEmulationStrategy(void *handle, int32_t strategy
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1732, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)strategy;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -22142,7 +22142,7 @@ NVP_EXPORT int32_t cusolverDnSetMathMode(void *handle, int32_t mode)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1733, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -22151,7 +22151,7 @@ NVP_EXPORT int32_t cusolverDnSetStream(void *handle, void *streamId)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1734, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_stream(&nvpl_c_, 1, streamId);
     int64_t nvpl_r_ = nvpl_end(&nvpl_c_);
     if (nvpl_r_ == 0)
@@ -22168,7 +22168,7 @@ NVP_EXPORT int32_t cusolverDnSgebrd(void *handle, int32_t m, int32_t n, void *A,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1736, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -22187,7 +22187,7 @@ NVP_EXPORT int32_t cusolverDnSgebrd_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1737, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, Lwork, NVPL_OUT, (int64_t)(4));
@@ -22213,7 +22213,7 @@ NVP_EXPORT int32_t cusolverDnSgeqrf(void *handle, int32_t m, int32_t n, void *A,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1741, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -22234,7 +22234,7 @@ NVP_EXPORT int32_t cusolverDnSgeqrf_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1743, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -22247,7 +22247,7 @@ NVP_EXPORT int32_t cusolverDnSgesvd(void *handle, int8_t jobu, int8_t jobvt, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1744, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobu;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobvt;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -22270,7 +22270,7 @@ NVP_EXPORT int32_t cusolverDnSgesvd_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1745, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, lwork, NVPL_OUT, (int64_t)(4));
@@ -22281,7 +22281,7 @@ NVP_EXPORT int32_t cusolverDnSgesvdaStridedBatched(void *handle, int32_t jobz, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1746, 21);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)rank;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -22309,7 +22309,7 @@ NVP_EXPORT int32_t cusolverDnSgesvdaStridedBatched_bufferSize(void *handle, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1747, 18);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)rank;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -22334,7 +22334,7 @@ NVP_EXPORT int32_t cusolverDnSgesvdj(void *handle, int32_t jobz, int32_t econ, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1748, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)econ;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -22349,7 +22349,7 @@ NVP_EXPORT int32_t cusolverDnSgesvdj(void *handle, int32_t jobz, int32_t econ, i
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)work;
     nvpl_c_.slot[13] = (uint64_t)(int64_t)lwork;
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)info;
-    nvpl_handle(&nvpl_c_, 15, NVPL_H(params), 40, 0);
+    nvpl_handle(&nvpl_c_, 15, NVPL_H(params), 62, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -22357,7 +22357,7 @@ NVP_EXPORT int32_t cusolverDnSgesvdjBatched(void *handle, int32_t jobz, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1749, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -22371,7 +22371,7 @@ NVP_EXPORT int32_t cusolverDnSgesvdjBatched(void *handle, int32_t jobz, int32_t 
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)work;
     nvpl_c_.slot[12] = (uint64_t)(int64_t)lwork;
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)info;
-    nvpl_handle(&nvpl_c_, 14, NVPL_H(params), 40, 0);
+    nvpl_handle(&nvpl_c_, 14, NVPL_H(params), 62, 0);
     nvpl_c_.slot[15] = (uint64_t)(int64_t)batchSize;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -22380,7 +22380,7 @@ NVP_EXPORT int32_t cusolverDnSgesvdjBatched_bufferSize(void *handle, int32_t job
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1750, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -22392,7 +22392,7 @@ NVP_EXPORT int32_t cusolverDnSgesvdjBatched_bufferSize(void *handle, int32_t job
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)V;
     nvpl_c_.slot[10] = (uint64_t)(int64_t)ldv;
     nvpl_buf(&nvpl_c_, 11, lwork, NVPL_OUT, (int64_t)(4));
-    nvpl_handle(&nvpl_c_, 12, NVPL_H(params), 40, 0);
+    nvpl_handle(&nvpl_c_, 12, NVPL_H(params), 62, 0);
     nvpl_c_.slot[13] = (uint64_t)(int64_t)batchSize;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -22401,7 +22401,7 @@ NVP_EXPORT int32_t cusolverDnSgesvdj_bufferSize(void *handle, int32_t jobz, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1751, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)econ;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -22414,7 +22414,7 @@ NVP_EXPORT int32_t cusolverDnSgesvdj_bufferSize(void *handle, int32_t jobz, int3
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)V;
     nvpl_c_.slot[11] = (uint64_t)(int64_t)ldv;
     nvpl_buf(&nvpl_c_, 12, lwork, NVPL_OUT, (int64_t)(4));
-    nvpl_handle(&nvpl_c_, 13, NVPL_H(params), 40, 0);
+    nvpl_handle(&nvpl_c_, 13, NVPL_H(params), 62, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -22422,7 +22422,7 @@ NVP_EXPORT int32_t cusolverDnSgetrf(void *handle, int32_t m, int32_t n, void *A,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1752, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -22437,7 +22437,7 @@ NVP_EXPORT int32_t cusolverDnSgetrf_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1753, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -22450,7 +22450,7 @@ NVP_EXPORT int32_t cusolverDnSgetrs(void *handle, int32_t trans, int32_t n, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1754, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -22517,7 +22517,7 @@ NVP_EXPORT int32_t cusolverDnSlaswp(void *handle, int32_t n, void *A, int32_t ld
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1765, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)lda;
@@ -22532,7 +22532,7 @@ NVP_EXPORT int32_t cusolverDnSlauum(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1766, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -22552,7 +22552,7 @@ NVP_EXPORT int32_t cusolverDnSlauum_bufferSize(void *handle, int32_t uplo, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1768, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -22570,7 +22570,7 @@ NVP_EXPORT int32_t cusolverDnSorgbr(void *handle, int32_t side, int32_t m, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1770, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -22593,7 +22593,7 @@ NVP_EXPORT int32_t cusolverDnSorgbr_bufferSize(void *handle, int32_t side, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1772, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -22619,7 +22619,7 @@ NVP_EXPORT int32_t cusolverDnSorgqr(void *handle, int32_t m, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1775, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)k;
@@ -22636,7 +22636,7 @@ NVP_EXPORT int32_t cusolverDnSorgqr_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1776, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)k;
@@ -22651,7 +22651,7 @@ NVP_EXPORT int32_t cusolverDnSorgtr(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1777, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -22672,7 +22672,7 @@ NVP_EXPORT int32_t cusolverDnSorgtr_bufferSize(void *handle, int32_t uplo, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1779, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -22686,7 +22686,7 @@ NVP_EXPORT int32_t cusolverDnSormqr(void *handle, int32_t side, int32_t trans, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1780, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -22712,7 +22712,7 @@ NVP_EXPORT int32_t cusolverDnSormqr_bufferSize(void *handle, int32_t side, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1782, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -22731,7 +22731,7 @@ NVP_EXPORT int32_t cusolverDnSormtr(void *handle, int32_t side, int32_t uplo, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1783, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -22757,7 +22757,7 @@ NVP_EXPORT int32_t cusolverDnSormtr_bufferSize(void *handle, int32_t side, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1785, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -22776,7 +22776,7 @@ NVP_EXPORT int32_t cusolverDnSpotrf(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1786, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -22791,7 +22791,7 @@ NVP_EXPORT int32_t cusolverDnSpotrfBatched(void *handle, int32_t uplo, int32_t n
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1787, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)Aarray;
@@ -22810,7 +22810,7 @@ NVP_EXPORT int32_t cusolverDnSpotrf_bufferSize(void *handle, int32_t uplo, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1789, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -22823,7 +22823,7 @@ NVP_EXPORT int32_t cusolverDnSpotri(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1790, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -22843,7 +22843,7 @@ NVP_EXPORT int32_t cusolverDnSpotri_bufferSize(void *handle, int32_t uplo, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1792, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -22856,7 +22856,7 @@ NVP_EXPORT int32_t cusolverDnSpotrs(void *handle, int32_t uplo, int32_t n, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1793, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -22872,7 +22872,7 @@ NVP_EXPORT int32_t cusolverDnSpotrsBatched(void *handle, int32_t uplo, int32_t n
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1794, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -22909,7 +22909,7 @@ NVP_EXPORT int32_t cusolverDnSsyevd(void *handle, int32_t jobz, int32_t uplo, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1799, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -22926,7 +22926,7 @@ NVP_EXPORT int32_t cusolverDnSsyevd_bufferSize(void *handle, int32_t jobz, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1800, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -22941,7 +22941,7 @@ NVP_EXPORT int32_t cusolverDnSsyevdx(void *handle, int32_t jobz, int32_t range, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1801, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)range;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
@@ -22964,7 +22964,7 @@ NVP_EXPORT int32_t cusolverDnSsyevdx_bufferSize(void *handle, int32_t jobz, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1802, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)range;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
@@ -22985,7 +22985,7 @@ NVP_EXPORT int32_t cusolverDnSsyevj(void *handle, int32_t jobz, int32_t uplo, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1803, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -22995,7 +22995,7 @@ NVP_EXPORT int32_t cusolverDnSsyevj(void *handle, int32_t jobz, int32_t uplo, in
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)work;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)lwork;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)info;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(params), 42, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(params), 64, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -23003,7 +23003,7 @@ NVP_EXPORT int32_t cusolverDnSsyevjBatched(void *handle, int32_t jobz, int32_t u
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1804, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -23013,7 +23013,7 @@ NVP_EXPORT int32_t cusolverDnSsyevjBatched(void *handle, int32_t jobz, int32_t u
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)work;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)lwork;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)info;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(params), 42, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(params), 64, 0);
     nvpl_c_.slot[11] = (uint64_t)(int64_t)batchSize;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -23022,7 +23022,7 @@ NVP_EXPORT int32_t cusolverDnSsyevjBatched_bufferSize(void *handle, int32_t jobz
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1805, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -23030,7 +23030,7 @@ NVP_EXPORT int32_t cusolverDnSsyevjBatched_bufferSize(void *handle, int32_t jobz
     nvpl_c_.slot[5] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)W;
     nvpl_buf(&nvpl_c_, 7, lwork, NVPL_OUT, (int64_t)(4));
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(params), 42, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(params), 64, 0);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)batchSize;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -23039,7 +23039,7 @@ NVP_EXPORT int32_t cusolverDnSsyevj_bufferSize(void *handle, int32_t jobz, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1806, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -23047,7 +23047,7 @@ NVP_EXPORT int32_t cusolverDnSsyevj_bufferSize(void *handle, int32_t jobz, int32
     nvpl_c_.slot[5] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)W;
     nvpl_buf(&nvpl_c_, 7, lwork, NVPL_OUT, (int64_t)(4));
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(params), 42, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(params), 64, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -23065,7 +23065,7 @@ NVP_EXPORT int32_t cusolverDnSsygvd(void *handle, int32_t itype, int32_t jobz, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1809, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)itype;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
@@ -23085,7 +23085,7 @@ NVP_EXPORT int32_t cusolverDnSsygvd_bufferSize(void *handle, int32_t itype, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1810, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)itype;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
@@ -23103,7 +23103,7 @@ NVP_EXPORT int32_t cusolverDnSsygvdx(void *handle, int32_t itype, int32_t jobz, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1811, 19);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)itype;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)range;
@@ -23129,7 +23129,7 @@ NVP_EXPORT int32_t cusolverDnSsygvdx_bufferSize(void *handle, int32_t itype, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1812, 17);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)itype;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)range;
@@ -23153,7 +23153,7 @@ NVP_EXPORT int32_t cusolverDnSsygvj(void *handle, int32_t itype, int32_t jobz, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1813, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)itype;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
@@ -23166,7 +23166,7 @@ NVP_EXPORT int32_t cusolverDnSsygvj(void *handle, int32_t itype, int32_t jobz, i
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)work;
     nvpl_c_.slot[11] = (uint64_t)(int64_t)lwork;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)info;
-    nvpl_handle(&nvpl_c_, 13, NVPL_H(params), 42, 0);
+    nvpl_handle(&nvpl_c_, 13, NVPL_H(params), 64, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -23174,7 +23174,7 @@ NVP_EXPORT int32_t cusolverDnSsygvj_bufferSize(void *handle, int32_t itype, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1814, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)itype;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
@@ -23185,7 +23185,7 @@ NVP_EXPORT int32_t cusolverDnSsygvj_bufferSize(void *handle, int32_t itype, int3
     nvpl_c_.slot[8] = (uint64_t)(int64_t)ldb;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)W;
     nvpl_buf(&nvpl_c_, 10, lwork, NVPL_OUT, (int64_t)(4));
-    nvpl_handle(&nvpl_c_, 11, NVPL_H(params), 42, 0);
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(params), 64, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -23193,7 +23193,7 @@ NVP_EXPORT int32_t cusolverDnSsytrd(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1815, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -23211,7 +23211,7 @@ NVP_EXPORT int32_t cusolverDnSsytrd_bufferSize(void *handle, int32_t uplo, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1816, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -23227,7 +23227,7 @@ NVP_EXPORT int32_t cusolverDnSsytrf(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1817, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -23243,7 +23243,7 @@ NVP_EXPORT int32_t cusolverDnSsytrf_bufferSize(void *handle, int32_t n, void *A,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1818, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)lda;
@@ -23255,7 +23255,7 @@ NVP_EXPORT int32_t cusolverDnSsytri(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1819, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -23276,7 +23276,7 @@ NVP_EXPORT int32_t cusolverDnSsytri_bufferSize(void *handle, int32_t uplo, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1821, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -23310,8 +23310,8 @@ NVP_EXPORT int32_t cusolverDnXgeev(void *handle, void *params, int32_t jobvl, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1826, 22);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 26, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 48, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobvl;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)jobvr;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)n;
@@ -23339,8 +23339,8 @@ NVP_EXPORT int32_t cusolverDnXgeev_bufferSize(void *handle, void *params, int32_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1827, 19);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 26, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 48, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobvl;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)jobvr;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)n;
@@ -23365,8 +23365,8 @@ NVP_EXPORT int32_t cusolverDnXgeqrf(void *handle, void *params, int64_t m, int64
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1828, 15);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 26, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 48, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)dataTypeA;
@@ -23387,8 +23387,8 @@ NVP_EXPORT int32_t cusolverDnXgeqrf_bufferSize(void *handle, void *params, int64
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1829, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 26, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 48, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)dataTypeA;
@@ -23406,8 +23406,8 @@ NVP_EXPORT int32_t cusolverDnXgesvd(void *handle, void *params, int8_t jobu, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1830, 23);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 26, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 48, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobu;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)jobvt;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)m;
@@ -23436,8 +23436,8 @@ NVP_EXPORT int32_t cusolverDnXgesvd_bufferSize(void *handle, void *params, int8_
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1831, 20);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 26, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 48, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobu;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)jobvt;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)m;
@@ -23463,8 +23463,8 @@ NVP_EXPORT int32_t cusolverDnXgesvdjGetResidual(void *handle, void *info, void *
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1832, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 40, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 62, 0);
     nvpl_buf(&nvpl_c_, 2, residual, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -23473,8 +23473,8 @@ NVP_EXPORT int32_t cusolverDnXgesvdjGetSweeps(void *handle, void *info, void *ex
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1833, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 40, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 62, 0);
     nvpl_buf(&nvpl_c_, 2, executed_sweeps, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -23483,7 +23483,7 @@ NVP_EXPORT int32_t cusolverDnXgesvdjSetMaxSweeps(void *info, int32_t max_sweeps)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1834, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 40, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 62, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)max_sweeps;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -23492,7 +23492,7 @@ NVP_EXPORT int32_t cusolverDnXgesvdjSetSortEig(void *info, int32_t sort_svd)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1835, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 40, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 62, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)sort_svd;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -23501,7 +23501,7 @@ NVP_EXPORT int32_t cusolverDnXgesvdjSetTolerance(void *info, double tolerance)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1836, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 40, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 62, 0);
     nvpl_c_.slot[1] = nvp_slot_of_f8(tolerance);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -23510,8 +23510,8 @@ NVP_EXPORT int32_t cusolverDnXgesvdp(void *handle, void *params, int32_t jobz, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1837, 24);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 26, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 48, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)econ;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)m;
@@ -23541,8 +23541,8 @@ NVP_EXPORT int32_t cusolverDnXgesvdp_bufferSize(void *handle, void *params, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1838, 20);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 26, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 48, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)econ;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)m;
@@ -23568,8 +23568,8 @@ NVP_EXPORT int32_t cusolverDnXgesvdr(void *handle, void *params, int8_t jobu, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1839, 26);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 26, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 48, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobu;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)jobv;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)m;
@@ -23601,8 +23601,8 @@ NVP_EXPORT int32_t cusolverDnXgesvdr_bufferSize(void *handle, void *params, int8
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1840, 23);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 26, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 48, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobu;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)jobv;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)m;
@@ -23631,8 +23631,8 @@ NVP_EXPORT int32_t cusolverDnXgetrf(void *handle, void *params, int64_t m, int64
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1841, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 26, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 48, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)dataTypeA;
@@ -23652,8 +23652,8 @@ NVP_EXPORT int32_t cusolverDnXgetrf_bufferSize(void *handle, void *params, int64
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1842, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 26, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 48, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)dataTypeA;
@@ -23669,8 +23669,8 @@ NVP_EXPORT int32_t cusolverDnXgetrs(void *handle, void *params, int32_t trans, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1843, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 26, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 48, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nrhs;
@@ -23699,8 +23699,8 @@ NVP_EXPORT int32_t cusolverDnXlarft(void *handle, void *params, int32_t direct, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1846, 19);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 26, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 48, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)direct;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)storev;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)n;
@@ -23725,8 +23725,8 @@ NVP_EXPORT int32_t cusolverDnXlarft_bufferSize(void *handle, void *params, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1847, 17);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 26, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 48, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)direct;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)storev;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)n;
@@ -23749,8 +23749,8 @@ NVP_EXPORT int32_t cusolverDnXpotrf(void *handle, void *params, int32_t uplo, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1848, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 26, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 48, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)dataTypeA;
@@ -23769,8 +23769,8 @@ NVP_EXPORT int32_t cusolverDnXpotrf_bufferSize(void *handle, void *params, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1849, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 26, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 48, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)dataTypeA;
@@ -23786,8 +23786,8 @@ NVP_EXPORT int32_t cusolverDnXpotrs(void *handle, void *params, int32_t uplo, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1850, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 26, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 48, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)nrhs;
@@ -23805,8 +23805,8 @@ NVP_EXPORT int32_t cusolverDnXsyevBatched(void *handle, void *params, int32_t jo
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1851, 17);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 26, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 48, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)n;
@@ -23829,8 +23829,8 @@ NVP_EXPORT int32_t cusolverDnXsyevBatched_bufferSize(void *handle, void *params,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1852, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 26, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 48, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)n;
@@ -23850,8 +23850,8 @@ NVP_EXPORT int32_t cusolverDnXsyevd(void *handle, void *params, int32_t jobz, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1853, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 26, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 48, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)n;
@@ -23873,8 +23873,8 @@ NVP_EXPORT int32_t cusolverDnXsyevd_bufferSize(void *handle, void *params, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1854, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 26, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 48, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)n;
@@ -23893,8 +23893,8 @@ NVP_EXPORT int32_t cusolverDnXsyevdx(void *handle, void *params, int32_t jobz, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1855, 22);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 26, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 48, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)range;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)uplo;
@@ -23922,8 +23922,8 @@ NVP_EXPORT int32_t cusolverDnXsyevdx_bufferSize(void *handle, void *params, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1856, 19);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 26, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(params), 48, 0);
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)range;
     nvpl_c_.slot[4] = (uint64_t)(int64_t)uplo;
@@ -23948,8 +23948,8 @@ NVP_EXPORT int32_t cusolverDnXsyevjGetResidual(void *handle, void *info, void *r
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1857, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 42, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 64, 0);
     nvpl_buf(&nvpl_c_, 2, residual, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -23958,8 +23958,8 @@ NVP_EXPORT int32_t cusolverDnXsyevjGetSweeps(void *handle, void *info, void *exe
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1858, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 42, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 64, 0);
     nvpl_buf(&nvpl_c_, 2, executed_sweeps, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -23968,7 +23968,7 @@ NVP_EXPORT int32_t cusolverDnXsyevjSetMaxSweeps(void *info, int32_t max_sweeps)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1859, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 42, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 64, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)max_sweeps;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -23977,7 +23977,7 @@ NVP_EXPORT int32_t cusolverDnXsyevjSetSortEig(void *info, int32_t sort_eig)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1860, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 42, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 64, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)sort_eig;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -23986,7 +23986,7 @@ NVP_EXPORT int32_t cusolverDnXsyevjSetTolerance(void *info, double tolerance)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1861, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 42, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 64, 0);
     nvpl_c_.slot[1] = nvp_slot_of_f8(tolerance);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -23995,7 +23995,7 @@ NVP_EXPORT int32_t cusolverDnXsytrs(void *handle, int32_t uplo, int64_t n, int64
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1862, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -24018,7 +24018,7 @@ NVP_EXPORT int32_t cusolverDnXsytrs_bufferSize(void *handle, int32_t uplo, int64
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1863, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -24038,7 +24038,7 @@ NVP_EXPORT int32_t cusolverDnXtrtri(void *handle, int32_t uplo, int32_t diag, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1864, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)diag;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -24057,7 +24057,7 @@ NVP_EXPORT int32_t cusolverDnXtrtri_bufferSize(void *handle, int32_t uplo, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1865, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)diag;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -24073,7 +24073,7 @@ NVP_EXPORT int32_t cusolverDnZCgels(void *handle, int32_t m, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1866, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -24094,7 +24094,7 @@ NVP_EXPORT int32_t cusolverDnZCgels_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1867, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -24113,7 +24113,7 @@ NVP_EXPORT int32_t cusolverDnZCgesv(void *handle, int32_t n, int32_t nrhs, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1868, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -24134,7 +24134,7 @@ NVP_EXPORT int32_t cusolverDnZCgesv_bufferSize(void *handle, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1869, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -24153,7 +24153,7 @@ NVP_EXPORT int32_t cusolverDnZEgels(void *handle, int32_t m, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1870, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -24174,7 +24174,7 @@ NVP_EXPORT int32_t cusolverDnZEgels_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1871, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -24193,7 +24193,7 @@ NVP_EXPORT int32_t cusolverDnZEgesv(void *handle, int32_t n, int32_t nrhs, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1872, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -24214,7 +24214,7 @@ NVP_EXPORT int32_t cusolverDnZEgesv_bufferSize(void *handle, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1873, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -24233,7 +24233,7 @@ NVP_EXPORT int32_t cusolverDnZKgels(void *handle, int32_t m, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1874, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -24254,7 +24254,7 @@ NVP_EXPORT int32_t cusolverDnZKgels_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1875, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -24273,7 +24273,7 @@ NVP_EXPORT int32_t cusolverDnZKgesv(void *handle, int32_t n, int32_t nrhs, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1876, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -24294,7 +24294,7 @@ NVP_EXPORT int32_t cusolverDnZKgesv_bufferSize(void *handle, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1877, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -24313,7 +24313,7 @@ NVP_EXPORT int32_t cusolverDnZYgels(void *handle, int32_t m, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1878, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -24334,7 +24334,7 @@ NVP_EXPORT int32_t cusolverDnZYgels_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1879, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -24353,7 +24353,7 @@ NVP_EXPORT int32_t cusolverDnZYgesv(void *handle, int32_t n, int32_t nrhs, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1880, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -24374,7 +24374,7 @@ NVP_EXPORT int32_t cusolverDnZYgesv_bufferSize(void *handle, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1881, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -24393,7 +24393,7 @@ NVP_EXPORT int32_t cusolverDnZZgels(void *handle, int32_t m, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1882, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -24414,7 +24414,7 @@ NVP_EXPORT int32_t cusolverDnZZgels_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1883, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -24433,7 +24433,7 @@ NVP_EXPORT int32_t cusolverDnZZgesv(void *handle, int32_t n, int32_t nrhs, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1884, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -24454,7 +24454,7 @@ NVP_EXPORT int32_t cusolverDnZZgesv_bufferSize(void *handle, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1885, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nrhs;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dA;
@@ -24488,7 +24488,7 @@ NVP_EXPORT int32_t cusolverDnZgebrd(void *handle, int32_t m, int32_t n, void *A,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1889, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -24507,7 +24507,7 @@ NVP_EXPORT int32_t cusolverDnZgebrd_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1890, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, Lwork, NVPL_OUT, (int64_t)(4));
@@ -24533,7 +24533,7 @@ NVP_EXPORT int32_t cusolverDnZgeqrf(void *handle, int32_t m, int32_t n, void *A,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1894, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -24554,7 +24554,7 @@ NVP_EXPORT int32_t cusolverDnZgeqrf_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1896, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -24567,7 +24567,7 @@ NVP_EXPORT int32_t cusolverDnZgesvd(void *handle, int8_t jobu, int8_t jobvt, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1897, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobu;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobvt;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -24590,7 +24590,7 @@ NVP_EXPORT int32_t cusolverDnZgesvd_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1898, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_buf(&nvpl_c_, 3, lwork, NVPL_OUT, (int64_t)(4));
@@ -24601,7 +24601,7 @@ NVP_EXPORT int32_t cusolverDnZgesvdaStridedBatched(void *handle, int32_t jobz, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1899, 21);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)rank;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -24629,7 +24629,7 @@ NVP_EXPORT int32_t cusolverDnZgesvdaStridedBatched_bufferSize(void *handle, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1900, 18);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)rank;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -24654,7 +24654,7 @@ NVP_EXPORT int32_t cusolverDnZgesvdj(void *handle, int32_t jobz, int32_t econ, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1901, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)econ;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -24669,7 +24669,7 @@ NVP_EXPORT int32_t cusolverDnZgesvdj(void *handle, int32_t jobz, int32_t econ, i
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)work;
     nvpl_c_.slot[13] = (uint64_t)(int64_t)lwork;
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)info;
-    nvpl_handle(&nvpl_c_, 15, NVPL_H(params), 40, 0);
+    nvpl_handle(&nvpl_c_, 15, NVPL_H(params), 62, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -24677,7 +24677,7 @@ NVP_EXPORT int32_t cusolverDnZgesvdjBatched(void *handle, int32_t jobz, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1902, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -24691,7 +24691,7 @@ NVP_EXPORT int32_t cusolverDnZgesvdjBatched(void *handle, int32_t jobz, int32_t 
     nvpl_c_.slot[11] = (uint64_t)(uintptr_t)work;
     nvpl_c_.slot[12] = (uint64_t)(int64_t)lwork;
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)info;
-    nvpl_handle(&nvpl_c_, 14, NVPL_H(params), 40, 0);
+    nvpl_handle(&nvpl_c_, 14, NVPL_H(params), 62, 0);
     nvpl_c_.slot[15] = (uint64_t)(int64_t)batchSize;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -24700,7 +24700,7 @@ NVP_EXPORT int32_t cusolverDnZgesvdjBatched_bufferSize(void *handle, int32_t job
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1903, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -24712,7 +24712,7 @@ NVP_EXPORT int32_t cusolverDnZgesvdjBatched_bufferSize(void *handle, int32_t job
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)V;
     nvpl_c_.slot[10] = (uint64_t)(int64_t)ldv;
     nvpl_buf(&nvpl_c_, 11, lwork, NVPL_OUT, (int64_t)(4));
-    nvpl_handle(&nvpl_c_, 12, NVPL_H(params), 40, 0);
+    nvpl_handle(&nvpl_c_, 12, NVPL_H(params), 62, 0);
     nvpl_c_.slot[13] = (uint64_t)(int64_t)batchSize;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -24721,7 +24721,7 @@ NVP_EXPORT int32_t cusolverDnZgesvdj_bufferSize(void *handle, int32_t jobz, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1904, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)econ;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -24734,7 +24734,7 @@ NVP_EXPORT int32_t cusolverDnZgesvdj_bufferSize(void *handle, int32_t jobz, int3
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)V;
     nvpl_c_.slot[11] = (uint64_t)(int64_t)ldv;
     nvpl_buf(&nvpl_c_, 12, lwork, NVPL_OUT, (int64_t)(4));
-    nvpl_handle(&nvpl_c_, 13, NVPL_H(params), 40, 0);
+    nvpl_handle(&nvpl_c_, 13, NVPL_H(params), 62, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -24742,7 +24742,7 @@ NVP_EXPORT int32_t cusolverDnZgetrf(void *handle, int32_t m, int32_t n, void *A,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1905, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -24757,7 +24757,7 @@ NVP_EXPORT int32_t cusolverDnZgetrf_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1906, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -24770,7 +24770,7 @@ NVP_EXPORT int32_t cusolverDnZgetrs(void *handle, int32_t trans, int32_t n, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1907, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -24787,7 +24787,7 @@ NVP_EXPORT int32_t cusolverDnZheevd(void *handle, int32_t jobz, int32_t uplo, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1908, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -24804,7 +24804,7 @@ NVP_EXPORT int32_t cusolverDnZheevd_bufferSize(void *handle, int32_t jobz, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1909, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -24819,7 +24819,7 @@ NVP_EXPORT int32_t cusolverDnZheevdx(void *handle, int32_t jobz, int32_t range, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1910, 16);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)range;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
@@ -24842,7 +24842,7 @@ NVP_EXPORT int32_t cusolverDnZheevdx_bufferSize(void *handle, int32_t jobz, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1911, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)range;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
@@ -24863,7 +24863,7 @@ NVP_EXPORT int32_t cusolverDnZheevj(void *handle, int32_t jobz, int32_t uplo, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1912, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -24873,7 +24873,7 @@ NVP_EXPORT int32_t cusolverDnZheevj(void *handle, int32_t jobz, int32_t uplo, in
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)work;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)lwork;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)info;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(params), 42, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(params), 64, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -24881,7 +24881,7 @@ NVP_EXPORT int32_t cusolverDnZheevjBatched(void *handle, int32_t jobz, int32_t u
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1913, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -24891,7 +24891,7 @@ NVP_EXPORT int32_t cusolverDnZheevjBatched(void *handle, int32_t jobz, int32_t u
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)work;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)lwork;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)info;
-    nvpl_handle(&nvpl_c_, 10, NVPL_H(params), 42, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(params), 64, 0);
     nvpl_c_.slot[11] = (uint64_t)(int64_t)batchSize;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -24900,7 +24900,7 @@ NVP_EXPORT int32_t cusolverDnZheevjBatched_bufferSize(void *handle, int32_t jobz
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1914, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -24908,7 +24908,7 @@ NVP_EXPORT int32_t cusolverDnZheevjBatched_bufferSize(void *handle, int32_t jobz
     nvpl_c_.slot[5] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)W;
     nvpl_buf(&nvpl_c_, 7, lwork, NVPL_OUT, (int64_t)(4));
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(params), 42, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(params), 64, 0);
     nvpl_c_.slot[9] = (uint64_t)(int64_t)batchSize;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -24917,7 +24917,7 @@ NVP_EXPORT int32_t cusolverDnZheevj_bufferSize(void *handle, int32_t jobz, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1915, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -24925,7 +24925,7 @@ NVP_EXPORT int32_t cusolverDnZheevj_bufferSize(void *handle, int32_t jobz, int32
     nvpl_c_.slot[5] = (uint64_t)(int64_t)lda;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)W;
     nvpl_buf(&nvpl_c_, 7, lwork, NVPL_OUT, (int64_t)(4));
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(params), 42, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(params), 64, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -24943,7 +24943,7 @@ NVP_EXPORT int32_t cusolverDnZhegvd(void *handle, int32_t itype, int32_t jobz, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1918, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)itype;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
@@ -24963,7 +24963,7 @@ NVP_EXPORT int32_t cusolverDnZhegvd_bufferSize(void *handle, int32_t itype, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1919, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)itype;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
@@ -24981,7 +24981,7 @@ NVP_EXPORT int32_t cusolverDnZhegvdx(void *handle, int32_t itype, int32_t jobz, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1920, 19);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)itype;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)range;
@@ -25007,7 +25007,7 @@ NVP_EXPORT int32_t cusolverDnZhegvdx_bufferSize(void *handle, int32_t itype, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1921, 17);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)itype;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)range;
@@ -25031,7 +25031,7 @@ NVP_EXPORT int32_t cusolverDnZhegvj(void *handle, int32_t itype, int32_t jobz, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1922, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)itype;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
@@ -25044,7 +25044,7 @@ NVP_EXPORT int32_t cusolverDnZhegvj(void *handle, int32_t itype, int32_t jobz, i
     nvpl_c_.slot[10] = (uint64_t)(uintptr_t)work;
     nvpl_c_.slot[11] = (uint64_t)(int64_t)lwork;
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)info;
-    nvpl_handle(&nvpl_c_, 13, NVPL_H(params), 42, 0);
+    nvpl_handle(&nvpl_c_, 13, NVPL_H(params), 64, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -25052,7 +25052,7 @@ NVP_EXPORT int32_t cusolverDnZhegvj_bufferSize(void *handle, int32_t itype, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1923, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)itype;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)jobz;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)uplo;
@@ -25063,7 +25063,7 @@ NVP_EXPORT int32_t cusolverDnZhegvj_bufferSize(void *handle, int32_t itype, int3
     nvpl_c_.slot[8] = (uint64_t)(int64_t)ldb;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)W;
     nvpl_buf(&nvpl_c_, 10, lwork, NVPL_OUT, (int64_t)(4));
-    nvpl_handle(&nvpl_c_, 11, NVPL_H(params), 42, 0);
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(params), 64, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -25071,7 +25071,7 @@ NVP_EXPORT int32_t cusolverDnZhetrd(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1924, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -25089,7 +25089,7 @@ NVP_EXPORT int32_t cusolverDnZhetrd_bufferSize(void *handle, int32_t uplo, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1925, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -25150,7 +25150,7 @@ NVP_EXPORT int32_t cusolverDnZlaswp(void *handle, int32_t n, void *A, int32_t ld
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1935, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)lda;
@@ -25165,7 +25165,7 @@ NVP_EXPORT int32_t cusolverDnZlauum(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1936, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -25185,7 +25185,7 @@ NVP_EXPORT int32_t cusolverDnZlauum_bufferSize(void *handle, int32_t uplo, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1938, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -25203,7 +25203,7 @@ NVP_EXPORT int32_t cusolverDnZpotrf(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1940, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -25218,7 +25218,7 @@ NVP_EXPORT int32_t cusolverDnZpotrfBatched(void *handle, int32_t uplo, int32_t n
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1941, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)Aarray;
@@ -25237,7 +25237,7 @@ NVP_EXPORT int32_t cusolverDnZpotrf_bufferSize(void *handle, int32_t uplo, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1943, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -25250,7 +25250,7 @@ NVP_EXPORT int32_t cusolverDnZpotri(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1944, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -25270,7 +25270,7 @@ NVP_EXPORT int32_t cusolverDnZpotri_bufferSize(void *handle, int32_t uplo, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1946, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -25283,7 +25283,7 @@ NVP_EXPORT int32_t cusolverDnZpotrs(void *handle, int32_t uplo, int32_t n, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1947, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -25299,7 +25299,7 @@ NVP_EXPORT int32_t cusolverDnZpotrsBatched(void *handle, int32_t uplo, int32_t n
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1948, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -25321,7 +25321,7 @@ NVP_EXPORT int32_t cusolverDnZsytrf(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1950, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -25337,7 +25337,7 @@ NVP_EXPORT int32_t cusolverDnZsytrf_bufferSize(void *handle, int32_t n, void *A,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1951, 5);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)A;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)lda;
@@ -25349,7 +25349,7 @@ NVP_EXPORT int32_t cusolverDnZsytri(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1952, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -25370,7 +25370,7 @@ NVP_EXPORT int32_t cusolverDnZsytri_bufferSize(void *handle, int32_t uplo, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1954, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -25394,7 +25394,7 @@ NVP_EXPORT int32_t cusolverDnZungbr(void *handle, int32_t side, int32_t m, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1957, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -25417,7 +25417,7 @@ NVP_EXPORT int32_t cusolverDnZungbr_bufferSize(void *handle, int32_t side, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1959, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
@@ -25443,7 +25443,7 @@ NVP_EXPORT int32_t cusolverDnZungqr(void *handle, int32_t m, int32_t n, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1962, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)k;
@@ -25460,7 +25460,7 @@ NVP_EXPORT int32_t cusolverDnZungqr_bufferSize(void *handle, int32_t m, int32_t 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1963, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)k;
@@ -25475,7 +25475,7 @@ NVP_EXPORT int32_t cusolverDnZungtr(void *handle, int32_t uplo, int32_t n, void 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1964, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -25496,7 +25496,7 @@ NVP_EXPORT int32_t cusolverDnZungtr_bufferSize(void *handle, int32_t uplo, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1966, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
@@ -25510,7 +25510,7 @@ NVP_EXPORT int32_t cusolverDnZunmqr(void *handle, int32_t side, int32_t trans, i
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1967, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -25536,7 +25536,7 @@ NVP_EXPORT int32_t cusolverDnZunmqr_bufferSize(void *handle, int32_t side, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1969, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)trans;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)m;
@@ -25555,7 +25555,7 @@ NVP_EXPORT int32_t cusolverDnZunmtr(void *handle, int32_t side, int32_t uplo, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1970, 14);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -25581,7 +25581,7 @@ NVP_EXPORT int32_t cusolverDnZunmtr_bufferSize(void *handle, int32_t side, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1972, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 23, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 45, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)side;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)uplo;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)trans;
@@ -25627,7 +25627,7 @@ NVP_EXPORT int32_t cusolverRfAnalyze(void *handle)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1977, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 27, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 49, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -25635,7 +25635,7 @@ NVP_EXPORT int32_t cusolverRfBatchAnalyze(void *handle)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1978, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 27, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 49, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -25643,7 +25643,7 @@ NVP_EXPORT int32_t cusolverRfBatchRefactor(void *handle)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1979, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 27, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 49, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -25666,7 +25666,7 @@ NVP_EXPORT int32_t cusolverRfBatchZeroPivot(void *handle, void *position)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1983, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 27, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 49, 0);
     nvpl_c_.slot[1] = (uint64_t)(uintptr_t)position;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -25675,7 +25675,7 @@ NVP_EXPORT int32_t cusolverRfCreate(void *handle)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1984, 1);
-    nvpl_create(&nvpl_c_, 0, handle, 27, 0);
+    nvpl_create(&nvpl_c_, 0, handle, 49, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -25683,7 +25683,7 @@ NVP_EXPORT int32_t cusolverRfDestroy(void *handle)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1985, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 27, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 49, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -25701,7 +25701,7 @@ NVP_EXPORT int32_t cusolverRfGetAlgs(void *handle, void *factAlg, void *solveAlg
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1988, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 27, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 49, 0);
     nvpl_buf(&nvpl_c_, 1, factAlg, NVPL_OUT, (int64_t)(4));
     nvpl_buf(&nvpl_c_, 2, solveAlg, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -25711,7 +25711,7 @@ NVP_EXPORT int32_t cusolverRfGetMatrixFormat(void *handle, void *format, void *d
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1989, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 27, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 49, 0);
     nvpl_buf(&nvpl_c_, 1, format, NVPL_OUT, (int64_t)(4));
     nvpl_buf(&nvpl_c_, 2, diag, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -25721,7 +25721,7 @@ NVP_EXPORT int32_t cusolverRfGetNumericBoostReport(void *handle, void *report)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1990, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 27, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 49, 0);
     nvpl_buf(&nvpl_c_, 1, report, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -25730,7 +25730,7 @@ NVP_EXPORT int32_t cusolverRfGetNumericProperties(void *handle, void *zero, void
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1991, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 27, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 49, 0);
     nvpl_buf(&nvpl_c_, 1, zero, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 2, boost, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -25740,7 +25740,7 @@ NVP_EXPORT int32_t cusolverRfGetResetValuesFastMode(void *handle, void *fastMode
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1992, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 27, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 49, 0);
     nvpl_buf(&nvpl_c_, 1, fastMode, NVPL_OUT, (int64_t)(4));
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -25749,7 +25749,7 @@ NVP_EXPORT int32_t cusolverRfRefactor(void *handle)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1993, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 27, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 49, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -25764,7 +25764,7 @@ NVP_EXPORT int32_t cusolverRfResetValues(int32_t n, int32_t nnzA, void *csrRowPt
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)P;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)Q;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(handle), 27, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(handle), 49, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -25772,7 +25772,7 @@ NVP_EXPORT int32_t cusolverRfSetAlgs(void *handle, int32_t factAlg, int32_t solv
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1995, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 27, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 49, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)factAlg;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)solveAlg;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -25782,7 +25782,7 @@ NVP_EXPORT int32_t cusolverRfSetMatrixFormat(void *handle, int32_t format, int32
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1996, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 27, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 49, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)format;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)diag;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -25792,7 +25792,7 @@ NVP_EXPORT int32_t cusolverRfSetNumericProperties(void *handle, double zero, dou
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1997, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 27, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 49, 0);
     nvpl_c_.slot[1] = nvp_slot_of_f8(zero);
     nvpl_c_.slot[2] = nvp_slot_of_f8(boost);
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -25802,7 +25802,7 @@ NVP_EXPORT int32_t cusolverRfSetResetValuesFastMode(void *handle, int32_t fastMo
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 1998, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 27, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 49, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)fastMode;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -25826,7 +25826,7 @@ NVP_EXPORT int32_t cusolverRfSetupDevice(int32_t n, int32_t nnzA, void *csrRowPt
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)csrValU;
     nvpl_c_.slot[13] = (uint64_t)(uintptr_t)P;
     nvpl_c_.slot[14] = (uint64_t)(uintptr_t)Q;
-    nvpl_handle(&nvpl_c_, 15, NVPL_H(handle), 27, 0);
+    nvpl_handle(&nvpl_c_, 15, NVPL_H(handle), 49, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -25844,7 +25844,7 @@ NVP_EXPORT int32_t cusolverRfSolve(void *handle, void *P, void *Q, int32_t nrhs,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2002, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 27, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 49, 0);
     nvpl_c_.slot[1] = (uint64_t)(uintptr_t)P;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)Q;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nrhs;
@@ -25864,14 +25864,14 @@ NVP_EXPORT int32_t cusolverSpCcsrcholBufferInfo(void *handle, int32_t n, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2004, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 4, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 5, 0);
     nvpl_buf(&nvpl_c_, 8, internalDataInBytes, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 9, workspaceInBytes, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -25886,8 +25886,8 @@ NVP_EXPORT int32_t cusolverSpCcsrcholDiag(void *handle, void *info, void *diag)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2006, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 4, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 5, 0);
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)diag;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -25896,14 +25896,14 @@ NVP_EXPORT int32_t cusolverSpCcsrcholFactor(void *handle, int32_t n, int32_t nnz
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2007, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 4, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 5, 0);
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -25917,11 +25917,11 @@ NVP_EXPORT int32_t cusolverSpCcsrcholSolve(void *handle, int32_t n, void *b, voi
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2009, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)b;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(info), 4, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(info), 5, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -25935,8 +25935,8 @@ NVP_EXPORT int32_t cusolverSpCcsrcholZeroPivot(void *handle, void *info, float t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2011, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 4, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 5, 0);
     nvpl_c_.slot[2] = nvp_slot_of_f4(tol);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)position;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -25956,10 +25956,10 @@ NVP_EXPORT int32_t cusolverSpCcsreigvsi(void *handle, int32_t m, int32_t nnz, vo
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2014, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColIndA;
@@ -25986,10 +25986,10 @@ NVP_EXPORT int32_t cusolverSpCcsrlsvchol(void *handle, int32_t m, int32_t nnz, v
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2017, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrVal;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColInd;
@@ -26005,10 +26005,10 @@ NVP_EXPORT int32_t cusolverSpCcsrlsvcholHost(void *handle, int32_t m, int32_t nn
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2018, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_buf(&nvpl_c_, 4, csrVal, NVPL_IN, (int64_t)(8*nnz));
     nvpl_buf(&nvpl_c_, 5, csrRowPtr, NVPL_IN, (int64_t)(4*(m+1)));
     nvpl_buf(&nvpl_c_, 6, csrColInd, NVPL_IN, (int64_t)(4*nnz));
@@ -26024,10 +26024,10 @@ NVP_EXPORT int32_t cusolverSpCcsrlsvluHost(void *handle, int32_t n, int32_t nnzA
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2019, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_buf(&nvpl_c_, 4, csrValA, NVPL_IN, (int64_t)(8*nnzA));
     nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_IN, (int64_t)(4*(n+1)));
     nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnzA));
@@ -26043,10 +26043,10 @@ NVP_EXPORT int32_t cusolverSpCcsrlsvqr(void *handle, int32_t m, int32_t nnz, voi
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2020, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrVal;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColInd;
@@ -26062,10 +26062,10 @@ NVP_EXPORT int32_t cusolverSpCcsrlsvqrHost(void *handle, int32_t m, int32_t nnz,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2021, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_buf(&nvpl_c_, 4, csrValA, NVPL_IN, (int64_t)(8*nnz));
     nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_IN, (int64_t)(4*(m+1)));
     nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnz));
@@ -26126,15 +26126,15 @@ NVP_EXPORT int32_t cusolverSpCcsrqrBufferInfo(void *handle, int32_t m, int32_t n
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2031, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrColIndA;
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(info), 10, 0);
     nvpl_buf(&nvpl_c_, 9, internalDataInBytes, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 10, workspaceInBytes, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -26144,16 +26144,16 @@ NVP_EXPORT int32_t cusolverSpCcsrqrBufferInfoBatched(void *handle, int32_t m, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2032, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)batchSize;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 10, 0);
     nvpl_buf(&nvpl_c_, 10, internalDataInBytes, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 11, workspaceInBytes, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -26168,13 +26168,13 @@ NVP_EXPORT int32_t cusolverSpCcsrqrFactor(void *handle, int32_t m, int32_t n, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2034, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)b;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)x;
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(info), 10, 0);
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -26188,16 +26188,16 @@ NVP_EXPORT int32_t cusolverSpCcsrqrSetup(void *handle, int32_t m, int32_t n, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2036, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrColIndA;
     nvpl_sval(&nvpl_c_, 8, &mu, sizeof mu);
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 10, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -26210,12 +26210,12 @@ NVP_EXPORT int32_t cusolverSpCcsrqrSolve(void *handle, int32_t m, int32_t n, voi
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2038, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)b;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)x;
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(info), 10, 0);
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -26229,8 +26229,8 @@ NVP_EXPORT int32_t cusolverSpCcsrqrZeroPivot(void *handle, void *info, float tol
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2040, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 10, 0);
     nvpl_c_.slot[2] = nvp_slot_of_f4(tol);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)position;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -26250,18 +26250,18 @@ NVP_EXPORT int32_t cusolverSpCcsrqrsvBatched(void *handle, int32_t m, int32_t n,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2043, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrColIndA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)b;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[10] = (uint64_t)(int64_t)batchSize;
-    nvpl_handle(&nvpl_c_, 11, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(info), 10, 0);
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -26280,7 +26280,7 @@ NVP_EXPORT int32_t cusolverSpCreate(void *handle)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2046, 1);
-    nvpl_create(&nvpl_c_, 0, handle, 28, 0);
+    nvpl_create(&nvpl_c_, 0, handle, 50, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -26288,7 +26288,7 @@ NVP_EXPORT int32_t cusolverSpCreateCsrcholInfo(void *info)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2047, 1);
-    nvpl_create(&nvpl_c_, 0, info, 4, 0);
+    nvpl_create(&nvpl_c_, 0, info, 5, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -26306,7 +26306,7 @@ NVP_EXPORT int32_t cusolverSpCreateCsrqrInfo(void *info)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2050, 1);
-    nvpl_create(&nvpl_c_, 0, info, 9, 0);
+    nvpl_create(&nvpl_c_, 0, info, 10, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -26359,14 +26359,14 @@ NVP_EXPORT int32_t cusolverSpDcsrcholBufferInfo(void *handle, int32_t n, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2060, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 4, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 5, 0);
     nvpl_buf(&nvpl_c_, 8, internalDataInBytes, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 9, workspaceInBytes, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -26381,8 +26381,8 @@ NVP_EXPORT int32_t cusolverSpDcsrcholDiag(void *handle, void *info, void *diag)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2062, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 4, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 5, 0);
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)diag;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -26391,14 +26391,14 @@ NVP_EXPORT int32_t cusolverSpDcsrcholFactor(void *handle, int32_t n, int32_t nnz
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2063, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 4, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 5, 0);
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -26412,11 +26412,11 @@ NVP_EXPORT int32_t cusolverSpDcsrcholSolve(void *handle, int32_t n, void *b, voi
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2065, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)b;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(info), 4, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(info), 5, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -26430,8 +26430,8 @@ NVP_EXPORT int32_t cusolverSpDcsrcholZeroPivot(void *handle, void *info, double 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2067, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 4, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 5, 0);
     nvpl_c_.slot[2] = nvp_slot_of_f8(tol);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)position;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -26451,10 +26451,10 @@ NVP_EXPORT int32_t cusolverSpDcsreigvsi(void *handle, int32_t m, int32_t nnz, vo
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2070, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColIndA;
@@ -26481,10 +26481,10 @@ NVP_EXPORT int32_t cusolverSpDcsrlsvchol(void *handle, int32_t m, int32_t nnz, v
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2073, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrVal;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColInd;
@@ -26500,10 +26500,10 @@ NVP_EXPORT int32_t cusolverSpDcsrlsvcholHost(void *handle, int32_t m, int32_t nn
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2074, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_buf(&nvpl_c_, 4, csrVal, NVPL_IN, (int64_t)(8*nnz));
     nvpl_buf(&nvpl_c_, 5, csrRowPtr, NVPL_IN, (int64_t)(4*(m+1)));
     nvpl_buf(&nvpl_c_, 6, csrColInd, NVPL_IN, (int64_t)(4*nnz));
@@ -26519,10 +26519,10 @@ NVP_EXPORT int32_t cusolverSpDcsrlsvluHost(void *handle, int32_t n, int32_t nnzA
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2075, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_buf(&nvpl_c_, 4, csrValA, NVPL_IN, (int64_t)(8*nnzA));
     nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_IN, (int64_t)(4*(n+1)));
     nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnzA));
@@ -26538,10 +26538,10 @@ NVP_EXPORT int32_t cusolverSpDcsrlsvqr(void *handle, int32_t m, int32_t nnz, voi
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2076, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrVal;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColInd;
@@ -26557,10 +26557,10 @@ NVP_EXPORT int32_t cusolverSpDcsrlsvqrHost(void *handle, int32_t m, int32_t nnz,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2077, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_buf(&nvpl_c_, 4, csrValA, NVPL_IN, (int64_t)(8*nnz));
     nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_IN, (int64_t)(4*(m+1)));
     nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnz));
@@ -26621,15 +26621,15 @@ NVP_EXPORT int32_t cusolverSpDcsrqrBufferInfo(void *handle, int32_t m, int32_t n
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2087, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrColIndA;
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(info), 10, 0);
     nvpl_buf(&nvpl_c_, 9, internalDataInBytes, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 10, workspaceInBytes, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -26639,16 +26639,16 @@ NVP_EXPORT int32_t cusolverSpDcsrqrBufferInfoBatched(void *handle, int32_t m, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2088, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)batchSize;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 10, 0);
     nvpl_buf(&nvpl_c_, 10, internalDataInBytes, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 11, workspaceInBytes, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -26663,13 +26663,13 @@ NVP_EXPORT int32_t cusolverSpDcsrqrFactor(void *handle, int32_t m, int32_t n, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2090, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)b;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)x;
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(info), 10, 0);
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -26683,16 +26683,16 @@ NVP_EXPORT int32_t cusolverSpDcsrqrSetup(void *handle, int32_t m, int32_t n, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2092, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrColIndA;
     nvpl_c_.slot[8] = nvp_slot_of_f8(mu);
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 10, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -26705,12 +26705,12 @@ NVP_EXPORT int32_t cusolverSpDcsrqrSolve(void *handle, int32_t m, int32_t n, voi
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2094, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)b;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)x;
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(info), 10, 0);
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -26724,8 +26724,8 @@ NVP_EXPORT int32_t cusolverSpDcsrqrZeroPivot(void *handle, void *info, double to
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2096, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 10, 0);
     nvpl_c_.slot[2] = nvp_slot_of_f8(tol);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)position;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -26745,18 +26745,18 @@ NVP_EXPORT int32_t cusolverSpDcsrqrsvBatched(void *handle, int32_t m, int32_t n,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2099, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrColIndA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)b;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[10] = (uint64_t)(int64_t)batchSize;
-    nvpl_handle(&nvpl_c_, 11, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(info), 10, 0);
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -26775,7 +26775,7 @@ NVP_EXPORT int32_t cusolverSpDestroy(void *handle)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2102, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -26783,7 +26783,7 @@ NVP_EXPORT int32_t cusolverSpDestroyCsrcholInfo(void *info)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2103, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 4, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 5, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -26801,7 +26801,7 @@ NVP_EXPORT int32_t cusolverSpDestroyCsrqrInfo(void *info)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2106, 1);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 9, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(info), 10, 1);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -26979,14 +26979,14 @@ NVP_EXPORT int32_t cusolverSpScsrcholBufferInfo(void *handle, int32_t n, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2141, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 4, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 5, 0);
     nvpl_buf(&nvpl_c_, 8, internalDataInBytes, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 9, workspaceInBytes, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -27001,8 +27001,8 @@ NVP_EXPORT int32_t cusolverSpScsrcholDiag(void *handle, void *info, void *diag)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2143, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 4, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 5, 0);
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)diag;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -27011,14 +27011,14 @@ NVP_EXPORT int32_t cusolverSpScsrcholFactor(void *handle, int32_t n, int32_t nnz
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2144, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 4, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 5, 0);
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -27032,11 +27032,11 @@ NVP_EXPORT int32_t cusolverSpScsrcholSolve(void *handle, int32_t n, void *b, voi
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2146, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)b;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(info), 4, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(info), 5, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -27050,8 +27050,8 @@ NVP_EXPORT int32_t cusolverSpScsrcholZeroPivot(void *handle, void *info, float t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2148, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 4, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 5, 0);
     nvpl_c_.slot[2] = nvp_slot_of_f4(tol);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)position;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -27071,10 +27071,10 @@ NVP_EXPORT int32_t cusolverSpScsreigvsi(void *handle, int32_t m, int32_t nnz, vo
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2151, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColIndA;
@@ -27101,10 +27101,10 @@ NVP_EXPORT int32_t cusolverSpScsrlsvchol(void *handle, int32_t m, int32_t nnz, v
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2154, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrVal;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColInd;
@@ -27120,10 +27120,10 @@ NVP_EXPORT int32_t cusolverSpScsrlsvcholHost(void *handle, int32_t m, int32_t nn
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2155, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_buf(&nvpl_c_, 4, csrVal, NVPL_IN, (int64_t)(4*nnz));
     nvpl_buf(&nvpl_c_, 5, csrRowPtr, NVPL_IN, (int64_t)(4*(m+1)));
     nvpl_buf(&nvpl_c_, 6, csrColInd, NVPL_IN, (int64_t)(4*nnz));
@@ -27139,10 +27139,10 @@ NVP_EXPORT int32_t cusolverSpScsrlsvluHost(void *handle, int32_t n, int32_t nnzA
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2156, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_buf(&nvpl_c_, 4, csrValA, NVPL_IN, (int64_t)(4*nnzA));
     nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_IN, (int64_t)(4*(n+1)));
     nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnzA));
@@ -27158,10 +27158,10 @@ NVP_EXPORT int32_t cusolverSpScsrlsvqr(void *handle, int32_t m, int32_t nnz, voi
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2157, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrVal;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColInd;
@@ -27177,10 +27177,10 @@ NVP_EXPORT int32_t cusolverSpScsrlsvqrHost(void *handle, int32_t m, int32_t nnz,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2158, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_buf(&nvpl_c_, 4, csrValA, NVPL_IN, (int64_t)(4*nnz));
     nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_IN, (int64_t)(4*(m+1)));
     nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnz));
@@ -27241,15 +27241,15 @@ NVP_EXPORT int32_t cusolverSpScsrqrBufferInfo(void *handle, int32_t m, int32_t n
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2168, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrColIndA;
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(info), 10, 0);
     nvpl_buf(&nvpl_c_, 9, internalDataInBytes, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 10, workspaceInBytes, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -27259,16 +27259,16 @@ NVP_EXPORT int32_t cusolverSpScsrqrBufferInfoBatched(void *handle, int32_t m, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2169, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)batchSize;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 10, 0);
     nvpl_buf(&nvpl_c_, 10, internalDataInBytes, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 11, workspaceInBytes, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -27283,13 +27283,13 @@ NVP_EXPORT int32_t cusolverSpScsrqrFactor(void *handle, int32_t m, int32_t n, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2171, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)b;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)x;
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(info), 10, 0);
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -27303,16 +27303,16 @@ NVP_EXPORT int32_t cusolverSpScsrqrSetup(void *handle, int32_t m, int32_t n, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2173, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrColIndA;
     nvpl_c_.slot[8] = nvp_slot_of_f4(mu);
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 10, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -27325,12 +27325,12 @@ NVP_EXPORT int32_t cusolverSpScsrqrSolve(void *handle, int32_t m, int32_t n, voi
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2175, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)b;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)x;
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(info), 10, 0);
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -27344,8 +27344,8 @@ NVP_EXPORT int32_t cusolverSpScsrqrZeroPivot(void *handle, void *info, float tol
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2177, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 10, 0);
     nvpl_c_.slot[2] = nvp_slot_of_f4(tol);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)position;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -27365,18 +27365,18 @@ NVP_EXPORT int32_t cusolverSpScsrqrsvBatched(void *handle, int32_t m, int32_t n,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2180, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrColIndA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)b;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[10] = (uint64_t)(int64_t)batchSize;
-    nvpl_handle(&nvpl_c_, 11, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(info), 10, 0);
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -27395,7 +27395,7 @@ NVP_EXPORT int32_t cusolverSpSetStream(void *handle, void *streamId)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2183, 2);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_stream(&nvpl_c_, 1, streamId);
     int64_t nvpl_r_ = nvpl_end(&nvpl_c_);
     if (nvpl_r_ == 0)
@@ -27442,13 +27442,13 @@ NVP_EXPORT int32_t cusolverSpXcsrcholAnalysis(void *handle, int32_t n, int32_t n
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2191, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrColIndA;
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(info), 4, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(info), 5, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -27461,10 +27461,10 @@ NVP_EXPORT int32_t cusolverSpXcsrissymHost(void *handle, int32_t m, int32_t nnzA
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2193, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_buf(&nvpl_c_, 4, csrRowPtrA, NVPL_IN, (int64_t)(4*(m+1)));
     nvpl_buf(&nvpl_c_, 5, csrEndPtrA, NVPL_IN, (int64_t)(4*m));
     nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnzA));
@@ -27506,11 +27506,11 @@ NVP_EXPORT int32_t cusolverSpXcsrpermHost(void *handle, int32_t m, int32_t n, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2200, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_INOUT, (int64_t)(4*(m+1)));
     nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_INOUT, (int64_t)(4*nnzA));
     nvpl_buf(&nvpl_c_, 7, p, NVPL_IN, (int64_t)(4*m));
@@ -27524,11 +27524,11 @@ NVP_EXPORT int32_t cusolverSpXcsrperm_bufferSizeHost(void *handle, int32_t m, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2201, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_IN, (int64_t)(4*(m+1)));
     nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnzA));
     nvpl_buf(&nvpl_c_, 7, p, NVPL_IN, (int64_t)(4*m));
@@ -27544,14 +27544,14 @@ NVP_EXPORT int32_t cusolverSpXcsrqrAnalysis(void *handle, int32_t m, int32_t n, 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2202, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 10, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -27559,14 +27559,14 @@ NVP_EXPORT int32_t cusolverSpXcsrqrAnalysisBatched(void *handle, int32_t m, int3
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2203, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 10, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -27594,10 +27594,10 @@ NVP_EXPORT int32_t cusolverSpXcsrsymamdHost(void *handle, int32_t n, int32_t nnz
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2208, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_buf(&nvpl_c_, 4, csrRowPtrA, NVPL_IN, (int64_t)(4*(n+1)));
     nvpl_buf(&nvpl_c_, 5, csrColIndA, NVPL_IN, (int64_t)(4*nnzA));
     nvpl_buf(&nvpl_c_, 6, p, NVPL_OUT, (int64_t)(4*n));
@@ -27608,10 +27608,10 @@ NVP_EXPORT int32_t cusolverSpXcsrsymmdqHost(void *handle, int32_t n, int32_t nnz
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2209, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_buf(&nvpl_c_, 4, csrRowPtrA, NVPL_IN, (int64_t)(4*(n+1)));
     nvpl_buf(&nvpl_c_, 5, csrColIndA, NVPL_IN, (int64_t)(4*nnzA));
     nvpl_buf(&nvpl_c_, 6, p, NVPL_OUT, (int64_t)(4*n));
@@ -27632,10 +27632,10 @@ NVP_EXPORT int32_t cusolverSpXcsrsymrcmHost(void *handle, int32_t n, int32_t nnz
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2212, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_buf(&nvpl_c_, 4, csrRowPtrA, NVPL_IN, (int64_t)(4*(n+1)));
     nvpl_buf(&nvpl_c_, 5, csrColIndA, NVPL_IN, (int64_t)(4*nnzA));
     nvpl_buf(&nvpl_c_, 6, p, NVPL_OUT, (int64_t)(4*n));
@@ -27681,14 +27681,14 @@ NVP_EXPORT int32_t cusolverSpZcsrcholBufferInfo(void *handle, int32_t n, int32_t
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2220, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 4, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 5, 0);
     nvpl_buf(&nvpl_c_, 8, internalDataInBytes, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 9, workspaceInBytes, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -27703,8 +27703,8 @@ NVP_EXPORT int32_t cusolverSpZcsrcholDiag(void *handle, void *info, void *diag)
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2222, 3);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 4, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 5, 0);
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)diag;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -27713,14 +27713,14 @@ NVP_EXPORT int32_t cusolverSpZcsrcholFactor(void *handle, int32_t n, int32_t nnz
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2223, 9);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColIndA;
-    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 4, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(info), 5, 0);
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -27734,11 +27734,11 @@ NVP_EXPORT int32_t cusolverSpZcsrcholSolve(void *handle, int32_t n, void *b, voi
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2225, 6);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(uintptr_t)b;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(info), 4, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(info), 5, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -27752,8 +27752,8 @@ NVP_EXPORT int32_t cusolverSpZcsrcholZeroPivot(void *handle, void *info, double 
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2227, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 4, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 5, 0);
     nvpl_c_.slot[2] = nvp_slot_of_f8(tol);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)position;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -27773,10 +27773,10 @@ NVP_EXPORT int32_t cusolverSpZcsreigvsi(void *handle, int32_t m, int32_t nnz, vo
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2230, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColIndA;
@@ -27803,10 +27803,10 @@ NVP_EXPORT int32_t cusolverSpZcsrlsvchol(void *handle, int32_t m, int32_t nnz, v
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2233, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrVal;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColInd;
@@ -27822,10 +27822,10 @@ NVP_EXPORT int32_t cusolverSpZcsrlsvcholHost(void *handle, int32_t m, int32_t nn
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2234, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_buf(&nvpl_c_, 4, csrVal, NVPL_IN, (int64_t)(16*nnz));
     nvpl_buf(&nvpl_c_, 5, csrRowPtr, NVPL_IN, (int64_t)(4*(m+1)));
     nvpl_buf(&nvpl_c_, 6, csrColInd, NVPL_IN, (int64_t)(4*nnz));
@@ -27841,10 +27841,10 @@ NVP_EXPORT int32_t cusolverSpZcsrlsvluHost(void *handle, int32_t n, int32_t nnzA
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2235, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_buf(&nvpl_c_, 4, csrValA, NVPL_IN, (int64_t)(16*nnzA));
     nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_IN, (int64_t)(4*(n+1)));
     nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnzA));
@@ -27860,10 +27860,10 @@ NVP_EXPORT int32_t cusolverSpZcsrlsvqr(void *handle, int32_t m, int32_t nnz, voi
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2236, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)csrVal;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrColInd;
@@ -27879,10 +27879,10 @@ NVP_EXPORT int32_t cusolverSpZcsrlsvqrHost(void *handle, int32_t m, int32_t nnz,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2237, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(descrA), 55, 0);
     nvpl_buf(&nvpl_c_, 4, csrValA, NVPL_IN, (int64_t)(16*nnz));
     nvpl_buf(&nvpl_c_, 5, csrRowPtrA, NVPL_IN, (int64_t)(4*(m+1)));
     nvpl_buf(&nvpl_c_, 6, csrColIndA, NVPL_IN, (int64_t)(4*nnz));
@@ -27943,15 +27943,15 @@ NVP_EXPORT int32_t cusolverSpZcsrqrBufferInfo(void *handle, int32_t m, int32_t n
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2247, 11);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrColIndA;
-    nvpl_handle(&nvpl_c_, 8, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(info), 10, 0);
     nvpl_buf(&nvpl_c_, 9, internalDataInBytes, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 10, workspaceInBytes, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -27961,16 +27961,16 @@ NVP_EXPORT int32_t cusolverSpZcsrqrBufferInfoBatched(void *handle, int32_t m, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2248, 12);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrVal;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrRowPtr;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrColInd;
     nvpl_c_.slot[8] = (uint64_t)(int64_t)batchSize;
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 10, 0);
     nvpl_buf(&nvpl_c_, 10, internalDataInBytes, NVPL_OUT, (int64_t)(8));
     nvpl_buf(&nvpl_c_, 11, workspaceInBytes, NVPL_OUT, (int64_t)(8));
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -27985,13 +27985,13 @@ NVP_EXPORT int32_t cusolverSpZcsrqrFactor(void *handle, int32_t m, int32_t n, in
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2250, 8);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)b;
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)x;
-    nvpl_handle(&nvpl_c_, 6, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(info), 10, 0);
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -28005,16 +28005,16 @@ NVP_EXPORT int32_t cusolverSpZcsrqrSetup(void *handle, int32_t m, int32_t n, int
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2252, 10);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnzA;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrColIndA;
     nvpl_sval(&nvpl_c_, 8, &mu, sizeof mu);
-    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(info), 10, 0);
     return (int32_t)nvpl_end(&nvpl_c_);
 }
 
@@ -28027,12 +28027,12 @@ NVP_EXPORT int32_t cusolverSpZcsrqrSolve(void *handle, int32_t m, int32_t n, voi
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2254, 7);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)b;
     nvpl_c_.slot[4] = (uint64_t)(uintptr_t)x;
-    nvpl_handle(&nvpl_c_, 5, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(info), 10, 0);
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -28046,8 +28046,8 @@ NVP_EXPORT int32_t cusolverSpZcsrqrZeroPivot(void *handle, void *info, double to
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2256, 4);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
-    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(info), 10, 0);
     nvpl_c_.slot[2] = nvp_slot_of_f8(tol);
     nvpl_c_.slot[3] = (uint64_t)(uintptr_t)position;
     return (int32_t)nvpl_end(&nvpl_c_);
@@ -28067,18 +28067,18 @@ NVP_EXPORT int32_t cusolverSpZcsrqrsvBatched(void *handle, int32_t m, int32_t n,
 {
     struct nvpl_call nvpl_c_;
     nvpl_begin(&nvpl_c_, 2259, 13);
-    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 28, 0);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 50, 0);
     nvpl_c_.slot[1] = (uint64_t)(int64_t)m;
     nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
     nvpl_c_.slot[3] = (uint64_t)(int64_t)nnz;
-    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 33, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(descrA), 55, 0);
     nvpl_c_.slot[5] = (uint64_t)(uintptr_t)csrValA;
     nvpl_c_.slot[6] = (uint64_t)(uintptr_t)csrRowPtrA;
     nvpl_c_.slot[7] = (uint64_t)(uintptr_t)csrColIndA;
     nvpl_c_.slot[8] = (uint64_t)(uintptr_t)b;
     nvpl_c_.slot[9] = (uint64_t)(uintptr_t)x;
     nvpl_c_.slot[10] = (uint64_t)(int64_t)batchSize;
-    nvpl_handle(&nvpl_c_, 11, NVPL_H(info), 9, 0);
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(info), 10, 0);
     nvpl_c_.slot[12] = (uint64_t)(uintptr_t)pBuffer;
     return (int32_t)nvpl_end(&nvpl_c_);
 }
@@ -28183,6 +28183,3037 @@ NVP_EXPORT int32_t pegasusZcsrmvHost(void)
     return (int32_t)nvpl_fail(2279);
 }
 
+NVP_EXPORT int32_t cudnnActivationBackward(void *handle, void *activationDesc, void *alpha, void *yDesc, void *y, void *dyDesc, void *dy, void *xDesc, void *x, void *beta, void *dxDesc, void *dx)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2280, 12);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(activationDesc), 21, 0);
+    nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(yDesc), 40, 0);
+    nvpl_c_.slot[4] = (uint64_t)(uintptr_t)y;
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(dyDesc), 40, 0);
+    nvpl_c_.slot[6] = (uint64_t)(uintptr_t)dy;
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[8] = (uint64_t)(uintptr_t)x;
+    nvpl_buf(&nvpl_c_, 9, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(dxDesc), 40, 0);
+    nvpl_c_.slot[11] = (uint64_t)(uintptr_t)dx;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnActivationForward(void *handle, void *activationDesc, void *alpha, void *xDesc, void *x, void *beta, void *yDesc, void *y)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2281, 8);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(activationDesc), 21, 0);
+    nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[4] = (uint64_t)(uintptr_t)x;
+    nvpl_buf(&nvpl_c_, 5, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(yDesc), 40, 0);
+    nvpl_c_.slot[7] = (uint64_t)(uintptr_t)y;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnAddTensor(void *handle, void *alpha, void *aDesc, void *A, void *beta, void *cDesc, void *C)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2282, 7);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_buf(&nvpl_c_, 1, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(cDesc))));
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(aDesc), 40, 0);
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)A;
+    nvpl_buf(&nvpl_c_, 4, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(cDesc))));
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(cDesc), 40, 0);
+    nvpl_c_.slot[6] = (uint64_t)(uintptr_t)C;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnAdvVersionCheck(void)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2283, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnB2BCausalConv1dBackward(void *stream, void *x, void *weightsProj, void *weightsMixer, void *skipBias, void *y, void *dy, void *dx, void *dweightsProj, void *dweightsMixer, void *dskipBias, int32_t batch, int32_t dim, int32_t seqLen, int32_t kernelSizeProj, int32_t kernelSizeMixer, int32_t dataType, int32_t dwDataType)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2284, 18);
+    nvpl_stream(&nvpl_c_, 0, stream);
+    nvpl_c_.slot[1] = (uint64_t)(uintptr_t)x;
+    nvpl_c_.slot[2] = (uint64_t)(uintptr_t)weightsProj;
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)weightsMixer;
+    nvpl_c_.slot[4] = (uint64_t)(uintptr_t)skipBias;
+    nvpl_c_.slot[5] = (uint64_t)(uintptr_t)y;
+    nvpl_c_.slot[6] = (uint64_t)(uintptr_t)dy;
+    nvpl_c_.slot[7] = (uint64_t)(uintptr_t)dx;
+    nvpl_c_.slot[8] = (uint64_t)(uintptr_t)dweightsProj;
+    nvpl_c_.slot[9] = (uint64_t)(uintptr_t)dweightsMixer;
+    nvpl_c_.slot[10] = (uint64_t)(uintptr_t)dskipBias;
+    nvpl_c_.slot[11] = (uint64_t)(int64_t)batch;
+    nvpl_c_.slot[12] = (uint64_t)(int64_t)dim;
+    nvpl_c_.slot[13] = (uint64_t)(int64_t)seqLen;
+    nvpl_c_.slot[14] = (uint64_t)(int64_t)kernelSizeProj;
+    nvpl_c_.slot[15] = (uint64_t)(int64_t)kernelSizeMixer;
+    nvpl_c_.slot[16] = (uint64_t)(int64_t)dataType;
+    nvpl_c_.slot[17] = (uint64_t)(int64_t)dwDataType;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnB2BCausalConv1dForward(void *stream, void *x, void *weightsProj, void *weightsMixer, void *skipBias, void *y, void *yGated, int32_t batch, int32_t dim, int32_t seqLen, int32_t kernelSizeProj, int32_t kernelSizeMixer, int32_t dataType)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2285, 13);
+    nvpl_stream(&nvpl_c_, 0, stream);
+    nvpl_c_.slot[1] = (uint64_t)(uintptr_t)x;
+    nvpl_c_.slot[2] = (uint64_t)(uintptr_t)weightsProj;
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)weightsMixer;
+    nvpl_c_.slot[4] = (uint64_t)(uintptr_t)skipBias;
+    nvpl_c_.slot[5] = (uint64_t)(uintptr_t)y;
+    nvpl_c_.slot[6] = (uint64_t)(uintptr_t)yGated;
+    nvpl_c_.slot[7] = (uint64_t)(int64_t)batch;
+    nvpl_c_.slot[8] = (uint64_t)(int64_t)dim;
+    nvpl_c_.slot[9] = (uint64_t)(int64_t)seqLen;
+    nvpl_c_.slot[10] = (uint64_t)(int64_t)kernelSizeProj;
+    nvpl_c_.slot[11] = (uint64_t)(int64_t)kernelSizeMixer;
+    nvpl_c_.slot[12] = (uint64_t)(int64_t)dataType;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnBackendCreateDescriptor(int32_t descriptorType, void *descriptor)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2286, 2);
+    nvpl_c_.slot[0] = (uint64_t)(int64_t)descriptorType;
+    nvpl_create(&nvpl_c_, 1, descriptor, 23, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnBackendDestroyDescriptor(void *descriptor)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2287, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(descriptor), 23, 1);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnBackendExecute(void *handle, void *executionPlan, void *variantPack)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2288, 3);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(executionPlan), 23, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(variantPack), 23, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnBackendFinalize(void *descriptor)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2289, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(descriptor), 23, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnBackendGetAttribute(void *descriptor, int32_t attributeName, int32_t attributeType, int64_t requestedElementCount, void *elementCount, void *arrayOfElements)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2290, 6);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(descriptor), 23, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)attributeName;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)attributeType;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)requestedElementCount;
+    nvpl_buf(&nvpl_c_, 4, elementCount, NVPL_OUT, (int64_t)(8));
+    nvpl_buf(&nvpl_c_, 5, arrayOfElements, NVPL_INOUT, (int64_t)(nvpl_elem_size(6, attributeType)*requestedElementCount));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnBackendInitialize(void *descriptor)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2291, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(descriptor), 23, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnBackendPopulateCudaGraph(void)
+{
+    return (int32_t)nvpl_fail(2292);
+}
+
+NVP_EXPORT int32_t cudnnBackendSetAttribute(void *descriptor, int32_t attributeName, int32_t attributeType, int64_t elementCount, void *arrayOfElements)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2293, 5);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(descriptor), 23, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)attributeName;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)attributeType;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)elementCount;
+    nvpl_buf(&nvpl_c_, 4, arrayOfElements, NVPL_IN, (int64_t)(nvpl_elem_size(6, attributeType)*elementCount));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnBackendUpdateCudaGraph(void)
+{
+    return (int32_t)nvpl_fail(2294);
+}
+
+NVP_EXPORT int32_t cudnnBatchNormalizationBackward(void *handle, int32_t mode, void *alphaDataDiff, void *betaDataDiff, void *alphaParamDiff, void *betaParamDiff, void *xDesc, void *x, void *dyDesc, void *dy, void *dxDesc, void *dx, void *dBnScaleBiasDesc, void *bnScale, void *dBnScaleResult, void *dBnBiasResult, double epsilon, void *savedMean, void *savedInvVariance)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2295, 19);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
+    nvpl_buf(&nvpl_c_, 2, alphaDataDiff, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(dxDesc))));
+    nvpl_buf(&nvpl_c_, 3, betaDataDiff, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(dxDesc))));
+    nvpl_buf(&nvpl_c_, 4, alphaParamDiff, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(dxDesc))));
+    nvpl_buf(&nvpl_c_, 5, betaParamDiff, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(dxDesc))));
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[7] = (uint64_t)(uintptr_t)x;
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(dyDesc), 40, 0);
+    nvpl_c_.slot[9] = (uint64_t)(uintptr_t)dy;
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(dxDesc), 40, 0);
+    nvpl_c_.slot[11] = (uint64_t)(uintptr_t)dx;
+    nvpl_handle(&nvpl_c_, 12, NVPL_H(dBnScaleBiasDesc), 40, 0);
+    nvpl_c_.slot[13] = (uint64_t)(uintptr_t)bnScale;
+    nvpl_c_.slot[14] = (uint64_t)(uintptr_t)dBnScaleResult;
+    nvpl_c_.slot[15] = (uint64_t)(uintptr_t)dBnBiasResult;
+    nvpl_c_.slot[16] = nvp_slot_of_f8(epsilon);
+    nvpl_c_.slot[17] = (uint64_t)(uintptr_t)savedMean;
+    nvpl_c_.slot[18] = (uint64_t)(uintptr_t)savedInvVariance;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnBatchNormalizationBackwardEx(void *handle, int32_t mode, int32_t bnOps, void *alphaDataDiff, void *betaDataDiff, void *alphaParamDiff, void *betaParamDiff, void *xDesc, void *xData, void *yDesc, void *yData, void *dyDesc, void *dyData, void *dzDesc, void *dzData, void *dxDesc, void *dxData, void *dBnScaleBiasDesc, void *bnScaleData, void *bnBiasData, void *dBnScaleData, void *dBnBiasData, double epsilon, void *savedMean, void *savedInvVariance, void *activationDesc, void *workSpace, uint64_t workSpaceSizeInBytes, void *reserveSpace, uint64_t reserveSpaceSizeInBytes)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2296, 30);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)bnOps;
+    nvpl_buf(&nvpl_c_, 3, alphaDataDiff, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_buf(&nvpl_c_, 4, betaDataDiff, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_buf(&nvpl_c_, 5, alphaParamDiff, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_buf(&nvpl_c_, 6, betaParamDiff, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[8] = (uint64_t)(uintptr_t)xData;
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(yDesc), 40, 0);
+    nvpl_c_.slot[10] = (uint64_t)(uintptr_t)yData;
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(dyDesc), 40, 0);
+    nvpl_c_.slot[12] = (uint64_t)(uintptr_t)dyData;
+    nvpl_handle(&nvpl_c_, 13, NVPL_H(dzDesc), 40, 0);
+    nvpl_c_.slot[14] = (uint64_t)(uintptr_t)dzData;
+    nvpl_handle(&nvpl_c_, 15, NVPL_H(dxDesc), 40, 0);
+    nvpl_c_.slot[16] = (uint64_t)(uintptr_t)dxData;
+    nvpl_handle(&nvpl_c_, 17, NVPL_H(dBnScaleBiasDesc), 40, 0);
+    nvpl_c_.slot[18] = (uint64_t)(uintptr_t)bnScaleData;
+    nvpl_c_.slot[19] = (uint64_t)(uintptr_t)bnBiasData;
+    nvpl_c_.slot[20] = (uint64_t)(uintptr_t)dBnScaleData;
+    nvpl_c_.slot[21] = (uint64_t)(uintptr_t)dBnBiasData;
+    nvpl_c_.slot[22] = nvp_slot_of_f8(epsilon);
+    nvpl_c_.slot[23] = (uint64_t)(uintptr_t)savedMean;
+    nvpl_c_.slot[24] = (uint64_t)(uintptr_t)savedInvVariance;
+    nvpl_handle(&nvpl_c_, 25, NVPL_H(activationDesc), 21, 0);
+    nvpl_c_.slot[26] = (uint64_t)(uintptr_t)workSpace;
+    nvpl_c_.slot[27] = (uint64_t)workSpaceSizeInBytes;
+    nvpl_c_.slot[28] = (uint64_t)(uintptr_t)reserveSpace;
+    nvpl_c_.slot[29] = (uint64_t)reserveSpaceSizeInBytes;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnBatchNormalizationForwardInference(void *handle, int32_t mode, void *alpha, void *beta, void *xDesc, void *x, void *yDesc, void *y, void *bnScaleBiasMeanVarDesc, void *bnScale, void *bnBias, void *estimatedMean, void *estimatedVariance, double epsilon)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2297, 14);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
+    nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_buf(&nvpl_c_, 3, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[5] = (uint64_t)(uintptr_t)x;
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(yDesc), 40, 0);
+    nvpl_c_.slot[7] = (uint64_t)(uintptr_t)y;
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(bnScaleBiasMeanVarDesc), 40, 0);
+    nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bnScale;
+    nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bnBias;
+    nvpl_c_.slot[11] = (uint64_t)(uintptr_t)estimatedMean;
+    nvpl_c_.slot[12] = (uint64_t)(uintptr_t)estimatedVariance;
+    nvpl_c_.slot[13] = nvp_slot_of_f8(epsilon);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnBatchNormalizationForwardTraining(void *handle, int32_t mode, void *alpha, void *beta, void *xDesc, void *x, void *yDesc, void *y, void *bnScaleBiasMeanVarDesc, void *bnScale, void *bnBias, double exponentialAverageFactor, void *resultRunningMean, void *resultRunningVariance, double epsilon, void *resultSaveMean, void *resultSaveInvVariance)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2298, 17);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
+    nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_buf(&nvpl_c_, 3, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[5] = (uint64_t)(uintptr_t)x;
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(yDesc), 40, 0);
+    nvpl_c_.slot[7] = (uint64_t)(uintptr_t)y;
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(bnScaleBiasMeanVarDesc), 40, 0);
+    nvpl_c_.slot[9] = (uint64_t)(uintptr_t)bnScale;
+    nvpl_c_.slot[10] = (uint64_t)(uintptr_t)bnBias;
+    nvpl_c_.slot[11] = nvp_slot_of_f8(exponentialAverageFactor);
+    nvpl_c_.slot[12] = (uint64_t)(uintptr_t)resultRunningMean;
+    nvpl_c_.slot[13] = (uint64_t)(uintptr_t)resultRunningVariance;
+    nvpl_c_.slot[14] = nvp_slot_of_f8(epsilon);
+    nvpl_c_.slot[15] = (uint64_t)(uintptr_t)resultSaveMean;
+    nvpl_c_.slot[16] = (uint64_t)(uintptr_t)resultSaveInvVariance;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnBatchNormalizationForwardTrainingEx(void *handle, int32_t mode, int32_t bnOps, void *alpha, void *beta, void *xDesc, void *xData, void *zDesc, void *zData, void *yDesc, void *yData, void *bnScaleBiasMeanVarDesc, void *bnScale, void *bnBias, double exponentialAverageFactor, void *resultRunningMean, void *resultRunningVariance, double epsilon, void *resultSaveMean, void *resultSaveInvVariance, void *activationDesc, void *workspace, uint64_t workSpaceSizeInBytes, void *reserveSpace, uint64_t reserveSpaceSizeInBytes)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2299, 25);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)bnOps;
+    nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_buf(&nvpl_c_, 4, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[6] = (uint64_t)(uintptr_t)xData;
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(zDesc), 40, 0);
+    nvpl_c_.slot[8] = (uint64_t)(uintptr_t)zData;
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(yDesc), 40, 0);
+    nvpl_c_.slot[10] = (uint64_t)(uintptr_t)yData;
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(bnScaleBiasMeanVarDesc), 40, 0);
+    nvpl_c_.slot[12] = (uint64_t)(uintptr_t)bnScale;
+    nvpl_c_.slot[13] = (uint64_t)(uintptr_t)bnBias;
+    nvpl_c_.slot[14] = nvp_slot_of_f8(exponentialAverageFactor);
+    nvpl_c_.slot[15] = (uint64_t)(uintptr_t)resultRunningMean;
+    nvpl_c_.slot[16] = (uint64_t)(uintptr_t)resultRunningVariance;
+    nvpl_c_.slot[17] = nvp_slot_of_f8(epsilon);
+    nvpl_c_.slot[18] = (uint64_t)(uintptr_t)resultSaveMean;
+    nvpl_c_.slot[19] = (uint64_t)(uintptr_t)resultSaveInvVariance;
+    nvpl_handle(&nvpl_c_, 20, NVPL_H(activationDesc), 21, 0);
+    nvpl_c_.slot[21] = (uint64_t)(uintptr_t)workspace;
+    nvpl_c_.slot[22] = (uint64_t)workSpaceSizeInBytes;
+    nvpl_c_.slot[23] = (uint64_t)(uintptr_t)reserveSpace;
+    nvpl_c_.slot[24] = (uint64_t)reserveSpaceSizeInBytes;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnBuildRNNDynamic(void *handle, void *rnnDesc, int32_t miniBatch)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2300, 3);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(rnnDesc), 36, 0);
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)miniBatch;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnCTCLoss(void)
+{
+    return (int32_t)nvpl_fail(2301);
+}
+
+NVP_EXPORT int32_t cudnnCTCLoss_v8(void *handle, int32_t algo, void *ctcLossDesc, void *probsDesc, void *probs, void *labels, void *labelLengths, void *inputLengths, void *costs, void *gradientsDesc, void *gradients, uint64_t workSpaceSizeInBytes, void *workspace)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2302, 13);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)algo;
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(ctcLossDesc), 24, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(probsDesc), 40, 0);
+    nvpl_c_.slot[4] = (uint64_t)(uintptr_t)probs;
+    nvpl_c_.slot[5] = (uint64_t)(uintptr_t)labels;
+    nvpl_c_.slot[6] = (uint64_t)(uintptr_t)labelLengths;
+    nvpl_c_.slot[7] = (uint64_t)(uintptr_t)inputLengths;
+    nvpl_c_.slot[8] = (uint64_t)(uintptr_t)costs;
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(gradientsDesc), 40, 0);
+    nvpl_c_.slot[10] = (uint64_t)(uintptr_t)gradients;
+    nvpl_c_.slot[11] = (uint64_t)workSpaceSizeInBytes;
+    nvpl_c_.slot[12] = (uint64_t)(uintptr_t)workspace;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnCausalConv1dBackward(void *stream, void *x, void *weight, void *bias, void *dy, void *dx, void *dweight, void *dbias, int32_t batch, int32_t dim, int32_t seqLen, int32_t kernelSize, int32_t dataType, int32_t dwDataType, int32_t activation)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2303, 15);
+    nvpl_stream(&nvpl_c_, 0, stream);
+    nvpl_c_.slot[1] = (uint64_t)(uintptr_t)x;
+    nvpl_c_.slot[2] = (uint64_t)(uintptr_t)weight;
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)bias;
+    nvpl_c_.slot[4] = (uint64_t)(uintptr_t)dy;
+    nvpl_c_.slot[5] = (uint64_t)(uintptr_t)dx;
+    nvpl_c_.slot[6] = (uint64_t)(uintptr_t)dweight;
+    nvpl_c_.slot[7] = (uint64_t)(uintptr_t)dbias;
+    nvpl_c_.slot[8] = (uint64_t)(int64_t)batch;
+    nvpl_c_.slot[9] = (uint64_t)(int64_t)dim;
+    nvpl_c_.slot[10] = (uint64_t)(int64_t)seqLen;
+    nvpl_c_.slot[11] = (uint64_t)(int64_t)kernelSize;
+    nvpl_c_.slot[12] = (uint64_t)(int64_t)dataType;
+    nvpl_c_.slot[13] = (uint64_t)(int64_t)dwDataType;
+    nvpl_c_.slot[14] = (uint64_t)(int64_t)activation;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnCausalConv1dForward(void *stream, void *x, void *weight, void *bias, void *y, int32_t batch, int32_t dim, int32_t seqLen, int32_t kernelSize, int32_t dataType, int32_t activation)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2304, 11);
+    nvpl_stream(&nvpl_c_, 0, stream);
+    nvpl_c_.slot[1] = (uint64_t)(uintptr_t)x;
+    nvpl_c_.slot[2] = (uint64_t)(uintptr_t)weight;
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)bias;
+    nvpl_c_.slot[4] = (uint64_t)(uintptr_t)y;
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)batch;
+    nvpl_c_.slot[6] = (uint64_t)(int64_t)dim;
+    nvpl_c_.slot[7] = (uint64_t)(int64_t)seqLen;
+    nvpl_c_.slot[8] = (uint64_t)(int64_t)kernelSize;
+    nvpl_c_.slot[9] = (uint64_t)(int64_t)dataType;
+    nvpl_c_.slot[10] = (uint64_t)(int64_t)activation;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnCausalConv1dNwhBackward(void *stream, void *x, void *weight, void *bias, void *dy, void *dx, void *dweight, void *dbias, int32_t batch, int32_t dim, int32_t seqLen, int32_t kernelSize, int32_t dataType, int32_t dwDataType, int32_t activation)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2305, 15);
+    nvpl_stream(&nvpl_c_, 0, stream);
+    nvpl_c_.slot[1] = (uint64_t)(uintptr_t)x;
+    nvpl_c_.slot[2] = (uint64_t)(uintptr_t)weight;
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)bias;
+    nvpl_c_.slot[4] = (uint64_t)(uintptr_t)dy;
+    nvpl_c_.slot[5] = (uint64_t)(uintptr_t)dx;
+    nvpl_c_.slot[6] = (uint64_t)(uintptr_t)dweight;
+    nvpl_c_.slot[7] = (uint64_t)(uintptr_t)dbias;
+    nvpl_c_.slot[8] = (uint64_t)(int64_t)batch;
+    nvpl_c_.slot[9] = (uint64_t)(int64_t)dim;
+    nvpl_c_.slot[10] = (uint64_t)(int64_t)seqLen;
+    nvpl_c_.slot[11] = (uint64_t)(int64_t)kernelSize;
+    nvpl_c_.slot[12] = (uint64_t)(int64_t)dataType;
+    nvpl_c_.slot[13] = (uint64_t)(int64_t)dwDataType;
+    nvpl_c_.slot[14] = (uint64_t)(int64_t)activation;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnCausalConv1dNwhForward(void *stream, void *x, void *weight, void *bias, void *y, int32_t batch, int32_t dim, int32_t seqLen, int32_t kernelSize, int32_t dataType, int32_t activation)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2306, 11);
+    nvpl_stream(&nvpl_c_, 0, stream);
+    nvpl_c_.slot[1] = (uint64_t)(uintptr_t)x;
+    nvpl_c_.slot[2] = (uint64_t)(uintptr_t)weight;
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)bias;
+    nvpl_c_.slot[4] = (uint64_t)(uintptr_t)y;
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)batch;
+    nvpl_c_.slot[6] = (uint64_t)(int64_t)dim;
+    nvpl_c_.slot[7] = (uint64_t)(int64_t)seqLen;
+    nvpl_c_.slot[8] = (uint64_t)(int64_t)kernelSize;
+    nvpl_c_.slot[9] = (uint64_t)(int64_t)dataType;
+    nvpl_c_.slot[10] = (uint64_t)(int64_t)activation;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnCnnVersionCheck(void)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2307, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnConvolutionBackwardBias(void *handle, void *alpha, void *dyDesc, void *dy, void *beta, void *dbDesc, void *db)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2308, 7);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_buf(&nvpl_c_, 1, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(dbDesc))));
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(dyDesc), 40, 0);
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dy;
+    nvpl_buf(&nvpl_c_, 4, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(dbDesc))));
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(dbDesc), 40, 0);
+    nvpl_c_.slot[6] = (uint64_t)(uintptr_t)db;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnConvolutionBackwardData(void *handle, void *alpha, void *wDesc, void *w, void *dyDesc, void *dy, void *convDesc, int32_t algo, void *workSpace, uint64_t workSpaceSizeInBytes, void *beta, void *dxDesc, void *dx)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2309, 13);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_buf(&nvpl_c_, 1, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(dxDesc))));
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(wDesc), 28, 0);
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)w;
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(dyDesc), 40, 0);
+    nvpl_c_.slot[5] = (uint64_t)(uintptr_t)dy;
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(convDesc), 26, 0);
+    nvpl_c_.slot[7] = (uint64_t)(int64_t)algo;
+    nvpl_c_.slot[8] = (uint64_t)(uintptr_t)workSpace;
+    nvpl_c_.slot[9] = (uint64_t)workSpaceSizeInBytes;
+    nvpl_buf(&nvpl_c_, 10, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(dxDesc))));
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(dxDesc), 40, 0);
+    nvpl_c_.slot[12] = (uint64_t)(uintptr_t)dx;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnConvolutionBackwardFilter(void *handle, void *alpha, void *xDesc, void *x, void *dyDesc, void *dy, void *convDesc, int32_t algo, void *workSpace, uint64_t workSpaceSizeInBytes, void *beta, void *dwDesc, void *dw)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2310, 13);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_buf(&nvpl_c_, 1, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(dwDesc))));
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(dyDesc), 40, 0);
+    nvpl_c_.slot[5] = (uint64_t)(uintptr_t)dy;
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(convDesc), 26, 0);
+    nvpl_c_.slot[7] = (uint64_t)(int64_t)algo;
+    nvpl_c_.slot[8] = (uint64_t)(uintptr_t)workSpace;
+    nvpl_c_.slot[9] = (uint64_t)workSpaceSizeInBytes;
+    nvpl_buf(&nvpl_c_, 10, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(dwDesc))));
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(dwDesc), 28, 0);
+    nvpl_c_.slot[12] = (uint64_t)(uintptr_t)dw;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnConvolutionBiasActivationForward(void *handle, void *alpha1, void *xDesc, void *x, void *wDesc, void *w, void *convDesc, int32_t algo, void *workSpace, uint64_t workSpaceSizeInBytes, void *alpha2, void *zDesc, void *z, void *biasDesc, void *bias, void *activationDesc, void *yDesc, void *y)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2311, 18);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_buf(&nvpl_c_, 1, alpha1, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(wDesc), 28, 0);
+    nvpl_c_.slot[5] = (uint64_t)(uintptr_t)w;
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(convDesc), 26, 0);
+    nvpl_c_.slot[7] = (uint64_t)(int64_t)algo;
+    nvpl_c_.slot[8] = (uint64_t)(uintptr_t)workSpace;
+    nvpl_c_.slot[9] = (uint64_t)workSpaceSizeInBytes;
+    nvpl_buf(&nvpl_c_, 10, alpha2, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(zDesc), 40, 0);
+    nvpl_c_.slot[12] = (uint64_t)(uintptr_t)z;
+    nvpl_handle(&nvpl_c_, 13, NVPL_H(biasDesc), 40, 0);
+    nvpl_c_.slot[14] = (uint64_t)(uintptr_t)bias;
+    nvpl_handle(&nvpl_c_, 15, NVPL_H(activationDesc), 21, 0);
+    nvpl_handle(&nvpl_c_, 16, NVPL_H(yDesc), 40, 0);
+    nvpl_c_.slot[17] = (uint64_t)(uintptr_t)y;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnConvolutionForward(void *handle, void *alpha, void *xDesc, void *x, void *wDesc, void *w, void *convDesc, int32_t algo, void *workSpace, uint64_t workSpaceSizeInBytes, void *beta, void *yDesc, void *y)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2312, 13);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_buf(&nvpl_c_, 1, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(wDesc), 28, 0);
+    nvpl_c_.slot[5] = (uint64_t)(uintptr_t)w;
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(convDesc), 26, 0);
+    nvpl_c_.slot[7] = (uint64_t)(int64_t)algo;
+    nvpl_c_.slot[8] = (uint64_t)(uintptr_t)workSpace;
+    nvpl_c_.slot[9] = (uint64_t)workSpaceSizeInBytes;
+    nvpl_buf(&nvpl_c_, 10, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(yDesc), 40, 0);
+    nvpl_c_.slot[12] = (uint64_t)(uintptr_t)y;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnCreate(void *handle)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2313, 1);
+    nvpl_create(&nvpl_c_, 0, handle, 25, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnCreateActivationDescriptor(void *activationDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2314, 1);
+    nvpl_create(&nvpl_c_, 0, activationDesc, 21, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnCreateAttnDescriptor(void *attnDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2315, 1);
+    nvpl_create(&nvpl_c_, 0, attnDesc, 22, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnCreateCTCLossDescriptor(void *ctcLossDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2316, 1);
+    nvpl_create(&nvpl_c_, 0, ctcLossDesc, 24, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnCreateConvolutionDescriptor(void *convDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2317, 1);
+    nvpl_create(&nvpl_c_, 0, convDesc, 26, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnCreateDropoutDescriptor(void *dropoutDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2318, 1);
+    nvpl_create(&nvpl_c_, 0, dropoutDesc, 27, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnCreateFilterDescriptor(void *filterDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2319, 1);
+    nvpl_create(&nvpl_c_, 0, filterDesc, 28, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnCreateFusedOpsConstParamPack(void)
+{
+    return (int32_t)nvpl_fail(2320);
+}
+
+NVP_EXPORT int32_t cudnnCreateFusedOpsPlan(void)
+{
+    return (int32_t)nvpl_fail(2321);
+}
+
+NVP_EXPORT int32_t cudnnCreateFusedOpsVariantParamPack(void)
+{
+    return (int32_t)nvpl_fail(2322);
+}
+
+NVP_EXPORT int32_t cudnnCreateLRNDescriptor(void *normDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2323, 1);
+    nvpl_create(&nvpl_c_, 0, normDesc, 32, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnCreateOpTensorDescriptor(void *opTensorDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2324, 1);
+    nvpl_create(&nvpl_c_, 0, opTensorDesc, 33, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnCreatePoolingDescriptor(void *poolingDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2325, 1);
+    nvpl_create(&nvpl_c_, 0, poolingDesc, 34, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnCreateRNNDataDescriptor(void *rnnDataDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2326, 1);
+    nvpl_create(&nvpl_c_, 0, rnnDataDesc, 35, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnCreateRNNDescriptor(void *rnnDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2327, 1);
+    nvpl_create(&nvpl_c_, 0, rnnDesc, 36, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnCreateReduceTensorDescriptor(void *reduceTensorDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2328, 1);
+    nvpl_create(&nvpl_c_, 0, reduceTensorDesc, 37, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnCreateSeqDataDescriptor(void *seqDataDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2329, 1);
+    nvpl_create(&nvpl_c_, 0, seqDataDesc, 38, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnCreateSpatialTransformerDescriptor(void *stDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2330, 1);
+    nvpl_create(&nvpl_c_, 0, stDesc, 39, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnCreateTensorDescriptor(void *tensorDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2331, 1);
+    nvpl_create(&nvpl_c_, 0, tensorDesc, 40, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnCreateTensorTransformDescriptor(void *transformDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2332, 1);
+    nvpl_create(&nvpl_c_, 0, transformDesc, 41, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnDeriveBNTensorDescriptor(void *derivedBnDesc, void *xDesc, int32_t mode)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2333, 3);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(derivedBnDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)mode;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnDeriveNormTensorDescriptor(void *derivedNormScaleBiasDesc, void *derivedNormMeanVarDesc, void *xDesc, int32_t mode, int32_t groupCnt)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2334, 5);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(derivedNormScaleBiasDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(derivedNormMeanVarDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)mode;
+    nvpl_c_.slot[4] = (uint64_t)(int64_t)groupCnt;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnDestroy(void *handle)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2335, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 1);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnDestroyActivationDescriptor(void *activationDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2336, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(activationDesc), 21, 1);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnDestroyAttnDescriptor(void *attnDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2337, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(attnDesc), 22, 1);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnDestroyCTCLossDescriptor(void *ctcLossDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2338, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(ctcLossDesc), 24, 1);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnDestroyConvolutionDescriptor(void *convDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2339, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(convDesc), 26, 1);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnDestroyDropoutDescriptor(void *dropoutDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2340, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(dropoutDesc), 27, 1);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnDestroyFilterDescriptor(void *filterDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2341, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(filterDesc), 28, 1);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnDestroyFusedOpsConstParamPack(void)
+{
+    return (int32_t)nvpl_fail(2342);
+}
+
+NVP_EXPORT int32_t cudnnDestroyFusedOpsPlan(void)
+{
+    return (int32_t)nvpl_fail(2343);
+}
+
+NVP_EXPORT int32_t cudnnDestroyFusedOpsVariantParamPack(void)
+{
+    return (int32_t)nvpl_fail(2344);
+}
+
+NVP_EXPORT int32_t cudnnDestroyLRNDescriptor(void *lrnDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2345, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(lrnDesc), 32, 1);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnDestroyOpTensorDescriptor(void *opTensorDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2346, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(opTensorDesc), 33, 1);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnDestroyPoolingDescriptor(void *poolingDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2347, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(poolingDesc), 34, 1);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnDestroyRNNDataDescriptor(void *rnnDataDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2348, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(rnnDataDesc), 35, 1);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnDestroyRNNDescriptor(void *rnnDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2349, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(rnnDesc), 36, 1);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnDestroyReduceTensorDescriptor(void *reduceTensorDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2350, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(reduceTensorDesc), 37, 1);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnDestroySeqDataDescriptor(void *seqDataDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2351, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(seqDataDesc), 38, 1);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnDestroySpatialTransformerDescriptor(void *stDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2352, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(stDesc), 39, 1);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnDestroyTensorDescriptor(void *tensorDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2353, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(tensorDesc), 40, 1);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnDestroyTensorTransformDescriptor(void *transformDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2354, 1);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(transformDesc), 41, 1);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnDivisiveNormalizationBackward(void *handle, void *normDesc, int32_t mode, void *alpha, void *xDesc, void *x, void *means, void *dy, void *temp, void *temp2, void *beta, void *dXdMeansDesc, void *dx, void *dMeans)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2355, 14);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(normDesc), 32, 0);
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)mode;
+    nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(dXdMeansDesc))));
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[5] = (uint64_t)(uintptr_t)x;
+    nvpl_c_.slot[6] = (uint64_t)(uintptr_t)means;
+    nvpl_c_.slot[7] = (uint64_t)(uintptr_t)dy;
+    nvpl_c_.slot[8] = (uint64_t)(uintptr_t)temp;
+    nvpl_c_.slot[9] = (uint64_t)(uintptr_t)temp2;
+    nvpl_buf(&nvpl_c_, 10, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(dXdMeansDesc))));
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(dXdMeansDesc), 40, 0);
+    nvpl_c_.slot[12] = (uint64_t)(uintptr_t)dx;
+    nvpl_c_.slot[13] = (uint64_t)(uintptr_t)dMeans;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnDivisiveNormalizationForward(void *handle, void *normDesc, int32_t mode, void *alpha, void *xDesc, void *x, void *means, void *temp, void *temp2, void *beta, void *yDesc, void *y)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2356, 12);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(normDesc), 32, 0);
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)mode;
+    nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[5] = (uint64_t)(uintptr_t)x;
+    nvpl_c_.slot[6] = (uint64_t)(uintptr_t)means;
+    nvpl_c_.slot[7] = (uint64_t)(uintptr_t)temp;
+    nvpl_c_.slot[8] = (uint64_t)(uintptr_t)temp2;
+    nvpl_buf(&nvpl_c_, 9, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(yDesc), 40, 0);
+    nvpl_c_.slot[11] = (uint64_t)(uintptr_t)y;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnDropoutBackward(void *handle, void *dropoutDesc, void *dydesc, void *dy, void *dxdesc, void *dx, void *reserveSpace, uint64_t reserveSpaceSizeInBytes)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2357, 8);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(dropoutDesc), 27, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(dydesc), 40, 0);
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dy;
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(dxdesc), 40, 0);
+    nvpl_c_.slot[5] = (uint64_t)(uintptr_t)dx;
+    nvpl_c_.slot[6] = (uint64_t)(uintptr_t)reserveSpace;
+    nvpl_c_.slot[7] = (uint64_t)reserveSpaceSizeInBytes;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnDropoutForward(void *handle, void *dropoutDesc, void *xdesc, void *x, void *ydesc, void *y, void *reserveSpace, uint64_t reserveSpaceSizeInBytes)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2358, 8);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(dropoutDesc), 27, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(xdesc), 40, 0);
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(ydesc), 40, 0);
+    nvpl_c_.slot[5] = (uint64_t)(uintptr_t)y;
+    nvpl_c_.slot[6] = (uint64_t)(uintptr_t)reserveSpace;
+    nvpl_c_.slot[7] = (uint64_t)reserveSpaceSizeInBytes;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnDropoutGetReserveSpaceSize(void *xdesc, void *sizeInBytes)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2359, 2);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(xdesc), 40, 0);
+    nvpl_buf(&nvpl_c_, 1, sizeInBytes, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnDropoutGetStatesSize(void *handle, void *sizeInBytes)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2360, 2);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_buf(&nvpl_c_, 1, sizeInBytes, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnFFTCausalConv1dBackward(void *stream, void *x, void *weight, void *dy, void *dx, void *dweight, int32_t batch, int32_t dim, int32_t seqLen, int32_t kernelSize, int32_t dataType)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2361, 11);
+    nvpl_stream(&nvpl_c_, 0, stream);
+    nvpl_c_.slot[1] = (uint64_t)(uintptr_t)x;
+    nvpl_c_.slot[2] = (uint64_t)(uintptr_t)weight;
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dy;
+    nvpl_c_.slot[4] = (uint64_t)(uintptr_t)dx;
+    nvpl_c_.slot[5] = (uint64_t)(uintptr_t)dweight;
+    nvpl_c_.slot[6] = (uint64_t)(int64_t)batch;
+    nvpl_c_.slot[7] = (uint64_t)(int64_t)dim;
+    nvpl_c_.slot[8] = (uint64_t)(int64_t)seqLen;
+    nvpl_c_.slot[9] = (uint64_t)(int64_t)kernelSize;
+    nvpl_c_.slot[10] = (uint64_t)(int64_t)dataType;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnFFTCausalConv1dForward(void *stream, void *x, void *weight, void *y, int32_t batch, int32_t dim, int32_t seqLen, int32_t kernelSize, int32_t dataType)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2362, 9);
+    nvpl_stream(&nvpl_c_, 0, stream);
+    nvpl_c_.slot[1] = (uint64_t)(uintptr_t)x;
+    nvpl_c_.slot[2] = (uint64_t)(uintptr_t)weight;
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)y;
+    nvpl_c_.slot[4] = (uint64_t)(int64_t)batch;
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)dim;
+    nvpl_c_.slot[6] = (uint64_t)(int64_t)seqLen;
+    nvpl_c_.slot[7] = (uint64_t)(int64_t)kernelSize;
+    nvpl_c_.slot[8] = (uint64_t)(int64_t)dataType;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnFindConvolutionBackwardDataAlgorithm(void *handle, void *wDesc, void *dyDesc, void *convDesc, void *dxDesc, int32_t requestedAlgoCount, void *returnedAlgoCount, void *perfResults)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2363, 8);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(wDesc), 28, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(dyDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(convDesc), 26, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(dxDesc), 40, 0);
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)requestedAlgoCount;
+    nvpl_buf(&nvpl_c_, 6, returnedAlgoCount, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 7, perfResults, NVPL_OUT, (int64_t)(48*requestedAlgoCount));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnFindConvolutionBackwardDataAlgorithmEx(void *handle, void *wDesc, void *w, void *dyDesc, void *dy, void *convDesc, void *dxDesc, void *dx, int32_t requestedAlgoCount, void *returnedAlgoCount, void *perfResults, void *workSpace, uint64_t workSpaceSizeInBytes)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2364, 13);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(wDesc), 28, 0);
+    nvpl_c_.slot[2] = (uint64_t)(uintptr_t)w;
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(dyDesc), 40, 0);
+    nvpl_c_.slot[4] = (uint64_t)(uintptr_t)dy;
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(convDesc), 26, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(dxDesc), 40, 0);
+    nvpl_c_.slot[7] = (uint64_t)(uintptr_t)dx;
+    nvpl_c_.slot[8] = (uint64_t)(int64_t)requestedAlgoCount;
+    nvpl_buf(&nvpl_c_, 9, returnedAlgoCount, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 10, perfResults, NVPL_OUT, (int64_t)(48*requestedAlgoCount));
+    nvpl_c_.slot[11] = (uint64_t)(uintptr_t)workSpace;
+    nvpl_c_.slot[12] = (uint64_t)workSpaceSizeInBytes;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnFindConvolutionBackwardFilterAlgorithm(void *handle, void *xDesc, void *dyDesc, void *convDesc, void *dwDesc, int32_t requestedAlgoCount, void *returnedAlgoCount, void *perfResults)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2365, 8);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(xDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(dyDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(convDesc), 26, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(dwDesc), 28, 0);
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)requestedAlgoCount;
+    nvpl_buf(&nvpl_c_, 6, returnedAlgoCount, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 7, perfResults, NVPL_OUT, (int64_t)(48*requestedAlgoCount));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnFindConvolutionBackwardFilterAlgorithmEx(void *handle, void *xDesc, void *x, void *dyDesc, void *y, void *convDesc, void *dwDesc, void *dw, int32_t requestedAlgoCount, void *returnedAlgoCount, void *perfResults, void *workSpace, uint64_t workSpaceSizeInBytes)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2366, 13);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(dyDesc), 40, 0);
+    nvpl_c_.slot[4] = (uint64_t)(uintptr_t)y;
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(convDesc), 26, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(dwDesc), 28, 0);
+    nvpl_c_.slot[7] = (uint64_t)(uintptr_t)dw;
+    nvpl_c_.slot[8] = (uint64_t)(int64_t)requestedAlgoCount;
+    nvpl_buf(&nvpl_c_, 9, returnedAlgoCount, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 10, perfResults, NVPL_OUT, (int64_t)(48*requestedAlgoCount));
+    nvpl_c_.slot[11] = (uint64_t)(uintptr_t)workSpace;
+    nvpl_c_.slot[12] = (uint64_t)workSpaceSizeInBytes;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnFindConvolutionForwardAlgorithm(void *handle, void *xDesc, void *wDesc, void *convDesc, void *yDesc, int32_t requestedAlgoCount, void *returnedAlgoCount, void *perfResults)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2367, 8);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(xDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(wDesc), 28, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(convDesc), 26, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(yDesc), 40, 0);
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)requestedAlgoCount;
+    nvpl_buf(&nvpl_c_, 6, returnedAlgoCount, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 7, perfResults, NVPL_OUT, (int64_t)(48*requestedAlgoCount));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnFindConvolutionForwardAlgorithmEx(void *handle, void *xDesc, void *x, void *wDesc, void *w, void *convDesc, void *yDesc, void *y, int32_t requestedAlgoCount, void *returnedAlgoCount, void *perfResults, void *workSpace, uint64_t workSpaceSizeInBytes)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2368, 13);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(wDesc), 28, 0);
+    nvpl_c_.slot[4] = (uint64_t)(uintptr_t)w;
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(convDesc), 26, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(yDesc), 40, 0);
+    nvpl_c_.slot[7] = (uint64_t)(uintptr_t)y;
+    nvpl_c_.slot[8] = (uint64_t)(int64_t)requestedAlgoCount;
+    nvpl_buf(&nvpl_c_, 9, returnedAlgoCount, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 10, perfResults, NVPL_OUT, (int64_t)(48*requestedAlgoCount));
+    nvpl_c_.slot[11] = (uint64_t)(uintptr_t)workSpace;
+    nvpl_c_.slot[12] = (uint64_t)workSpaceSizeInBytes;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnFusedOpsExecute(void)
+{
+    return (int32_t)nvpl_fail(2369);
+}
+
+NVP_EXPORT int32_t cudnnGetActivationDescriptor(void *activationDesc, void *mode, void *reluNanOpt, void *coef)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2370, 4);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(activationDesc), 21, 0);
+    nvpl_buf(&nvpl_c_, 1, mode, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 2, reluNanOpt, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 3, coef, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetActivationDescriptorSwishBeta(void *activationDesc, void *swish_beta)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2371, 2);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(activationDesc), 21, 0);
+    nvpl_buf(&nvpl_c_, 1, swish_beta, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetAttnDescriptor(void)
+{
+    return (int32_t)nvpl_fail(2372);
+}
+
+NVP_EXPORT int32_t cudnnGetBackdoor(void)
+{
+    return (int32_t)nvpl_fail(2373);
+}
+
+NVP_EXPORT int32_t cudnnGetBatchNormalizationBackwardExWorkspaceSize(void *handle, int32_t mode, int32_t bnOps, void *xDesc, void *yDesc, void *dyDesc, void *dzDesc, void *dxDesc, void *dBnScaleBiasDesc, void *activationDesc, void *sizeInBytes)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2374, 11);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)bnOps;
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(xDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(yDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(dyDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(dzDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(dxDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(dBnScaleBiasDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(activationDesc), 21, 0);
+    nvpl_buf(&nvpl_c_, 10, sizeInBytes, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(void *handle, int32_t mode, int32_t bnOps, void *xDesc, void *zDesc, void *yDesc, void *bnScaleBiasMeanVarDesc, void *activationDesc, void *sizeInBytes)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2375, 9);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)bnOps;
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(xDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(zDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(yDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(bnScaleBiasMeanVarDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(activationDesc), 21, 0);
+    nvpl_buf(&nvpl_c_, 8, sizeInBytes, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetBatchNormalizationTrainingExReserveSpaceSize(void *handle, int32_t mode, int32_t bnOps, void *activationDesc, void *xDesc, void *sizeInBytes)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2376, 6);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)bnOps;
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(activationDesc), 21, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(xDesc), 40, 0);
+    nvpl_buf(&nvpl_c_, 5, sizeInBytes, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetCTCLossDescriptor(void *ctcLossDesc, void *compType)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2377, 2);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(ctcLossDesc), 24, 0);
+    nvpl_buf(&nvpl_c_, 1, compType, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetCTCLossDescriptorEx(void *ctcLossDesc, void *compType, void *normMode, void *gradMode)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2378, 4);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(ctcLossDesc), 24, 0);
+    nvpl_buf(&nvpl_c_, 1, compType, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 2, normMode, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 3, gradMode, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetCTCLossDescriptor_v8(void *ctcLossDesc, void *compType, void *normMode, void *gradMode, void *maxLabelLength)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2379, 5);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(ctcLossDesc), 24, 0);
+    nvpl_buf(&nvpl_c_, 1, compType, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 2, normMode, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 3, gradMode, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 4, maxLabelLength, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetCTCLossDescriptor_v9(void *ctcLossDesc, void *compType, void *normMode, void *ctcGradMode, void *maxLabelLength)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2380, 5);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(ctcLossDesc), 24, 0);
+    nvpl_buf(&nvpl_c_, 1, compType, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 2, normMode, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 3, ctcGradMode, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 4, maxLabelLength, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetCTCLossWorkspaceSize(void)
+{
+    return (int32_t)nvpl_fail(2381);
+}
+
+NVP_EXPORT int32_t cudnnGetCTCLossWorkspaceSize_v8(void *handle, int32_t algo, void *ctcLossDesc, void *probsDesc, void *gradientsDesc, void *sizeInBytes)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2382, 6);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)algo;
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(ctcLossDesc), 24, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(probsDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(gradientsDesc), 40, 0);
+    nvpl_buf(&nvpl_c_, 5, sizeInBytes, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetCallback(void)
+{
+    return (int32_t)nvpl_fail(2383);
+}
+
+NVP_EXPORT int32_t cudnnGetConvolution2dDescriptor(void *convDesc, void *pad_h, void *pad_w, void *u, void *v, void *dilation_h, void *dilation_w, void *mode, void *computeType)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2384, 9);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(convDesc), 26, 0);
+    nvpl_buf(&nvpl_c_, 1, pad_h, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 2, pad_w, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 3, u, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 4, v, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 5, dilation_h, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 6, dilation_w, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 7, mode, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 8, computeType, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetConvolution2dForwardOutputDim(void *convDesc, void *inputTensorDesc, void *filterDesc, void *n, void *c, void *h, void *w)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2385, 7);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(convDesc), 26, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(inputTensorDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(filterDesc), 28, 0);
+    nvpl_buf(&nvpl_c_, 3, n, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 4, c, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 5, h, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 6, w, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetConvolutionBackwardDataAlgorithmMaxCount(void *handle, void *count)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2386, 2);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_buf(&nvpl_c_, 1, count, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetConvolutionBackwardDataAlgorithm_v7(void *handle, void *filterDesc, void *diffDesc, void *convDesc, void *gradDesc, int32_t requestedAlgoCount, void *returnedAlgoCount, void *perfResults)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2387, 8);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(filterDesc), 28, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(diffDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(convDesc), 26, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(gradDesc), 40, 0);
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)requestedAlgoCount;
+    nvpl_buf(&nvpl_c_, 6, returnedAlgoCount, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 7, perfResults, NVPL_OUT, (int64_t)(48*requestedAlgoCount));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetConvolutionBackwardDataWorkspaceSize(void *handle, void *wDesc, void *dyDesc, void *convDesc, void *dxDesc, int32_t algo, void *sizeInBytes)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2388, 7);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(wDesc), 28, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(dyDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(convDesc), 26, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(dxDesc), 40, 0);
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)algo;
+    nvpl_buf(&nvpl_c_, 6, sizeInBytes, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(void *handle, void *count)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2389, 2);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_buf(&nvpl_c_, 1, count, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(void *handle, void *srcDesc, void *diffDesc, void *convDesc, void *gradDesc, int32_t requestedAlgoCount, void *returnedAlgoCount, void *perfResults)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2390, 8);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(srcDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(diffDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(convDesc), 26, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(gradDesc), 28, 0);
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)requestedAlgoCount;
+    nvpl_buf(&nvpl_c_, 6, returnedAlgoCount, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 7, perfResults, NVPL_OUT, (int64_t)(48*requestedAlgoCount));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetConvolutionBackwardFilterWorkspaceSize(void *handle, void *xDesc, void *dyDesc, void *convDesc, void *gradDesc, int32_t algo, void *sizeInBytes)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2391, 7);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(xDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(dyDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(convDesc), 26, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(gradDesc), 28, 0);
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)algo;
+    nvpl_buf(&nvpl_c_, 6, sizeInBytes, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetConvolutionForwardAlgorithmMaxCount(void *handle, void *count)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2392, 2);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_buf(&nvpl_c_, 1, count, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetConvolutionForwardAlgorithm_v7(void *handle, void *srcDesc, void *filterDesc, void *convDesc, void *destDesc, int32_t requestedAlgoCount, void *returnedAlgoCount, void *perfResults)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2393, 8);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(srcDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(filterDesc), 28, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(convDesc), 26, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(destDesc), 40, 0);
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)requestedAlgoCount;
+    nvpl_buf(&nvpl_c_, 6, returnedAlgoCount, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 7, perfResults, NVPL_OUT, (int64_t)(48*requestedAlgoCount));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetConvolutionForwardWorkspaceSize(void *handle, void *xDesc, void *wDesc, void *convDesc, void *yDesc, int32_t algo, void *sizeInBytes)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2394, 7);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(xDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(wDesc), 28, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(convDesc), 26, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(yDesc), 40, 0);
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)algo;
+    nvpl_buf(&nvpl_c_, 6, sizeInBytes, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetConvolutionGroupCount(void *convDesc, void *groupCount)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2395, 2);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(convDesc), 26, 0);
+    nvpl_buf(&nvpl_c_, 1, groupCount, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetConvolutionMathType(void *convDesc, void *mathType)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2396, 2);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(convDesc), 26, 0);
+    nvpl_buf(&nvpl_c_, 1, mathType, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetConvolutionNdDescriptor(void *convDesc, int32_t arrayLengthRequested, void *arrayLength, void *padA, void *strideA, void *dilationA, void *mode, void *computeType)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2397, 8);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(convDesc), 26, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)arrayLengthRequested;
+    nvpl_buf(&nvpl_c_, 2, arrayLength, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 3, padA, NVPL_OUT, (int64_t)(4*arrayLengthRequested));
+    nvpl_buf(&nvpl_c_, 4, strideA, NVPL_OUT, (int64_t)(4*arrayLengthRequested));
+    nvpl_buf(&nvpl_c_, 5, dilationA, NVPL_OUT, (int64_t)(4*arrayLengthRequested));
+    nvpl_buf(&nvpl_c_, 6, mode, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 7, computeType, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetConvolutionNdForwardOutputDim(void *convDesc, void *inputTensorDesc, void *filterDesc, int32_t nbDims, void *tensorOuputDimA)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2398, 5);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(convDesc), 26, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(inputTensorDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(filterDesc), 28, 0);
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)nbDims;
+    nvpl_buf(&nvpl_c_, 4, tensorOuputDimA, NVPL_OUT, (int64_t)(4*nbDims));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetConvolutionReorderType(void *convDesc, void *reorderType)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2399, 2);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(convDesc), 26, 0);
+    nvpl_buf(&nvpl_c_, 1, reorderType, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT uint64_t cudnnGetCudartVersion(void)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2400, 0);
+    return (uint64_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetDropoutDescriptor(void *dropoutDesc, void *handle, void *dropout, void *states, void *seed)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2401, 5);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(dropoutDesc), 27, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(handle), 25, 0);
+    nvpl_buf(&nvpl_c_, 2, dropout, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 3, states, NVPL_OUT, (int64_t)(8));
+    nvpl_buf(&nvpl_c_, 4, seed, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT const char * cudnnGetErrorString(int32_t status)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2402, 1);
+    nvpl_c_.slot[0] = (uint64_t)(int64_t)status;
+    return nvpl_end_string(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetExecutionPlanWorkspaceSize(void *handle, void *executionPlan, void *variantPack, void *workspaceSizeInBytes)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2403, 4);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(executionPlan), 23, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(variantPack), 23, 0);
+    nvpl_buf(&nvpl_c_, 3, workspaceSizeInBytes, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetFilter4dDescriptor(void *filterDesc, void *dataType, void *format, void *k, void *c, void *h, void *w)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2404, 7);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(filterDesc), 28, 0);
+    nvpl_buf(&nvpl_c_, 1, dataType, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 2, format, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 3, k, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 4, c, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 5, h, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 6, w, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetFilterNdDescriptor(void *filterDesc, int32_t nbDimsRequested, void *dataType, void *format, void *nbDims, void *filterDimA)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2405, 6);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(filterDesc), 28, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)nbDimsRequested;
+    nvpl_buf(&nvpl_c_, 2, dataType, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 3, format, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 4, nbDims, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 5, filterDimA, NVPL_OUT, (int64_t)(4*nbDimsRequested));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetFilterSizeInBytes(void *filterDesc, void *size)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2406, 2);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(filterDesc), 28, 0);
+    nvpl_buf(&nvpl_c_, 1, size, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetFoldedConvBackwardDataDescriptors(void *handle, void *filterDesc, void *diffDesc, void *convDesc, void *gradDesc, int32_t transformFormat, void *foldedFilterDesc, void *paddedDiffDesc, void *foldedConvDesc, void *foldedGradDesc, void *filterFoldTransDesc, void *diffPadTransDesc, void *gradFoldTransDesc, void *gradUnfoldTransDesc)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2407, 14);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(filterDesc), 28, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(diffDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(convDesc), 26, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(gradDesc), 40, 0);
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)transformFormat;
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(foldedFilterDesc), 28, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(paddedDiffDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(foldedConvDesc), 26, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(foldedGradDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(filterFoldTransDesc), 41, 0);
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(diffPadTransDesc), 41, 0);
+    nvpl_handle(&nvpl_c_, 12, NVPL_H(gradFoldTransDesc), 41, 0);
+    nvpl_handle(&nvpl_c_, 13, NVPL_H(gradUnfoldTransDesc), 41, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetFusedOpsConstParamPackAttribute(void)
+{
+    return (int32_t)nvpl_fail(2408);
+}
+
+NVP_EXPORT int32_t cudnnGetFusedOpsVariantParamPackAttribute(void)
+{
+    return (int32_t)nvpl_fail(2409);
+}
+
+NVP_EXPORT int32_t cudnnGetLRNDescriptor(void *normDesc, void *lrnN, void *lrnAlpha, void *lrnBeta, void *lrnK)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2410, 5);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(normDesc), 32, 0);
+    nvpl_buf(&nvpl_c_, 1, lrnN, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 2, lrnAlpha, NVPL_OUT, (int64_t)(8));
+    nvpl_buf(&nvpl_c_, 3, lrnBeta, NVPL_OUT, (int64_t)(8));
+    nvpl_buf(&nvpl_c_, 4, lrnK, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT void cudnnGetLastErrorString(void *message, uint64_t max_size)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2411, 2);
+    nvpl_buf(&nvpl_c_, 0, message, NVPL_OUT, (int64_t)(max_size));
+    nvpl_c_.slot[1] = (uint64_t)max_size;
+    nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT uint64_t cudnnGetMaxDeviceVersion(void)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2412, 0);
+    return (uint64_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetMultiHeadAttnBuffers(void *handle, void *attnDesc, void *weightSizeInBytes, void *workSpaceSizeInBytes, void *reserveSpaceSizeInBytes)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2413, 5);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(attnDesc), 22, 0);
+    nvpl_buf(&nvpl_c_, 2, weightSizeInBytes, NVPL_OUT, (int64_t)(8));
+    nvpl_buf(&nvpl_c_, 3, workSpaceSizeInBytes, NVPL_OUT, (int64_t)(8));
+    nvpl_buf(&nvpl_c_, 4, reserveSpaceSizeInBytes, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetMultiHeadAttnWeights(void *handle, void *attnDesc, int32_t wKind, uint64_t weightSizeInBytes, void *weights, void *wDesc, void *wAddr)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2414, 7);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(attnDesc), 22, 0);
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)wKind;
+    nvpl_c_.slot[3] = (uint64_t)weightSizeInBytes;
+    nvpl_c_.slot[4] = (uint64_t)(uintptr_t)weights;
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(wDesc), 40, 0);
+    nvpl_buf(&nvpl_c_, 6, wAddr, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetNormalizationBackwardWorkspaceSize(void *handle, int32_t mode, int32_t normOps, int32_t algo, void *xDesc, void *yDesc, void *dyDesc, void *dzDesc, void *dxDesc, void *dNormScaleBiasDesc, void *activationDesc, void *normMeanVarDesc, void *sizeInBytes, int32_t groupCnt)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2415, 14);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)normOps;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)algo;
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(xDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(yDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(dyDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(dzDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(dxDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(dNormScaleBiasDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(activationDesc), 21, 0);
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(normMeanVarDesc), 40, 0);
+    nvpl_buf(&nvpl_c_, 12, sizeInBytes, NVPL_OUT, (int64_t)(8));
+    nvpl_c_.slot[13] = (uint64_t)(int64_t)groupCnt;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetNormalizationForwardTrainingWorkspaceSize(void *handle, int32_t mode, int32_t normOps, int32_t algo, void *xDesc, void *zDesc, void *yDesc, void *normScaleBiasDesc, void *activationDesc, void *normMeanVarDesc, void *sizeInBytes, int32_t groupCnt)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2416, 12);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)normOps;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)algo;
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(xDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(zDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(yDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(normScaleBiasDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(activationDesc), 21, 0);
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(normMeanVarDesc), 40, 0);
+    nvpl_buf(&nvpl_c_, 10, sizeInBytes, NVPL_OUT, (int64_t)(8));
+    nvpl_c_.slot[11] = (uint64_t)(int64_t)groupCnt;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetNormalizationTrainingReserveSpaceSize(void *handle, int32_t mode, int32_t normOps, int32_t algo, void *activationDesc, void *xDesc, void *sizeInBytes, int32_t groupCnt)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2417, 8);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)normOps;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)algo;
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(activationDesc), 21, 0);
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(xDesc), 40, 0);
+    nvpl_buf(&nvpl_c_, 6, sizeInBytes, NVPL_OUT, (int64_t)(8));
+    nvpl_c_.slot[7] = (uint64_t)(int64_t)groupCnt;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetOpTensorDescriptor(void *opTensorDesc, void *opTensorOp, void *opTensorCompType, void *opTensorNanOpt)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2418, 4);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(opTensorDesc), 33, 0);
+    nvpl_buf(&nvpl_c_, 1, opTensorOp, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 2, opTensorCompType, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 3, opTensorNanOpt, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetPooling2dDescriptor(void *poolingDesc, void *mode, void *maxpoolingNanOpt, void *windowHeight, void *windowWidth, void *verticalPadding, void *horizontalPadding, void *verticalStride, void *horizontalStride)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2419, 9);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(poolingDesc), 34, 0);
+    nvpl_buf(&nvpl_c_, 1, mode, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 2, maxpoolingNanOpt, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 3, windowHeight, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 4, windowWidth, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 5, verticalPadding, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 6, horizontalPadding, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 7, verticalStride, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 8, horizontalStride, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetPooling2dForwardOutputDim(void *poolingDesc, void *inputTensorDesc, void *n, void *c, void *h, void *w)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2420, 6);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(poolingDesc), 34, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(inputTensorDesc), 40, 0);
+    nvpl_buf(&nvpl_c_, 2, n, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 3, c, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 4, h, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 5, w, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetPoolingNdDescriptor(void *poolingDesc, int32_t nbDimsRequested, void *mode, void *maxpoolingNanOpt, void *nbDims, void *windowDimA, void *paddingA, void *strideA)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2421, 8);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(poolingDesc), 34, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)nbDimsRequested;
+    nvpl_buf(&nvpl_c_, 2, mode, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 3, maxpoolingNanOpt, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 4, nbDims, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 5, windowDimA, NVPL_OUT, (int64_t)(4*nbDimsRequested));
+    nvpl_buf(&nvpl_c_, 6, paddingA, NVPL_OUT, (int64_t)(4*nbDimsRequested));
+    nvpl_buf(&nvpl_c_, 7, strideA, NVPL_OUT, (int64_t)(4*nbDimsRequested));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetPoolingNdForwardOutputDim(void *poolingDesc, void *inputTensorDesc, int32_t nbDims, void *outputTensorDimA)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2422, 4);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(poolingDesc), 34, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(inputTensorDesc), 40, 0);
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)nbDims;
+    nvpl_buf(&nvpl_c_, 3, outputTensorDimA, NVPL_OUT, (int64_t)(4*nbDims));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetProperty(int32_t type, void *value)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2423, 2);
+    nvpl_c_.slot[0] = (uint64_t)(int64_t)type;
+    nvpl_buf(&nvpl_c_, 1, value, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetRNNDataDescriptor(void)
+{
+    return (int32_t)nvpl_fail(2424);
+}
+
+NVP_EXPORT int32_t cudnnGetRNNDescriptor_v8(void)
+{
+    return (int32_t)nvpl_fail(2425);
+}
+
+NVP_EXPORT int32_t cudnnGetRNNDropoutLocationsInternal(void)
+{
+    return (int32_t)nvpl_fail(2426);
+}
+
+NVP_EXPORT int32_t cudnnGetRNNTempSpaceSizes(void *handle, void *rnnDesc, int32_t fwdMode, void *xDesc, void *workSpaceSize, void *reserveSpaceSize)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2427, 6);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(rnnDesc), 36, 0);
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)fwdMode;
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(xDesc), 35, 0);
+    nvpl_buf(&nvpl_c_, 4, workSpaceSize, NVPL_OUT, (int64_t)(8));
+    nvpl_buf(&nvpl_c_, 5, reserveSpaceSize, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetRNNWeightParams(void *handle, void *rnnDesc, int32_t pseudoLayer, uint64_t weightSpaceSize, void *weightSpace, int32_t linLayerID, void *mDesc, void *mAddr, void *bDesc, void *bAddr)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2428, 10);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(rnnDesc), 36, 0);
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)pseudoLayer;
+    nvpl_c_.slot[3] = (uint64_t)weightSpaceSize;
+    nvpl_c_.slot[4] = (uint64_t)(uintptr_t)weightSpace;
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)linLayerID;
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(mDesc), 40, 0);
+    nvpl_buf(&nvpl_c_, 7, mAddr, NVPL_OUT, (int64_t)(8));
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(bDesc), 40, 0);
+    nvpl_buf(&nvpl_c_, 9, bAddr, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetRNNWeightSpaceSize(void *handle, void *rnnDesc, void *weightSpaceSize)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2429, 3);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(rnnDesc), 36, 0);
+    nvpl_buf(&nvpl_c_, 2, weightSpaceSize, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetReduceTensorDescriptor(void *reduceTensorDesc, void *reduceTensorOp, void *reduceTensorCompType, void *reduceTensorNanOpt, void *reduceTensorIndices, void *reduceTensorIndicesType)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2430, 6);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(reduceTensorDesc), 37, 0);
+    nvpl_buf(&nvpl_c_, 1, reduceTensorOp, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 2, reduceTensorCompType, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 3, reduceTensorNanOpt, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 4, reduceTensorIndices, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 5, reduceTensorIndicesType, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetReductionIndicesSize(void *handle, void *reduceTensorDesc, void *aDesc, void *cDesc, void *sizeInBytes)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2431, 5);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(reduceTensorDesc), 37, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(aDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(cDesc), 40, 0);
+    nvpl_buf(&nvpl_c_, 4, sizeInBytes, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetReductionWorkspaceSize(void *handle, void *reduceTensorDesc, void *aDesc, void *cDesc, void *sizeInBytes)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2432, 5);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(reduceTensorDesc), 37, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(aDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(cDesc), 40, 0);
+    nvpl_buf(&nvpl_c_, 4, sizeInBytes, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetSeqDataDescriptor(void)
+{
+    return (int32_t)nvpl_fail(2433);
+}
+
+NVP_EXPORT int32_t cudnnGetStream(void *handle, void *streamId)
+{
+    return (int32_t)(nvpl_get_stream(NVPL_H(handle), streamId));
+}
+
+NVP_EXPORT int32_t cudnnGetTensor4dDescriptor(void *tensorDesc, void *dataType, void *n, void *c, void *h, void *w, void *nStride, void *cStride, void *hStride, void *wStride)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2435, 10);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(tensorDesc), 40, 0);
+    nvpl_buf(&nvpl_c_, 1, dataType, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 2, n, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 3, c, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 4, h, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 5, w, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 6, nStride, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 7, cStride, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 8, hStride, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 9, wStride, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetTensorNdDescriptor(void *tensorDesc, int32_t nbDimsRequested, void *dataType, void *nbDims, void *dimA, void *strideA)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2436, 6);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(tensorDesc), 40, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)nbDimsRequested;
+    nvpl_buf(&nvpl_c_, 2, dataType, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 3, nbDims, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 4, dimA, NVPL_OUT, (int64_t)(4*nbDimsRequested));
+    nvpl_buf(&nvpl_c_, 5, strideA, NVPL_OUT, (int64_t)(4*nbDimsRequested));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetTensorSizeInBytes(void *tensorDesc, void *size)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2437, 2);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(tensorDesc), 40, 0);
+    nvpl_buf(&nvpl_c_, 1, size, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGetTensorTransformDescriptor(void *transformDesc, uint32_t nbDimsRequested, void *destFormat, void *padBeforeA, void *padAfterA, void *foldA, void *direction)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2438, 7);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(transformDesc), 41, 0);
+    nvpl_c_.slot[1] = (uint64_t)nbDimsRequested;
+    nvpl_buf(&nvpl_c_, 2, destFormat, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 3, padBeforeA, NVPL_OUT, (int64_t)(4*nbDimsRequested));
+    nvpl_buf(&nvpl_c_, 4, padAfterA, NVPL_OUT, (int64_t)(4*nbDimsRequested));
+    nvpl_buf(&nvpl_c_, 5, foldA, NVPL_OUT, (int64_t)(4*(nbDimsRequested > 2 ? nbDimsRequested - 2 : 0)));
+    nvpl_buf(&nvpl_c_, 6, direction, NVPL_OUT, (int64_t)(4));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT uint64_t cudnnGetVersion(void)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2439, 0);
+    return (uint64_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnGnnAggSimpleBackward(void)
+{
+    return (int32_t)nvpl_fail(2440);
+}
+
+NVP_EXPORT int32_t cudnnGnnAggSimpleForward(void)
+{
+    return (int32_t)nvpl_fail(2441);
+}
+
+NVP_EXPORT int32_t cudnnGnnMhaGatBackward(void)
+{
+    return (int32_t)nvpl_fail(2442);
+}
+
+NVP_EXPORT int32_t cudnnGnnMhaGatForward(void)
+{
+    return (int32_t)nvpl_fail(2443);
+}
+
+NVP_EXPORT int32_t cudnnGnnMhaGatV2Backward(void)
+{
+    return (int32_t)nvpl_fail(2444);
+}
+
+NVP_EXPORT int32_t cudnnGnnMhaGatV2Forward(void)
+{
+    return (int32_t)nvpl_fail(2445);
+}
+
+NVP_EXPORT int32_t cudnnGraphVersionCheck(void)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2446, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnIm2Col(void *handle, void *xDesc, void *x, void *wDesc, void *convDesc, void *colBuffer)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2447, 6);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[2] = (uint64_t)(uintptr_t)x;
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(wDesc), 28, 0);
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(convDesc), 26, 0);
+    nvpl_c_.slot[5] = (uint64_t)(uintptr_t)colBuffer;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnInitTransformDest(void *transformDesc, void *srcDesc, void *destDesc, void *destSizeInBytes)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2448, 4);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(transformDesc), 41, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(srcDesc), 40, 0);
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(destDesc), 40, 0);
+    nvpl_buf(&nvpl_c_, 3, destSizeInBytes, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnLRNCrossChannelBackward(void *handle, void *normDesc, int32_t lrnMode, void *alpha, void *yDesc, void *y, void *dyDesc, void *dy, void *xDesc, void *x, void *beta, void *dxDesc, void *dx)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2449, 13);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(normDesc), 32, 0);
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)lrnMode;
+    nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(yDesc), 40, 0);
+    nvpl_c_.slot[5] = (uint64_t)(uintptr_t)y;
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(dyDesc), 40, 0);
+    nvpl_c_.slot[7] = (uint64_t)(uintptr_t)dy;
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[9] = (uint64_t)(uintptr_t)x;
+    nvpl_buf(&nvpl_c_, 10, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(dxDesc), 40, 0);
+    nvpl_c_.slot[12] = (uint64_t)(uintptr_t)dx;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnLRNCrossChannelForward(void *handle, void *normDesc, int32_t lrnMode, void *alpha, void *xDesc, void *x, void *beta, void *yDesc, void *y)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2450, 9);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(normDesc), 32, 0);
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)lrnMode;
+    nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[5] = (uint64_t)(uintptr_t)x;
+    nvpl_buf(&nvpl_c_, 6, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(yDesc), 40, 0);
+    nvpl_c_.slot[8] = (uint64_t)(uintptr_t)y;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnLongFFTCausalConv1dBackward(void *stream, void *dy, void *dx, void *dweight, int32_t batch, int32_t dim, int32_t seqLen, int32_t kernelSize, int32_t dataType, void *workspace, uint64_t workspaceSizeInBytes, void *reserveSpace, uint64_t reserveSpaceSizeInBytes)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2451, 13);
+    nvpl_stream(&nvpl_c_, 0, stream);
+    nvpl_c_.slot[1] = (uint64_t)(uintptr_t)dy;
+    nvpl_c_.slot[2] = (uint64_t)(uintptr_t)dx;
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dweight;
+    nvpl_c_.slot[4] = (uint64_t)(int64_t)batch;
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)dim;
+    nvpl_c_.slot[6] = (uint64_t)(int64_t)seqLen;
+    nvpl_c_.slot[7] = (uint64_t)(int64_t)kernelSize;
+    nvpl_c_.slot[8] = (uint64_t)(int64_t)dataType;
+    nvpl_c_.slot[9] = (uint64_t)(uintptr_t)workspace;
+    nvpl_c_.slot[10] = (uint64_t)workspaceSizeInBytes;
+    nvpl_c_.slot[11] = (uint64_t)(uintptr_t)reserveSpace;
+    nvpl_c_.slot[12] = (uint64_t)reserveSpaceSizeInBytes;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnLongFFTCausalConv1dForward(void *stream, void *x, void *weight, void *y, int32_t batch, int32_t dim, int32_t seqLen, int32_t kernelSize, int32_t dataType, void *workspace, uint64_t workspaceSizeInBytes, void *reserveSpace, uint64_t reserveSpaceSizeInBytes)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2452, 13);
+    nvpl_stream(&nvpl_c_, 0, stream);
+    nvpl_c_.slot[1] = (uint64_t)(uintptr_t)x;
+    nvpl_c_.slot[2] = (uint64_t)(uintptr_t)weight;
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)y;
+    nvpl_c_.slot[4] = (uint64_t)(int64_t)batch;
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)dim;
+    nvpl_c_.slot[6] = (uint64_t)(int64_t)seqLen;
+    nvpl_c_.slot[7] = (uint64_t)(int64_t)kernelSize;
+    nvpl_c_.slot[8] = (uint64_t)(int64_t)dataType;
+    nvpl_c_.slot[9] = (uint64_t)(uintptr_t)workspace;
+    nvpl_c_.slot[10] = (uint64_t)workspaceSizeInBytes;
+    nvpl_c_.slot[11] = (uint64_t)(uintptr_t)reserveSpace;
+    nvpl_c_.slot[12] = (uint64_t)reserveSpaceSizeInBytes;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnLongFFTCausalConv1dGetBufferSizes(int32_t batch, int32_t dim, int32_t seqLen, int32_t kernelSize, int32_t dataType, void *workspaceSizeInBytes, void *reserveSpaceSizeInBytes)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2453, 7);
+    nvpl_c_.slot[0] = (uint64_t)(int64_t)batch;
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)dim;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)seqLen;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)kernelSize;
+    nvpl_c_.slot[4] = (uint64_t)(int64_t)dataType;
+    nvpl_buf(&nvpl_c_, 5, workspaceSizeInBytes, NVPL_OUT, (int64_t)(8));
+    nvpl_buf(&nvpl_c_, 6, reserveSpaceSizeInBytes, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnMakeFusedOpsPlan(void)
+{
+    return (int32_t)nvpl_fail(2454);
+}
+
+NVP_EXPORT int32_t cudnnMultiHeadAttnBackwardData(void)
+{
+    return (int32_t)nvpl_fail(2455);
+}
+
+NVP_EXPORT int32_t cudnnMultiHeadAttnBackwardWeights(void *handle, void *attnDesc, int32_t addGrad, void *qDesc, void *queries, void *kDesc, void *keys, void *vDesc, void *values, void *doDesc, void *dout, uint64_t weightSizeInBytes, void *weights, void *dweights, uint64_t workSpaceSizeInBytes, void *workSpace, uint64_t reserveSpaceSizeInBytes, void *reserveSpace)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2456, 18);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(attnDesc), 22, 0);
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)addGrad;
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(qDesc), 38, 0);
+    nvpl_c_.slot[4] = (uint64_t)(uintptr_t)queries;
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(kDesc), 38, 0);
+    nvpl_c_.slot[6] = (uint64_t)(uintptr_t)keys;
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(vDesc), 38, 0);
+    nvpl_c_.slot[8] = (uint64_t)(uintptr_t)values;
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(doDesc), 38, 0);
+    nvpl_c_.slot[10] = (uint64_t)(uintptr_t)dout;
+    nvpl_c_.slot[11] = (uint64_t)weightSizeInBytes;
+    nvpl_c_.slot[12] = (uint64_t)(uintptr_t)weights;
+    nvpl_c_.slot[13] = (uint64_t)(uintptr_t)dweights;
+    nvpl_c_.slot[14] = (uint64_t)workSpaceSizeInBytes;
+    nvpl_c_.slot[15] = (uint64_t)(uintptr_t)workSpace;
+    nvpl_c_.slot[16] = (uint64_t)reserveSpaceSizeInBytes;
+    nvpl_c_.slot[17] = (uint64_t)(uintptr_t)reserveSpace;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnMultiHeadAttnForward(void)
+{
+    return (int32_t)nvpl_fail(2457);
+}
+
+NVP_EXPORT int32_t cudnnNormalizationBackward(void *handle, int32_t mode, int32_t normOps, int32_t algo, void *alphaDataDiff, void *betaDataDiff, void *alphaParamDiff, void *betaParamDiff, void *xDesc, void *xData, void *yDesc, void *yData, void *dyDesc, void *dyData, void *dzDesc, void *dzData, void *dxDesc, void *dxData, void *dNormScaleBiasDesc, void *normScaleData, void *normBiasData, void *dNormScaleData, void *dNormBiasData, double epsilon, void *normMeanVarDesc, void *savedMean, void *savedInvVariance, void *activationDesc, void *workSpace, uint64_t workSpaceSizeInBytes, void *reserveSpace, uint64_t reserveSpaceSizeInBytes, int32_t groupCnt)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2458, 33);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)normOps;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)algo;
+    nvpl_buf(&nvpl_c_, 4, alphaDataDiff, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_buf(&nvpl_c_, 5, betaDataDiff, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_buf(&nvpl_c_, 6, alphaParamDiff, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_buf(&nvpl_c_, 7, betaParamDiff, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[9] = (uint64_t)(uintptr_t)xData;
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(yDesc), 40, 0);
+    nvpl_c_.slot[11] = (uint64_t)(uintptr_t)yData;
+    nvpl_handle(&nvpl_c_, 12, NVPL_H(dyDesc), 40, 0);
+    nvpl_c_.slot[13] = (uint64_t)(uintptr_t)dyData;
+    nvpl_handle(&nvpl_c_, 14, NVPL_H(dzDesc), 40, 0);
+    nvpl_c_.slot[15] = (uint64_t)(uintptr_t)dzData;
+    nvpl_handle(&nvpl_c_, 16, NVPL_H(dxDesc), 40, 0);
+    nvpl_c_.slot[17] = (uint64_t)(uintptr_t)dxData;
+    nvpl_handle(&nvpl_c_, 18, NVPL_H(dNormScaleBiasDesc), 40, 0);
+    nvpl_c_.slot[19] = (uint64_t)(uintptr_t)normScaleData;
+    nvpl_c_.slot[20] = (uint64_t)(uintptr_t)normBiasData;
+    nvpl_c_.slot[21] = (uint64_t)(uintptr_t)dNormScaleData;
+    nvpl_c_.slot[22] = (uint64_t)(uintptr_t)dNormBiasData;
+    nvpl_c_.slot[23] = nvp_slot_of_f8(epsilon);
+    nvpl_handle(&nvpl_c_, 24, NVPL_H(normMeanVarDesc), 40, 0);
+    nvpl_c_.slot[25] = (uint64_t)(uintptr_t)savedMean;
+    nvpl_c_.slot[26] = (uint64_t)(uintptr_t)savedInvVariance;
+    nvpl_handle(&nvpl_c_, 27, NVPL_H(activationDesc), 21, 0);
+    nvpl_c_.slot[28] = (uint64_t)(uintptr_t)workSpace;
+    nvpl_c_.slot[29] = (uint64_t)workSpaceSizeInBytes;
+    nvpl_c_.slot[30] = (uint64_t)(uintptr_t)reserveSpace;
+    nvpl_c_.slot[31] = (uint64_t)reserveSpaceSizeInBytes;
+    nvpl_c_.slot[32] = (uint64_t)(int64_t)groupCnt;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnNormalizationForwardInference(void *handle, int32_t mode, int32_t normOps, int32_t algo, void *alpha, void *beta, void *xDesc, void *x, void *normScaleBiasDesc, void *normScale, void *normBias, void *normMeanVarDesc, void *estimatedMean, void *estimatedVariance, void *zDesc, void *z, void *activationDesc, void *yDesc, void *y, double epsilon, int32_t groupCnt)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2459, 21);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)normOps;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)algo;
+    nvpl_buf(&nvpl_c_, 4, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_buf(&nvpl_c_, 5, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[7] = (uint64_t)(uintptr_t)x;
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(normScaleBiasDesc), 40, 0);
+    nvpl_c_.slot[9] = (uint64_t)(uintptr_t)normScale;
+    nvpl_c_.slot[10] = (uint64_t)(uintptr_t)normBias;
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(normMeanVarDesc), 40, 0);
+    nvpl_c_.slot[12] = (uint64_t)(uintptr_t)estimatedMean;
+    nvpl_c_.slot[13] = (uint64_t)(uintptr_t)estimatedVariance;
+    nvpl_handle(&nvpl_c_, 14, NVPL_H(zDesc), 40, 0);
+    nvpl_c_.slot[15] = (uint64_t)(uintptr_t)z;
+    nvpl_handle(&nvpl_c_, 16, NVPL_H(activationDesc), 21, 0);
+    nvpl_handle(&nvpl_c_, 17, NVPL_H(yDesc), 40, 0);
+    nvpl_c_.slot[18] = (uint64_t)(uintptr_t)y;
+    nvpl_c_.slot[19] = nvp_slot_of_f8(epsilon);
+    nvpl_c_.slot[20] = (uint64_t)(int64_t)groupCnt;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnNormalizationForwardTraining(void *handle, int32_t mode, int32_t normOps, int32_t algo, void *alpha, void *beta, void *xDesc, void *xData, void *normScaleBiasDesc, void *normScale, void *normBias, double exponentialAverageFactor, void *normMeanVarDesc, void *resultRunningMean, void *resultRunningVariance, double epsilon, void *resultSaveMean, void *resultSaveInvVariance, void *activationDesc, void *zDesc, void *zData, void *yDesc, void *yData, void *workspace, uint64_t workSpaceSizeInBytes, void *reserveSpace, uint64_t reserveSpaceSizeInBytes, int32_t groupCnt)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2460, 28);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)normOps;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)algo;
+    nvpl_buf(&nvpl_c_, 4, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_buf(&nvpl_c_, 5, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[7] = (uint64_t)(uintptr_t)xData;
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(normScaleBiasDesc), 40, 0);
+    nvpl_c_.slot[9] = (uint64_t)(uintptr_t)normScale;
+    nvpl_c_.slot[10] = (uint64_t)(uintptr_t)normBias;
+    nvpl_c_.slot[11] = nvp_slot_of_f8(exponentialAverageFactor);
+    nvpl_handle(&nvpl_c_, 12, NVPL_H(normMeanVarDesc), 40, 0);
+    nvpl_c_.slot[13] = (uint64_t)(uintptr_t)resultRunningMean;
+    nvpl_c_.slot[14] = (uint64_t)(uintptr_t)resultRunningVariance;
+    nvpl_c_.slot[15] = nvp_slot_of_f8(epsilon);
+    nvpl_c_.slot[16] = (uint64_t)(uintptr_t)resultSaveMean;
+    nvpl_c_.slot[17] = (uint64_t)(uintptr_t)resultSaveInvVariance;
+    nvpl_handle(&nvpl_c_, 18, NVPL_H(activationDesc), 21, 0);
+    nvpl_handle(&nvpl_c_, 19, NVPL_H(zDesc), 40, 0);
+    nvpl_c_.slot[20] = (uint64_t)(uintptr_t)zData;
+    nvpl_handle(&nvpl_c_, 21, NVPL_H(yDesc), 40, 0);
+    nvpl_c_.slot[22] = (uint64_t)(uintptr_t)yData;
+    nvpl_c_.slot[23] = (uint64_t)(uintptr_t)workspace;
+    nvpl_c_.slot[24] = (uint64_t)workSpaceSizeInBytes;
+    nvpl_c_.slot[25] = (uint64_t)(uintptr_t)reserveSpace;
+    nvpl_c_.slot[26] = (uint64_t)reserveSpaceSizeInBytes;
+    nvpl_c_.slot[27] = (uint64_t)(int64_t)groupCnt;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnOpTensor(void *handle, void *opTensorDesc, void *alpha1, void *aDesc, void *A, void *alpha2, void *bDesc, void *B, void *beta, void *cDesc, void *C)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2461, 11);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(opTensorDesc), 33, 0);
+    nvpl_buf(&nvpl_c_, 2, alpha1, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(cDesc))));
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(aDesc), 40, 0);
+    nvpl_c_.slot[4] = (uint64_t)(uintptr_t)A;
+    nvpl_buf(&nvpl_c_, 5, alpha2, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(cDesc))));
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(bDesc), 40, 0);
+    nvpl_c_.slot[7] = (uint64_t)(uintptr_t)B;
+    nvpl_buf(&nvpl_c_, 8, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(cDesc))));
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(cDesc), 40, 0);
+    nvpl_c_.slot[10] = (uint64_t)(uintptr_t)C;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnOpsVersionCheck(void)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2462, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnPoolingBackward(void *handle, void *poolingDesc, void *alpha, void *yDesc, void *y, void *dyDesc, void *dy, void *xDesc, void *x, void *beta, void *dxDesc, void *dx)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2463, 12);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(poolingDesc), 34, 0);
+    nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(yDesc), 40, 0);
+    nvpl_c_.slot[4] = (uint64_t)(uintptr_t)y;
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(dyDesc), 40, 0);
+    nvpl_c_.slot[6] = (uint64_t)(uintptr_t)dy;
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[8] = (uint64_t)(uintptr_t)x;
+    nvpl_buf(&nvpl_c_, 9, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(dxDesc), 40, 0);
+    nvpl_c_.slot[11] = (uint64_t)(uintptr_t)dx;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnPoolingForward(void *handle, void *poolingDesc, void *alpha, void *xDesc, void *x, void *beta, void *yDesc, void *y)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2464, 8);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(poolingDesc), 34, 0);
+    nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[4] = (uint64_t)(uintptr_t)x;
+    nvpl_buf(&nvpl_c_, 5, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(yDesc), 40, 0);
+    nvpl_c_.slot[7] = (uint64_t)(uintptr_t)y;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnQueryRuntimeError(void *handle, void *rstatus, int32_t mode, void *tag)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2465, 4);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_buf(&nvpl_c_, 1, rstatus, NVPL_OUT, (int64_t)(4));
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)mode;
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)tag;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnRNNBackwardData_v8(void *handle, void *rnnDesc, void *devSeqLengths, void *yDesc, void *y, void *dy, void *xDesc, void *dx, void *hDesc, void *hx, void *dhy, void *dhx, void *cDesc, void *cx, void *dcy, void *dcx, uint64_t weightSpaceSize, void *weightSpace, uint64_t workSpaceSize, void *workSpace, uint64_t reserveSpaceSize, void *reserveSpace)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2466, 22);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(rnnDesc), 36, 0);
+    nvpl_c_.slot[2] = (uint64_t)(uintptr_t)devSeqLengths;
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(yDesc), 35, 0);
+    nvpl_c_.slot[4] = (uint64_t)(uintptr_t)y;
+    nvpl_c_.slot[5] = (uint64_t)(uintptr_t)dy;
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(xDesc), 35, 0);
+    nvpl_c_.slot[7] = (uint64_t)(uintptr_t)dx;
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(hDesc), 40, 0);
+    nvpl_c_.slot[9] = (uint64_t)(uintptr_t)hx;
+    nvpl_c_.slot[10] = (uint64_t)(uintptr_t)dhy;
+    nvpl_c_.slot[11] = (uint64_t)(uintptr_t)dhx;
+    nvpl_handle(&nvpl_c_, 12, NVPL_H(cDesc), 40, 0);
+    nvpl_c_.slot[13] = (uint64_t)(uintptr_t)cx;
+    nvpl_c_.slot[14] = (uint64_t)(uintptr_t)dcy;
+    nvpl_c_.slot[15] = (uint64_t)(uintptr_t)dcx;
+    nvpl_c_.slot[16] = (uint64_t)weightSpaceSize;
+    nvpl_c_.slot[17] = (uint64_t)(uintptr_t)weightSpace;
+    nvpl_c_.slot[18] = (uint64_t)workSpaceSize;
+    nvpl_c_.slot[19] = (uint64_t)(uintptr_t)workSpace;
+    nvpl_c_.slot[20] = (uint64_t)reserveSpaceSize;
+    nvpl_c_.slot[21] = (uint64_t)(uintptr_t)reserveSpace;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnRNNBackwardWeights_v8(void *handle, void *rnnDesc, int32_t addGrad, void *devSeqLengths, void *xDesc, void *x, void *hDesc, void *hx, void *yDesc, void *y, uint64_t weightSpaceSize, void *dweightSpace, uint64_t workSpaceSize, void *workSpace, uint64_t reserveSpaceSize, void *reserveSpace)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2467, 16);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(rnnDesc), 36, 0);
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)addGrad;
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)devSeqLengths;
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(xDesc), 35, 0);
+    nvpl_c_.slot[5] = (uint64_t)(uintptr_t)x;
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(hDesc), 40, 0);
+    nvpl_c_.slot[7] = (uint64_t)(uintptr_t)hx;
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(yDesc), 35, 0);
+    nvpl_c_.slot[9] = (uint64_t)(uintptr_t)y;
+    nvpl_c_.slot[10] = (uint64_t)weightSpaceSize;
+    nvpl_c_.slot[11] = (uint64_t)(uintptr_t)dweightSpace;
+    nvpl_c_.slot[12] = (uint64_t)workSpaceSize;
+    nvpl_c_.slot[13] = (uint64_t)(uintptr_t)workSpace;
+    nvpl_c_.slot[14] = (uint64_t)reserveSpaceSize;
+    nvpl_c_.slot[15] = (uint64_t)(uintptr_t)reserveSpace;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnRNNForward(void *handle, void *rnnDesc, int32_t fwdMode, void *devSeqLengths, void *xDesc, void *x, void *yDesc, void *y, void *hDesc, void *hx, void *hy, void *cDesc, void *cx, void *cy, uint64_t weightSpaceSize, void *weightSpace, uint64_t workSpaceSize, void *workSpace, uint64_t reserveSpaceSize, void *reserveSpace)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2468, 20);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(rnnDesc), 36, 0);
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)fwdMode;
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)devSeqLengths;
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(xDesc), 35, 0);
+    nvpl_c_.slot[5] = (uint64_t)(uintptr_t)x;
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(yDesc), 35, 0);
+    nvpl_c_.slot[7] = (uint64_t)(uintptr_t)y;
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(hDesc), 40, 0);
+    nvpl_c_.slot[9] = (uint64_t)(uintptr_t)hx;
+    nvpl_c_.slot[10] = (uint64_t)(uintptr_t)hy;
+    nvpl_handle(&nvpl_c_, 11, NVPL_H(cDesc), 40, 0);
+    nvpl_c_.slot[12] = (uint64_t)(uintptr_t)cx;
+    nvpl_c_.slot[13] = (uint64_t)(uintptr_t)cy;
+    nvpl_c_.slot[14] = (uint64_t)weightSpaceSize;
+    nvpl_c_.slot[15] = (uint64_t)(uintptr_t)weightSpace;
+    nvpl_c_.slot[16] = (uint64_t)workSpaceSize;
+    nvpl_c_.slot[17] = (uint64_t)(uintptr_t)workSpace;
+    nvpl_c_.slot[18] = (uint64_t)reserveSpaceSize;
+    nvpl_c_.slot[19] = (uint64_t)(uintptr_t)reserveSpace;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnRNNGetClip_v8(void *rnnDesc, void *clipMode, void *clipNanOpt, void *lclip, void *rclip)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2469, 5);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(rnnDesc), 36, 0);
+    nvpl_buf(&nvpl_c_, 1, clipMode, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 2, clipNanOpt, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 3, lclip, NVPL_OUT, (int64_t)(8));
+    nvpl_buf(&nvpl_c_, 4, rclip, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnRNNGetClip_v9(void *rnnDesc, void *clipMode, void *lclip, void *rclip)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2470, 4);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(rnnDesc), 36, 0);
+    nvpl_buf(&nvpl_c_, 1, clipMode, NVPL_OUT, (int64_t)(4));
+    nvpl_buf(&nvpl_c_, 2, lclip, NVPL_OUT, (int64_t)(8));
+    nvpl_buf(&nvpl_c_, 3, rclip, NVPL_OUT, (int64_t)(8));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnRNNSetClip_v8(void *rnnDesc, int32_t clipMode, int32_t clipNanOpt, double lclip, double rclip)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2471, 5);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(rnnDesc), 36, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)clipMode;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)clipNanOpt;
+    nvpl_c_.slot[3] = nvp_slot_of_f8(lclip);
+    nvpl_c_.slot[4] = nvp_slot_of_f8(rclip);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnRNNSetClip_v9(void *rnnDesc, int32_t clipMode, double lclip, double rclip)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2472, 4);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(rnnDesc), 36, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)clipMode;
+    nvpl_c_.slot[2] = nvp_slot_of_f8(lclip);
+    nvpl_c_.slot[3] = nvp_slot_of_f8(rclip);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnReduceTensor(void *handle, void *reduceTensorDesc, void *indices, uint64_t indicesSizeInBytes, void *workspace, uint64_t workspaceSizeInBytes, void *alpha, void *aDesc, void *A, void *beta, void *cDesc, void *C)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2473, 12);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(reduceTensorDesc), 37, 0);
+    nvpl_c_.slot[2] = (uint64_t)(uintptr_t)indices;
+    nvpl_c_.slot[3] = (uint64_t)indicesSizeInBytes;
+    nvpl_c_.slot[4] = (uint64_t)(uintptr_t)workspace;
+    nvpl_c_.slot[5] = (uint64_t)workspaceSizeInBytes;
+    nvpl_buf(&nvpl_c_, 6, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(cDesc))));
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(aDesc), 40, 0);
+    nvpl_c_.slot[8] = (uint64_t)(uintptr_t)A;
+    nvpl_buf(&nvpl_c_, 9, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(cDesc))));
+    nvpl_handle(&nvpl_c_, 10, NVPL_H(cDesc), 40, 0);
+    nvpl_c_.slot[11] = (uint64_t)(uintptr_t)C;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnReorderFilterAndBias(void *handle, void *filterDesc, int32_t reorderType, void *filterData, void *reorderedFilterData, int32_t reorderBias, void *biasData, void *reorderedBiasData)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2474, 8);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(filterDesc), 28, 0);
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)reorderType;
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)filterData;
+    nvpl_c_.slot[4] = (uint64_t)(uintptr_t)reorderedFilterData;
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)reorderBias;
+    nvpl_c_.slot[6] = (uint64_t)(uintptr_t)biasData;
+    nvpl_c_.slot[7] = (uint64_t)(uintptr_t)reorderedBiasData;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnRestoreDropoutDescriptor(void *dropoutDesc, void *handle, float dropout, void *states, uint64_t stateSizeInBytes, uint64_t seed)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2475, 6);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(dropoutDesc), 27, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(handle), 25, 0);
+    nvpl_c_.slot[2] = nvp_slot_of_f4(dropout);
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)states;
+    nvpl_c_.slot[4] = (uint64_t)stateSizeInBytes;
+    nvpl_c_.slot[5] = (uint64_t)seed;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnScaleTensor(void *handle, void *yDesc, void *y, void *alpha)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2476, 4);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(yDesc), 40, 0);
+    nvpl_c_.slot[2] = (uint64_t)(uintptr_t)y;
+    nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSetActivationDescriptor(void *activationDesc, int32_t mode, int32_t reluNanOpt, double coef)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2477, 4);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(activationDesc), 21, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)reluNanOpt;
+    nvpl_c_.slot[3] = nvp_slot_of_f8(coef);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSetActivationDescriptorSwishBeta(void *activationDesc, double swish_beta)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2478, 2);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(activationDesc), 21, 0);
+    nvpl_c_.slot[1] = nvp_slot_of_f8(swish_beta);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSetAttnDescriptor(void *attnDesc, uint32_t attnMode, int32_t nHeads, double smScaler, int32_t dataType, int32_t computePrec, int32_t mathType, void *attnDropoutDesc, void *postDropoutDesc, int32_t qSize, int32_t kSize, int32_t vSize, int32_t qProjSize, int32_t kProjSize, int32_t vProjSize, int32_t oProjSize, int32_t qoMaxSeqLength, int32_t kvMaxSeqLength, int32_t maxBatchSize, int32_t maxBeamSize)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2479, 20);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(attnDesc), 22, 0);
+    nvpl_c_.slot[1] = (uint64_t)attnMode;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)nHeads;
+    nvpl_c_.slot[3] = nvp_slot_of_f8(smScaler);
+    nvpl_c_.slot[4] = (uint64_t)(int64_t)dataType;
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)computePrec;
+    nvpl_c_.slot[6] = (uint64_t)(int64_t)mathType;
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(attnDropoutDesc), 27, 0);
+    nvpl_handle(&nvpl_c_, 8, NVPL_H(postDropoutDesc), 27, 0);
+    nvpl_c_.slot[9] = (uint64_t)(int64_t)qSize;
+    nvpl_c_.slot[10] = (uint64_t)(int64_t)kSize;
+    nvpl_c_.slot[11] = (uint64_t)(int64_t)vSize;
+    nvpl_c_.slot[12] = (uint64_t)(int64_t)qProjSize;
+    nvpl_c_.slot[13] = (uint64_t)(int64_t)kProjSize;
+    nvpl_c_.slot[14] = (uint64_t)(int64_t)vProjSize;
+    nvpl_c_.slot[15] = (uint64_t)(int64_t)oProjSize;
+    nvpl_c_.slot[16] = (uint64_t)(int64_t)qoMaxSeqLength;
+    nvpl_c_.slot[17] = (uint64_t)(int64_t)kvMaxSeqLength;
+    nvpl_c_.slot[18] = (uint64_t)(int64_t)maxBatchSize;
+    nvpl_c_.slot[19] = (uint64_t)(int64_t)maxBeamSize;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSetBackdoor(void)
+{
+    return (int32_t)nvpl_fail(2480);
+}
+
+NVP_EXPORT int32_t cudnnSetBackdoorEx(void)
+{
+    return (int32_t)nvpl_fail(2481);
+}
+
+NVP_EXPORT int32_t cudnnSetCTCLossDescriptor(void *ctcLossDesc, int32_t compType)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2482, 2);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(ctcLossDesc), 24, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)compType;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSetCTCLossDescriptorEx(void *ctcLossDesc, int32_t compType, int32_t normMode, int32_t gradMode)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2483, 4);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(ctcLossDesc), 24, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)compType;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)normMode;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)gradMode;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSetCTCLossDescriptor_v8(void *ctcLossDesc, int32_t compType, int32_t normMode, int32_t gradMode, int32_t maxLabelLength)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2484, 5);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(ctcLossDesc), 24, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)compType;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)normMode;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)gradMode;
+    nvpl_c_.slot[4] = (uint64_t)(int64_t)maxLabelLength;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSetCTCLossDescriptor_v9(void *ctcLossDesc, int32_t compType, int32_t normMode, int32_t ctcGradMode, int32_t maxLabelLength)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2485, 5);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(ctcLossDesc), 24, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)compType;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)normMode;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)ctcGradMode;
+    nvpl_c_.slot[4] = (uint64_t)(int64_t)maxLabelLength;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSetCallback(void)
+{
+    return (int32_t)nvpl_fail(2486);
+}
+
+NVP_EXPORT int32_t cudnnSetConvolution2dDescriptor(void *convDesc, int32_t pad_h, int32_t pad_w, int32_t u, int32_t v, int32_t dilation_h, int32_t dilation_w, int32_t mode, int32_t computeType)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2487, 9);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(convDesc), 26, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)pad_h;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)pad_w;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)u;
+    nvpl_c_.slot[4] = (uint64_t)(int64_t)v;
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)dilation_h;
+    nvpl_c_.slot[6] = (uint64_t)(int64_t)dilation_w;
+    nvpl_c_.slot[7] = (uint64_t)(int64_t)mode;
+    nvpl_c_.slot[8] = (uint64_t)(int64_t)computeType;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSetConvolutionGroupCount(void *convDesc, int32_t groupCount)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2488, 2);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(convDesc), 26, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)groupCount;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSetConvolutionMathType(void *convDesc, int32_t mathType)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2489, 2);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(convDesc), 26, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)mathType;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSetConvolutionNdDescriptor(void *convDesc, int32_t arrayLength, void *padA, void *filterStrideA, void *dilationA, int32_t mode, int32_t computeType)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2490, 7);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(convDesc), 26, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)arrayLength;
+    nvpl_buf(&nvpl_c_, 2, padA, NVPL_IN, (int64_t)(4*arrayLength));
+    nvpl_buf(&nvpl_c_, 3, filterStrideA, NVPL_IN, (int64_t)(4*arrayLength));
+    nvpl_buf(&nvpl_c_, 4, dilationA, NVPL_IN, (int64_t)(4*arrayLength));
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)mode;
+    nvpl_c_.slot[6] = (uint64_t)(int64_t)computeType;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSetConvolutionReorderType(void *convDesc, int32_t reorderType)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2491, 2);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(convDesc), 26, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)reorderType;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSetDropoutDescriptor(void *dropoutDesc, void *handle, float dropout, void *states, uint64_t stateSizeInBytes, uint64_t seed)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2492, 6);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(dropoutDesc), 27, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(handle), 25, 0);
+    nvpl_c_.slot[2] = nvp_slot_of_f4(dropout);
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)states;
+    nvpl_c_.slot[4] = (uint64_t)stateSizeInBytes;
+    nvpl_c_.slot[5] = (uint64_t)seed;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSetFilter4dDescriptor(void *filterDesc, int32_t dataType, int32_t format, int32_t k, int32_t c, int32_t h, int32_t w)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2493, 7);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(filterDesc), 28, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)dataType;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)format;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)k;
+    nvpl_c_.slot[4] = (uint64_t)(int64_t)c;
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)h;
+    nvpl_c_.slot[6] = (uint64_t)(int64_t)w;
+    int64_t nvpl_r_ = nvpl_end(&nvpl_c_);
+    if (nvpl_r_ == 0)
+        nvpl_note_dtype(NVPL_H(filterDesc), dataType);
+    return (int32_t)nvpl_r_;
+}
+
+NVP_EXPORT int32_t cudnnSetFilterNdDescriptor(void *filterDesc, int32_t dataType, int32_t format, int32_t nbDims, void *filterDimA)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2494, 5);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(filterDesc), 28, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)dataType;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)format;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)nbDims;
+    nvpl_buf(&nvpl_c_, 4, filterDimA, NVPL_IN, (int64_t)(4*nbDims));
+    int64_t nvpl_r_ = nvpl_end(&nvpl_c_);
+    if (nvpl_r_ == 0)
+        nvpl_note_dtype(NVPL_H(filterDesc), dataType);
+    return (int32_t)nvpl_r_;
+}
+
+NVP_EXPORT int32_t cudnnSetFusedOpsConstParamPackAttribute(void)
+{
+    return (int32_t)nvpl_fail(2495);
+}
+
+NVP_EXPORT int32_t cudnnSetFusedOpsVariantParamPackAttribute(void)
+{
+    return (int32_t)nvpl_fail(2496);
+}
+
+NVP_EXPORT int32_t cudnnSetLRNDescriptor(void *normDesc, uint32_t lrnN, double lrnAlpha, double lrnBeta, double lrnK)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2497, 5);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(normDesc), 32, 0);
+    nvpl_c_.slot[1] = (uint64_t)lrnN;
+    nvpl_c_.slot[2] = nvp_slot_of_f8(lrnAlpha);
+    nvpl_c_.slot[3] = nvp_slot_of_f8(lrnBeta);
+    nvpl_c_.slot[4] = nvp_slot_of_f8(lrnK);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSetOpTensorDescriptor(void *opTensorDesc, int32_t opTensorOp, int32_t opTensorCompType, int32_t opTensorNanOpt)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2498, 4);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(opTensorDesc), 33, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)opTensorOp;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)opTensorCompType;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)opTensorNanOpt;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSetPooling2dDescriptor(void *poolingDesc, int32_t mode, int32_t maxpoolingNanOpt, int32_t windowHeight, int32_t windowWidth, int32_t verticalPadding, int32_t horizontalPadding, int32_t verticalStride, int32_t horizontalStride)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2499, 9);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(poolingDesc), 34, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)maxpoolingNanOpt;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)windowHeight;
+    nvpl_c_.slot[4] = (uint64_t)(int64_t)windowWidth;
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)verticalPadding;
+    nvpl_c_.slot[6] = (uint64_t)(int64_t)horizontalPadding;
+    nvpl_c_.slot[7] = (uint64_t)(int64_t)verticalStride;
+    nvpl_c_.slot[8] = (uint64_t)(int64_t)horizontalStride;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSetPoolingNdDescriptor(void *poolingDesc, int32_t mode, int32_t maxpoolingNanOpt, int32_t nbDims, void *windowDimA, void *paddingA, void *strideA)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2500, 7);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(poolingDesc), 34, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)mode;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)maxpoolingNanOpt;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)nbDims;
+    nvpl_buf(&nvpl_c_, 4, windowDimA, NVPL_IN, (int64_t)(4*nbDims));
+    nvpl_buf(&nvpl_c_, 5, paddingA, NVPL_IN, (int64_t)(4*nbDims));
+    nvpl_buf(&nvpl_c_, 6, strideA, NVPL_IN, (int64_t)(4*nbDims));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSetRNNDataDescriptor(void *rnnDataDesc, int32_t dataType, int32_t layout, int32_t maxSeqLength, int32_t batchSize, int32_t vectorSize, void *seqLengthArray, void *paddingFill)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2501, 8);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(rnnDataDesc), 35, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)dataType;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)layout;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)maxSeqLength;
+    nvpl_c_.slot[4] = (uint64_t)(int64_t)batchSize;
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)vectorSize;
+    nvpl_buf(&nvpl_c_, 6, seqLengthArray, NVPL_IN, (int64_t)(4*batchSize));
+    nvpl_buf(&nvpl_c_, 7, paddingFill, NVPL_IN, (int64_t)(nvpl_dnn_dtype_size(dataType)));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSetRNNDescriptor_v8(void *rnnDesc, int32_t algo, int32_t cellMode, int32_t biasMode, int32_t dirMode, int32_t inputMode, int32_t dataType, int32_t mathPrec, int32_t mathType, int32_t inputSize, int32_t hiddenSize, int32_t projSize, int32_t numLayers, void *dropoutDesc, uint32_t auxFlags)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2502, 15);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(rnnDesc), 36, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)algo;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)cellMode;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)biasMode;
+    nvpl_c_.slot[4] = (uint64_t)(int64_t)dirMode;
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)inputMode;
+    nvpl_c_.slot[6] = (uint64_t)(int64_t)dataType;
+    nvpl_c_.slot[7] = (uint64_t)(int64_t)mathPrec;
+    nvpl_c_.slot[8] = (uint64_t)(int64_t)mathType;
+    nvpl_c_.slot[9] = (uint64_t)(int64_t)inputSize;
+    nvpl_c_.slot[10] = (uint64_t)(int64_t)hiddenSize;
+    nvpl_c_.slot[11] = (uint64_t)(int64_t)projSize;
+    nvpl_c_.slot[12] = (uint64_t)(int64_t)numLayers;
+    nvpl_handle(&nvpl_c_, 13, NVPL_H(dropoutDesc), 27, 0);
+    nvpl_c_.slot[14] = (uint64_t)auxFlags;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSetReduceTensorDescriptor(void *reduceTensorDesc, int32_t reduceTensorOp, int32_t reduceTensorCompType, int32_t reduceTensorNanOpt, int32_t reduceTensorIndices, int32_t reduceTensorIndicesType)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2503, 6);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(reduceTensorDesc), 37, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)reduceTensorOp;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)reduceTensorCompType;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)reduceTensorNanOpt;
+    nvpl_c_.slot[4] = (uint64_t)(int64_t)reduceTensorIndices;
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)reduceTensorIndicesType;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSetSeqDataDescriptor(void *seqDataDesc, int32_t dataType, int32_t nbDims, void *dimA, void *axes, uint64_t seqLengthArraySize, void *seqLengthArray, void *paddingFill)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2504, 8);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(seqDataDesc), 38, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)dataType;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)nbDims;
+    nvpl_buf(&nvpl_c_, 3, dimA, NVPL_IN, (int64_t)(4*nbDims));
+    nvpl_buf(&nvpl_c_, 4, axes, NVPL_IN, (int64_t)(4*nbDims));
+    nvpl_c_.slot[5] = (uint64_t)seqLengthArraySize;
+    nvpl_buf(&nvpl_c_, 6, seqLengthArray, NVPL_IN, (int64_t)(4*seqLengthArraySize));
+    nvpl_buf(&nvpl_c_, 7, paddingFill, NVPL_IN, (int64_t)(nvpl_dnn_dtype_size(dataType)));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSetSpatialTransformerNdDescriptor(void *stDesc, int32_t samplerType, int32_t dataType, int32_t nbDims, void *dimA)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2505, 5);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(stDesc), 39, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)samplerType;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)dataType;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)nbDims;
+    nvpl_buf(&nvpl_c_, 4, dimA, NVPL_IN, (int64_t)(4*nbDims));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSetStream(void *handle, void *streamId)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2506, 2);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_stream(&nvpl_c_, 1, streamId);
+    int64_t nvpl_r_ = nvpl_end(&nvpl_c_);
+    if (nvpl_r_ == 0)
+        nvpl_note_stream(NVPL_H(handle), NVPL_H(streamId));
+    return (int32_t)nvpl_r_;
+}
+
+NVP_EXPORT int32_t cudnnSetTensor(void *handle, void *yDesc, void *y, void *valuePtr)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2507, 4);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(yDesc), 40, 0);
+    nvpl_c_.slot[2] = (uint64_t)(uintptr_t)y;
+    nvpl_buf(&nvpl_c_, 3, valuePtr, NVPL_IN, (int64_t)(nvpl_dnn_dtype_size(nvpl_handle_dtype(NVPL_H(yDesc)))));
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSetTensor4dDescriptor(void *tensorDesc, int32_t format, int32_t dataType, int32_t n, int32_t c, int32_t h, int32_t w)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2508, 7);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(tensorDesc), 40, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)format;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)dataType;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)n;
+    nvpl_c_.slot[4] = (uint64_t)(int64_t)c;
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)h;
+    nvpl_c_.slot[6] = (uint64_t)(int64_t)w;
+    int64_t nvpl_r_ = nvpl_end(&nvpl_c_);
+    if (nvpl_r_ == 0)
+        nvpl_note_dtype(NVPL_H(tensorDesc), dataType);
+    return (int32_t)nvpl_r_;
+}
+
+NVP_EXPORT int32_t cudnnSetTensor4dDescriptorEx(void *tensorDesc, int32_t dataType, int32_t n, int32_t c, int32_t h, int32_t w, int32_t nStride, int32_t cStride, int32_t hStride, int32_t wStride)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2509, 10);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(tensorDesc), 40, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)dataType;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)n;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)c;
+    nvpl_c_.slot[4] = (uint64_t)(int64_t)h;
+    nvpl_c_.slot[5] = (uint64_t)(int64_t)w;
+    nvpl_c_.slot[6] = (uint64_t)(int64_t)nStride;
+    nvpl_c_.slot[7] = (uint64_t)(int64_t)cStride;
+    nvpl_c_.slot[8] = (uint64_t)(int64_t)hStride;
+    nvpl_c_.slot[9] = (uint64_t)(int64_t)wStride;
+    int64_t nvpl_r_ = nvpl_end(&nvpl_c_);
+    if (nvpl_r_ == 0)
+        nvpl_note_dtype(NVPL_H(tensorDesc), dataType);
+    return (int32_t)nvpl_r_;
+}
+
+NVP_EXPORT int32_t cudnnSetTensorNdDescriptor(void *tensorDesc, int32_t dataType, int32_t nbDims, void *dimA, void *strideA)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2510, 5);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(tensorDesc), 40, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)dataType;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)nbDims;
+    nvpl_buf(&nvpl_c_, 3, dimA, NVPL_IN, (int64_t)(4*nbDims));
+    nvpl_buf(&nvpl_c_, 4, strideA, NVPL_IN, (int64_t)(4*nbDims));
+    int64_t nvpl_r_ = nvpl_end(&nvpl_c_);
+    if (nvpl_r_ == 0)
+        nvpl_note_dtype(NVPL_H(tensorDesc), dataType);
+    return (int32_t)nvpl_r_;
+}
+
+NVP_EXPORT int32_t cudnnSetTensorNdDescriptorEx(void *tensorDesc, int32_t format, int32_t dataType, int32_t nbDims, void *dimA)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2511, 5);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(tensorDesc), 40, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)format;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)dataType;
+    nvpl_c_.slot[3] = (uint64_t)(int64_t)nbDims;
+    nvpl_buf(&nvpl_c_, 4, dimA, NVPL_IN, (int64_t)(4*nbDims));
+    int64_t nvpl_r_ = nvpl_end(&nvpl_c_);
+    if (nvpl_r_ == 0)
+        nvpl_note_dtype(NVPL_H(tensorDesc), dataType);
+    return (int32_t)nvpl_r_;
+}
+
+NVP_EXPORT int32_t cudnnSetTensorTransformDescriptor(void *transformDesc, uint32_t nbDims, int32_t destFormat, void *padBeforeA, void *padAfterA, void *foldA, int32_t direction)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2512, 7);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(transformDesc), 41, 0);
+    nvpl_c_.slot[1] = (uint64_t)nbDims;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)destFormat;
+    nvpl_buf(&nvpl_c_, 3, padBeforeA, NVPL_IN, (int64_t)(4*nbDims));
+    nvpl_buf(&nvpl_c_, 4, padAfterA, NVPL_IN, (int64_t)(4*nbDims));
+    nvpl_buf(&nvpl_c_, 5, foldA, NVPL_IN, (int64_t)(4*(nbDims > 2 ? nbDims - 2 : 0)));
+    nvpl_c_.slot[6] = (uint64_t)(int64_t)direction;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSoftmaxBackward(void *handle, int32_t algo, int32_t mode, void *alpha, void *yDesc, void *y, void *dyDesc, void *dy, void *beta, void *dxDesc, void *dx)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2513, 11);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)algo;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)mode;
+    nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(yDesc), 40, 0);
+    nvpl_c_.slot[5] = (uint64_t)(uintptr_t)y;
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(dyDesc), 40, 0);
+    nvpl_c_.slot[7] = (uint64_t)(uintptr_t)dy;
+    nvpl_buf(&nvpl_c_, 8, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(dxDesc), 40, 0);
+    nvpl_c_.slot[10] = (uint64_t)(uintptr_t)dx;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSoftmaxForward(void *handle, int32_t algo, int32_t mode, void *alpha, void *xDesc, void *x, void *beta, void *yDesc, void *y)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2514, 9);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_c_.slot[1] = (uint64_t)(int64_t)algo;
+    nvpl_c_.slot[2] = (uint64_t)(int64_t)mode;
+    nvpl_buf(&nvpl_c_, 3, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 4, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[5] = (uint64_t)(uintptr_t)x;
+    nvpl_buf(&nvpl_c_, 6, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(yDesc), 40, 0);
+    nvpl_c_.slot[8] = (uint64_t)(uintptr_t)y;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSpatialTfGridGeneratorBackward(void *handle, void *stDesc, void *dgrid, void *dtheta)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2515, 4);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(stDesc), 39, 0);
+    nvpl_c_.slot[2] = (uint64_t)(uintptr_t)dgrid;
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)dtheta;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSpatialTfGridGeneratorForward(void *handle, void *stDesc, void *theta, void *grid)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2516, 4);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(stDesc), 39, 0);
+    nvpl_c_.slot[2] = (uint64_t)(uintptr_t)theta;
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)grid;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSpatialTfSamplerBackward(void *handle, void *stDesc, void *alpha, void *xDesc, void *x, void *beta, void *dxDesc, void *dx, void *alphaDgrid, void *dyDesc, void *dy, void *grid, void *betaDgrid, void *dgrid)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2517, 14);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(stDesc), 39, 0);
+    nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(dxDesc))));
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[4] = (uint64_t)(uintptr_t)x;
+    nvpl_buf(&nvpl_c_, 5, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(dxDesc))));
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(dxDesc), 40, 0);
+    nvpl_c_.slot[7] = (uint64_t)(uintptr_t)dx;
+    nvpl_buf(&nvpl_c_, 8, alphaDgrid, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(dxDesc))));
+    nvpl_handle(&nvpl_c_, 9, NVPL_H(dyDesc), 40, 0);
+    nvpl_c_.slot[10] = (uint64_t)(uintptr_t)dy;
+    nvpl_c_.slot[11] = (uint64_t)(uintptr_t)grid;
+    nvpl_buf(&nvpl_c_, 12, betaDgrid, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(dxDesc))));
+    nvpl_c_.slot[13] = (uint64_t)(uintptr_t)dgrid;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSpatialTfSamplerForward(void *handle, void *stDesc, void *alpha, void *xDesc, void *x, void *grid, void *beta, void *yDesc, void *y)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2518, 9);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(stDesc), 39, 0);
+    nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[4] = (uint64_t)(uintptr_t)x;
+    nvpl_c_.slot[5] = (uint64_t)(uintptr_t)grid;
+    nvpl_buf(&nvpl_c_, 6, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 7, NVPL_H(yDesc), 40, 0);
+    nvpl_c_.slot[8] = (uint64_t)(uintptr_t)y;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnSubquadraticOpsVersionCheck(void)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2519, 0);
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnTransformFilter(void *handle, void *transDesc, void *alpha, void *srcDesc, void *srcData, void *beta, void *destDesc, void *destData)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2520, 8);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(transDesc), 41, 0);
+    nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(destDesc))));
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(srcDesc), 28, 0);
+    nvpl_c_.slot[4] = (uint64_t)(uintptr_t)srcData;
+    nvpl_buf(&nvpl_c_, 5, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(destDesc))));
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(destDesc), 28, 0);
+    nvpl_c_.slot[7] = (uint64_t)(uintptr_t)destData;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnTransformTensor(void *handle, void *alpha, void *xDesc, void *x, void *beta, void *yDesc, void *y)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2521, 7);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_buf(&nvpl_c_, 1, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 2, NVPL_H(xDesc), 40, 0);
+    nvpl_c_.slot[3] = (uint64_t)(uintptr_t)x;
+    nvpl_buf(&nvpl_c_, 4, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(yDesc))));
+    nvpl_handle(&nvpl_c_, 5, NVPL_H(yDesc), 40, 0);
+    nvpl_c_.slot[6] = (uint64_t)(uintptr_t)y;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
+NVP_EXPORT int32_t cudnnTransformTensorEx(void *handle, void *transDesc, void *alpha, void *srcDesc, void *srcData, void *beta, void *destDesc, void *destData)
+{
+    struct nvpl_call nvpl_c_;
+    nvpl_begin(&nvpl_c_, 2522, 8);
+    nvpl_handle(&nvpl_c_, 0, NVPL_H(handle), 25, 0);
+    nvpl_handle(&nvpl_c_, 1, NVPL_H(transDesc), 41, 0);
+    nvpl_buf(&nvpl_c_, 2, alpha, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(destDesc))));
+    nvpl_handle(&nvpl_c_, 3, NVPL_H(srcDesc), 40, 0);
+    nvpl_c_.slot[4] = (uint64_t)(uintptr_t)srcData;
+    nvpl_buf(&nvpl_c_, 5, beta, NVPL_IN, (int64_t)(nvpl_dnn_scale(NVPL_H(destDesc))));
+    nvpl_handle(&nvpl_c_, 6, NVPL_H(destDesc), 40, 0);
+    nvpl_c_.slot[7] = (uint64_t)(uintptr_t)destData;
+    return (int32_t)nvpl_end(&nvpl_c_);
+}
+
 const struct nvpl_lib_info nvpl_libs[] = {
     {"cublas", "libcublas.so.13", 15, 1, 7, 14},
     {"cublasLt", "libcublasLt.so.13", 15, 1, 7, 14},
@@ -28190,6 +31221,7 @@ const struct nvpl_lib_info nvpl_libs[] = {
     {"curand", "libcurand.so.10", 101, 101, 104, 999},
     {"cusparse", "libcusparse.so.12", 10, 1, 3, 7},
     {"cusolver", "libcusolver.so.12", 9, 1, 3, 7},
+    {"cudnn", "libcudnn.so.9", 3000, 2000, 2000, 4000},
 };
 
 const struct nvpl_fn_info nvpl_fns[] = {
@@ -30473,7 +33505,288 @@ const struct nvpl_fn_info nvpl_fns[] = {
     {"pegasusXcsr2coo", 5, 0, "not declared in the headers"},
     {"pegasusZcsr2dense", 5, 0, "not declared in the headers"},
     {"pegasusZcsrmvHost", 5, 0, "not declared in the headers"},
+    {"cudnnActivationBackward", 6, NVPL_ORDERED, NULL},
+    {"cudnnActivationForward", 6, NVPL_ORDERED, NULL},
+    {"cudnnAddTensor", 6, NVPL_ORDERED, NULL},
+    {"cudnnAdvVersionCheck", 6, NVPL_CONST, NULL},
+    {"cudnnB2BCausalConv1dBackward", 6, 0, NULL},
+    {"cudnnB2BCausalConv1dForward", 6, 0, NULL},
+    {"cudnnBackendCreateDescriptor", 6, 0, NULL},
+    {"cudnnBackendDestroyDescriptor", 6, 0, NULL},
+    {"cudnnBackendExecute", 6, NVPL_ORDERED, NULL},
+    {"cudnnBackendFinalize", 6, 0, NULL},
+    {"cudnnBackendGetAttribute", 6, 0, NULL},
+    {"cudnnBackendInitialize", 6, 0, NULL},
+    {"cudnnBackendPopulateCudaGraph", 6, 0, "CUDA graphs built by cuDNN are not forwarded; use cudnnBackendExecute"},
+    {"cudnnBackendSetAttribute", 6, 0, NULL},
+    {"cudnnBackendUpdateCudaGraph", 6, 0, "CUDA graphs built by cuDNN are not forwarded; use cudnnBackendExecute"},
+    {"cudnnBatchNormalizationBackward", 6, NVPL_ORDERED, NULL},
+    {"cudnnBatchNormalizationBackwardEx", 6, NVPL_ORDERED, NULL},
+    {"cudnnBatchNormalizationForwardInference", 6, NVPL_ORDERED, NULL},
+    {"cudnnBatchNormalizationForwardTraining", 6, NVPL_ORDERED, NULL},
+    {"cudnnBatchNormalizationForwardTrainingEx", 6, NVPL_ORDERED, NULL},
+    {"cudnnBuildRNNDynamic", 6, NVPL_ORDERED, NULL},
+    {"cudnnCTCLoss", 6, 0, "its host label arrays are not described; use the _v8 function"},
+    {"cudnnCTCLoss_v8", 6, NVPL_ORDERED, NULL},
+    {"cudnnCausalConv1dBackward", 6, 0, NULL},
+    {"cudnnCausalConv1dForward", 6, 0, NULL},
+    {"cudnnCausalConv1dNwhBackward", 6, 0, NULL},
+    {"cudnnCausalConv1dNwhForward", 6, 0, NULL},
+    {"cudnnCnnVersionCheck", 6, NVPL_CONST, NULL},
+    {"cudnnConvolutionBackwardBias", 6, NVPL_ORDERED, NULL},
+    {"cudnnConvolutionBackwardData", 6, NVPL_ORDERED, NULL},
+    {"cudnnConvolutionBackwardFilter", 6, NVPL_ORDERED, NULL},
+    {"cudnnConvolutionBiasActivationForward", 6, NVPL_ORDERED, NULL},
+    {"cudnnConvolutionForward", 6, NVPL_ORDERED, NULL},
+    {"cudnnCreate", 6, 0, NULL},
+    {"cudnnCreateActivationDescriptor", 6, 0, NULL},
+    {"cudnnCreateAttnDescriptor", 6, 0, NULL},
+    {"cudnnCreateCTCLossDescriptor", 6, 0, NULL},
+    {"cudnnCreateConvolutionDescriptor", 6, 0, NULL},
+    {"cudnnCreateDropoutDescriptor", 6, 0, NULL},
+    {"cudnnCreateFilterDescriptor", 6, 0, NULL},
+    {"cudnnCreateFusedOpsConstParamPack", 6, 0, "fused-ops parameter packs (pointers and descriptors by label) are not described"},
+    {"cudnnCreateFusedOpsPlan", 6, 0, "fused-ops parameter packs (pointers and descriptors by label) are not described"},
+    {"cudnnCreateFusedOpsVariantParamPack", 6, 0, "fused-ops parameter packs (pointers and descriptors by label) are not described"},
+    {"cudnnCreateLRNDescriptor", 6, 0, NULL},
+    {"cudnnCreateOpTensorDescriptor", 6, 0, NULL},
+    {"cudnnCreatePoolingDescriptor", 6, 0, NULL},
+    {"cudnnCreateRNNDataDescriptor", 6, 0, NULL},
+    {"cudnnCreateRNNDescriptor", 6, 0, NULL},
+    {"cudnnCreateReduceTensorDescriptor", 6, 0, NULL},
+    {"cudnnCreateSeqDataDescriptor", 6, 0, NULL},
+    {"cudnnCreateSpatialTransformerDescriptor", 6, 0, NULL},
+    {"cudnnCreateTensorDescriptor", 6, 0, NULL},
+    {"cudnnCreateTensorTransformDescriptor", 6, 0, NULL},
+    {"cudnnDeriveBNTensorDescriptor", 6, 0, NULL},
+    {"cudnnDeriveNormTensorDescriptor", 6, 0, NULL},
+    {"cudnnDestroy", 6, 0, NULL},
+    {"cudnnDestroyActivationDescriptor", 6, 0, NULL},
+    {"cudnnDestroyAttnDescriptor", 6, 0, NULL},
+    {"cudnnDestroyCTCLossDescriptor", 6, 0, NULL},
+    {"cudnnDestroyConvolutionDescriptor", 6, 0, NULL},
+    {"cudnnDestroyDropoutDescriptor", 6, 0, NULL},
+    {"cudnnDestroyFilterDescriptor", 6, 0, NULL},
+    {"cudnnDestroyFusedOpsConstParamPack", 6, 0, "fused-ops parameter packs (pointers and descriptors by label) are not described"},
+    {"cudnnDestroyFusedOpsPlan", 6, 0, "fused-ops parameter packs (pointers and descriptors by label) are not described"},
+    {"cudnnDestroyFusedOpsVariantParamPack", 6, 0, "fused-ops parameter packs (pointers and descriptors by label) are not described"},
+    {"cudnnDestroyLRNDescriptor", 6, 0, NULL},
+    {"cudnnDestroyOpTensorDescriptor", 6, 0, NULL},
+    {"cudnnDestroyPoolingDescriptor", 6, 0, NULL},
+    {"cudnnDestroyRNNDataDescriptor", 6, 0, NULL},
+    {"cudnnDestroyRNNDescriptor", 6, 0, NULL},
+    {"cudnnDestroyReduceTensorDescriptor", 6, 0, NULL},
+    {"cudnnDestroySeqDataDescriptor", 6, 0, NULL},
+    {"cudnnDestroySpatialTransformerDescriptor", 6, 0, NULL},
+    {"cudnnDestroyTensorDescriptor", 6, 0, NULL},
+    {"cudnnDestroyTensorTransformDescriptor", 6, 0, NULL},
+    {"cudnnDivisiveNormalizationBackward", 6, NVPL_ORDERED, NULL},
+    {"cudnnDivisiveNormalizationForward", 6, NVPL_ORDERED, NULL},
+    {"cudnnDropoutBackward", 6, NVPL_ORDERED, NULL},
+    {"cudnnDropoutForward", 6, NVPL_ORDERED, NULL},
+    {"cudnnDropoutGetReserveSpaceSize", 6, 0, NULL},
+    {"cudnnDropoutGetStatesSize", 6, 0, NULL},
+    {"cudnnFFTCausalConv1dBackward", 6, 0, NULL},
+    {"cudnnFFTCausalConv1dForward", 6, 0, NULL},
+    {"cudnnFindConvolutionBackwardDataAlgorithm", 6, 0, NULL},
+    {"cudnnFindConvolutionBackwardDataAlgorithmEx", 6, 0, NULL},
+    {"cudnnFindConvolutionBackwardFilterAlgorithm", 6, 0, NULL},
+    {"cudnnFindConvolutionBackwardFilterAlgorithmEx", 6, 0, NULL},
+    {"cudnnFindConvolutionForwardAlgorithm", 6, 0, NULL},
+    {"cudnnFindConvolutionForwardAlgorithmEx", 6, 0, NULL},
+    {"cudnnFusedOpsExecute", 6, 0, "fused-ops parameter packs (pointers and descriptors by label) are not described"},
+    {"cudnnGetActivationDescriptor", 6, 0, NULL},
+    {"cudnnGetActivationDescriptorSwishBeta", 6, 0, NULL},
+    {"cudnnGetAttnDescriptor", 6, 0, "it answers with a descriptor or callback of the library's own"},
+    {"cudnnGetBackdoor", 6, 0, "not declared in the headers"},
+    {"cudnnGetBatchNormalizationBackwardExWorkspaceSize", 6, 0, NULL},
+    {"cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize", 6, 0, NULL},
+    {"cudnnGetBatchNormalizationTrainingExReserveSpaceSize", 6, 0, NULL},
+    {"cudnnGetCTCLossDescriptor", 6, 0, NULL},
+    {"cudnnGetCTCLossDescriptorEx", 6, 0, NULL},
+    {"cudnnGetCTCLossDescriptor_v8", 6, 0, NULL},
+    {"cudnnGetCTCLossDescriptor_v9", 6, 0, NULL},
+    {"cudnnGetCTCLossWorkspaceSize", 6, 0, "its host label arrays are not described; use the _v8 function"},
+    {"cudnnGetCTCLossWorkspaceSize_v8", 6, 0, NULL},
+    {"cudnnGetCallback", 6, 0, "a callback into the application"},
+    {"cudnnGetConvolution2dDescriptor", 6, 0, NULL},
+    {"cudnnGetConvolution2dForwardOutputDim", 6, 0, NULL},
+    {"cudnnGetConvolutionBackwardDataAlgorithmMaxCount", 6, 0, NULL},
+    {"cudnnGetConvolutionBackwardDataAlgorithm_v7", 6, 0, NULL},
+    {"cudnnGetConvolutionBackwardDataWorkspaceSize", 6, 0, NULL},
+    {"cudnnGetConvolutionBackwardFilterAlgorithmMaxCount", 6, 0, NULL},
+    {"cudnnGetConvolutionBackwardFilterAlgorithm_v7", 6, 0, NULL},
+    {"cudnnGetConvolutionBackwardFilterWorkspaceSize", 6, 0, NULL},
+    {"cudnnGetConvolutionForwardAlgorithmMaxCount", 6, 0, NULL},
+    {"cudnnGetConvolutionForwardAlgorithm_v7", 6, 0, NULL},
+    {"cudnnGetConvolutionForwardWorkspaceSize", 6, 0, NULL},
+    {"cudnnGetConvolutionGroupCount", 6, 0, NULL},
+    {"cudnnGetConvolutionMathType", 6, 0, NULL},
+    {"cudnnGetConvolutionNdDescriptor", 6, 0, NULL},
+    {"cudnnGetConvolutionNdForwardOutputDim", 6, 0, NULL},
+    {"cudnnGetConvolutionReorderType", 6, 0, NULL},
+    {"cudnnGetCudartVersion", 6, NVPL_VALUE | NVPL_CONST, NULL},
+    {"cudnnGetDropoutDescriptor", 6, 0, NULL},
+    {"cudnnGetErrorString", 6, NVPL_STRING | NVPL_CONST, NULL},
+    {"cudnnGetExecutionPlanWorkspaceSize", 6, 0, NULL},
+    {"cudnnGetFilter4dDescriptor", 6, 0, NULL},
+    {"cudnnGetFilterNdDescriptor", 6, 0, NULL},
+    {"cudnnGetFilterSizeInBytes", 6, 0, NULL},
+    {"cudnnGetFoldedConvBackwardDataDescriptors", 6, 0, NULL},
+    {"cudnnGetFusedOpsConstParamPackAttribute", 6, 0, "fused-ops parameter packs (pointers and descriptors by label) are not described"},
+    {"cudnnGetFusedOpsVariantParamPackAttribute", 6, 0, "fused-ops parameter packs (pointers and descriptors by label) are not described"},
+    {"cudnnGetLRNDescriptor", 6, 0, NULL},
+    {"cudnnGetLastErrorString", 6, 0, NULL},
+    {"cudnnGetMaxDeviceVersion", 6, NVPL_VALUE | NVPL_CONST, NULL},
+    {"cudnnGetMultiHeadAttnBuffers", 6, 0, NULL},
+    {"cudnnGetMultiHeadAttnWeights", 6, 0, NULL},
+    {"cudnnGetNormalizationBackwardWorkspaceSize", 6, 0, NULL},
+    {"cudnnGetNormalizationForwardTrainingWorkspaceSize", 6, 0, NULL},
+    {"cudnnGetNormalizationTrainingReserveSpaceSize", 6, 0, NULL},
+    {"cudnnGetOpTensorDescriptor", 6, 0, NULL},
+    {"cudnnGetPooling2dDescriptor", 6, 0, NULL},
+    {"cudnnGetPooling2dForwardOutputDim", 6, 0, NULL},
+    {"cudnnGetPoolingNdDescriptor", 6, 0, NULL},
+    {"cudnnGetPoolingNdForwardOutputDim", 6, 0, NULL},
+    {"cudnnGetProperty", 6, NVPL_CONST, NULL},
+    {"cudnnGetRNNDataDescriptor", 6, 0, "parameter paddingFill (void *) cannot be forwarded"},
+    {"cudnnGetRNNDescriptor_v8", 6, 0, "it answers with a descriptor or callback of the library's own"},
+    {"cudnnGetRNNDropoutLocationsInternal", 6, 0, "not declared in the headers"},
+    {"cudnnGetRNNTempSpaceSizes", 6, 0, NULL},
+    {"cudnnGetRNNWeightParams", 6, 0, NULL},
+    {"cudnnGetRNNWeightSpaceSize", 6, 0, NULL},
+    {"cudnnGetReduceTensorDescriptor", 6, 0, NULL},
+    {"cudnnGetReductionIndicesSize", 6, 0, NULL},
+    {"cudnnGetReductionWorkspaceSize", 6, 0, NULL},
+    {"cudnnGetSeqDataDescriptor", 6, 0, "parameter paddingFill (void *) cannot be forwarded"},
+    {"cudnnGetStream", 6, 0, NULL},
+    {"cudnnGetTensor4dDescriptor", 6, 0, NULL},
+    {"cudnnGetTensorNdDescriptor", 6, 0, NULL},
+    {"cudnnGetTensorSizeInBytes", 6, 0, NULL},
+    {"cudnnGetTensorTransformDescriptor", 6, 0, NULL},
+    {"cudnnGetVersion", 6, NVPL_VALUE | NVPL_CONST, NULL},
+    {"cudnnGnnAggSimpleBackward", 6, 0, "its graph and parameter structures hold pointers that are not described"},
+    {"cudnnGnnAggSimpleForward", 6, 0, "its graph and parameter structures hold pointers that are not described"},
+    {"cudnnGnnMhaGatBackward", 6, 0, "its graph and parameter structures hold pointers that are not described"},
+    {"cudnnGnnMhaGatForward", 6, 0, "its graph and parameter structures hold pointers that are not described"},
+    {"cudnnGnnMhaGatV2Backward", 6, 0, "its graph and parameter structures hold pointers that are not described"},
+    {"cudnnGnnMhaGatV2Forward", 6, 0, "its graph and parameter structures hold pointers that are not described"},
+    {"cudnnGraphVersionCheck", 6, NVPL_CONST, NULL},
+    {"cudnnIm2Col", 6, NVPL_ORDERED, NULL},
+    {"cudnnInitTransformDest", 6, 0, NULL},
+    {"cudnnLRNCrossChannelBackward", 6, NVPL_ORDERED, NULL},
+    {"cudnnLRNCrossChannelForward", 6, NVPL_ORDERED, NULL},
+    {"cudnnLongFFTCausalConv1dBackward", 6, 0, NULL},
+    {"cudnnLongFFTCausalConv1dForward", 6, 0, NULL},
+    {"cudnnLongFFTCausalConv1dGetBufferSizes", 6, 0, NULL},
+    {"cudnnMakeFusedOpsPlan", 6, 0, "fused-ops parameter packs (pointers and descriptors by label) are not described"},
+    {"cudnnMultiHeadAttnBackwardData", 6, 0, "its host attention-window arrays are not described"},
+    {"cudnnMultiHeadAttnBackwardWeights", 6, NVPL_ORDERED, NULL},
+    {"cudnnMultiHeadAttnForward", 6, 0, "its host attention-window arrays are not described"},
+    {"cudnnNormalizationBackward", 6, NVPL_ORDERED, NULL},
+    {"cudnnNormalizationForwardInference", 6, NVPL_ORDERED, NULL},
+    {"cudnnNormalizationForwardTraining", 6, NVPL_ORDERED, NULL},
+    {"cudnnOpTensor", 6, NVPL_ORDERED, NULL},
+    {"cudnnOpsVersionCheck", 6, NVPL_CONST, NULL},
+    {"cudnnPoolingBackward", 6, NVPL_ORDERED, NULL},
+    {"cudnnPoolingForward", 6, NVPL_ORDERED, NULL},
+    {"cudnnQueryRuntimeError", 6, 0, NULL},
+    {"cudnnRNNBackwardData_v8", 6, NVPL_ORDERED, NULL},
+    {"cudnnRNNBackwardWeights_v8", 6, NVPL_ORDERED, NULL},
+    {"cudnnRNNForward", 6, NVPL_ORDERED, NULL},
+    {"cudnnRNNGetClip_v8", 6, 0, NULL},
+    {"cudnnRNNGetClip_v9", 6, 0, NULL},
+    {"cudnnRNNSetClip_v8", 6, 0, NULL},
+    {"cudnnRNNSetClip_v9", 6, 0, NULL},
+    {"cudnnReduceTensor", 6, NVPL_ORDERED, NULL},
+    {"cudnnReorderFilterAndBias", 6, NVPL_ORDERED, NULL},
+    {"cudnnRestoreDropoutDescriptor", 6, 0, NULL},
+    {"cudnnScaleTensor", 6, NVPL_ORDERED, NULL},
+    {"cudnnSetActivationDescriptor", 6, 0, NULL},
+    {"cudnnSetActivationDescriptorSwishBeta", 6, 0, NULL},
+    {"cudnnSetAttnDescriptor", 6, 0, NULL},
+    {"cudnnSetBackdoor", 6, 0, "not declared in the headers"},
+    {"cudnnSetBackdoorEx", 6, 0, "not declared in the headers"},
+    {"cudnnSetCTCLossDescriptor", 6, 0, NULL},
+    {"cudnnSetCTCLossDescriptorEx", 6, 0, NULL},
+    {"cudnnSetCTCLossDescriptor_v8", 6, 0, NULL},
+    {"cudnnSetCTCLossDescriptor_v9", 6, 0, NULL},
+    {"cudnnSetCallback", 6, 0, "a callback into the application"},
+    {"cudnnSetConvolution2dDescriptor", 6, 0, NULL},
+    {"cudnnSetConvolutionGroupCount", 6, 0, NULL},
+    {"cudnnSetConvolutionMathType", 6, 0, NULL},
+    {"cudnnSetConvolutionNdDescriptor", 6, 0, NULL},
+    {"cudnnSetConvolutionReorderType", 6, 0, NULL},
+    {"cudnnSetDropoutDescriptor", 6, 0, NULL},
+    {"cudnnSetFilter4dDescriptor", 6, 0, NULL},
+    {"cudnnSetFilterNdDescriptor", 6, 0, NULL},
+    {"cudnnSetFusedOpsConstParamPackAttribute", 6, 0, "fused-ops parameter packs (pointers and descriptors by label) are not described"},
+    {"cudnnSetFusedOpsVariantParamPackAttribute", 6, 0, "fused-ops parameter packs (pointers and descriptors by label) are not described"},
+    {"cudnnSetLRNDescriptor", 6, 0, NULL},
+    {"cudnnSetOpTensorDescriptor", 6, 0, NULL},
+    {"cudnnSetPooling2dDescriptor", 6, 0, NULL},
+    {"cudnnSetPoolingNdDescriptor", 6, 0, NULL},
+    {"cudnnSetRNNDataDescriptor", 6, 0, NULL},
+    {"cudnnSetRNNDescriptor_v8", 6, 0, NULL},
+    {"cudnnSetReduceTensorDescriptor", 6, 0, NULL},
+    {"cudnnSetSeqDataDescriptor", 6, 0, NULL},
+    {"cudnnSetSpatialTransformerNdDescriptor", 6, 0, NULL},
+    {"cudnnSetStream", 6, 0, NULL},
+    {"cudnnSetTensor", 6, NVPL_ORDERED, NULL},
+    {"cudnnSetTensor4dDescriptor", 6, 0, NULL},
+    {"cudnnSetTensor4dDescriptorEx", 6, 0, NULL},
+    {"cudnnSetTensorNdDescriptor", 6, 0, NULL},
+    {"cudnnSetTensorNdDescriptorEx", 6, 0, NULL},
+    {"cudnnSetTensorTransformDescriptor", 6, 0, NULL},
+    {"cudnnSoftmaxBackward", 6, NVPL_ORDERED, NULL},
+    {"cudnnSoftmaxForward", 6, NVPL_ORDERED, NULL},
+    {"cudnnSpatialTfGridGeneratorBackward", 6, NVPL_ORDERED, NULL},
+    {"cudnnSpatialTfGridGeneratorForward", 6, NVPL_ORDERED, NULL},
+    {"cudnnSpatialTfSamplerBackward", 6, NVPL_ORDERED, NULL},
+    {"cudnnSpatialTfSamplerForward", 6, NVPL_ORDERED, NULL},
+    {"cudnnSubquadraticOpsVersionCheck", 6, NVPL_CONST, NULL},
+    {"cudnnTransformFilter", 6, NVPL_ORDERED, NULL},
+    {"cudnnTransformTensor", 6, NVPL_ORDERED, NULL},
+    {"cudnnTransformTensorEx", 6, NVPL_ORDERED, NULL},
 };
-const int nvpl_nfns = 2280;
-const int nvpl_nkinds = 43;
-const uint8_t nvpl_kind_lib[] = {4, 4, 4, 4, 5, 5, 4, 4, 5, 5, 5, 4, 0, 1, 1, 1, 1, 1, 1, 0, 2, 3, 3, 5, 5, 5, 5, 5, 5, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 5, 4, 5};
+const int nvpl_nfns = 2523;
+const int nvpl_nkinds = 65;
+const uint8_t nvpl_kind_lib[] = {6, 4, 4, 4, 4, 5, 5, 4, 4, 5, 5, 5, 4, 0, 1, 1, 1, 1, 1, 1, 0, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 2, 3, 3, 5, 5, 5, 5, 5, 5, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 5, 4, 5};
+const struct nvpl_elem_type nvpl_elem_types[] = {
+    {6, 0, 8, 25},
+    {6, 1, 4, -1},
+    {6, 2, 1, -1},
+    {6, 3, 8, -1},
+    {6, 4, 4, -1},
+    {6, 5, 8, -1},
+    {6, 6, 8, -2},
+    {6, 7, 4, -1},
+    {6, 8, 4, -1},
+    {6, 9, 4, -1},
+    {6, 10, 4, -1},
+    {6, 11, 4, -1},
+    {6, 12, 4, -1},
+    {6, 13, 4, -1},
+    {6, 14, 4, -1},
+    {6, 15, 8, 23},
+    {6, 16, 4, -1},
+    {6, 17, 4, -1},
+    {6, 18, 4, -1},
+    {6, 19, 4, -1},
+    {6, 20, 4, -1},
+    {6, 21, 4, -1},
+    {6, 22, 4, -1},
+    {6, 23, 4, -1},
+    {6, 24, 1, -1},
+    {6, 25, 4, -1},
+    {6, 26, 16, -1},
+    {6, 27, 4, -1},
+    {6, 28, 4, -1},
+    {6, 29, 4, -1},
+    {6, 30, 4, -1},
+    {6, 31, 4, -1},
+    {6, 32, 4, -1},
+    {6, 33, 4, -1},
+    {-1, 0, 0, 0},
+};
+const int nvpl_nelem_types = 34;

@@ -214,6 +214,36 @@ void nvpl_note_lt_attr(uint64_t desc, int attr, const void *buf, size_t n, int s
         WITH_REC(desc, r->lt_mode = v);
 }
 
+int64_t nvpl_elem_size(int lib, int64_t type)
+{
+    for (int i = 0; i < nvpl_nelem_types; i++)
+        if (nvpl_elem_types[i].lib == lib && nvpl_elem_types[i].type == type)
+            return nvpl_elem_types[i].size;
+    return -1; /* (no bytes go: the library refuses the type, as natively) */
+}
+
+int nvpl_dnn_dtype_size(int t)
+{
+    switch (t) {
+    case 3: case 6: case 11: case 12: case 13: case 15: case 16: case 17: case 18: case 22: case 23:
+        return 1; /* 8-bit and narrower */
+    case 2: case 9:
+        return 2;
+    case 0: case 4: case 5: case 7: case 14: case 19:
+        return 4;
+    case 1: case 10: case 20:
+        return 8;
+    case 21:
+        return 16;
+    case 8: /* (INT8x32) */
+        return 32;
+    default:
+        return 8;
+    }
+}
+
+int nvpl_dnn_scale(uint64_t desc) { return nvpl_handle_dtype(desc) == 1 /* CUDNN_DATA_DOUBLE */ ? 8 : 4; }
+
 /* ---- packing ---- */
 static const struct nvpl_lib_info *lib_of(const struct nvpl_call *c) { return &nvpl_libs[nvpl_fns[c->fid].lib]; }
 

@@ -3,7 +3,7 @@
 
     python native/tools/gen_libs.py [--check] [--report]
 
-Writes native/shim/gen_libs.c (an exported entry point for every function the six libraries export: packing
+Writes native/shim/gen_libs.c (an exported entry point for every function the libraries export: packing
 its arguments into an NVP_OP_LIB_CALL request, answered in the shim, or failing loudly) and
 native/proxy/gen_libexec.c (the proxy's side: each forwarded function's parameter roles and a call through a
 pointer of its own type; no NVIDIA header needed).  Both come from src/nvproxy/libs (api/ and annotations/,
@@ -36,10 +36,13 @@ RESERVED = {"auto", "char", "const", "default", "do", "double", "else", "enum", 
             "typedef", "union", "unsigned", "void", "volatile", "while", "stdin", "stdout", "stderr", "errno",
             "nvpl_c_"}
 ROLE_CODE = {"val": "v", "sval": "x", "handle": "h", "create": "c", "destroy": "d", "stream": "s", "dev": "p",
-             "in": "i", "out": "o", "inout": "b", "scalar": "S", "result": "R", "both": "B", "str": "t"}
+             "in": "i", "out": "o", "inout": "b", "scalar": "S", "result": "R", "both": "B", "str": "t",
+             "elems": "e", "elemsout": "E"}
 DIR = {"in": "NVPL_IN", "out": "NVPL_OUT", "inout": "NVPL_INOUT", "scalar": "NVPL_IN", "result": "NVPL_OUT",
-       "both": "NVPL_INOUT"}
+       "both": "NVPL_INOUT", "elems": "NVPL_IN", "elemsout": "NVPL_INOUT"}
 LIB_FLAGS = {"status": 0, "value": "NVPL_VALUE", "string": "NVPL_STRING"}
+# an element type's `what` in the annotations' ELEMENT_TYPES -> its kind in the generated tables (handles: their kind)
+ELEM_PLAIN, ELEM_DEVICE = -1, -2
 
 
 def cname(p: S.Param) -> str:
@@ -77,7 +80,8 @@ def ret_ctype(sp: S.Spec, f: S.Func) -> str:
 
 
 def expr(f: S.Func, text: str) -> str:
-    """An annotation's C expression over the parameters: handles and streams as u64 values, names made safe."""
+    """An annotation's C expression over the parameters: handles and streams as u64 values, names made safe (LIB:
+    the function's library's number)."""
     wrapped = {p.name for p in f.params if p.role in ("handle", "destroy", "stream")}
     names = {p.name: cname(p) for p in f.params}
 
@@ -85,6 +89,8 @@ def expr(f: S.Func, text: str) -> str:
         w = m.group(0)
         if w == "NEW":
             return "nvpl_c_.created"
+        if w == "LIB":
+            return str(S.LIBS.index(f.lib))
         if w in wrapped:
             return f"NVPL_H({names[w]})"
         return names.get(w, w)
@@ -151,7 +157,7 @@ def forward_body(sp: S.Spec, f: S.Func, ret: str) -> str:
             lines.append(f"    nvpl_c_.slot[{i}] = (uint64_t)(uintptr_t){n};\n")
         elif p.role == "str":
             lines.append(f"    nvpl_str(&nvpl_c_, {i}, {n});\n")
-        elif p.role in ("in", "out", "inout"):
+        elif p.role in ("in", "out", "inout", "elems", "elemsout"):
             lines.append(f"    nvpl_buf(&nvpl_c_, {i}, {n}, {DIR[p.role]}, (int64_t)({expr(f, p.size)}));\n")
         elif p.role in S.MODE_ROLES:
             lines.append(f"    nvpl_buf(&nvpl_c_, {i}, {n}, {DIR[p.role]}, ({expr(f, p.mode)}) ? "
@@ -160,6 +166,9 @@ def forward_body(sp: S.Spec, f: S.Func, ret: str) -> str:
             raise ValueError(f"{f.name}: role {p.role}")
     if f.retkind == "string":
         lines.append("    return nvpl_end_string(&nvpl_c_);\n")
+        return "".join(lines)
+    if ret == "void":
+        lines.append("    nvpl_end(&nvpl_c_);\n")
         return "".join(lines)
     if f.after:
         lines.append("    int64_t nvpl_r_ = nvpl_end(&nvpl_c_);\n")
@@ -219,6 +228,7 @@ def gen_shim(sp: S.Spec) -> str:
             if p.kind >= 0:
                 kind_lib[p.kind] = libs.index(f.lib)
     out.append(f"const uint8_t nvpl_kind_lib[] = {{{', '.join(map(str, kind_lib))}}};\n")
+    out.append(element_types(sp))
     return "".join(out)
 
 
@@ -250,7 +260,10 @@ def gen_exec(sp: S.Spec) -> str:
         out.append(f"static int64_t x{f.fid}(void *fn, const uint64_t *{vname})\n{{\n")
         if not f.params:
             out.append("    (void)v_;\n")
-        out.append(f"    return {conv}{call};\n}}\n")
+        if ret == "void":
+            out.append(f"    {call};\n    return 0;\n}}\n")
+        else:
+            out.append(f"    return {conv}{call};\n}}\n")
     out.append("\nconst struct nvpl_fn nvpl_table[] = {\n")
     libs = list(sp.libs)
     for f in sp.funcs:
@@ -258,14 +271,29 @@ def gen_exec(sp: S.Spec) -> str:
             out.append(f'    {{"{f.name}", {libs.index(f.lib)}, 0, NULL, NULL, NULL, 0}},\n')
             continue
         roles = "".join(ROLE_CODE[p.role] for p in f.params)
-        kinds = "".join(f"{p.kind:02d}" if p.kind >= 0 else "--" for p in f.params)
-        ret = {"status": "NVPL_RET_STATUS", "value": "NVPL_RET_VALUE", "string": "NVPL_RET_STRING"}[f.retkind]
+        kinds = "".join(f"{p.kind:02d}" if p.kind >= 0 else f"{p.typed:02d}" if p.typed >= 0 else "--"
+                        for p in f.params)
+        ret = {"status": "NVPL_RET_STATUS", "value": "NVPL_RET_VALUE", "string": "NVPL_RET_STRING",
+               "void": "NVPL_RET_STATUS"}[f.retkind]
         fl = [ret] + (["NVPL_INT_CREATE"] if any(p.role == "create" and p.kind in sp.kind_int for p in f.params)
                       else [])
         out.append(f'    {{"{f.name}", {libs.index(f.lib)}, {len(f.params)}, "{roles}", "{kinds}", x{f.fid}, '
                    f'{" | ".join(fl)}}},\n')
     out.append(f"}};\nconst int nvpl_table_size = {len(sp.funcs)};\n")
+    out.append(element_types(sp))
     return "".join(out)
+
+
+def element_types(sp: S.Spec) -> str:
+    """The table of typed elements (elems/elemsout parameters): per library and type, an element's size and what it
+    is (ELEM_PLAIN, ELEM_DEVICE, or the kind of the handles it holds)."""
+    rows = []
+    for i, lib in enumerate(sp.libs.values()):
+        for t, (size, what) in sorted(getattr(lib.ann, "ELEMENT_TYPES", {}).items()):
+            kind = ELEM_PLAIN if not what else ELEM_DEVICE if what == "dev" else sp.kind_of(sp.types[what].tag)
+            rows.append(f"    {{{i}, {t}, {size}, {kind}}},\n")
+    return ("const struct nvpl_elem_type nvpl_elem_types[] = {\n" + "".join(rows) + "    {-1, 0, 0, 0},\n};\n"
+            f"const int nvpl_nelem_types = {len(rows)};\n")
 
 
 def main() -> int:

@@ -3,7 +3,7 @@
 
     python native/tools/libapi_extract.py [--include DIR ...] [--syms DIR | --libdir DIR] [--check]
 
-For each library nvproxy forwards (cuBLAS, cuBLASLt, cuFFT, cuRAND, cuSPARSE, cuSOLVER) the headers are
+For each library nvproxy forwards (cuBLAS, cuBLASLt, cuFFT, cuRAND, cuSPARSE, cuSOLVER, cuDNN) the headers are
 preprocessed with gcc and parsed with pycparser; every function the library's .so exports is written to
 src/nvproxy/libs/api/<lib>.txt with its return type and parameters, together with what the types used there
 are (scalars, enums, opaque handles, structures with their size).  The exported names come from
@@ -51,6 +51,7 @@ LIBRARIES: dict[str, tuple[str, list[list[str]]]] = {
     "cusparse": ("libcusparse.so.12", [["cusparse.h"]]),
     "cusolver": ("libcusolver.so.12", [["cusolverDn.h", "cusolverSp.h", "cusolverRf.h",
                                         "cusolverSp_LOWLEVEL_PREVIEW.h"]]),
+    "cudnn": ("libcudnn.so.9", [["cudnn.h"]]),
 }
 
 # what pycparser cannot read: GCC's extensions in the C library's headers, and the one header the toolkit's
@@ -334,6 +335,15 @@ def sources_present(includes: list[str]) -> bool:
     return has_headers and has_names and shutil.which("gcc") is not None
 
 
+def _present(lib: str, soname: str, units: list[list[str]], includes: list[str], syms: Path | None,
+             libdir: Path | None) -> bool:
+    """Are a library's headers and its exported names here?  (cuDNN is not part of the toolkit: a machine may lack
+    it while it has the others.)"""
+    header = any((Path(d) / units[0][0]).exists() for d in includes)
+    names = (syms / f"{lib}.txt").exists() if syms is not None else libdir is not None and (libdir / soname).exists()
+    return header and names
+
+
 def generate(includes: list[str], syms: Path | None, libdir: Path | None) -> dict[Path, str]:
     out: dict[Path, str] = {}
     with tempfile.TemporaryDirectory() as td:
@@ -341,6 +351,9 @@ def generate(includes: list[str], syms: Path | None, libdir: Path | None) -> dic
         for name, text in STUBS.items():
             (stub_dir / name).write_text(text)
         for lib, (soname, units) in LIBRARIES.items():
+            if not _present(lib, soname, units, includes, syms, libdir):
+                print(f"{lib}: no headers or library here; its committed description stays", file=sys.stderr)
+                continue
             names = exported(lib, soname, syms, libdir)
             out[OUT / f"{lib}.txt"] = describe(lib, soname, units, names, includes, stub_dir)
     return out

@@ -21,7 +21,11 @@ from pathlib import Path
 
 # libraries whose functions the shim exports itself (native/shim/dl.c): their own copies of the runtime never run
 INTERPOSED = ("libcuda.so", "libcudart.so", "libcublas.so", "libcublasLt.so", "libcufft.so", "libcurand.so",
-              "libcusparse.so", "libcusolver.so")
+              "libcusparse.so", "libcusolver.so", "libcudnn.so", "libcudnn_graph.so", "libcudnn_ops.so",
+              "libcudnn_cnn.so", "libcudnn_adv.so")
+# cuDNN's libraries of engines (runtimes of their own, linked in): only the real libcudnn loads them, in the proxy;
+# the shim refuses a dlopen of one (native/shim/dl.c)
+ENGINES = ("libcudnn_engines", "libcudnn_heuristic", "libcudnn_ext")
 # functions every statically linked runtime defines
 RUNTIME_SYMBOLS = frozenset({"cudaMalloc", "cudaMemcpy", "cudaLaunchKernel", "cudaGetDeviceCount",
                              "__cudaRegisterFatBinary"})
@@ -187,7 +191,9 @@ def _find_library(name: str, origin: Path, dynamic: list[tuple[int, str]]) -> Pa
 
 
 def _interposed(name: str) -> bool:
-    return any(name == n or name.startswith(n + ".") for n in INTERPOSED)
+    """Is name a library the shim stands for (or one of cuDNN's engines, which the program never runs itself)?"""
+    return any(name == n or name.startswith(n + ".") for n in INTERPOSED) or (
+        ".so" in name and any(name.startswith(e) for e in ENGINES))
 
 
 def _refusal(program: Path, where: str, cause: str) -> str:

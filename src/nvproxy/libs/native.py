@@ -34,8 +34,8 @@ class Result:
 
 
 def candidates(soname: str, sim: bool) -> list[str]:
-    """Where the proxy looks for a library: NVPROXY_LIB_DIR first, then (not on sim) the loader's search path and
-    the toolkit's directories."""
+    """Where the proxy looks for a library: NVPROXY_LIB_DIR first, then (not on sim) the loader's search path, the
+    toolkit's directories, and NVIDIA's pip wheels in this Python (PyTorch's cuDNN: site-packages/nvidia/cudnn/lib)."""
     out = []
     d = os.environ.get("NVPROXY_LIB_DIR")
     if d:
@@ -44,7 +44,21 @@ def candidates(soname: str, sim: bool) -> list[str]:
         out.append(soname)
         cuda = Path(os.environ.get("CUDA_HOME") or "/usr/local/cuda")
         out += [str(cuda / "lib64" / soname), str(cuda / "targets" / "x86_64-linux" / "lib" / soname)]
+        out += [str(p) for p in wheel_libraries(soname)]
     return out
+
+
+def wheel_libraries(soname: str) -> list[Path]:
+    """soname in the `lib` directory of a package of NVIDIA's `nvidia` namespace in this Python's site-packages
+    (nvidia-cudnn-cu13: nvidia/cudnn/lib/libcudnn.so.9), found by the namespace's own search path."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return []
+    roots = list(found.submodule_search_locations or []) if found is not None else []
+    return sorted(p for r in roots for p in Path(r).glob(f"*/lib/{soname}") if p.is_file())
 
 
 class Executor:

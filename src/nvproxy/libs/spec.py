@@ -15,10 +15,13 @@ Roles of a parameter:
     in/out/inout  host memory of `size` bytes, copied into the request / out of the reply
     scalar/result/both  host memory (as in/out/inout) where `mode` is true, else a device pointer
     str      a NUL-terminated host string
+    elems/elemsout  host memory of `size` bytes (in / in and out) whose elements are typed by another parameter
+             (`typed`: cuDNN's backend attributes): the annotations' ELEMENT_TYPES say which are handles the proxy
+             translates and which device pointers
 
 Size and mode are C expressions over the function's parameter names, evaluated in the shim (elem: the size of
-the pointed-to type).  The function ids are the functions' places in one list of all six libraries, shared by
-the shim's and the proxy's generated code.
+the pointed-to type; LIB: the library's number).  The function ids are the functions' places in one list of all
+the libraries, shared by the shim's and the proxy's generated code.
 """
 
 from __future__ import annotations
@@ -31,11 +34,12 @@ from pathlib import Path
 from typing import Any
 
 API = Path(__file__).resolve().parent / "api"
-LIBS = ("cublas", "cublasLt", "cufft", "curand", "cusparse", "cusolver")
+LIBS = ("cublas", "cublasLt", "cufft", "curand", "cusparse", "cusolver", "cudnn")
 SCALAR_BYTES = {"i1": 1, "u1": 1, "i2": 2, "u2": 2, "i4": 4, "u4": 4, "i8": 8, "u8": 8, "f4": 4, "f8": 8}
 STREAM_TYPE = "cudaStream_t"
-BUFFER_ROLES = ("in", "out", "inout", "scalar", "result", "both", "str")
-OUTPUT_ROLES = ("out", "inout", "result", "both")
+BUFFER_ROLES = ("in", "out", "inout", "scalar", "result", "both", "str", "elems", "elemsout")
+OUTPUT_ROLES = ("out", "inout", "result", "both", "elemsout")
+ELEMENT_ROLES = ("elems", "elemsout")
 MODE_ROLES = ("scalar", "result", "both")
 
 
@@ -60,6 +64,7 @@ class Param:
     size: str = ""  # C expression (bytes), for BUFFER_ROLES
     mode: str = ""  # C expression, for scalar/result: true where the memory is the host's
     kind: int = -1  # handle kind (Spec.kinds), for handle/create/destroy
+    typed: int = -1  # elems/elemsout: the parameter giving the elements' type
 
     @property
     def spelled(self) -> str:
@@ -205,7 +210,7 @@ def _spelling(text: str) -> tuple[str, str]:
 
 @functools.lru_cache(maxsize=1)
 def load() -> Spec:
-    """The description of all six libraries (each function classified when first asked for: Spec.func)."""
+    """The description of all the libraries (each function classified when first asked for: Spec.func)."""
     libs: dict[str, Library] = {}
     types: dict[str, Type] = {}
     raw: list[tuple[str, tuple[str, bool, str, list[str]]]] = []
@@ -338,7 +343,7 @@ def classify(spec: Spec, lib: Library, f: Func) -> None:
         unordered = re.search(getattr(ann, "UNORDERED", r"(?!)"), f.name)
         f.ordered = uses_main and f.state in ("", "generate") and not unordered
     if f.how == "forward":
-        _check_forwardable(f)
+        _check_forwardable(f, getattr(ann, "VOID_FORWARD", r"(?!)"))
     f.constant = f.how == "forward" and bool(re.search(getattr(ann, "CONSTANT", r"(?!)"), f.name)) and all(
         p.role in ("val", "out") for p in f.params)
 
@@ -388,6 +393,8 @@ def _set_role(spec: Spec, lib: Library, f: Func, p: Param, role: str) -> None:
         p.size = re.sub(r"\belem\b", str(elem), size)
         if name in MODE_ROLES:
             p.mode = mode or getattr(lib.ann, "MODE", "0")
+        elif name in ELEMENT_ROLES:
+            p.typed = _index(f, mode)
     if name in ("handle", "create", "destroy"):
         t = p.type
         if t.kind != "handle":
@@ -396,10 +403,11 @@ def _set_role(spec: Spec, lib: Library, f: Func, p: Param, role: str) -> None:
         p.kind = spec.kind_of(t.tag)
 
 
-def _check_forwardable(f: Func) -> None:
+def _check_forwardable(f: Func, void_ok: str) -> None:
+    """void_ok: functions that return nothing forwarded all the same (their answers are in their outputs)."""
     if f.retkind == "other" and not f.local:
         f.how, f.why = "fail", f"its return type ({f.ret.spelled if f.ret else '?'}) cannot be forwarded"
-    elif f.retkind == "void" and not f.local:
+    elif f.retkind == "void" and not f.local and not re.search(void_ok, f.name):
         f.how, f.why = "fail", "it returns no status"
     elif len(f.params) > 60:
         f.how, f.why = "fail", "too many parameters"

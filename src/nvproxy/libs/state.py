@@ -72,6 +72,7 @@ class LibState:
         self.serial = 0
         self.told: set[str] = set()
         self.fast: set[int] = set()  # functions the fast path may call
+        self.zombies: set[tuple[int, int]] = set()  # destroyed, but recorded while others' records name them
 
     # ---- serving ----
     def tell_once(self, name: str, text: str) -> None:
@@ -116,14 +117,17 @@ class LibState:
         slots = struct.unpack_from(f"<{n}Q", payload)
         body: bytes | bytearray = payload
         streams = [p.index for p in f.params if p.role == "stream"]
+        sim = self.backend.name == "sim"
         devs = [p.index for p in f.params if p.role == "dev" or (p.role in spec.MODE_ROLES and not hostmask >> p.index
-                                                                 & 1)] if self.backend.name == "sim" else []
-        if streams or devs:
+                                                                 & 1)] if sim else []
+        dev_elems = [at for at, what in self._elements(f, slots, hostmask, payload) if what == "dev"] if sim else []
+        if streams or devs or dev_elems:
             body = bytearray(payload)
             for i in streams:
                 struct.pack_into("<Q", body, 8 * i, stream_of(slots[i]))
-            for i in devs:  # (the sim backend's device memory lies elsewhere in the proxy: test doubles need it)
-                struct.pack_into("<Q", body, 8 * i, _sim_address(self.backend, slots[i]))
+            for at in [8 * i for i in devs] + dev_elems:  # (the sim backend's device memory lies elsewhere in the
+                # proxy: test doubles need it)
+                struct.pack_into("<Q", body, at, _sim_address(self.backend, struct.unpack_from("<Q", body, at)[0]))
         if ch is not None:
             self._bind(f, slots, ch, stream_of)
         sync = (lambda: self.backend.device_sync(dev)) if f.sync and _host_buffers(f, slots, hostmask) else None
@@ -149,6 +153,10 @@ class LibState:
         if res.error == native.E_NOSYM:
             self.tell_once(f.name, f"{f.name} is not forwarded: {lib.soname} has no such function")
             return Outcome(lib.status("not_supported"), b"", False)
+        if 0 <= res.param < len(f.params) and f.params[res.param].role in spec.ELEMENT_ROLES:
+            print(f"nvproxy: {f.name}: its elements' type (parameter {f.params[f.params[res.param].typed].name}) is "
+                  "not one nvproxy knows; refused", file=sys.stderr)
+            return Outcome(lib.status("invalid_value"), b"", False)
         print(f"nvproxy: a malformed request for {f.name} (parameter {res.param}); refused", file=sys.stderr)
         return Outcome(lib.status("invalid_value"), b"", False)
 
@@ -166,8 +174,31 @@ class LibState:
         h.bound = ch
 
     # ---- records ----
-    def _refs(self, f: spec.Func, slots: tuple[int, ...]) -> set[tuple[int, int]]:
-        return {(p.kind, slots[p.index]) for p in f.params if p.role in ("handle", "destroy", "create")}
+    def _refs(self, f: spec.Func, slots: tuple[int, ...], hostmask: int = 0, payload: bytes = b"") -> set[
+            tuple[int, int]]:
+        """The handles a call names: as parameters, and among its typed elements."""
+        refs = {(p.kind, slots[p.index]) for p in f.params if p.role in ("handle", "destroy", "create")}
+        for at, what in self._elements(f, slots, hostmask, payload):
+            if what not in ("", "dev"):
+                hid = struct.unpack_from("<Q", payload, at)[0]
+                if hid:
+                    refs.add((self.spec.kind_of(self.spec.types[what].tag), hid))
+        return refs
+
+    def _elements(self, f: spec.Func, slots: tuple[int, ...], hostmask: int, payload: bytes) -> list[
+            tuple[int, str]]:
+        """Where in the request each typed element of the call lies, and what it is (the annotations'
+        ELEMENT_TYPES: "" plain data, "dev" a device pointer, or a handle type)."""
+        if not any(p.role in spec.ELEMENT_ROLES for p in f.params):
+            return []
+        types = self.spec.libs[f.lib].ann.ELEMENT_TYPES
+        out = []
+        for p in f.params:
+            at = _input_offsets(f, slots, hostmask).get(p.index)
+            size, what = types.get(slots[p.typed], (0, "")) if p.role in spec.ELEMENT_ROLES else (0, "")
+            if at is not None and size == 8 and what:
+                out += [(at + k, what) for k in range(0, min(slots[p.index], len(payload) - at) - 7, 8)]
+        return out
 
     def _add(self, rec: Record) -> int:
         self.serial += 1
@@ -185,14 +216,16 @@ class LibState:
                 self.exe.learn(p.kind, slots[p.index], real)
             self._add(Record(f.fid, hostmask, payload, out_cap, dev, owner, self._refs(f, slots)))
         elif f.state == "destroy" and owner is not None:
-            self._drop(owner)
+            self._drop(owner, Record(f.fid, hostmask, payload, out_cap, dev, owner, {owner}))
         elif f.state == "config" and owner is not None and owner in self.handles:
             key = (owner, f.fid, tuple(slots[k] for k in f.key))
             old = self.keys.pop(key, None)
             if old is not None:
                 self.records.pop(old, None)
             n = self.keys[key] = self._add(Record(f.fid, hostmask, payload, out_cap, dev, owner,
-                                                  self._refs(f, slots)))
+                                                  self._refs(f, slots, hostmask, payload)))
+            if old is not None:
+                self._collect()
             self._took_generated(owner, forget=True)
             self.last_generation.pop(owner, None)
             if f.stream_setter:
@@ -235,16 +268,38 @@ class LibState:
         if forget:
             self.exe.teach_generation(owner, 0, 0, 0, None)
 
-    def _drop(self, h: tuple[int, int]) -> None:
-        """A handle destroyed: its records, and those naming it, go."""
+    def _drop(self, h: tuple[int, int], destroyed: Record) -> None:
+        """A handle destroyed: its records, and those naming it, go; but where its library keeps what another
+        object's configuration names (KEEP_REFERENCED: a finalized cuDNN graph keeps its operations), it stays
+        recorded while it is named, with its destruction, so that a restore makes it, configures the other, then
+        destroys it."""
         gone = self.handles.pop(h, None)
         if gone is not None and self.exe is not None:
             self.exe.forget(*h)
+        lib = self.spec.libs[self.spec.func(destroyed.fid).lib]
+        if getattr(lib.ann, "KEEP_REFERENCED", False) and self._named_by_others(h):
+            self._add(destroyed)
+            self.zombies.add(h)
+            return
+        self._forget_records(h)
+
+    def _named_by_others(self, h: tuple[int, int]) -> bool:
+        return any(h in r.refs and r.owner != h for r in self.records.values())
+
+    def _forget_records(self, h: tuple[int, int]) -> None:
         for n in [n for n, r in self.records.items() if h in r.refs or r.owner == h]:
             del self.records[n]
         for k in [k for k, n in self.keys.items() if n not in self.records]:
             del self.keys[k]
         self.last_generation.pop(h, None)
+        self.zombies.discard(h)
+        self._collect()
+
+    def _collect(self) -> None:
+        """Destroyed objects kept for others' records that no record names any more: their records go."""
+        for z in [z for z in self.zombies if not self._named_by_others(z)]:
+            if z in self.zombies:
+                self._forget_records(z)
 
     # ---- checkpoint and restore ----
     def describe(self) -> dict[str, Any]:
@@ -261,6 +316,8 @@ class LibState:
         parsed = []
         for name, hostmask, payload_hex, out_cap, dev, count in records:
             f = self.spec.named(name)
+            if f is not None:  # (a setter that would initialise device memory the image restored: REPLAY_AS)
+                f = self.spec.named(getattr(self.spec.libs[f.lib].ann, "REPLAY_AS", {}).get(name, name))
             if f is None:
                 raise ImageError(f"the image holds a call of {name}, which this nvproxy does not know")
             parsed.append((f, hostmask, bytes.fromhex(payload_hex), out_cap, dev, count))
@@ -322,6 +379,19 @@ class LibState:
         owner = (f.params[f.owner].kind, slots[f.owner])
         self.last_generation[owner] = self._add(Record(f.fid, hostmask, payload, out_cap, dev, owner,
                                                        self._refs(f, slots), count))
+
+
+def _input_offsets(f: spec.Func, slots: tuple[int, ...], hostmask: int) -> dict[int, int]:
+    """Where each host input of a request lies in its payload (after the slots, each padded to 8 bytes), by
+    parameter."""
+    out, at = {}, 8 * len(slots)
+    for p in f.params:
+        takes = p.role in ("in", "inout", "str", "sval", "elems", "elemsout") or (
+            p.role in ("scalar", "both") and hostmask >> p.index & 1)
+        if takes and slots[p.index] != NULL_SLOT:
+            out[p.index] = at
+            at += (slots[p.index] + 7) & ~7
+    return out
 
 
 def _fast_how(f: spec.Func) -> int:
