@@ -1,6 +1,7 @@
 """GROMACS's speed natively and through nvproxy, measured in the same run: for each configuration, mdrun of the
-water box of tests/gromacs/make_input.py alternately natively and under `nvproxy run`, ROUNDS times each, and the
-ns/day mdrun reports (its own timer: the steps' wall time, start-up excluded).
+system of tests/gromacs/make_input.py it runs (water; methanol for bonded-gpu) alternately natively and under
+`nvproxy run`, ROUNDS times each, and the ns/day mdrun reports (its own timer: the steps' wall time, start-up
+excluded).
 
     python3 benchmarks/gromacs.py GROMACS_DIR [--steps N] [--rounds R] [--configs pme-gpu,update-gpu,...]
 
@@ -20,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from gromacs.make_input import gmx, make_input  # noqa: E402
-from gromacs.mdrun import CONFIGS, mdrun_args, ns_per_day  # noqa: E402
+from gromacs.mdrun import CONFIGS, mdrun_args, ns_per_day, system_of  # noqa: E402
 
 
 def one_run(exe: Path, tpr: Path, work: Path, config: str, steps: int, through: bool, timeout: float) -> float:
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("gmx_dir", type=Path, help="GROMACS's installation (with bin/gmx)")
     ap.add_argument("--steps", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=2, help="runs of each kind per configuration (default 2)")
-    ap.add_argument("--configs", default="pme-gpu,pme-cpu,update-gpu,graphs,two-ranks",
+    ap.add_argument("--configs", default="pme-gpu,pme-cpu,update-gpu,graphs,two-ranks,bonded-gpu",
                     help=f"comma-separated, of {', '.join(CONFIGS)}")
     ap.add_argument("--timeout", type=float, default=300, help="seconds a run may take (default 300)")
     args = ap.parse_args(argv)
@@ -53,9 +54,13 @@ def main(argv: list[str] | None = None) -> int:
         exe = gmx(args.gmx_dir)
         with tempfile.TemporaryDirectory(prefix="nvproxy-gromacs-") as tmp:
             work = Path(tmp)
-            tpr = make_input(args.gmx_dir, work / "input")
+            tprs: dict[str, Path] = {}
             rows = []
             for config in configs:
+                system = system_of(config)
+                if system not in tprs:
+                    tprs[system] = make_input(args.gmx_dir, work / f"input-{system}", system=system)
+                tpr = tprs[system]
                 got: dict[bool, list[float]] = {False: [], True: []}
                 for i in range(args.rounds):
                     for through in (False, True):

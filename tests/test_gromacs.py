@@ -1,4 +1,5 @@
-"""GROMACS through nvproxy (GPU): mdrun of an SPC/E water box with PME (tests/gromacs/make_input.py) in the
+"""GROMACS through nvproxy (GPU): mdrun of an SPC/E water box with PME (tests/gromacs/make_input.py; liquid methanol
+where bonded terms run on the GPU) in the
 configurations users run on a GPU, natively and through nvproxy, and through nvproxy again while it is checkpointed
 mid-run under DMTCP, migrated, and recovered after its proxy was killed.
 
@@ -18,13 +19,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
 import pytest
 from conftest import gpu_count, run
 from gromacs.make_input import make_input
-from gromacs.mdrun import Energies, compare, last_step, mdrun_args, read_log
+from gromacs.mdrun import Energies, compare, last_step, mdrun_args, read_log, system_of
 from test_checkpoint import nvproxy
 from test_dmtcp import Session
 
@@ -47,9 +49,16 @@ def gmx() -> Path:
 
 
 @pytest.fixture(scope="module")
-def tpr(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """system -> its run input, made on first use (make_input.SYSTEMS)."""
     gmx()
-    return make_input(Path(GMX_DIR), tmp_path_factory.mktemp("gromacs-input"))
+    return cache(lambda system: make_input(Path(GMX_DIR), tmp_path_factory.mktemp(f"gromacs-{system}"),
+                                           system=system))
+
+
+@pytest.fixture(scope="module")
+def tpr(inputs: Callable[[str], Path]) -> Path:
+    return inputs("water")
 
 
 def nvproxy_run(cmd: list[str]) -> list[str]:
@@ -83,11 +92,14 @@ def need_gpus(config: str) -> None:
         pytest.skip("needs two GPUs (nvidia-smi -L lists fewer)")
 
 
-@pytest.mark.parametrize("config", ["pme-gpu", "pme-cpu", "update-gpu", "graphs", "two-ranks", "two-gpus"])
-def test_gromacs_matches_native(tpr: Path, config: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("config", ["pme-gpu", "pme-cpu", "update-gpu", "graphs", "two-ranks", "two-gpus",
+                                    "bonded-gpu"])
+def test_gromacs_matches_native(inputs: Callable[[str], Path], config: str, tmp_path: Path) -> None:
     """-nb gpu with PME on the GPU (cuFFT) and on the CPU; GPU-resident steps (-update gpu); CUDA graphs
-    (GMX_CUDA_GRAPH=1); two thread-MPI ranks sharing a GPU (-npme 1); two GPUs."""
+    (GMX_CUDA_GRAPH=1); two thread-MPI ranks sharing a GPU (-npme 1); two GPUs; bonded terms on the GPU (-bonded
+    gpu, liquid methanol)."""
     need_gpus(config)
+    tpr = inputs(system_of(config))
     natives(tpr, config)
     cmd, env = mdrun_args(gmx(), tpr, tmp_path / "md", config, steps(config))
     r = run(nvproxy_run(cmd), env=dict(os.environ, **env), timeout=TIMEOUT)

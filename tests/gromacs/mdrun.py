@@ -24,7 +24,15 @@ CONFIGS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
                {"GMX_CUDA_GRAPH": "1"}),
     "two-ranks": (("-nb", "gpu", "-pme", "gpu", "-ntmpi", "2", "-npme", "1", "-ntomp", "2"), {}),
     "two-gpus": (("-nb", "gpu", "-pme", "gpu", "-ntmpi", "2", "-npme", "1", "-ntomp", "2", "-gpu_id", "01"), {}),
+    "bonded-gpu": (("-nb", "gpu", "-pme", "gpu", "-bonded", "gpu", "-update", "gpu", "-ntmpi", "1", "-ntomp", "4"),
+                   {}),
 }
+# the system each configuration runs (make_input.SYSTEMS); water unless named here (water has no bonded terms)
+SYSTEM_OF = {"bonded-gpu": "methanol"}
+
+
+def system_of(config: str) -> str:
+    return SYSTEM_OF.get(config, "water")
 
 
 def mdrun_args(gmx: Path, tpr: Path, name: Path, config: str, steps: int) -> tuple[list[str], dict[str, str]]:
@@ -76,6 +84,7 @@ def last_step(log: Path) -> int:
 # The terms compared.  Pressure is left out: its instantaneous fluctuations (hundreds of bar in 21,000 atoms) swamp
 # any mean a few thousand steps can give.
 TERMS = ("LJ (SR)", "Coulomb (SR)", "Coul. recip.", "Potential", "Kinetic En.", "Temperature")
+BONDED = ("Bond", "Angle")  # (compared too where the log has them)
 # At step 0 every run starts from the same coordinates and velocities: energies differ only by the order of float
 # additions (relative 1e-7 to 1e-6 in sums over 21,000 atoms).  10x that is allowed, or 3x the native spread.
 START_REL = 1e-5
@@ -108,7 +117,7 @@ def compare(run: Energies, natives: Sequence[Energies], *, steps: int) -> list[s
     if missing or want[-1] != steps:
         problems.append(f"steps missing from the log: {missing[:5]} (native's last: {want[-1]}, expected {steps})")
         return problems
-    for term in TERMS:
+    for term in TERMS + tuple(t for t in BONDED if t in a.records[0]):
         x0, a0, b0 = run.records[0][term], a.records[0][term], b.records[0][term]
         tol = max(START_REL * abs(a0), 3 * abs(a0 - b0))
         if abs(x0 - a0) > tol:
