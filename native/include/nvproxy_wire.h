@@ -141,6 +141,13 @@
 #define NVP_OP_DRV_MODULE_UNLOAD 80 /* a0 module id: the proxy forgets it and its kernels (cuModuleUnload) */
 #define NVP_OP_DRV_MEMSET 81      /* a0 ptr, a1 pitch, a2 value, a3 element size (1, 2, 4), a4 width (elements),
                                      a5 height, a6 stream (cuMemsetD16/D32, 2D or not) */
+#define NVP_OP_DRV_STREAM_MEMOP 82 /* a0 stream, a1 NVP_MEMOP_*, a2 address, a3 value, a4 the driver's flags
+                                      (cuStreamWriteValue32/64, cuStreamWaitValue32/64; posted) */
+#define NVP_OP_DRV_LINK 83        /* a0 inputs; payload: per input u32 CUjitInputType, u32 name bytes, u64 data
+                                     bytes, then name and data, each padded to 8 bytes -> r0 the linked image's
+                                     bytes; payload: the image (cuLinkComplete) */
+#define NVP_OP_DRV_TENSOR_MAP 84  /* a0 0 tiled / 1 im2col; payload struct nvp_tensor_map -> payload: the
+                                     128-byte CUtensorMap (cuTensorMapEncodeTiled/Im2col) */
 #define NVP_OP_COUNT 90
 
 /* node bodies (little-endian, packed as listed) */
@@ -157,6 +164,24 @@
 #define NVP_NODE_HIDDEN 0x100   /* flag on a2 of GRAPH_ADD_NODE: nvproxy's own node (staging), not listed */
 #define NVP_NODE_COND 6   /* u64 conditional handle, u32 cudaGraphConditionalNodeType, u32 size; u32 body graph ids (new) */
 #define NVP_STREAM_ATTR_BYTES 64
+
+/* DRV_STREAM_MEMOP kinds */
+#define NVP_MEMOP_WRITE32 0
+#define NVP_MEMOP_WRITE64 1
+#define NVP_MEMOP_WAIT32 2
+#define NVP_MEMOP_WAIT64 3
+
+/* DRV_TENSOR_MAP: the arguments of cuTensorMapEncodeTiled (box) or cuTensorMapEncodeIm2col (corners, channels,
+   pixels), the driver's enum values */
+struct nvp_tensor_map {
+    uint32_t data_type, rank;
+    uint64_t address;
+    uint64_t dims[5], strides[4];
+    uint32_t box[5], elem_strides[5];
+    int32_t lower[3], upper[3];
+    uint32_t channels, pixels;
+    uint32_t interleave, swizzle, l2_promotion, oob_fill;
+};
 
 /* launch flags */
 #define NVP_LAUNCH_COOPERATIVE 1

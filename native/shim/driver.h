@@ -1,5 +1,6 @@
 /* The driver API (libcuda.so.1) in the shim: driver.c (initialisation, devices, contexts, results, entry
  * points), driver_module.c (modules, functions, launches), driver_mem.c (what has no runtime call to map onto),
+ * driver_link.c (linking at run time and tensor maps: host work only the proxy's driver can do),
  * gen_driver_forward.c (the calls that mean a runtime call, generated), gen_driver_exports.c (every other export,
  * failing loudly).  A program's driver calls go to the proxy as its runtime calls do, through the same handles:
  * a CUstream is the shim's cudaStream_t, a CUfunction the shim's kernel object, a CUcontext stands for a device's
@@ -74,8 +75,16 @@ CUresult nvp_drv_memset(CUdeviceptr dst, size_t pitch, unsigned value, unsigned 
 /* cuMemcpy2D (async or not) of host, device or unified memory, on stream s (NULL: the legacy stream, or with ptds
  * the thread's) */
 CUresult nvp_drv_copy2d(const CUDA_MEMCPY2D *c, CUstream s, int async, int ptds);
+/* cuStreamWriteValue32/64 and cuStreamWaitValue32/64 (kind NVP_MEMOP_*): posted on stream s, in its order */
+CUresult nvp_drv_memop(CUstream s, unsigned kind, CUdeviceptr addr, uint64_t value, unsigned flags, int ptds);
 CUresult nvp_drv_peer(CUcontext peer, unsigned flags, int enable);
 CUresult nvp_drv_stream_ctx(CUstream s, CUcontext *pctx);
+
+/* ---- driver_module.c ---- */
+/* JIT options of a load or link: checked, and what they would return set as the proxy's compilation leaves it */
+CUresult nvp_drv_jit_options(unsigned n, const CUjit_option *options, void **values);
+/* a file's bytes (malloc'ed, NUL-terminated past *size) */
+CUresult nvp_drv_read_file(const char *fname, char **out, size_t *size);
 
 /* ---- launch.c: modules the program loads itself ---- */
 cudaError_t nvp_module_load(const void *image, size_t size, void **out);

@@ -1,4 +1,5 @@
-/* Driver calls with no runtime call to map onto: memsets of 16- and 32-bit values (and 2D ones), pointer
+/* Driver calls with no runtime call to map onto: memsets of 16- and 32-bit values (and 2D ones), stream memory
+ * operations (cuStreamWriteValue, cuStreamWaitValue), pointer
  * attributes and address ranges (answered from what the shim knows of allocations), peer access between
  * contexts, and a stream's context. */
 #include "driver.h"
@@ -22,6 +23,21 @@ CUresult nvp_drv_memset(CUdeviceptr dst, size_t pitch, unsigned value, unsigned 
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t a[NVP_MAX_ARGS] = {dst, height > 1 ? pitch : row, value, elsize, width, height, (uint64_t)w};
     return nvp_drv_code(nvp_call(NVP_OP_DRV_MEMSET, a, NULL, 0, NULL, -1));
+}
+
+CUresult nvp_drv_memop(CUstream s, unsigned kind, CUdeviceptr addr, uint64_t value, unsigned flags, int ptds)
+{
+    int wide = kind == NVP_MEMOP_WRITE64 || kind == NVP_MEMOP_WAIT64;
+    int wait = kind == NVP_MEMOP_WAIT32 || kind == NVP_MEMOP_WAIT64;
+    unsigned known = wait ? 0x3u | CU_STREAM_WAIT_VALUE_FLUSH : CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER;
+    int64_t w;
+    cudaError_t e = nvp_enter_stream((cudaStream_t)s, ptds, &w);
+    if (e)
+        return nvp_drv_code(e);
+    if (!addr || addr % (wide ? 8 : 4) || (flags & ~known) || (nvp_in_arena(addr) && !nvp_alloc_contains(addr, 4)))
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t a[NVP_MAX_ARGS] = {(uint64_t)w, kind, addr, wide ? value : (uint32_t)value, flags};
+    return nvp_drv_code(nvp_call(NVP_OP_DRV_STREAM_MEMOP, a, NULL, 0, NULL, -1));
 }
 
 /* one side of a 2D copy: where its first byte is (NULL: a kind of memory nvproxy does not copy so) */

@@ -102,33 +102,37 @@ NVP_EXPORT CUresult CUDAAPI cuModuleLoadFatBinary(CUmodule *module, const void *
 
 /* JIT options only shape the compilation of PTX: the proxy's driver compiles it its own way, and the logs the
  * program asked for come back empty */
-#undef cuModuleLoadDataEx
-NVP_EXPORT CUresult CUDAAPI cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
-                                               CUjit_option *options, void **optionValues)
+CUresult nvp_drv_jit_options(unsigned n, const CUjit_option *options, void **values)
 {
-    NVP_DRV_ENTER(1);
-    if (numOptions && (!options || !optionValues))
+    if (n && (!options || !values))
         return CUDA_ERROR_INVALID_VALUE;
-    for (unsigned i = 0; i < numOptions; i++) {
+    for (unsigned i = 0; i < n; i++) {
         switch (options[i]) {
         case CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES:
         case CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES:
-            optionValues[i] = NULL; /* (nothing written) */
+            values[i] = NULL; /* (nothing written) */
             break;
         case CU_JIT_WALL_TIME:
-            memset(&optionValues[i], 0, sizeof(float));
+            memset(&values[i], 0, sizeof(float));
             break;
         default:
             break;
         }
     }
-    return load_image(module, image);
+    return CUDA_SUCCESS;
 }
 
-static CUresult load_file(CUmodule *module, const char *fname)
+#undef cuModuleLoadDataEx
+NVP_EXPORT CUresult CUDAAPI cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
+                                               CUjit_option *options, void **optionValues)
 {
-    if (!module || !fname)
-        return CUDA_ERROR_INVALID_VALUE;
+    NVP_DRV_ENTER(1);
+    CUresult r = nvp_drv_jit_options(numOptions, options, optionValues);
+    return r ? r : load_image(module, image);
+}
+
+CUresult nvp_drv_read_file(const char *fname, char **out, size_t *size)
+{
     int fd = open(fname, O_RDONLY | O_CLOEXEC);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0) {
@@ -151,6 +155,20 @@ static CUresult load_file(CUmodule *module, const char *fname)
         return buf ? CUDA_ERROR_FILE_NOT_FOUND : CUDA_ERROR_OUT_OF_MEMORY;
     }
     buf[n] = 0; /* (PTX text: terminated) */
+    *out = buf;
+    *size = n;
+    return CUDA_SUCCESS;
+}
+
+static CUresult load_file(CUmodule *module, const char *fname)
+{
+    if (!module || !fname)
+        return CUDA_ERROR_INVALID_VALUE;
+    char *buf;
+    size_t n;
+    CUresult rr = nvp_drv_read_file(fname, &buf, &n);
+    if (rr)
+        return rr;
     const void *data = buf;
     size_t size = n >= 16 ? image_size(buf, &data) : n + 1;
     CUresult r = data != buf ? CUDA_ERROR_INVALID_IMAGE : load(module, buf, size < n + 1 ? size : n + 1);

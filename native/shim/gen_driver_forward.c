@@ -992,3 +992,115 @@ NVP_EXPORT CUresult CUDAAPI cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEv
     NVP_DRV_ENTER(1);
     return NVP_DRV_RT(cudaStreamWaitEvent(nvp_drv_ptsz(hStream), hEvent, Flags));
 }
+
+#undef cuStreamWaitValue32
+NVP_EXPORT CUresult CUDAAPI cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
+{
+    NVP_DRV_ENTER(1);
+    return nvp_drv_done(nvp_drv_memop(stream, NVP_MEMOP_WAIT32, addr, value, flags, 0));
+}
+
+#undef cuStreamWaitValue32_ptsz
+NVP_EXPORT CUresult CUDAAPI cuStreamWaitValue32_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
+{
+    NVP_DRV_ENTER(1);
+    return nvp_drv_done(nvp_drv_memop(stream, NVP_MEMOP_WAIT32, addr, value, flags, 1));
+}
+
+#undef cuStreamWaitValue32_v2
+NVP_EXPORT CUresult CUDAAPI cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
+{
+    NVP_DRV_ENTER(1);
+    return nvp_drv_done(nvp_drv_memop(stream, NVP_MEMOP_WAIT32, addr, value, flags, 0));
+}
+
+#undef cuStreamWaitValue32_v2_ptsz
+NVP_EXPORT CUresult CUDAAPI cuStreamWaitValue32_v2_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
+{
+    NVP_DRV_ENTER(1);
+    return nvp_drv_done(nvp_drv_memop(stream, NVP_MEMOP_WAIT32, addr, value, flags, 1));
+}
+
+#undef cuStreamWaitValue64
+NVP_EXPORT CUresult CUDAAPI cuStreamWaitValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
+{
+    NVP_DRV_ENTER(1);
+    return nvp_drv_done(nvp_drv_memop(stream, NVP_MEMOP_WAIT64, addr, value, flags, 0));
+}
+
+#undef cuStreamWaitValue64_ptsz
+NVP_EXPORT CUresult CUDAAPI cuStreamWaitValue64_ptsz(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
+{
+    NVP_DRV_ENTER(1);
+    return nvp_drv_done(nvp_drv_memop(stream, NVP_MEMOP_WAIT64, addr, value, flags, 1));
+}
+
+#undef cuStreamWaitValue64_v2
+NVP_EXPORT CUresult CUDAAPI cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
+{
+    NVP_DRV_ENTER(1);
+    return nvp_drv_done(nvp_drv_memop(stream, NVP_MEMOP_WAIT64, addr, value, flags, 0));
+}
+
+#undef cuStreamWaitValue64_v2_ptsz
+NVP_EXPORT CUresult CUDAAPI cuStreamWaitValue64_v2_ptsz(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
+{
+    NVP_DRV_ENTER(1);
+    return nvp_drv_done(nvp_drv_memop(stream, NVP_MEMOP_WAIT64, addr, value, flags, 1));
+}
+
+#undef cuStreamWriteValue32
+NVP_EXPORT CUresult CUDAAPI cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
+{
+    NVP_DRV_ENTER(1);
+    return nvp_drv_done(nvp_drv_memop(stream, NVP_MEMOP_WRITE32, addr, value, flags, 0));
+}
+
+#undef cuStreamWriteValue32_ptsz
+NVP_EXPORT CUresult CUDAAPI cuStreamWriteValue32_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
+{
+    NVP_DRV_ENTER(1);
+    return nvp_drv_done(nvp_drv_memop(stream, NVP_MEMOP_WRITE32, addr, value, flags, 1));
+}
+
+#undef cuStreamWriteValue32_v2
+NVP_EXPORT CUresult CUDAAPI cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
+{
+    NVP_DRV_ENTER(1);
+    return nvp_drv_done(nvp_drv_memop(stream, NVP_MEMOP_WRITE32, addr, value, flags, 0));
+}
+
+#undef cuStreamWriteValue32_v2_ptsz
+NVP_EXPORT CUresult CUDAAPI cuStreamWriteValue32_v2_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
+{
+    NVP_DRV_ENTER(1);
+    return nvp_drv_done(nvp_drv_memop(stream, NVP_MEMOP_WRITE32, addr, value, flags, 1));
+}
+
+#undef cuStreamWriteValue64
+NVP_EXPORT CUresult CUDAAPI cuStreamWriteValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
+{
+    NVP_DRV_ENTER(1);
+    return nvp_drv_done(nvp_drv_memop(stream, NVP_MEMOP_WRITE64, addr, value, flags, 0));
+}
+
+#undef cuStreamWriteValue64_ptsz
+NVP_EXPORT CUresult CUDAAPI cuStreamWriteValue64_ptsz(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
+{
+    NVP_DRV_ENTER(1);
+    return nvp_drv_done(nvp_drv_memop(stream, NVP_MEMOP_WRITE64, addr, value, flags, 1));
+}
+
+#undef cuStreamWriteValue64_v2
+NVP_EXPORT CUresult CUDAAPI cuStreamWriteValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
+{
+    NVP_DRV_ENTER(1);
+    return nvp_drv_done(nvp_drv_memop(stream, NVP_MEMOP_WRITE64, addr, value, flags, 0));
+}
+
+#undef cuStreamWriteValue64_v2_ptsz
+NVP_EXPORT CUresult CUDAAPI cuStreamWriteValue64_v2_ptsz(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
+{
+    NVP_DRV_ENTER(1);
+    return nvp_drv_done(nvp_drv_memop(stream, NVP_MEMOP_WRITE64, addr, value, flags, 1));
+}

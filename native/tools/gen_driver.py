@@ -163,6 +163,11 @@ FORWARD: dict[str, F] = {
         "dynamicSMemSize, flags)"),
 }
 
+# stream memory operations (posted, in stream order): cuStreamWriteValue32/64, cuStreamWaitValue32/64
+FORWARD.update({f"cuStream{op}Value{bits}_v2 cuStream{op}Value{bits}":
+                F(f"nvp_drv_memop(stream, NVP_MEMOP_{op.upper()}{bits}, addr, value, flags, $PT)")
+                for op in ("Write", "Wait") for bits in (32, 64)})
+
 
 def load_data() -> dict:
     return json.loads(DATA.read_text())

@@ -68,6 +68,9 @@ TEX_FIELDS = ("res_type", "_pad", "res", "x", "y", "z", "w", "f", "_pad2", "size
               "address0", "address1", "address2", "filter", "read_mode", "srgb", "border0", "border1", "border2",
               "border3", "normalized", "max_aniso", "mip_filter", "mip_bias", "mip_min", "mip_max", "no_trilinear",
               "seamless")
+# data type, rank, address, dims[5], strides[4], box[5], element strides[5], lower[3], upper[3], channels, pixels,
+# interleave, swizzle, L2 promotion, OOB fill
+TENSOR_MAP = _check("struct nvp_tensor_map", "<IIQ5Q4Q5I5I3i3iII4I")
 DEVICE_INFO_SIZE: int = ffi.sizeof("struct nvp_device_info")
 MAX_ATTR: int = CONSTANTS["NVP_MAX_ATTR"]
 

@@ -134,6 +134,19 @@ CUresult cuLinkAddData_v2(CUlinkState state, int type, void *data, size_t size, 
                           unsigned int numOptions, CUjit_option *options, void **optionValues);
 CUresult cuLinkComplete(CUlinkState state, void **cubinOut, size_t *sizeOut);
 CUresult cuLinkDestroy(CUlinkState state);
+CUresult cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, uint32_t value, unsigned int flags);
+CUresult cuStreamWriteValue64_v2(CUstream stream, CUdeviceptr addr, uint64_t value, unsigned int flags);
+CUresult cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, uint32_t value, unsigned int flags);
+CUresult cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr, uint64_t value, unsigned int flags);
+CUresult cuTensorMapEncodeTiled(void *tensorMap, int tensorDataType, uint32_t tensorRank, void *globalAddress,
+                                const uint64_t *globalDim, const uint64_t *globalStrides, const uint32_t *boxDim,
+                                const uint32_t *elementStrides, int interleave, int swizzle, int l2Promotion,
+                                int oobFill);
+CUresult cuTensorMapEncodeIm2col(void *tensorMap, int tensorDataType, uint32_t tensorRank, void *globalAddress,
+                                 const uint64_t *globalDim, const uint64_t *globalStrides,
+                                 const int *pixelBoxLowerCorner, const int *pixelBoxUpperCorner,
+                                 uint32_t channelsPerPixel, uint32_t pixelsPerColumn, const uint32_t *elementStrides,
+                                 int interleave, int swizzle, int l2Promotion, int oobFill);
 CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream);
 CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *pCopy, CUstream hStream);
 CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream);

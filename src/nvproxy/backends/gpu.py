@@ -293,6 +293,30 @@ class GpuBackend:
             cd.check(getattr(self.L, f"cuMemsetD2D{bits}Async")(ptr, pitch, value, width, height, stream),
                      f"cuMemsetD2D{bits}Async")
 
+    # ---- what the driver API asks of the driver (proxy/handlers/driver.py) ----
+    def stream_memop(self, kind: int, addr: int, value: int, flags: int, stream: object) -> None:
+        name = ("cuStreamWriteValue32_v2", "cuStreamWriteValue64_v2", "cuStreamWaitValue32_v2",
+                "cuStreamWaitValue64_v2")[kind]
+        cd.check(getattr(self.L, name)(stream, addr, value, flags), name)
+
+    def tensor_map(self, dev: int, t: Any) -> bytes:
+        self.activate(dev)
+        raw = ffi.new("char[]", 128 + 64)  # (the driver takes a 64-byte aligned descriptor)
+        at = ffi.cast("char *", (int(ffi.cast("uintptr_t", raw)) + 63) & ~63)
+        dims, strides = ffi.new("uint64_t[5]", list(t.dims)), ffi.new("uint64_t[4]", list(t.strides))
+        es = ffi.new("uint32_t[5]", list(t.elem_strides))
+        addr = ffi.cast("void *", t.address)
+        if t.im2col:
+            lo, hi = ffi.new("int[3]", list(t.lower)), ffi.new("int[3]", list(t.upper))
+            rc = self.L.cuTensorMapEncodeIm2col(at, t.data_type, t.rank, addr, dims, strides, lo, hi, t.channels,
+                                                t.pixels, es, t.interleave, t.swizzle, t.l2_promotion, t.oob_fill)
+        else:
+            box = ffi.new("uint32_t[5]", list(t.box))
+            rc = self.L.cuTensorMapEncodeTiled(at, t.data_type, t.rank, addr, dims, strides, box, es, t.interleave,
+                                               t.swizzle, t.l2_promotion, t.oob_fill)
+        cd.check(rc, "cuTensorMapEncode")
+        return bytes(ffi.buffer(at, 128))
+
     # ---- CUDA IPC (proxy/handlers/ipc.py) ----
     def export_fd(self, dev: int, handle: int) -> int:
         kept = self.backing(dev).kept.get(handle)
@@ -747,24 +771,29 @@ class GpuBackend:
         cd.check(self.L.cuModuleUnload(mod.handle), "cuModuleUnload")
 
     def _jit_link(self, fatbins: list[bytes]) -> bytes:
+        return self.link(None, [(cd.CU_JIT_INPUT_FATBINARY, f"object{i}", f) for i, f in enumerate(fatbins)])
+
+    def link(self, dev: int | None, inputs: list[tuple[int, str, bytes]]) -> bytes:
+        """A link at run time (cuLinkComplete of the program's, on dev; None: the device-linked module's own)."""
+        what = "JIT link of a -rdc module" if dev is None else "cuLinkComplete"
+        if dev is not None:
+            self.activate(dev)
         log = ffi.new("char[]", 4096)
         opts = ffi.new("CUjit_option[]", [cd.CU_JIT_ERROR_LOG_BUFFER, cd.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES])
         vals = ffi.new("void *[]", [log, ffi.cast("void *", 4096)])
         st = ffi.new("CUlinkState *")
         cd.check(self.L.cuLinkCreate_v2(2, opts, vals, st), "cuLinkCreate")
         try:
-            for i, f in enumerate(fatbins):
-                rc = self.L.cuLinkAddData_v2(st[0], cd.CU_JIT_INPUT_FATBINARY, ffi.from_buffer(f), len(f),
-                                             f"object{i}".encode(), 0, ffi.NULL, ffi.NULL)
+            for kind, name, data in inputs:
+                rc = self.L.cuLinkAddData_v2(st[0], kind, ffi.from_buffer(data), len(data), name.encode(), 0,
+                                             ffi.NULL, ffi.NULL)
                 if rc:
-                    print(f"nvproxy: JIT link of a -rdc module: {ffi.string(log).decode(errors='replace')}",
-                          file=sys.stderr)
+                    print(f"nvproxy: {what}: {ffi.string(log).decode(errors='replace')}", file=sys.stderr)
                     cd.check(rc, "cuLinkAddData")
             out, size = ffi.new("void **"), ffi.new("size_t *")
             rc = self.L.cuLinkComplete(st[0], out, size)
             if rc:
-                print(f"nvproxy: JIT link of a -rdc module: {ffi.string(log).decode(errors='replace')}",
-                      file=sys.stderr)
+                print(f"nvproxy: {what}: {ffi.string(log).decode(errors='replace')}", file=sys.stderr)
             cd.check(rc, "cuLinkComplete")
             return bytes(ffi.buffer(out[0], size[0]))  # (the link state owns it)
         finally:

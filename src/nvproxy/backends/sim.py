@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import fatbin, sim_kernels
+from .. import fatbin, sim_kernels, tensor_map
 from ..errors import (
     ASSERT,
     HOST_MEMORY_ALREADY_REGISTERED,
@@ -44,6 +44,8 @@ from ..errors import (
 )
 from ..proxy import libc
 from ..proxy.arena import FreeList
+from ..tensor_map import TensorMapArgs
+from . import sim_driver
 from .sim_arrays import SimArray, SimObject
 
 GRANULE = 2 << 20
@@ -377,6 +379,17 @@ class SimBackend:
             return
         self.check()
         self._fill(ptr, pitch, _pattern(value, elsize, width), height)
+
+    # ---- what the driver API asks of a driver (sim_driver.py) ----
+    def stream_memop(self, kind: int, addr: int, value: int, flags: int, stream: SimStream | None) -> None:
+        self.check()
+        sim_driver.stream_memop(self._copy_view, kind, addr, value, flags)
+
+    def link(self, dev: int, inputs: list[tuple[int, str, bytes]]) -> bytes:
+        return sim_driver.link(inputs)
+
+    def tensor_map(self, dev: int, args: TensorMapArgs) -> bytes:
+        return tensor_map.encode(args)
 
     def _fill(self, dst: int, pitch: int, pattern: bytes, height: int) -> None:
         for row in range(height):
