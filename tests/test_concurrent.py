@@ -131,4 +131,4 @@ def test_spare_device_memory_of_a_small_device(programs, tmp_path: Path) -> None
     fits, copy-before-write the rest."""
     exe, env = programs["sim"]
     cmd = nvproxy_cmd(exe, "sim", "concurrent_ckpt", str(STEPS))
-    check_program(cmd, dict(os.environ, **env, NVPROXY_SIM_MEMORY="72"), tmp_path, "snapshot, copy-before-write")
+    check_program(cmd, dict(os.environ, **env, NVPROXY_SIM_MEMORY="96"), tmp_path, "snapshot, copy-before-write")

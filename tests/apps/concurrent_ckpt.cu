@@ -68,6 +68,13 @@ int main(int argc, char **argv) {
                               cudaMemcpyDeviceToDevice, st[1]));
         CHECK(cudaMemsetAsync(buf[(step + 3) % S] + N / 4, step, N / 8 * sizeof(unsigned), st[1]));
         CHECK(cudaStreamSynchronize(st[1]));
+        unsigned *tmp;  // (of another size each step: new device memory, not the arena's cached mapping)
+        int n = N / 2 + step % 3 * (N / 4);
+        CHECK(cudaMalloc(&tmp, n * sizeof(unsigned)));
+        CHECK(cudaMemcpy(tmp, buf[(step + 5) % S], n * sizeof(unsigned), cudaMemcpyDeviceToDevice));
+        touch<<<32, 256>>>(tmp, n, step);
+        CHECK(cudaMemcpy(g + N / 2, tmp, N / 4 * sizeof(unsigned), cudaMemcpyDeviceToDevice));
+        CHECK(cudaFree(tmp));
         CHECK(cudaGraphLaunch(exec, st[0]));
         CHECK(cudaStreamSynchronize(st[0]));
         float alpha = 0.5f;

@@ -168,8 +168,8 @@ class Concurrent:
             for s in streams:
                 be.stream_destroy(s)
 
-    def abandon(self) -> None:
-        """The checkpoint failed before the release: the spare memory goes."""
+    def free_spare(self) -> None:
+        """The spare memory goes (drained, or the checkpoint failed before the release)."""
         for dev, base in self.spare.items():
             self.be.spare_free(dev, base)
         self.spare.clear()
@@ -211,7 +211,8 @@ class Concurrent:
             dispatch.gated = False
             dispatch.captures_changed()
             if self._mover is not None:
-                self._mover.close()
+                with self.be.capture_relaxed():
+                    self._mover.close()
                 self._mover = None
         return self.gated or (bool(self.spare) and not self.spare_freed.is_set())
 
@@ -235,9 +236,10 @@ class Concurrent:
                     continue
                 self.saving.add(va)
             try:
-                if self._mover is None:
-                    self._mover = transfer.Mover(self.be, r["dev"])
-                r["crcs"] = transfer.device_to_host(self._mover, self.himg, r["from"], r["size"], r["offset"])
+                with self.be.capture_relaxed():  # (the program's captures must not forbid the proxy's copies)
+                    if self._mover is None:
+                        self._mover = transfer.Mover(self.be, r["dev"])
+                    r["crcs"] = transfer.device_to_host(self._mover, self.himg, r["from"], r["size"], r["offset"])
                 self.counts.cow += r["size"]
             finally:
                 with self.cond:
@@ -249,11 +251,12 @@ class Concurrent:
         """The snapshot to the buffer, the spare memory freed, then what is still unsaved from live memory.
         Returns the seconds it took; raises what made the image incomplete."""
         t = time.monotonic()
-        try:
-            dump.copy_out(self.state, self.himg, self.snapped, self.snapshot_bytes(), source=lambda r: r["snap"])
-        finally:
-            self.abandon()
-        self.counts.background = self._save_rest()
+        with self.be.capture_relaxed():  # (the program's captures must not forbid the proxy's copies)
+            try:
+                dump.copy_out(self.state, self.himg, self.snapped, self.snapshot_bytes(), source=lambda r: r["snap"])
+            finally:
+                self.free_spare()
+            self.counts.background = self._save_rest()
         if self.failed is not None:
             raise self.failed
         return time.monotonic() - t

@@ -94,7 +94,7 @@ def _dump(server: Any, disconnect: bool = False, parent: Parent | None = None, c
             hostimage.before_release(himg)
     except BaseException:
         if conc is not None:
-            conc.abandon()
+            conc.free_spare()
         hostimage.after_checkpoint(state, himg)
         raise
     stats["stopped_s"] = time.monotonic() - t0
