@@ -37,6 +37,9 @@ PIECE = CHUNK  # bytes per snapshot copy
 MARGIN_MAX = 1 << 30  # spare memory leaves free at least this much (less on a small device: a 16th of it)
 # requests whose destination is their first argument word (reach.c's rule: its `copy` and memset cases)
 DEST = {wire.NVP_OP_MEMCPY, wire.NVP_OP_MEMCPY_2D, wire.NVP_OP_MEMSET, wire.NVP_OP_MEMSET_2D, wire.NVP_OP_DRV_MEMSET}
+# requests that write no memory themselves but let others write (or unmap) it: memory exported through CUDA IPC is
+# written by other processes, past the gate; closing an import unmaps it
+SAVE_ALL = {wire.NVP_OP_IPC_MEM_EXPORT, wire.NVP_OP_IPC_MEM_CLOSE}
 
 
 def writes_nothing(op: int) -> bool:
@@ -196,7 +199,7 @@ class Concurrent:
                 self._save(self._mapping_of(a[0]))
             elif op in DEST or (op == wire.NVP_OP_STAGED_COPY and not a[4]):
                 self._save(self._mapping_of(a[0]))
-            elif not writes_nothing(op) or op == wire.NVP_OP_IPC_MEM_CLOSE:
+            elif not writes_nothing(op) or op in SAVE_ALL:
                 self._save(list(self.starts))
         except BaseException as e:  # (the image is lost, not the application: the writer reports it)
             self.failed = self.failed or e
