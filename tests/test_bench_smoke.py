@@ -25,7 +25,9 @@ def test_bench_smoke(nvcc: str, tmp_path: Path) -> None:
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert {row["bench"] for row in rows} >= {"launch_empty", "launch_sync", "malloc_free", "h2d_pageable",
                                               "async_4streams", "launch_storm", "ckpt_dump", "ckpt_restore",
-                                              "ckpt_restore_file", "ckpt_recover_file"}
+                                              "ckpt_restore_file", "ckpt_recover_file", "ckpt_stall_stw",
+                                              "ckpt_stall_concurrent", "ckpt_concurrent_slowdown",
+                                              "ckpt_incremental_written"}
     # the variant (an A/B of the transport) ran the same microbenchmarks
     assert all("sockets" in row for row in rows if row["bench"] in ("launch_empty", "h2d_pageable"))
     table = (tmp_path / "results.md").read_text()
@@ -33,6 +35,9 @@ def test_bench_smoke(nvcc: str, tmp_path: Path) -> None:
     # each checkpoint measurement as taken, a file restore's phases among them
     runs = json.loads((tmp_path / "checkpoint-runs.json").read_text())
     assert runs and all(r["verified"] and "file_restore_phases_s" in r for r in runs)
+    # a concurrent checkpoint of a program that kept computing, which then verified its memory
+    runs = json.loads((tmp_path / "concurrent-runs.json").read_text())
+    assert runs and all(r["verified"] and r["concurrent_methods"] for r in runs)
 
 
 @pytest.mark.parametrize("suite,skip", [("libs", SIM_SKIP),

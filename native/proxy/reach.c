@@ -95,6 +95,8 @@ static const uint8_t WRITES_NOTHING[NVP_OP_COUNT] = {
     [NVP_OP_STAGED_FENCE] = NONE, [NVP_OP_DRV_MODULE_UNLOAD] = NONE,
 };
 
+EXPORT int nvpr_writes_nothing(uint32_t op) { return op < NVP_OP_COUNT && WRITES_NOTHING[op] == NONE; }
+
 EXPORT void nvpr_note(uint32_t op, const uint64_t *a, const uint8_t *payload, size_t plen)
 {
     struct nvpr_log *l = &logs[cur];

@@ -38,6 +38,8 @@ struct nvpr_log {
 void nvpr_config(uint64_t lo, uint64_t hi, unsigned shift);
 /* a request about to be executed (a: its 8 argument words) */
 void nvpr_note(uint32_t op, const uint64_t *a, const uint8_t *payload, size_t plen);
+/* 1 if the table says op writes no device memory (a request of it may still free some: NVP_OP_FREE) */
+int nvpr_writes_nothing(uint32_t op);
 /* the log since the last take (valid until the next take), a fresh one begun */
 struct nvpr_log *nvpr_take(void);
 /* the granules of the arenas that the aligned 64-bit words of [p, p+n) point into, at most max of them, into out;

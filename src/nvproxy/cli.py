@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from . import libcuda_name_path, shim_path
@@ -408,8 +409,9 @@ def cmd_restart(args: argparse.Namespace) -> int:
     return 127
 
 
-def _control_call(sock: str, proxy_pid: int, msg: dict) -> dict:
-    """One command on a proxy's control socket; its reply."""
+def _control_call(sock: str, proxy_pid: int, msg: dict, notice: Callable[[dict], None] | None = None) -> dict:
+    """One command on a proxy's control socket; its reply (notice: given what the proxy says before it, if it
+    asks for that: msg["notices"])."""
     import socket
 
     from .proxy import control
@@ -419,6 +421,9 @@ def _control_call(sock: str, proxy_pid: int, msg: dict) -> dict:
             c.connect(f"{sock}.{proxy_pid}.ctl")
             control.send(c, msg)
             reply, _b, _f = control.recv(c)
+            while "notice" in reply and notice is not None:
+                notice(reply)
+                reply, _b, _f = control.recv(c)
     except (FileNotFoundError, ConnectionRefusedError):
         return {"ok": False, "error": f"proxy {proxy_pid} has ended (the program ended, or it was killed)"}
     except (ConnectionError, OSError) as e:
@@ -480,8 +485,13 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     pid, sock = find_proxy(args.pid)
     if note:
         print(f"nvproxy checkpoint: {note}", file=sys.stderr)
+    def released(n: dict) -> None:  # (a concurrent checkpoint: the application goes on now, the copy goes on)
+        print(f"{image}: the application went on after {n['stopped_s'] * 1e3:.1f} ms; the image is being copied "
+              "out", flush=True)
+
     reply = _control_call(sock, pid, {"cmd": "checkpoint", "image": image, "incremental": args.incremental,
-                                      "verify": not args.tracked})
+                                      "verify": not args.tracked, "concurrent": args.concurrent, "notices": True},
+                          released)
     if not reply.get("ok") and not _alive(pid):
         _remove_partial_image(image, pid)
         print(f"nvproxy checkpoint: no image written to {image}: {reply.get('error')}", file=sys.stderr)
@@ -496,6 +506,10 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
           f"{s['seconds']:.3f} s "
           f"({s['gbps']:.1f} GB/s); the application was stopped {s['stopped_s']:.3f} s; "
           f"file written in {s['file_s']:.3f} s")
+    if s.get("concurrent"):
+        from .checkpoint.report import concurrent_line
+
+        print(concurrent_line(s))
     if args.incremental:
         from .checkpoint.report import incremental_line
 
@@ -684,6 +698,10 @@ def _options(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--tracked", action="store_true",
                        help="with --incremental: copy out only what write tracking marks, a shorter stop (exact for "
                        "programs that keep device addresses in pointer-sized words: docs/architecture.md)")
+        p.add_argument("--concurrent", action=argparse.BooleanOptionalAction, default=None,
+                       help="let the application go on once its device memory is safe (snapshotted in spare device "
+                       "memory, or guarded by copy-before-write) and copy it out while it runs (default: "
+                       "NVPROXY_CKPT_CONCURRENT)")
         p.add_argument("--coord-port", type=int, help="DMTCP coordinator port (with --dmtcp; default: "
                        "$DMTCP_COORD_PORT, else 7779)")
         p.add_argument("--timeout", type=_positive, default=600, help="seconds (default 600)")

@@ -172,6 +172,8 @@ SETTINGS: tuple[Setting, ...] = (
             "the device the proxy drives: the GPU, or the sim backend (a CPU model of the device)", (PROXY, RUN),
             option="nvproxy run --backend"),
     Setting("NVPROXY_SIM_DEVICES", "1", integer(1, 16), "how many devices the sim backend models", (PROXY,)),
+    Setting("NVPROXY_SIM_MEMORY", "16384", integer(64, 1 << 24, " (MiB)"),
+            "how much memory each device of the sim backend has", (PROXY,)),
     Setting("NVPROXY_SIM_KERNELS", "", PYTHON_FILES,
             "Python implementations of the program's kernels for the sim backend (nvproxy.sim_kernels)",
             (PROXY, RUN), option="nvproxy run --sim-kernels"),
@@ -199,6 +201,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("NVPROXY_CKPT_BUFFER", "prefault", choice("prefault", "lazy", "transient"),
             "the host buffer images are built in: grown and page-locked in the background as device memory grows; "
             "made at the first checkpoint and kept; or made and released at every checkpoint", (PROXY,), "tuning"),
+    Setting("NVPROXY_CKPT_CONCURRENT", "0", ON_OFF,
+            "nvproxy checkpoint without --concurrent or --no-concurrent lets the application go on while the image "
+            "is copied out (1) or stops it for the copy (0); DMTCP's checkpoints and migrations always stop it",
+            (PROXY,), "tuning"),
+    Setting("NVPROXY_CKPT_SPARE", "free device memory less a margin", integer(0, 1 << 24, " (MiB)"),
+            "at most this much spare device memory for a concurrent checkpoint's snapshot (0: none; what does not "
+            "fit is saved by copy-before-write)", (PROXY,), "tuning"),
+    Setting("NVPROXY_CKPT_COW", "1", ON_OFF,
+            "a concurrent checkpoint saves what does not fit in spare device memory by copy-before-write after the "
+            "release (1), or before it (0)", (PROXY,), "tuning"),
     Setting("NVPROXY_RESTORE_READ", "bounce", choice("bounce", "map"),
             "how a restore reads an image file: through pinned bounce buffers on 16 threads, or by page-locking the "
             "file's pages (slower; falls back to bounce where that fails)", (PROXY,), "tuning"),

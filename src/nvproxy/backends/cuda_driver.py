@@ -114,6 +114,8 @@ CUresult cuCtxDisablePeerAccess(CUcontext peerContext);
 CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev);
 CUresult cuDeviceGetUuid_v2(unsigned char *uuid, CUdevice dev);
 CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
+CUresult cuMemFree_v2(CUdeviceptr dptr);
 
 CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
                              unsigned long long flags);

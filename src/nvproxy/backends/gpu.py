@@ -218,6 +218,17 @@ class GpuBackend:
         cd.check(self.L.cuMemGetInfo_v2(f, t), "cuMemGetInfo")
         return int(f[0]), int(t[0])
 
+    def spare_alloc(self, dev: int, size: int) -> int:
+        """Device memory outside the arena, for the proxy's own use (a concurrent checkpoint's snapshot)."""
+        self.activate(dev)
+        p = ffi.new("CUdeviceptr *")
+        cd.check(self.L.cuMemAlloc_v2(p, size), "cuMemAlloc")
+        return int(p[0])
+
+    def spare_free(self, dev: int, ptr: int) -> None:
+        self.activate(dev)
+        cd.check(self.L.cuMemFree_v2(ptr), "cuMemFree")
+
     def check(self) -> None:
         pass
 

@@ -49,7 +49,9 @@ from . import sim_driver
 from .sim_arrays import SimArray, SimObject
 
 GRANULE = 2 << 20
-SIM_MEMORY = 16 << 30
+SIM_MEMORY = int(os.environ.get("NVPROXY_SIM_MEMORY") or 16384) << 20  # (MiB: small in tests of memory limits)
+# the proxy's own device memory, outside the arenas (spare_alloc): below the module variables
+SPARE_BASE = 0x0A0000000000
 # module variables: outside every arena and below the host image buffer (16 TiB up, checkpoint/hostimage.py),
 # which a proxy registers as pinned memory: an overlap made the sim's addresses ambiguous
 GLOBALS_BASE = 0x0C0000000000
@@ -133,9 +135,14 @@ class SimMemory:
         self.bases: list[int] = []
         self.ranges: dict[int, tuple[int, memoryview, int | None]] = {}
         self.peers: dict[int, set[int]] = {}  # device -> other devices its kernels may reach memory of
+        self.lock = threading.Lock()  # (a concurrent checkpoint copies on a thread of its own while ranges change)
 
     def add(self, base: int, size: int, view: memoryview, owner: int | None = None) -> None:
         """Overlapping ranges are refused (the driver's answer for host memory; a sim bug otherwise)."""
+        with self.lock:
+            self._add(base, size, view, owner)
+
+    def _add(self, base: int, size: int, view: memoryview, owner: int | None) -> None:
         i = bisect.bisect_right(self.bases, base)
         if (i > 0 and self.bases[i - 1] + self.ranges[self.bases[i - 1]][0] > base) or (
             i < len(self.bases) and self.bases[i] < base + size
@@ -145,20 +152,23 @@ class SimMemory:
         self.ranges[base] = (size, view, owner)
 
     def remove(self, base: int) -> None:
-        self.bases.remove(base)
-        self.ranges[base][1].release()
-        del self.ranges[base]
+        with self.lock:
+            self.bases.remove(base)
+            self.ranges[base][1].release()
+            del self.ranges[base]
 
     def view(self, addr: int, n: int, dev: int | None = None) -> memoryview:
         """dev: a kernel of that device reads or writes it (copies reach every device's memory)."""
-        i = bisect.bisect_right(self.bases, addr) - 1
-        if i >= 0:
-            base = self.bases[i]
-            size, v, owner = self.ranges[base]
-            if addr + n <= base + size:
-                if dev is not None and owner is not None and owner != dev and dev not in self.peers.get(owner, ()):
-                    raise CudaError(ILLEGAL_ADDRESS, f"sim: device {dev} has no access to {addr:#x} (device {owner})")
-                return v[addr - base : addr - base + n]
+        with self.lock:
+            i = bisect.bisect_right(self.bases, addr) - 1
+            if i >= 0:
+                base = self.bases[i]
+                size, v, owner = self.ranges[base]
+                if addr + n <= base + size:
+                    if dev is not None and owner is not None and owner != dev and dev not in self.peers.get(owner, ()):
+                        raise CudaError(ILLEGAL_ADDRESS,
+                                        f"sim: device {dev} has no access to {addr:#x} (device {owner})")
+                    return v[addr - base : addr - base + n]
         raise CudaError(ILLEGAL_ADDRESS, f"sim: no device-accessible memory at {addr:#x}+{n}")
 
 
@@ -259,6 +269,8 @@ class SimBackend:
         # like the driver, place module variables wherever this process likes: a
         # restored process finds them elsewhere (exercises the proxy's relocation)
         self.globals_space = FreeList(GLOBALS_BASE + (os.getpid() % 1024 << 30), 1 << 30)
+        self.spare_space = FreeList(SPARE_BASE, 1 << 40)
+        self.spares: dict[int, tuple[int, mmap.mmap]] = {}
         self.sticky = 0
         self._captures = 0
         self._open: list[SimCapture] = []  # captures begun and not yet ended
@@ -304,6 +316,24 @@ class SimBackend:
     def mem_info(self, dev: int) -> tuple[int, int]:
         b = self.backings[dev]
         return b.capacity - b.used, b.capacity
+
+    def spare_alloc(self, dev: int, size: int) -> int:
+        """Device memory outside the arena, for the proxy's own use (a concurrent checkpoint's snapshot)."""
+        va = self.spare_space.take(size, GRANULE)
+        try:
+            m = self.backings[dev].create(size)
+        except BaseException:
+            self.spare_space.give(va, size)
+            raise
+        self.mem.add(va, size, memoryview(m), owner=dev)
+        self.spares[va] = (dev, m)
+        return va
+
+    def spare_free(self, dev: int, ptr: int) -> None:
+        _dev, m = self.spares.pop(ptr)
+        self.mem.remove(ptr)
+        self.spare_space.give(ptr, len(m))
+        self.backings[dev].release(m)
 
     def check(self) -> None:
         if self.sticky:

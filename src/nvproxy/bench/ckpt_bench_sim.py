@@ -19,3 +19,9 @@ def fill(ctx, p, n, seed):
 def check(ctx, p, n, seed, bad):
     wrong = int(np.count_nonzero(ctx.array(p, "u4", n) != _pattern(n, seed & 0xFFFFFFFF)))
     ctx.array(bad, "u8", 1)[0] += np.uint64(wrong)
+
+
+@kernel("bump")
+def bump(ctx, p, n):
+    a = ctx.array(p, "u4", n)
+    a += np.uint32(1)

@@ -79,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint-sizes",
                     help="device memory to checkpoint and restore, e.g. 1,4,16,32 (GiB) or 8M (default: "
                          "1,4,16,32 on a GPU, 8M with --quick; 'none' skips)")
+    ap.add_argument("--concurrent-sizes",
+                    help="device memory of the concurrent and incremental checkpoint rows (default: 1,4,16,64 on a "
+                         "GPU, 8M with --quick, none with --checkpoint-sizes none; 'none' skips)")
     ap.add_argument("--apps", metavar="DIR", type=Path,
                     help="run every executable file in DIR natively and through nvproxy instead of the suites")
     args = ap.parse_args(argv)
@@ -135,8 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     if "micro" in suites:  # (bench/startup.py: from exec to a first call done)
         startup.add_rows(samples, backend, args.reps, native, env)
     ckpt_sizes = args.checkpoint_sizes or ("8M" if args.quick else "1,4,16,32" if backend == "gpu" else "none")
+    stops: dict[int, float] = {}  # cuda-checkpoint's stop time by MiB
     if "ckpt" in suites and ckpt_sizes != "none":
-        _checkpoint_rows(samples, backend, ckpt_sizes, out)
+        stops = _checkpoint_rows(samples, backend, ckpt_sizes, out)
+    conc_sizes = args.concurrent_sizes or ("none" if args.checkpoint_sizes == "none" else "8M" if args.quick
+                                           else "1,4,16,64" if backend == "gpu" else "none")
+    if "ckpt" in suites and conc_sizes != "none":
+        _concurrent_rows(samples, backend, conc_sizes, out, stops)
     rows = _write(samples, variants, out, backend, args.reps)
     _plots(rows, out)
     return 0
@@ -200,10 +208,29 @@ def parse_variant(text: str) -> tuple[str, dict[str, str]]:
     return name, env
 
 
-def _checkpoint_rows(samples: dict, backend: str, sizes: str, out: Path) -> None:
+def _concurrent_rows(samples: dict, backend: str, sizes: str, out: Path, stops: dict[int, float]) -> None:
+    """Concurrent and incremental checkpoint rows (ckpt_concurrent.py), beside cuda-checkpoint's stop time on the
+    same data where that tool is on PATH (stops)."""
+    from . import ckpt_concurrent, ckpt_run
+
+    if backend == "gpu" and not shutil.which("cuda-checkpoint"):
+        print("nvproxy bench: cuda-checkpoint is not on PATH: the concurrent checkpoint rows have no native column",
+              file=sys.stderr)
+    mibs = []
+    for mib in ckpt_run.parse_sizes(sizes):
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        if (mib << 20) * 3 > avail:  # the host image buffer, three image files
+            print(f"concurrent checkpoint {mib} MiB: skipped, {avail >> 30} GiB of host memory free", file=sys.stderr)
+        else:
+            mibs.append(mib)
+    ckpt_concurrent.add_rows(samples, backend, mibs, out, stops)
+
+
+def _checkpoint_rows(samples: dict, backend: str, sizes: str, out: Path) -> dict[int, float]:
     """Checkpoint rows (ckpt_run.py): nvproxy's dump and restore of device memory beside the
     driver's own checkpoint (cuda-checkpoint) of the same program run natively, where the driver has it.
-    Every measurement as ckpt_run took it (a restore's phases among them) goes to out/checkpoint-runs.json."""
+    Every measurement as ckpt_run took it (a restore's phases among them) goes to out/checkpoint-runs.json.
+    Returns cuda-checkpoint's stop time by MiB, where the tool ran."""
     from . import ckpt_run
 
     runs = []
@@ -234,6 +261,8 @@ def _checkpoint_rows(samples: dict, backend: str, sizes: str, out: Path) -> None
                 samples[(bench, size, "GB/s")]["native"].append(row[theirs])
         samples[("ckpt_stopped", size, "s")]["nvproxy"].append(row.get("ckpt_stopped_s", 0.0))
         samples[("ckpt_file", size, "s")]["nvproxy"].append(row.get("ckpt_file_s", 0.0))
+    tool = shutil.which("cuda-checkpoint") is not None
+    return {r["mib"]: r["cuda_checkpoint_suspend_s"] for r in runs if tool and r.get("cuda_checkpoint_ok")}
 
 
 def _f(x: float | None) -> str:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .. import fatbin
@@ -97,20 +99,46 @@ def prefault(state: ProcessState) -> None:
             himg.lock.release()
 
 
-def dump(state: ProcessState, himg: HostImage, parent: Parent | None = None) -> dict[str, Any]:
+def dump(state: ProcessState, himg: HostImage, parent: Parent | None = None,
+         concurrent: Callable[[Plan], None] | None = None) -> dict[str, Any]:
     """Write an image of everything into the host image buffer (the device must be idle).
     Returns statistics; the image is the buffer's first stats["image_bytes"] bytes.  parent: an earlier image
-    whose unchanged mappings are taken from its file (stats["reuse"]), not copied from the device."""
+    whose unchanged mappings are taken from its file (stats["reuse"]), not copied from the device.
+    concurrent: instead of copying the device mappings out, hands the plan to a concurrent checkpoint
+    (concurrent.py), which copies them after the release; stats then has no image yet: stats["finish"]() makes it."""
     t0 = time.monotonic()
     if state.broken:
         return _dump_broken(state, himg, t0)
     # (the proxy's thread may have begun stream captures: in global or thread-local mode they forbid it the calls
     # a checkpoint makes)
     with state.backend.capture_relaxed():
-        return _dump(state, himg, t0, parent)
+        plan = _plan(state, himg, t0, parent)
+        if concurrent is None:
+            plan.t_copy = copy_out(state, himg, plan.copied, plan.total)
+            return finish(plan, himg)
+        concurrent(plan)
+        return {"finish": lambda: finish(plan, himg), "plan": plan}
 
 
-def _dump(state: ProcessState, himg: HostImage, t0: float, parent: Parent | None) -> dict[str, Any]:
+@dataclass
+class Plan:
+    """An image being made: its header and where every region goes in the buffer."""
+
+    header: dict[str, Any]
+    layout: Layout
+    regions: list[dict[str, Any]]  # every region, in header order
+    copied: list[dict[str, Any]]  # the device regions to copy from the device ("from": their address now)
+    reuse: list[tuple[int, int, int]]  # (offset here, offset in the parent's file, bytes)
+    parent: Parent | None
+    total: int  # bytes of device mappings
+    t0: float
+    t_grow: float
+    t_copy: float = 0.0
+
+
+def _plan(state: ProcessState, himg: HostImage, t0: float, parent: Parent | None) -> Plan:
+    """The header at the cut, the layout, the buffer grown to it; modules and arrays copied in (arrays through
+    pageable memory: they are small beside the arena); which device regions must come from the device."""
     be = state.backend
     header = describe(state)
     header["id"] = os.urandom(16).hex()
@@ -143,45 +171,59 @@ def _dump(state: ProcessState, himg: HostImage, t0: float, parent: Parent | None
     for r, image in modules:
         himg.view(r["offset"], len(image))[:] = image
         r["crcs"] = [checksum(image)]
-    total = sum(r["size"] for r in device_regions if r["kind"] == "mem")
-    reuse: list[tuple[int, int, int]] = []  # (offset here, offset in the parent's file, bytes)
-    copied = [r for r in device_regions if parent is None or not parent.takes(r, reuse)]
-    done = 0
-    t_copy = time.monotonic()
-    for dev in sorted(state.devices):
-        m = transfer.Mover(be, dev)
-        try:
-            for r in copied:
-                if r["dev"] == dev:
-                    r["crcs"] = transfer.device_to_host(m, himg, r.pop("from"), r["size"], r["offset"])
-                    done += r["size"] if r["kind"] == "mem" else 0
-                    if total > PROGRESS_OVER and r["kind"] == "mem":
-                        _progress("checkpoint", done, total, t_copy)
-        finally:
-            m.close()
-    t_copy = time.monotonic() - t_copy
-    missed = parent.verified(copied, reuse) if parent is not None else []
-    for r in device_regions:
-        r.pop("from", None)
-    for r in array_regions:  # (through pageable memory: arrays are small beside the arena)
+    for r in array_regions:
         rec = state.arrays[r["id"]]
         be.activate(rec.dev)
         data = be.array_read(rec.handle, rec.shape())
         himg.view(r["offset"], r["size"])[:] = data
         r["crcs"] = [checksum(data)]
-    header["regions"] = [r for r, _i in modules] + device_regions + array_regions
+    total = sum(r["size"] for r in device_regions if r["kind"] == "mem")
+    reuse: list[tuple[int, int, int]] = []
+    copied = [r for r in device_regions if parent is None or not parent.takes(r, reuse)]
+    return Plan(header, layout, [r for r, _i in modules] + device_regions + array_regions, copied, reuse, parent,
+                total, t0, t_grow)
+
+
+def copy_out(state: ProcessState, himg: HostImage, regions: list[dict[str, Any]], total: int,
+             source: Callable[[dict[str, Any]], int] = lambda r: r["from"]) -> float:
+    """Copy device regions into the buffer at their offsets, with their chunks' checksums (source: where each is
+    read from); returns the seconds it took."""
+    done = 0
+    t_copy = time.monotonic()
+    for dev in sorted({r["dev"] for r in regions}):
+        m = transfer.Mover(state.backend, dev)
+        try:
+            for r in regions:
+                if r["dev"] == dev:
+                    r["crcs"] = transfer.device_to_host(m, himg, source(r), r["size"], r["offset"])
+                    done += r["size"] if r["kind"] == "mem" else 0
+                    if total > PROGRESS_OVER and r["kind"] == "mem":
+                        _progress("checkpoint", done, total, t_copy)
+        finally:
+            m.close()
+    return time.monotonic() - t_copy
+
+
+def finish(plan: Plan, himg: HostImage) -> dict[str, Any]:
+    """Once every region is in the buffer: the header after them; the statistics."""
+    parent, reuse, copied, total = plan.parent, plan.reuse, plan.copied, plan.total
+    missed = parent.verified(copied, reuse) if parent is not None else []
+    scan = [(r["kind"], r.get("va", 0), r["offset"], r["size"]) for r in copied]
+    for r in plan.regions:
+        r.pop("from", None)
+    header, layout = plan.header, plan.layout
+    header["regions"] = plan.regions
     prefix, data = encode_header(header, layout.end)
     himg.grow(layout.end + len(data))
     himg.view(layout.end, len(data))[:] = data
     himg.view(0, len(prefix))[:] = prefix
-    seconds = time.monotonic() - t0
+    seconds = time.monotonic() - plan.t0
     return {"device_bytes": total, "image_bytes": layout.end + len(data), "seconds": seconds,
-            "gbps": total / seconds / 1e9 if seconds > 0 else 0.0, "grow_s": t_grow,
-            "copy_gbps": total / t_copy / 1e9 if t_copy > 0 else 0.0, "id": header["id"],
+            "gbps": total / seconds / 1e9 if seconds > 0 else 0.0, "grow_s": plan.t_grow,
+            "copy_gbps": total / plan.t_copy / 1e9 if plan.t_copy > 0 else 0.0, "id": header["id"],
             "copied_bytes": sum(r["size"] for r in copied if r["kind"] == "mem"),
             "written_bytes": total - sum(n for _o, _p, n in reuse), "reused_bytes": sum(n for _o, _p, n in reuse),
-            "reuse": reuse, "missed": missed,
-            "scan": [(r["kind"], r.get("va", 0), r["offset"], r["size"]) for r in copied]}
+            "reuse": reuse, "missed": missed, "scan": scan}
 
 
 def _dump_broken(state: ProcessState, himg: HostImage, t0: float) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""What `nvproxy checkpoint --incremental` says about an image (cli.py, the bench)."""
+"""What `nvproxy checkpoint --incremental` and `--concurrent` say about an image (cli.py, the bench)."""
 
 from __future__ import annotations
 
@@ -16,3 +16,14 @@ def incremental_line(s: dict[str, Any]) -> str:
         line += (f"; {len(s['missed'])} mapping(s) changed that write tracking had not marked "
                  f"(first at {s['missed'][0]:#x}): written from the device")
     return line
+
+
+def concurrent_line(s: dict[str, Any]) -> str:
+    """One line: how the device memory was saved, how long the application was stopped, how long until complete."""
+    c = s["concurrent"]
+    mib = {k: c[k] >> 20 for k in ("snapshot_bytes", "cow_bytes", "background_bytes", "stw_bytes")}
+    return (f"concurrent ({', '.join(c['methods']) or 'nothing to copy'}): the application was stopped "
+            f"{s['stopped_s'] * 1e3:.1f} ms; {mib['snapshot_bytes']} MiB snapshotted on the device, "
+            f"{mib['cow_bytes']} MiB saved before a write, {mib['background_bytes']} MiB saved while it ran, "
+            f"{mib['stw_bytes']} MiB before it went on; requests waited {c['gate_s'] * 1e3:.1f} ms; "
+            f"complete after {s['seconds']:.3f} s")

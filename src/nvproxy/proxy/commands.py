@@ -5,6 +5,7 @@ host image buffer while the application runs."""
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import sys
@@ -14,6 +15,7 @@ from typing import Any
 
 from .. import wire
 from ..checkpoint import hostimage, reach
+from ..checkpoint.concurrent import Concurrent, Options
 from ..checkpoint.dump import dump, estimate, prefault
 from ..checkpoint.image import WriteError
 from ..checkpoint.parent import Parent
@@ -33,7 +35,7 @@ def handle(server: Any, conn: socket.socket, msg: dict[str, Any]) -> bool:
             control.send(conn, {"ok": False, "error": "a checkpoint command without an image path"})
             return False
         checkpoint(server, conn, msg["image"], bool(msg.get("disconnect")), bool(msg.get("incremental")),
-                   bool(msg.get("verify")))
+                   bool(msg.get("verify")), msg.get("concurrent"), bool(msg.get("notices")))
         return True
     if cmd == "usage":
         st = server.dispatch.state
@@ -64,25 +66,35 @@ def handle(server: Any, conn: socket.socket, msg: dict[str, Any]) -> bool:
     return False
 
 
-def _dump(server: Any, disconnect: bool = False, parent: Parent | None = None
+def _dump(server: Any, disconnect: bool = False, parent: Parent | None = None, concurrent: bool = False
           ) -> tuple[hostimage.HostImage, dict[str, Any]]:
     """Stop at a cut, let the device drain and copy everything into the host
     image buffer (parent: but what is unchanged since that image).  Returns the buffer, still locked, and the
     statistics (stats["cut"]: the epoch of write tracking the image closes).
     The idle device is the time to unregister spare staging buffers (and, where the application's shim drops its
-    channels after this checkpoint, theirs: disconnect): unregistering waits for running kernels."""
+    channels after this checkpoint, theirs: disconnect): unregistering waits for running kernels.
+    concurrent: the device memory is copied out after the release (checkpoint/concurrent.py): stats["concurrent"]
+    is the Concurrent, whose drain() the writer runs before stats["finish"]()."""
     from .handlers.memory import drop_staging  # (handlers import the server, which imports this)
 
     state = server.dispatch.state
     t0 = time.monotonic()
     himg = hostimage.locked(state)
+    conc = Concurrent(state, himg, Options.from_env()) if concurrent else None
     try:
         server.quiesce()
         cut = reach.of(state).cut()
         drop_staging(server.dispatch, server.channels if disconnect else ())
-        stats = dump(state, himg, parent)
-        hostimage.before_release(himg)
+        stats = dump(state, himg, parent, conc.take if conc is not None else None)
+        if conc is not None and "finish" in stats:
+            conc.install(server.dispatch)
+            server.gate = functools.partial(conc.gate, server.dispatch)
+            stats["concurrent"] = conc
+        else:
+            hostimage.before_release(himg)
     except BaseException:
+        if conc is not None:
+            conc.free_spare()
         hostimage.after_checkpoint(state, himg)
         raise
     stats["stopped_s"] = time.monotonic() - t0
@@ -92,22 +104,38 @@ def _dump(server: Any, disconnect: bool = False, parent: Parent | None = None
 
 
 def checkpoint(server: Any, conn: socket.socket, path: str, disconnect: bool = False, incremental: bool = False,
-               verify: bool = False) -> None:
-    """The application goes on as soon as the device memory is in the buffer;
+               verify: bool = False, concurrent: bool | None = None, notices: bool = False) -> None:
+    """The application goes on as soon as the device memory is in the buffer (concurrent: as soon as it is safe,
+    see checkpoint/concurrent.py; None: as NVPROXY_CKPT_CONCURRENT says, never for DMTCP's, disconnect);
     a thread writes the file from it and then answers.  incremental: only what may have changed since the last
-    image written into the same directory is copied from the device (verify: everything is, and compared)."""
+    image written into the same directory is copied from the device (verify: everything is, and compared).
+    notices: a concurrent checkpoint says when the application goes on ({"notice": "released"}) before its reply."""
+    if concurrent is None:
+        concurrent = os.environ.get("NVPROXY_CKPT_CONCURRENT", "0") == "1" and not disconnect
     tracking = reach.of(server.dispatch.state)
     parent, note = find_parent(tracking, path, verify) if incremental else (None, "")
     try:
-        himg, stats = _dump(server, disconnect, parent)
+        himg, stats = _dump(server, disconnect, parent, concurrent)
     except BaseException:
         if parent is not None:
             parent.close()
         raise
     before = server.writer
+    if notices and "concurrent" in stats:
+        try:
+            control.send(conn, {"notice": "released", "stopped_s": stats["stopped_s"]})
+        except OSError:
+            pass  # (the reply will find the connection gone too)
 
     def persist() -> None:
         try:
+            conc = stats.pop("concurrent", None)
+            if conc is not None:
+                stats["drain_s"] = conc.drain()
+                stats.pop("plan")
+                stats.update(stats.pop("finish")())
+                hostimage.before_release(himg)
+                stats["concurrent"] = conc.report()
             t = time.monotonic()
             reuse = stats.pop("reuse", [])
             himg.write_file(path, stats["image_bytes"], (parent.fd, reuse) if parent is not None else None)

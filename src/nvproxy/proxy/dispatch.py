@@ -23,6 +23,7 @@ class Dispatcher:
         self.server: Any = None
         self.pending_graphs: dict[str, Any] | None = None  # (graphs.defer_restore)
         self.fast: fastpath.FastPath | None = None
+        self.gated = False  # a concurrent checkpoint guards unsaved memory: every request comes to Python
         self._sync_taught: set[int] = set()  # devices whose sync streams C knows (teach_sync_streams)
         driver = getattr(backend, "fast_driver", None)
         if driver is not None and fastpath.enabled():
@@ -60,7 +61,7 @@ class Dispatcher:
         on = bool(self.state.captures)
         self.table.update(self._logging if on else self._plain)
         if self.fast is not None:
-            self.fast.set_capturing(on or bool(self.state.managed_vars) or bool(self.state.broken))
+            self.fast.set_capturing(on or bool(self.state.managed_vars) or bool(self.state.broken) or self.gated)
 
     def per_thread_stream(self, ch: Any) -> Any:
         """The per-thread default stream of the channel's application thread:

@@ -222,6 +222,8 @@ class Server:
         self.running = True
         self.handed_over = False
         self.writer: threading.Thread | None = None  # writing a checkpoint file from the host image
+        # a concurrent checkpoint's gate (checkpoint/concurrent.py): runs before each request until it says False
+        self.gate: Callable[[int, int, tuple[int, ...]], bool] | None = None
         if listener is None:
             listener = listen_at(sock_path, 64)
         self.listener = listener
@@ -534,6 +536,8 @@ class Server:
                 name = wire.OP_NAMES.get(op, str(op))
                 print(f"nvproxy: unknown operation {name} from thread {ch.tid}", file=sys.stderr)
                 raise CudaError(NOT_SUPPORTED)
+            if self.gate is not None and not self.gate(ch.dev, op, args):
+                self.gate = None
             self.backend.activate(ch.dev)
             if self.dispatch.fast is not None:
                 self.dispatch.fast.note_issue()
