@@ -47,12 +47,16 @@ class BuildShim(build_ext):
 
     def run(self) -> None:
         super().run()
-        # the headers travel with the package: Python reads them through cffi
-        for base in {self.build_lib, str(ROOT / "src")} if self.inplace else {self.build_lib}:
+        # the headers travel with the package: Python reads them through cffi.  The source tree's copy is made
+        # current too, and before any binding is prebuilt: prebuilt_ffi imports the bindings from the source tree,
+        # which read their declarations from it once (a stale copy would key every module by old declarations)
+        bases = [self.build_lib, str(ROOT / "src")] if self.inplace else [self.build_lib]
+        for base in {*bases, str(ROOT / "src")}:
             dst = Path(base) / "nvproxy" / "include"
             dst.mkdir(parents=True, exist_ok=True)
             for h in HEADERS:
                 shutil.copy2(h, dst / h.name)
+        for base in bases:
             prebuilt_ffi(Path(base) / "nvproxy" / "_ffi")
 
 
