@@ -55,6 +55,11 @@ class Loop:
             want = len(self.stamps) + n
             self.cond.wait_for(lambda: len(self.stamps) >= want or "" in self.rest, timeout)
 
+    def wait_end(self, timeout: float = 600) -> None:
+        """Until the program's stdout has ended."""
+        with self.cond:
+            self.cond.wait_for(lambda: "" in self.rest, timeout)
+
     def rate(self, t0: float, t1: float) -> float:
         """Batches per second in [t0, t1]."""
         with self.cond:
@@ -69,7 +74,11 @@ def _checkpoint(app_pid: int, image: Path, *flags: str) -> tuple[str, float | No
     assert p.stdout is not None
     first = p.stdout.readline()
     released = time.monotonic() if WENT_ON.search(first) else None
-    out, err = p.communicate(timeout=900)
+    # (not communicate(): it reads the pipes' descriptors and would miss what readline has buffered already; the
+    # command says little on stderr, which its pipe holds meanwhile)
+    assert p.stderr is not None
+    out, err = p.stdout.read(), p.stderr.read()
+    p.wait(timeout=900)
     if p.returncode:
         raise RuntimeError(f"nvproxy checkpoint {' '.join(flags)} failed: {err.strip()}")
     return first + out, released
@@ -110,8 +119,17 @@ def measure(exe: Path, mib: int, td: Path, backend: str) -> dict:
             row.update(incremental_written_mib=w, incremental_total_mib=total,
                        incremental_written_pct=100.0 * w / total if total else 0.0)
     finally:
-        out, err = app.communicate("\n", timeout=900)
-    row["verified"] = "verified ok" in "".join(loop.rest) + out
+        # (its stdout is the loop's to read to the end: communicate() would read the same pipe beside it)
+        try:
+            app.stdin.write("\n")
+            app.stdin.close()
+        except BrokenPipeError:
+            pass
+        assert app.stderr is not None
+        err = app.stderr.read()
+        app.wait(timeout=900)
+        loop.wait_end()
+    row["verified"] = "verified ok" in "".join(loop.rest)
     if not row["verified"]:
         row["error"] = err.strip()[-500:]
     return row
