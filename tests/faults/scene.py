@@ -170,6 +170,14 @@ class Watched:
         self.until(lambda: not self._open["out"], HANG_S, "the end of its stdout")
         return self.p.returncode
 
+    def drained(self, within: float) -> None:
+        """Wait until its stderr has ended, or for within s (a proxy may hold it a moment longer): once the process
+        has ended, so that every line it wrote has been read, not only those the reader had reached."""
+        deadline = time.monotonic() + within
+        with self._cond:
+            while self._open["err"] and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(left)
+
     def closed(self, within: float) -> None:
         """Wait for the end of stderr: every process that shares it (its proxies) has ended."""
         self.until(lambda: not self._open["err"], within, "the end of its proxies (its stderr stayed open)")
@@ -205,7 +213,9 @@ def tail(lines: list[str], n: int = 40) -> str:
 
 
 def said(w: Watched) -> list[str]:
-    """What the process said on stderr: its lines but the shim's trace."""
+    """What the process said on stderr: its lines but the shim's trace (all of them, once it has ended)."""
+    if w.rc is not None:
+        w.drained(HANG_S)
     return [x for x in w.err if not TRACE.match(x)]
 
 
