@@ -428,7 +428,7 @@ def _control_call(sock: str, proxy_pid: int, msg: dict, notice: Callable[[dict],
         return {"ok": False, "error": f"proxy {proxy_pid} has ended (the program ended, or it was killed)"}
     except (ConnectionError, OSError) as e:
         why = "closed its connection" if isinstance(e, ConnectionError) else e.strerror or str(e)
-        return {"ok": False, "error": f"proxy {proxy_pid} ended before it answered ({why})"}
+        return {"ok": False, "error": f"proxy {proxy_pid} ended before it answered ({why})", "lost": True}
     return reply
 
 
@@ -492,7 +492,9 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     reply = _control_call(sock, pid, {"cmd": "checkpoint", "image": image, "incremental": args.incremental,
                                       "verify": not args.tracked, "concurrent": args.concurrent, "notices": True},
                           released)
-    if not reply.get("ok") and not _alive(pid):
+    # (a connection the proxy closed without an answer: it is ending, though /proc may not say so yet: a killed
+    # process closes its descriptors before it becomes a zombie)
+    if not reply.get("ok") and (reply.get("lost") or not _alive(pid)):
         _remove_partial_image(image, pid)
         print(f"nvproxy checkpoint: no image written to {image}: {reply.get('error')}", file=sys.stderr)
         return 1
