@@ -148,6 +148,14 @@
                                      bytes; payload: the image (cuLinkComplete) */
 #define NVP_OP_DRV_TENSOR_MAP 84  /* a0 0 tiled / 1 im2col; payload struct nvp_tensor_map -> payload: the
                                      128-byte CUtensorMap (cuTensorMapEncodeTiled/Im2col) */
+#define NVP_OP_DRV_VMM 85         /* the driver's virtual memory management: a0 NVP_VMM_*, then per kind:
+                                     RESERVE a1 size, a2 alignment, a3 address wanted (0: any) -> r0 address;
+                                     FREE a1 address, a2 size; CREATE a1 id (new), a2 size, a3 device; payload the
+                                     CUmemAllocationProp; RELEASE a1 id; MAP a1 address, a2 size, a3 offset, a4 id;
+                                     UNMAP a1 address, a2 size; ACCESS a1 address, a2 size; payload: per device a
+                                     u32 location type, u32 device, u32 CUmemAccess_flags, u32 0;
+                                     GET_ACCESS a1 address, a2 device -> r0 flags; GRANULARITY a1 device -> r0;
+                                     RETAIN a1 an address it maps -> r0 id */
 #define NVP_OP_COUNT 90
 
 /* node bodies (little-endian, packed as listed) */
@@ -164,6 +172,18 @@
 #define NVP_NODE_HIDDEN 0x100   /* flag on a2 of GRAPH_ADD_NODE: nvproxy's own node (staging), not listed */
 #define NVP_NODE_COND 6   /* u64 conditional handle, u32 cudaGraphConditionalNodeType, u32 size; u32 body graph ids (new) */
 #define NVP_STREAM_ATTR_BYTES 64
+
+/* DRV_VMM kinds */
+#define NVP_VMM_RESERVE 0
+#define NVP_VMM_FREE 1
+#define NVP_VMM_CREATE 2
+#define NVP_VMM_RELEASE 3
+#define NVP_VMM_MAP 4
+#define NVP_VMM_UNMAP 5
+#define NVP_VMM_ACCESS 6
+#define NVP_VMM_GET_ACCESS 7
+#define NVP_VMM_GRANULARITY 8
+#define NVP_VMM_RETAIN 9
 
 /* DRV_STREAM_MEMOP kinds */
 #define NVP_MEMOP_WRITE32 0

@@ -92,7 +92,7 @@ static const uint8_t WRITES_NOTHING[NVP_OP_COUNT] = {
     [NVP_OP_IPC_MEM_OPEN] = NONE, [NVP_OP_IPC_MEM_CLOSE] = NONE, [NVP_OP_IPC_EVENT_EXPORT] = NONE,
     [NVP_OP_IPC_EVENT_OPEN] = NONE, [NVP_OP_GRAPH_COND_HANDLE] = NONE, [NVP_OP_CAPTURE_INFO] = NONE,
     [NVP_OP_CAPTURE_TO_GRAPH] = NONE, [NVP_OP_CAPTURE_DEPS] = NONE, [NVP_OP_MANAGED_VAR] = NONE,
-    [NVP_OP_STAGED_FENCE] = NONE, [NVP_OP_DRV_MODULE_UNLOAD] = NONE,
+    [NVP_OP_STAGED_FENCE] = NONE, [NVP_OP_DRV_MODULE_UNLOAD] = NONE, [NVP_OP_DRV_VMM] = NONE,
 };
 
 EXPORT int nvpr_writes_nothing(uint32_t op) { return op < NVP_OP_COUNT && WRITES_NOTHING[op] == NONE; }
@@ -126,6 +126,10 @@ EXPORT void nvpr_note(uint32_t op, const uint64_t *a, const uint8_t *payload, si
         l->flags |= NVPR_LIB;
         words(NVPR_SEED, (const uint8_t *)a, 8 * sizeof *a);
         words(NVPR_SEED, payload, plen);
+        return;
+    case NVP_OP_DRV_VMM: /* (no contents change; an address the program holds may now reach other memory) */
+        if (a[0] == NVP_VMM_MAP)
+            l->flags |= NVPR_REMAP;
         return;
     case NVP_OP_COPY_3D: /* (either side may be device memory, an array or a variable: every address it names) */
         l->flags |= NVPR_VARS;

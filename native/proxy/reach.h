@@ -22,6 +22,8 @@
 #define NVPR_LIB 2    /* a library call ran: memory its handles were configured with (workspaces) is reachable */
 #define NVPR_ALL 4    /* something wrote device memory that cannot be attributed (a graph, a reset, an unknown op) */
 #define NVPR_VARS 8   /* module variables may have been written with bytes from the host */
+#define NVPR_REMAP 16 /* an address range got other memory (cuMemMap): what any mapping holds may now reach
+                               anywhere */
 
 struct nvpr_set {
     uint32_t n;

@@ -85,7 +85,8 @@ NVP_EXPORT cudaError_t cudaFree(void *devPtr)
     if (nvp_pool_import_free(p)) /* (another process's pool allocation: the mapping goes) */
         return cudaSuccess;
     int tag;
-    if (nvp_alloc_tag(p) == NVP_ALLOC_IPC || nvp_alloc_remove(p, &tag) != 0) /* (IPC: cudaIpcCloseMemHandle's) */
+    int owner = nvp_alloc_tag(p); /* (IPC: cudaIpcCloseMemHandle's; VMM: cuMemAddressFree's) */
+    if (owner == NVP_ALLOC_IPC || owner == NVP_ALLOC_VMM || nvp_alloc_remove(p, &tag) != 0)
         return nvp_ret(cudaErrorInvalidValue);
     nvp_pool_forget(p);
     nvp_graph_mem_forget(p);

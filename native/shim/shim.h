@@ -180,6 +180,7 @@ int nvp_device_known_idle(int dev); /* nothing sent since the device was last se
 /* Device allocations (cudaMalloc family) known to the shim. */
 #define NVP_ALLOC_PROXY 0 /* tag of an allocation the proxy made itself */
 #define NVP_ALLOC_IPC (-1) /* another process's memory, opened with cudaIpcOpenMemHandle */
+#define NVP_ALLOC_VMM (-2) /* an address range reserved with cuMemAddressReserve (driver_vmm.c) */
 void nvp_alloc_add(uint64_t base, uint64_t size, int tag);
 int nvp_alloc_remove(uint64_t base, int *tag); /* 0 if base was a live allocation */
 int nvp_alloc_tag(uint64_t base);              /* the tag of the allocation at base (NVP_ALLOC_PROXY: none) */
@@ -224,6 +225,7 @@ enum nvp_handle_type {
     NVP_H_GRAPH_EXEC = 4,
     NVP_H_GRAPH_NODE = 5,
     NVP_H_ARRAY = 6,
+    NVP_H_VMM = 7, /* the driver's physical allocations (cuMemCreate): the wire id is the whole handle */
     NVP_H_TYPES
 };
 struct nvp_stream_rec {

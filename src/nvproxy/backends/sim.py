@@ -82,6 +82,9 @@ class SimBacking:
     def __init__(self, mem: SimMemory, capacity: int, dev: int) -> None:
         self.mem, self.capacity, self.used, self.dev = mem, capacity, 0, dev
         self.fds: dict[int, int] = {}  # id(mapping) -> its memfd
+        # the program's VMM reservations (vmm.py): device address -> (size, host address space standing for it),
+        # where its mappings are placed side by side, as one buffer to kernels and copies
+        self.windows: dict[int, tuple[int, int]] = {}
 
     def create(self, size: int) -> mmap.mmap:
         if self.used + size > self.capacity:
@@ -109,13 +112,36 @@ class SimBacking:
 
     def map(self, va: int, size: int, handle: object) -> None:
         assert isinstance(handle, mmap.mmap)
-        self.mem.add(va, size, memoryview(handle), owner=self.dev)
+        win = self._window_of(va)
+        if win is None:
+            self.mem.add(va, size, memoryview(handle), owner=self.dev)
+            return
+        host = win + va
+        libc.map_over(self.fds[id(handle)], host, size, 0)
+        self.mem.add(va, size, libc.buffer(host, size), owner=self.dev, host=host)
+
+    def _window_of(self, va: int) -> int | None:
+        """The host address minus the device address of the reservation holding va (None: none does)."""
+        for base, (n, host) in self.windows.items():
+            if base <= va < base + n:
+                return host - base
+        return None
+
+    def reserved(self, va: int, size: int) -> None:
+        self.windows[va] = (size, libc.reserve_anywhere(size))
+
+    def unreserved(self, va: int) -> None:
+        size, host = self.windows.pop(va)
+        libc.unmap(host, size)
 
     def grant(self, dev: int, mappings: list[tuple[int, int]]) -> None:
         self.mem.peers.setdefault(self.dev, set()).add(dev)  # (all of this device's mappings, as the driver's)
 
     def unmap(self, va: int, size: int) -> None:
         self.mem.remove(va)
+        win = self._window_of(va)
+        if win is not None:
+            libc.hole(win + va, size)
 
     def release(self, handle: object) -> None:
         assert isinstance(handle, mmap.mmap)
@@ -134,13 +160,17 @@ class SimMemory:
     def __init__(self) -> None:
         self.bases: list[int] = []
         self.ranges: dict[int, tuple[int, memoryview, int | None]] = {}
+        self.hosts: dict[int, int] = {}  # base -> host address, of ranges placed in a VMM reservation's window
         self.peers: dict[int, set[int]] = {}  # device -> other devices its kernels may reach memory of
         self.lock = threading.Lock()  # (a concurrent checkpoint copies on a thread of its own while ranges change)
 
-    def add(self, base: int, size: int, view: memoryview, owner: int | None = None) -> None:
-        """Overlapping ranges are refused (the driver's answer for host memory; a sim bug otherwise)."""
+    def add(self, base: int, size: int, view: memoryview, owner: int | None = None, host: int | None = None) -> None:
+        """Overlapping ranges are refused (the driver's answer for host memory; a sim bug otherwise).  host: where
+        view lies in this process, for ranges that adjacent ones continue (VMM mappings side by side)."""
         with self.lock:
             self._add(base, size, view, owner)
+            if host is not None:
+                self.hosts[base] = host
 
     def _add(self, base: int, size: int, view: memoryview, owner: int | None) -> None:
         i = bisect.bisect_right(self.bases, base)
@@ -156,6 +186,7 @@ class SimMemory:
             self.bases.remove(base)
             self.ranges[base][1].release()
             del self.ranges[base]
+            self.hosts.pop(base, None)
 
     def view(self, addr: int, n: int, dev: int | None = None) -> memoryview:
         """dev: a kernel of that device reads or writes it (copies reach every device's memory)."""
@@ -164,12 +195,28 @@ class SimMemory:
             if i >= 0:
                 base = self.bases[i]
                 size, v, owner = self.ranges[base]
+                if dev is not None and owner is not None and owner != dev and dev not in self.peers.get(owner, ()):
+                    raise CudaError(ILLEGAL_ADDRESS, f"sim: device {dev} has no access to {addr:#x} (device {owner})")
                 if addr + n <= base + size:
-                    if dev is not None and owner is not None and owner != dev and dev not in self.peers.get(owner, ()):
-                        raise CudaError(ILLEGAL_ADDRESS,
-                                        f"sim: device {dev} has no access to {addr:#x} (device {owner})")
                     return v[addr - base : addr - base + n]
+                if self._continued(i, addr + n):
+                    return libc.buffer(self.hosts[base] + addr - base, n)
         raise CudaError(ILLEGAL_ADDRESS, f"sim: no device-accessible memory at {addr:#x}+{n}")
+
+    def _continued(self, i: int, end: int) -> bool:
+        """Do the ranges from the i-th on continue each other, in device and host addresses alike (VMM mappings
+        side by side in a reservation, one owner's), up to end?"""
+        base = self.bases[i]
+        owner = self.ranges[base][2]
+        while base in self.hosts:
+            size = self.ranges[base][0]
+            if base + size >= end:
+                return True
+            nxt = base + size
+            if nxt not in self.hosts or self.hosts[nxt] != self.hosts[base] + size or self.ranges[nxt][2] != owner:
+                return False
+            base = nxt
+        return False
 
 
 class DeviceMemory:

@@ -40,6 +40,8 @@ DEST = {wire.NVP_OP_MEMCPY, wire.NVP_OP_MEMCPY_2D, wire.NVP_OP_MEMSET, wire.NVP_
 # requests that write no memory themselves but let others write (or unmap) it: memory exported through CUDA IPC is
 # written by other processes, past the gate; closing an import unmaps it
 SAVE_ALL = {wire.NVP_OP_IPC_MEM_EXPORT, wire.NVP_OP_IPC_MEM_CLOSE}
+# the driver's VMM calls that may give back physical memory (its shadow mapping goes: vmm.py)
+VMM_DROPS = {wire.NVP_VMM_FREE, wire.NVP_VMM_RELEASE, wire.NVP_VMM_UNMAP}
 
 
 def writes_nothing(op: int) -> bool:
@@ -199,7 +201,7 @@ class Concurrent:
                 self._save(self._mapping_of(a[0]))
             elif op in DEST or (op == wire.NVP_OP_STAGED_COPY and not a[4]):
                 self._save(self._mapping_of(a[0]))
-            elif not writes_nothing(op) or op in SAVE_ALL:
+            elif not writes_nothing(op) or op in SAVE_ALL or (op == wire.NVP_OP_DRV_VMM and a[0] in VMM_DROPS):
                 self._save(list(self.starts))
         except BaseException as e:  # (the image is lost, not the application: the writer reports it)
             self.failed = self.failed or e
@@ -225,9 +227,13 @@ class Concurrent:
             self.spare_freed.wait()
 
     def _mapping_of(self, addr: int) -> list[int]:
-        i = bisect.bisect_right(self.starts, addr) - 1
-        va = self.starts[i] if i >= 0 else None
-        return [va] if va is not None and addr < va + self.sizes[va] else []
+        out = []
+        for a in self.state.aliases(addr):  # (a VMM mapping of the program: its allocations' shadows are saved)
+            i = bisect.bisect_right(self.starts, a) - 1
+            va = self.starts[i] if i >= 0 else None
+            if va is not None and a < va + self.sizes[va]:
+                out.append(va)
+        return out
 
     def _save(self, vas: list[int]) -> None:
         for va in vas:

@@ -95,6 +95,12 @@ class Reach:
         i = bisect.bisect_right(starts, addr) - 1
         return starts[i] if i >= 0 and addr < ends[i] else None
 
+    def mappings_of(self, addr: int, starts: list[int], ends: list[int]) -> set[int]:
+        """The mappings an address reaches: its own, or in the program's VMM mappings the shadows of its allocation
+        and of those mapped right after it (a segment grown chunk by chunk is one buffer)."""
+        found = (self.mapping_of(a, starts, ends) for a in self.state.aliases(addr))
+        return {m for m in found if m is not None}
+
     def _keys(self, s: Any) -> list[int]:
         return [k - 1 for k in ffi.unpack(s.keys, C["NVPR_SLOTS"]) if k]
 
@@ -103,11 +109,12 @@ class Reach:
         sets = log.set
 
         def mappings(kind: int) -> set[int]:
-            found = (self.mapping_of(g << SHIFT, starts, ends) for g in self._keys(sets[kind]))
-            return {m for m in found if m is not None}
+            return {m for g in self._keys(sets[kind]) for m in self.mappings_of(g << SHIFT, starts, ends)}
 
         if log.flags & C["NVPR_ALL"] or any(sets[C[k]].overflow for k in ("NVPR_SEED", "NVPR_HOST", "NVPR_EXACT")):
             return self._everything(starts)
+        if log.flags & C["NVPR_REMAP"]:  # (the addresses mappings hold may reach other memory now)
+            self.pts = {m: ANYWHERE for m in [*self.pts, *starts]}
         for m in mappings(C["NVPR_HOST"]):
             self.written[m], self.pts[m] = self.epoch, ANYWHERE
         for m in mappings(C["NVPR_EXACT"]):
@@ -163,9 +170,8 @@ class Reach:
         for r in ls.records.values() if ls is not None else ():
             for off in range(0, len(r.payload) - 7, 8):
                 v = int.from_bytes(r.payload[off : off + 8], "little")
-                m = self.mapping_of(v, starts, ends) if ARENA_LO <= v < ARENA_HI else None
-                if m is not None:
-                    out.add(m)
+                if ARENA_LO <= v < ARENA_HI:
+                    out |= self.mappings_of(v, starts, ends)
         return out
 
 
@@ -182,8 +188,8 @@ def scan_image(himg: Any, stats: dict[str, Any], reach: Reach) -> dict[int, Pts]
         if k < 0 or found.get(key, frozenset()) is ANYWHERE:
             found[key] = ANYWHERE
             continue
-        maps = (reach.mapping_of(g << SHIFT, starts, ends) for g in ffi.unpack(out, k))
-        found[key] = found.get(key, frozenset()) | frozenset(m for m in maps if m is not None)
+        maps = (m for g in ffi.unpack(out, k) for m in reach.mappings_of(g << SHIFT, starts, ends))
+        found[key] = found.get(key, frozenset()) | frozenset(maps)
     return found
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import CudaError
 from ..libs import state as libstate
-from ..proxy import libc, managed_vars
+from ..proxy import libc, managed_vars, vmm
 from ..proxy.handlers import arrays, ipc
 from ..proxy.state import HostRange, ProcessState
 from . import contents, fileload, transfer
@@ -339,4 +339,4 @@ def _mappings(desc: dict[str, Any]) -> list[tuple[int, int]]:
     g = desc["arena"]["granularity"]
     out = [(va, g) for va in desc["arena"]["slabs"]]
     out += [(p, n) for p, n, small in desc["arena"]["allocs"] if not small]
-    return out
+    return out + vmm.snapshot_shadows(desc["arena"])

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..errors import INVALID_VALUE, MEMORY_ALLOCATION, CudaError
+from .vmm import Vmm
 
 ALIGN = 512  # cudaMalloc alignment on current GPUs
 SMALL_LIMIT = 1 << 20
@@ -107,9 +108,11 @@ class Arena:
     allocs: dict[int, tuple[int, object]] = field(default_factory=dict)  # ptr -> (size, slab va or handle)
     cache: dict[int, list[tuple[int, object]]] = field(default_factory=lambda: defaultdict(list))
     cached_bytes: int = 0
+    vmm: Vmm = field(init=False)  # the program's own reservations and mappings (the driver's VMM API)
 
     def __post_init__(self) -> None:
         self.vas = FreeList(self.base, self.size)
+        self.vmm = Vmm(self)
 
     def _round(self, n: int) -> int:
         g = self.backing.granularity
@@ -202,13 +205,16 @@ class Arena:
             "granularity": g,
             "slabs": sorted(self.slabs),
             "allocs": sorted([p, n, n <= SMALL_LIMIT] for p, (n, _o) in self.allocs.items()),
+            "vmm": self.vmm.snapshot(),
         }
 
     def mappings(self) -> list[tuple[int, int]]:
-        """(va, size) of every mapping holding live data: slabs and large allocations."""
+        """(va, size) of every mapping holding live data: slabs, large allocations and the shadows of VMM
+        allocations."""
         g = self.backing.granularity
         out = [(va, g) for va in self.slabs]
         out += [(p, n) for p, (n, _o) in self.allocs.items() if n > SMALL_LIMIT]
+        out += self.vmm.shadows()
         return sorted(out)
 
     def restore(self, snap: dict, adopt: dict[int, int] | None = None) -> None:
@@ -239,6 +245,8 @@ class Arena:
                 handle = make(p, n)
                 self.backing.map(p, n, handle)
                 self.allocs[p] = (n, handle)
+        if "vmm" in snap:
+            self.vmm.restore(snap["vmm"], make)
 
     def find(self, ptr: int) -> tuple[int, int] | None:
         """(base, size) of the live allocation containing ptr."""

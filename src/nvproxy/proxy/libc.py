@@ -22,6 +22,7 @@ _c = ffi.dlopen(None)
 PROT_READ, PROT_WRITE = 1, 2
 MAP_SHARED, MAP_PRIVATE, MAP_FIXED, MAP_ANONYMOUS = 0x01, 0x02, 0x10, 0x20
 MAP_FIXED_NOREPLACE = 0x100000
+MAP_NORESERVE = 0x4000
 MAP_FAILED = ffi.cast("void *", -1)
 
 
@@ -106,6 +107,21 @@ def map_private_huge(size: int) -> tuple[int, int, int]:
 
 def unmap(addr: int, size: int) -> None:
     _c.munmap(ffi.cast("void *", addr), size)
+
+
+def reserve_anywhere(size: int) -> int:
+    """size bytes of address space (no memory, no access) wherever the kernel puts them."""
+    p = _c.mmap(ffi.NULL, size, 0, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+    if p == MAP_FAILED:
+        raise OSError(ffi.errno, os.strerror(ffi.errno))
+    return int(ffi.cast("uintptr_t", p))
+
+
+def hole(addr: int, size: int) -> None:
+    """[addr, addr+size), inside a range this process reserved, reserved again: no memory, no access."""
+    p = _c.mmap(ffi.cast("void *", addr), size, 0, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0)
+    if p == MAP_FAILED:
+        raise OSError(ffi.errno, os.strerror(ffi.errno))
 
 
 def buffer(addr: int, size: int) -> memoryview:

@@ -278,8 +278,16 @@ class ProcessState:
     def grant_peer(self, dev: int, owner: int) -> None:
         """Device dev may access device owner's memory (peer access, a pool's access)."""
         d = self.device(owner)
-        d.arena.backing.grant(dev, d.arena.mappings())
+        d.arena.backing.grant(dev, d.arena.mappings() + [(va, m.size) for va, m in d.arena.vmm.maps.items()])
         self.peer_grants.add((dev, owner))
+
+    def aliases(self, addr: int) -> list[int]:
+        """Where the memory a program's address reaches is kept: in a VMM mapping, the shadows of its allocation
+        and of those mapped right after it (vmm.Vmm.run); else addr itself."""
+        for d in self.devices.values():
+            if d.arena.contains(addr):
+                return d.arena.vmm.run(addr)
+        return [addr]
 
     def arena_of(self, ptr: int) -> DeviceState:
         for d in self.devices.values():

@@ -89,3 +89,68 @@ def DRV_TENSOR_MAP(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple
                          upper=v[25:28], channels=v[28], pixels=v[29], interleave=v[30], swizzle=v[31],
                          l2_promotion=v[32], oob_fill=v[33])
     return (), p.backend.tensor_map(ch.dev, args)
+
+
+def _vmm_at(p: Any, addr: int) -> Any:
+    return p.state.arena_of(addr).arena.vmm
+
+
+def _vmm_of_alloc(p: Any, aid: int) -> Any:
+    for d in p.state.devices.values():
+        if aid in d.arena.vmm.allocs:
+            return d.arena.vmm
+    raise CudaError(INVALID_VALUE, f"allocation handle {aid} is not live")
+
+
+def _access(payload: bytes) -> list[tuple[int, int]]:
+    """DRV_VMM ACCESS's descriptors: (device, flags) each."""
+    if not payload or len(payload) % 16:
+        raise CudaError(INVALID_VALUE)
+    return [(dev, flags) for _kind, dev, flags, _z in struct.iter_unpack("<IIII", payload)]
+
+
+def DRV_VMM(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
+    """The driver's virtual memory management (vmm.py): a[0] says which call.  The reply's payload lists the
+    allocations (ids) the call ended: the shim forgets their handles."""
+    st = p.state
+    with st.arena_lock:  # (the reaper frees into the same arenas)
+        r0 = _vmm(p, ch, a, payload)
+        dropped = [i for d in st.devices.values() for i in d.arena.vmm.dropped]
+        for d in st.devices.values():
+            d.arena.vmm.dropped.clear()
+    return (r0,), struct.pack(f"<{len(dropped)}Q", *dropped)
+
+
+def _vmm(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> int:
+    st, kind = p.state, a[0]
+    if kind == wire.NVP_VMM_RESERVE:
+        return st.device(ch.dev).arena.vmm.reserve(a[1], a[2], a[3])
+    if kind == wire.NVP_VMM_GRANULARITY:
+        return st.device(a[1]).arena.vmm.granularity
+    if kind == wire.NVP_VMM_CREATE:
+        st.device(a[3]).arena.vmm.create(a[1], a[2], payload)
+    elif kind == wire.NVP_VMM_RELEASE:
+        _vmm_of_alloc(p, a[1]).release(a[1])
+    elif kind == wire.NVP_VMM_MAP:
+        v = _vmm_at(p, a[1])
+        if v is not _vmm_of_alloc(p, a[4]):
+            print("nvproxy: cuMemMap of one device's memory into another's address range is not supported by "
+                  "nvproxy; returning CUDA_ERROR_NOT_SUPPORTED", file=sys.stderr)
+            raise CudaError(NOT_SUPPORTED)
+        v.map(a[1], a[2], a[3], a[4])
+    elif kind == wire.NVP_VMM_FREE:
+        _vmm_at(p, a[1]).free(a[1], a[2])
+    elif kind == wire.NVP_VMM_UNMAP:
+        _vmm_at(p, a[1]).unmap(a[1], a[2])
+    elif kind == wire.NVP_VMM_ACCESS:
+        access = _access(payload)
+        for dev, _flags in access:
+            st.device(dev)  # (a valid device: its context and arena)
+        _vmm_at(p, a[1]).set_access(a[1], a[2], access)
+    elif kind == wire.NVP_VMM_GET_ACCESS:
+        return _vmm_at(p, a[1]).get_access(a[1], a[2])
+    elif kind == wire.NVP_VMM_RETAIN:
+        return _vmm_at(p, a[1]).retain(a[1])
+    else:
+        raise CudaError(INVALID_VALUE)
+    return 0
