@@ -18,11 +18,14 @@ enum { DROPPED_MAX = 1024 };
 /* a DRV_VMM request; the allocations it ended (their handles, listed by the reply) leave the handle table */
 static CUresult vmm_call(uint64_t a[NVP_MAX_ARGS], const void *payload, size_t plen, uint64_t *r0)
 {
+    cudaError_t e = nvp_enter(); /* (a restore under way first, a sticky error, the proxy connected) */
+    if (e)
+        return nvp_drv_done(nvp_drv_code(e));
     uint64_t *dropped = malloc(DROPPED_MAX * sizeof *dropped);
     if (!dropped)
         return CUDA_ERROR_OUT_OF_MEMORY;
     struct nvp_reply rep = {.out = dropped, .out_cap = DROPPED_MAX * sizeof *dropped};
-    cudaError_t e = nvp_call(NVP_OP_DRV_VMM, a, payload, plen, &rep, -1);
+    e = nvp_call(NVP_OP_DRV_VMM, a, payload, plen, &rep, -1);
     if (!e) {
         /* (past DROPPED_MAX, the rest keep their slots: never reused, nothing else lost) */
         for (size_t i = 0; i < rep.out_len / sizeof *dropped; i++)

@@ -1,7 +1,7 @@
 // The driver's virtual memory management as PyTorch's expandable segments use it (libcuda.so.1, dlopen'ed): one
 // large address range reserved, physical chunks created and mapped one after another to grow a segment, written
 // and read by kernels and copies that cross the chunks' boundaries, the last chunk unmapped and released to shrink
-// it, and mapped again.  Each step's checksum depends on every earlier step's contents, so a checkpoint, migration
+// it, and mapped again; later steps only compute on it.  Each step's checksum depends on every earlier step's contents, so a checkpoint, migration
 // or restore that loses or misplaces a chunk changes the output.
 //
 //   driver_vmm [steps] [pause_ms]      (pause_ms -1: waits for a line on stdin after each step)
@@ -69,7 +69,7 @@ __global__ void vmm_mix(unsigned *a, unsigned long long n, unsigned k) {
         a[i] = a[i] * 2654435761u + (unsigned)i + k;
 }
 
-enum { MAX_CHUNKS = 8 };
+enum { GROWING = 5, MAX_CHUNKS = GROWING }; // steps that grow the segment (then it stays as it is)
 
 static unsigned long long checksum(const unsigned *v, size_t n) {
     unsigned long long h = 1469598103934665603ull;
@@ -118,13 +118,13 @@ int main(int argc, char **argv) {
     bool gated = pause_ms < 0;
 
     for (int step = 0; step < steps; step++) {
-        if (step % 3 == 2 && mapped > 1) { // shrink: the last chunk goes back
+        if (step == 2) { // shrink: the last chunk goes back
             mapped--;
             RT(cudaDeviceSynchronize());
             CU(p_cuMemUnmap(base + mapped * chunk, chunk));
             CU(p_cuMemRelease(h[mapped]));
         }
-        if (mapped < MAX_CHUNKS) { // grow by one chunk, mapped right after the others
+        if (step < GROWING) { // grow by one chunk, mapped right after the others
             CU(p_cuMemCreate(&h[mapped], chunk, &prop, 0));
             CU(p_cuMemMap(base + mapped * chunk, chunk, 0, h[mapped], 0));
             CU(p_cuMemSetAccess(base + mapped * chunk, chunk, &access, 1));
