@@ -93,18 +93,21 @@ int main(int argc, char **argv) {
     size_t g = 0, rec = 0;
     CU(p_cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
     CU(p_cuMemGetAllocationGranularity(&rec, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
-    printf("granularity: a power of two: %s; recommended a multiple of it: %s\n", (g & (g - 1)) == 0 ? "yes" : "no",
-           rec && rec % g == 0 ? "yes" : "no");
-    printf("granularity without an out pointer: %s\n",
-           name(p_cuMemGetAllocationGranularity(NULL, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)));
+    // (said after the steps: a gated run's first line is its first step's)
+    char said[1024];
+    int at = snprintf(said, sizeof said, "granularity: a power of two: %s; recommended a multiple of it: %s\n",
+                      (g & (g - 1)) == 0 ? "yes" : "no", rec && rec % g == 0 ? "yes" : "no");
+    at += snprintf(said + at, sizeof said - at, "granularity without an out pointer: %s\n",
+                   name(p_cuMemGetAllocationGranularity(NULL, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)));
     CUmemGenericAllocationHandle bad;
-    printf("create of a size not a multiple of it: %s\n", name(p_cuMemCreate(&bad, g + 1, &prop, 0)));
+    at += snprintf(said + at, sizeof said - at, "create of a size not a multiple of it: %s\n",
+                   name(p_cuMemCreate(&bad, g + 1, &prop, 0)));
 
     const size_t chunk = g;
     const size_t total = MAX_CHUNKS * chunk;
     CUdeviceptr base = 0;
     CU(p_cuMemAddressReserve(&base, total, 0, 0, 0));
-    printf("reserved: aligned to the granularity: %s\n", base % g == 0 ? "yes" : "no");
+    snprintf(said + at, sizeof said - at, "reserved: aligned to the granularity: %s\n", base % g == 0 ? "yes" : "no");
 
     CUmemGenericAllocationHandle h[MAX_CHUNKS];
     int mapped = 0;
@@ -146,6 +149,7 @@ int main(int argc, char **argv) {
             gated = false;
     }
 
+    printf("%s", said);
     unsigned long long flags = 0;
     CU(p_cuMemGetAccess(&flags, &access.location, base + chunk / 2));
     printf("access: %s\n", flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? "read-write" : "other");
