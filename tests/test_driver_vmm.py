@@ -134,3 +134,22 @@ def test_vmm_concurrent_checkpoints_are_the_state_at_the_cut(build, mode: str, t
 
     settings, methods = MODES[mode]
     check_program(nvproxy_cmd(build(APP), "sim", APP, "10", "-1"), dict(os.environ, **settings), tmp_path, methods)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_vmm_state_survives_a_dmtcp_restart(build, backend: str, tmp_path: Path) -> None:
+    """Checkpointed under DMTCP after step 2 (its segment shrunk and grown again), killed and restarted: the shim's
+    handles and reservations come back with the program, the proxy's allocations and mappings from the image, and
+    the program prints the rest of an uninterrupted run's output."""
+    from test_dmtcp import Session
+
+    session = Session(tmp_path / "dmtcp")
+    exe = build(APP)
+    reference = run(nvproxy_cmd(exe, backend, APP, STEPS)).stdout.splitlines(keepends=True)
+    app = session.launch(nvproxy_cmd(exe, backend, APP, STEPS, "300"))
+    session.wait_for(app, "step 2:")
+    session.checkpoint_and_kill(app)
+    r = session.restart()
+    after = r.stdout.splitlines(keepends=True)
+    assert after and after[0] in reference, r.stderr
+    assert after == reference[reference.index(after[0]) :] and r.returncode == 0, r.stderr
