@@ -221,14 +221,14 @@ cuInit: CUDA_SUCCESS
 cuMemcpy3D_v2: CUDA_ERROR_NOT_SUPPORTED
 cuArrayCreate_v2: CUDA_ERROR_NOT_SUPPORTED
 cuGraphAddKernelNode_v2: CUDA_ERROR_NOT_SUPPORTED
-cuMemCreate: CUDA_ERROR_NOT_SUPPORTED
+cuMemExportToShareableHandle: CUDA_ERROR_NOT_SUPPORTED
 cuMemcpy3DAsync: CUDA_SUCCESS, status 0, CUDA_ERROR_NOT_SUPPORTED
 cuTexObjectCreate: CUDA_SUCCESS, status 0, CUDA_ERROR_NOT_SUPPORTED
 cuGetExportTable: CUDA_ERROR_NOT_SUPPORTED, table NULL
 """, r.stderr
     said = r.stderr.splitlines()
-    for call in ("cuMemcpy3D_v2", "cuArrayCreate_v2", "cuGraphAddKernelNode_v2", "cuMemCreate", "cuMemcpy3DAsync_v2",
-                 "cuTexObjectCreate"):
+    for call in ("cuMemcpy3D_v2", "cuArrayCreate_v2", "cuGraphAddKernelNode_v2", "cuMemExportToShareableHandle",
+                 "cuMemcpy3DAsync_v2", "cuTexObjectCreate"):
         assert [ln for ln in said if call + " " in ln] == [
             f"nvproxy: {call} is not supported by nvproxy; returning CUDA_ERROR_NOT_SUPPORTED"], r.stderr
     assert len([ln for ln in said if "cuGetExportTable" in ln]) == 1, r.stderr

@@ -23,7 +23,8 @@ int main() {
     };
     printf("cuInit: %s\n", name(init(0)));
     // by dlsym, with their exported names (no arguments: they must not look at any)
-    const char *exported[] = {"cuMemcpy3D_v2", "cuArrayCreate_v2", "cuGraphAddKernelNode_v2", "cuMemCreate"};
+    const char *exported[] = {"cuMemcpy3D_v2", "cuArrayCreate_v2", "cuGraphAddKernelNode_v2",
+                              "cuMemExportToShareableHandle"};
     for (const char *e : exported) {
         any_fn fn = (any_fn)dlsym(h, e);
         printf("%s: %s\n", e, fn ? name(fn()) : "not exported");
