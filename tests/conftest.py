@@ -168,3 +168,16 @@ def gpu_count() -> int:
     except (OSError, subprocess.TimeoutExpired):
         return 0
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def finished(app: subprocess.Popen, err: Path, timeout: float) -> str:
+    """What a program started with its stderr into the file err wrote there, once it ended (with status 0); killed
+    if it runs past timeout."""
+    try:
+        app.wait(timeout=timeout)
+    finally:
+        if app.poll() is None:
+            app.kill()
+    said = err.read_text(errors="replace")
+    assert app.returncode == 0, said[-4000:]
+    return said

@@ -15,7 +15,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from conftest import gpu_count, run
+from conftest import finished, gpu_count, run
 from test_checkpoint import nvproxy
 from test_dmtcp import Session
 
@@ -72,17 +72,6 @@ def wait_for(app: subprocess.Popen, out: Path, text: str) -> None:
         time.sleep(0.05)
 
 
-def finish(app: subprocess.Popen, err: Path) -> str:
-    try:
-        app.wait(timeout=TIMEOUT)
-    finally:
-        if app.poll() is None:
-            app.kill()
-    said = err.read_text(errors="replace")
-    assert app.returncode == 0, said[-4000:]
-    return said
-
-
 @pytest.mark.parametrize("name", ["torch", "cupy"])
 @pytest.mark.parametrize("how", ["migrate", "migrate-other-gpu", "recover"])
 def test_framework_checkpointed_mid_run(name: str, how: str, tmp_path: Path) -> None:
@@ -112,7 +101,7 @@ def test_framework_checkpointed_mid_run(name: str, how: str, tmp_path: Path) -> 
             m = nvproxy("migrate", str(app.pid), *(["--device", "1"] if how == "migrate-other-gpu" else []))
             assert m.returncode == 0, m.stdout + m.stderr
     finally:
-        said = finish(app, err)
+        said = finished(app, err, TIMEOUT)
     if how == "recover":
         assert "starting a new one from" in said, said[-4000:]
     assert out.read_text() == want, said[-4000:]

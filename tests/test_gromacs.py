@@ -24,7 +24,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from conftest import gpu_count, run
+from conftest import finished, gpu_count, run
 from gromacs.make_input import make_input
 from gromacs.mdrun import Energies, compare, last_step, mdrun_args, read_log, system_of
 from test_checkpoint import nvproxy
@@ -132,18 +132,6 @@ def wait_for_step(app: subprocess.Popen, log: Path, step: int) -> None:
         time.sleep(0.05)
 
 
-def finish(app: subprocess.Popen, err: Path) -> str:
-    """What the program wrote on stderr, once it ended (with status 0)."""
-    try:
-        app.wait(timeout=TIMEOUT)
-    finally:
-        if app.poll() is None:
-            app.kill()
-    said = err.read_text(errors="replace")
-    assert app.returncode == 0, said[-4000:]
-    return said
-
-
 @pytest.mark.parametrize("config", ["pme-gpu", "update-gpu", "graphs"])
 def test_gromacs_dmtcp_restart_mid_run(tpr: Path, config: str, tmp_path: Path) -> None:
     """nvproxy run --dmtcp; at step AT, nvproxy checkpoint --dmtcp, then kill; nvproxy restart: the run finishes
@@ -175,7 +163,7 @@ def test_gromacs_migrated_mid_run(tpr: Path, device: str, tmp_path: Path) -> Non
         m = nvproxy("migrate", str(app.pid), *(["--device", "1"] if device == "other" else []))
         assert m.returncode == 0, m.stdout + m.stderr
     finally:
-        err = finish(app, tmp_path / "stderr.txt")
+        err = finished(app, tmp_path / "stderr.txt", TIMEOUT)
     report(err)
     check(tmp_path / "md.log", tpr, "pme-gpu", err)
 
@@ -201,7 +189,7 @@ def test_gromacs_recovered_after_its_proxy_died(tpr: Path, tmp_path: Path) -> No
         finally:
             os.kill(app.pid, signal.SIGCONT)
     finally:
-        err = finish(app, tmp_path / "stderr.txt")
+        err = finished(app, tmp_path / "stderr.txt", TIMEOUT)
     assert "starting a new one from" in err, err[-4000:]
     report(err)
     check(tmp_path / "md.log", tpr, "pme-gpu", err)
