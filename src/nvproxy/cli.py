@@ -496,7 +496,8 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     # process closes its descriptors before it becomes a zombie)
     if not reply.get("ok") and (reply.get("lost") or not _alive(pid)):
         _remove_partial_image(image, pid)
-        print(f"nvproxy checkpoint: no image written to {image}: {reply.get('error')}", file=sys.stderr)
+        print(f"nvproxy checkpoint: no image of process {args.pid} written to {image}: {reply.get('error')}",
+              file=sys.stderr)
         return 1
     if not reply.get("ok"):
         print(f"nvproxy checkpoint: {reply.get('error')}", file=sys.stderr)
@@ -527,14 +528,16 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     # the image travels in memory (the old proxy's host image buffer); --image also writes it out
     image = os.path.abspath(args.image) if args.image else None
     env = proxy_env(None, [])
-    env_file = Path(f"/proc/{old_pid}/environ")
     try:  # the new proxy runs like the old one (backend, sim kernels)
-        for item in env_file.read_bytes().split(b"\0"):
-            k, _, v = item.decode(errors="replace").partition("=")
-            if k in ("NVPROXY_BACKEND", "NVPROXY_SIM_KERNELS", "NVPROXY_SIM_DEVICES", "CUDA_VISIBLE_DEVICES"):
-                env[k] = v
+        raw = Path(f"/proc/{old_pid}/environ").read_bytes()
     except OSError:
-        pass
+        raw = b""
+    if not raw:  # (gone, or ending: a zombie's environment reads empty, and a new proxy would not run like it)
+        return _nothing_to_migrate(args.pid, old_pid, alive)
+    for item in raw.split(b"\0"):
+        k, _, v = item.decode(errors="replace").partition("=")
+        if k in ("NVPROXY_BACKEND", "NVPROXY_SIM_KERNELS", "NVPROXY_SIM_DEVICES", "CUDA_VISIBLE_DEVICES"):
+            env[k] = v
     if args.device is not None:
         env["CUDA_VISIBLE_DEVICES"] = args.device
     # the new proxy says on this pipe when it has taken over: the old one's end alone does not say so (the
@@ -557,10 +560,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         print(f"migrated process {args.pid}: proxy {old_pid} -> {new_pid}")
         return 0
     if said.startswith(b"gone"):
-        ended = "" if alive(args.pid) else f"; process {args.pid} has ended"
-        print(f"nvproxy migrate: nothing to migrate: proxy {old_pid} has ended before the hand-over{ended}",
-              file=sys.stderr)
-        return 1
+        return _nothing_to_migrate(args.pid, old_pid, alive)
     time.sleep(0.05)  # (so that how_it_ended may see its exit status)
     how = how_it_ended(new_pid)
     if alive(old_pid):
@@ -570,6 +570,13 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         ended = "" if alive(args.pid) else f"; process {args.pid} has ended"
         print(f"nvproxy migrate: the new proxy ended{how} before it took over, and proxy {old_pid} has ended "
               f"too{ended}", file=sys.stderr)
+    return 1
+
+
+def _nothing_to_migrate(app_pid: int, proxy_pid: int, alive: Callable[[int], bool]) -> int:
+    state = "still runs" if alive(app_pid) else "has ended"
+    print(f"nvproxy migrate: nothing to migrate: proxy {proxy_pid} has ended before the hand-over; process "
+          f"{app_pid} {state}", file=sys.stderr)
     return 1
 
 
