@@ -50,10 +50,11 @@ class Loop:
             self.cond.notify_all()
 
     def wait_batches(self, n: int, timeout: float = 600) -> None:
-        """Until n more batches are done (or the program ended)."""
+        """Until n batches have ended after this call (or the program ended). Counted by their stamps, not by lines
+        read: under load this reader lags, and lines of batches done before the call arrive after it."""
+        since = time.monotonic()
         with self.cond:
-            want = len(self.stamps) + n
-            self.cond.wait_for(lambda: len(self.stamps) >= want or "" in self.rest, timeout)
+            self.cond.wait_for(lambda: sum(1 for t in self.stamps if t >= since) >= n or "" in self.rest, timeout)
 
     def wait_end(self, timeout: float = 600) -> None:
         """Until the program's stdout has ended."""
