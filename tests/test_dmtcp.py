@@ -438,6 +438,106 @@ def test_dmtcp_checkpoint_at_every_call(build, backend: str, app: str, tmp_path:
         assert session.out.read_text() + r.stdout == reference, f"checkpointed at call {call} of {calls}: {r.stderr}"
 
 
+def _after_restart(reference: list[str], r: subprocess.CompletedProcess) -> None:
+    """A restarted ckpt_steps printed the rest of an uninterrupted run, from some step on."""
+    after = r.stdout.splitlines(keepends=True)
+    assert after, r.stderr
+    first = reference.index(after[0]) if after[0] in reference else -1
+    assert first >= 0 and after == reference[first:], r.stderr
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("how", ["overlap", "no-overlap", "write"])
+def test_dmtcp_gpu_image_beside_dmtcps_own(build, backend: str, how: str, tmp_path: Path) -> None:
+    """The GPU image written while DMTCP writes the process's image and after the program resumed (nvproxy
+    checkpoint --dmtcp), before DMTCP writes (--no-overlap), or while DMTCP writes with the program held until
+    both are written (NVPROXY_DMTCP_OVERLAP=write, for checkpoints dmtcp_command takes): two checkpoints in a row,
+    a kill, and the restart goes on where the second was taken."""
+    session = Session(tmp_path)
+    exe = build("ckpt_steps")
+    reference = run(nvproxy_cmd(exe, backend, "ckpt_steps", "60", "0")).stdout.splitlines(keepends=True)
+    env = {"NVPROXY_DMTCP_OVERLAP": "write"} if how == "write" else {}
+    app = session.launch(nvproxy_cmd(exe, backend, "ckpt_steps", "60", "150"), **env)
+    command = [str(session.bin / "dmtcp_command"), "--coord-port", session.port]
+    try:
+        for step in ("step 3:", "step 6:"):
+            session.wait_for(app, step)
+            if how == "write":
+                session.wait_running(command)
+                subprocess.run([*command, "-bc"], env=session.env, capture_output=True, timeout=120, check=True)
+                assert "RUNNING=yes" in session.wait_running(command, 120)  # (once its GPU image is written too)
+            else:
+                flags = ["--no-overlap"] if how == "no-overlap" else []
+                ck = subprocess.run([sys.executable, "-m", "nvproxy", "checkpoint", "--dmtcp", "--coord-port",
+                                     session.port, *flags], env=session.env, capture_output=True, text=True,
+                                    timeout=300)
+                assert ck.returncode == 0 and "GPU image of" in ck.stdout, ck.stdout + ck.stderr
+    finally:
+        session._kill(app, command)
+    r = session.restart()
+    _after_restart(reference, r)
+    assert "restoring the GPU state" in r.stderr
+    first = r.stdout.split()
+    assert first[0] != "step" or int(first[1].rstrip(":")) > 6, r.stdout  # (from the second checkpoint on)
+
+
+@pytest.mark.parametrize("damage", ["earlier", "missing"])
+def test_dmtcp_restart_refuses_a_gpu_image_of_another_checkpoint(build, damage: str, tmp_path: Path) -> None:
+    """A DMTCP image keeps the id of its GPU image: where the file beside it is an earlier checkpoint's (the program
+    was ended before a GPU image written after DMTCP's own was done, say), or missing, the restart says so in one
+    line and restores nothing, rather than going on with device memory of another moment."""
+    session = Session(tmp_path)
+    exe = build("ckpt_steps")
+    app = session.launch(nvproxy_cmd(exe, "sim", "ckpt_steps", "60", "150"))
+    command = [str(session.bin / "dmtcp_command"), "--coord-port", session.port]
+    checkpoint = [sys.executable, "-m", "nvproxy", "checkpoint", "--dmtcp", "--coord-port", session.port]
+    saved = tmp_path / "earlier.img"
+    try:
+        session.wait_for(app, "step 3:")
+        subprocess.run(checkpoint, env=session.env, capture_output=True, timeout=300, check=True)
+        (gpu,) = tmp_path.glob("nvproxy-*.img")
+        shutil.copyfile(gpu, saved)
+        session.wait_for(app, "step 6:")
+        subprocess.run(checkpoint, env=session.env, capture_output=True, timeout=300, check=True)
+    finally:
+        session._kill(app, command)
+    if damage == "earlier":
+        os.replace(saved, gpu)
+    else:
+        gpu.unlink()
+    r = session.restart()
+    assert r.returncode != 0
+    why = "it is the GPU image of another checkpoint" if damage == "earlier" else "it does not exist"
+    said = [line for line in r.stderr.splitlines() if why in line]
+    assert len(said) == 1 and f"cannot restore from {gpu}" in said[0] and "cannot be restarted" in said[0], r.stderr
+    assert "nvproxy: restored" not in r.stderr
+
+
+def test_dmtcp_checkpoint_says_a_gpu_image_was_not_written(build, tmp_path: Path) -> None:
+    """nvproxy checkpoint --dmtcp waits for GPU images written after DMTCP's own: one that cannot be written (its
+    directory is gone) fails the command in one line naming the process, and the program goes on unharmed."""
+    session = Session(tmp_path / "dmtcp")
+    exe = build("ckpt_steps")
+    reference = run(nvproxy_cmd(exe, "sim", "ckpt_steps", "12", "0")).stdout
+    images = tmp_path / "images"
+    images.mkdir()
+    app = session.launch(nvproxy_cmd(exe, "sim", "ckpt_steps", "12", "150"), NVPROXY_IMAGE_DIR=str(images))
+    try:
+        session.wait_for(app, "step 3:")
+        images.rmdir()
+        ck = subprocess.run([sys.executable, "-m", "nvproxy", "checkpoint", "--dmtcp", "--coord-port", session.port],
+                            env=session.env, capture_output=True, text=True, timeout=300)
+        assert ck.returncode == 1, ck.stdout + ck.stderr
+        lines = ck.stderr.splitlines()
+        assert len(lines) == 1 and "the GPU image of" in lines[0] and "was not written" in lines[0], ck.stderr
+        assert app.wait(timeout=120) == 0
+    finally:
+        if app.poll() is None:
+            app.kill()
+    assert session.out.read_text() == reference
+    assert "the GPU image of this DMTCP checkpoint was not written" in app.stderr.read()
+
+
 MATRIX_ARGS = ("-wA=8192", "-hA=8192", "-wB=8192", "-hB=8192")  # 300 products of 8192x8192 matrices: seconds
 
 

@@ -55,12 +55,19 @@ extern void *dmtcp_dlsym(void *handle, const char *symbol) __attribute__((weak))
 extern int dmtcp_get_restart_env(const char *name, char *value, size_t maxlen) __attribute__((weak));
 extern void dmtcp_global_barrier(const char *barrier) __attribute__((weak));
 
-/* in application memory, so that DMTCP saves it: where the image went */
+/* in application memory, so that DMTCP saves it: where the image went, and its id (a restart refuses any other
+ * image at that path: one written after DMTCP's own image may be missing, or an earlier checkpoint's) */
 static char image_path[4096];
-static int restarted;
+static char image_id[40];
+static int restarted, restoring;
 static char restart_devices[256];
+/* a checkpoint whose image is still being written when DMTCP writes its own: the proxy's answer comes here
+ * (NVPROXY_DMTCP_OVERLAP=write: RESUME waits for it; -1: none to wait for) */
+static int image_answer_fd = -1;
 
 const char *nvp_restart_devices(void) { return restart_devices[0] ? restart_devices : NULL; }
+
+const char *nvp_restart_image_id(void) { return restoring && image_id[0] ? image_id : NULL; }
 
 /* From RESTART until the new proxy is up, application threads wait here, before
  * they take DMTCP's checkpoint lock: the restoring thread forks the proxy, and
@@ -175,33 +182,101 @@ void nvp_ckpt_enable(void)
 
 int nvp_under_dmtcp(void) { return dmtcp_register_plugin != NULL; }
 
-/* One request on the proxy's control socket (the format of proxy/control.py):
- * u32 JSON length, u64 blob length, u32 fd batches, then the JSON. */
-static int control_request(const char *ctl, const char *json)
+/* all n bytes to or from fd (a control connection: blocking); 0, or -1 at an error or the end */
+static int write_full(int fd, const void *buf, size_t n)
+{
+    for (const char *p = buf; n;) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int read_full(int fd, void *buf, size_t n)
+{
+    for (char *p = buf; n;) {
+        ssize_t r = read(fd, p, n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* One request on the proxy's control socket (the format of proxy/control.py: u32 JSON length, u64 blob length,
+ * u32 fd batches, then the JSON): the connection, -1 where it could not be sent. */
+static int control_send(const char *ctl, const char *json)
 {
     int fd = nvp_unix_connect(ctl);
     if (fd < 0)
         return -1;
-    int n = (int)strlen(json);
-    unsigned char head[16];
-    uint32_t jl = (uint32_t)n, batches = 1;
+    uint32_t jl = (uint32_t)strlen(json), batches = 1;
     uint64_t bl = 0;
+    unsigned char head[16];
     memcpy(head, &jl, 4);
     memcpy(head + 4, &bl, 8);
     memcpy(head + 12, &batches, 4);
-    int ok = write(fd, head, sizeof head) == (ssize_t)sizeof head && write(fd, json, (size_t)n) == n;
-    /* the reply: same framing; only "ok": true matters */
-    char rep[4096];
-    size_t got = 0;
-    while (ok && got < sizeof rep - 1) {
-        ssize_t r = read(fd, rep + got, sizeof rep - 1 - got);
-        if (r <= 0)
-            break;
-        got += (size_t)r;
+    if (write_full(fd, head, sizeof head) != 0 || write_full(fd, json, jl) != 0) {
+        nvp_close_private(fd);
+        return -1;
     }
-    rep[got] = 0;
+    return fd;
+}
+
+/* The proxy's next message on fd, its JSON (cut to cap - 1 bytes) in out; 0, or -1 at the connection's end */
+static int control_read(int fd, char *out, size_t cap)
+{
+    unsigned char head[16];
+    if (read_full(fd, head, sizeof head) != 0)
+        return -1;
+    uint32_t jl;
+    uint64_t bl;
+    memcpy(&jl, head, 4);
+    memcpy(&bl, head + 4, 8);
+    size_t got = 0;
+    for (uint64_t left = jl + bl; left;) { /* (the JSON, as far as it fits; the rest, and any blob, read past) */
+        char sink[512], *to = got < cap - 1 ? out + got : sink;
+        size_t room = got < cap - 1 ? cap - 1 - got : sizeof sink;
+        size_t n = left < room ? (size_t)left : room;
+        if (read_full(fd, to, n) != 0)
+            return -1;
+        if (to != sink)
+            got += n;
+        left -= n;
+    }
+    out[got < jl ? got : jl] = 0;
+    return 0;
+}
+
+/* One request and its answer: 0 where the answer says "ok": true */
+static int control_request(const char *ctl, const char *json)
+{
+    char rep[4096];
+    int fd = control_send(ctl, json);
+    if (fd < 0)
+        return -1;
+    int r = control_read(fd, rep, sizeof rep);
     nvp_close_private(fd);
-    return ok && got > 16 && strstr(rep + 16, "\"ok\": true") ? 0 : -1;
+    return r == 0 && strstr(rep, "\"ok\": true") ? 0 : -1;
+}
+
+/* the value of "image_id" in a proxy's answer into image_id ("" where it has none) */
+static void take_image_id(const char *json)
+{
+    const char *p = strstr(json, "\"image_id\": \"");
+    size_t n = p ? strcspn(p += 13, "\"") : 0;
+    if (n >= sizeof image_id)
+        n = 0;
+    memcpy(image_id, p ? p : "", n);
+    image_id[n] = 0;
 }
 
 /* the proxy lets the device's work finish (ctl: its control socket; NULL before the first call: nothing to do) */
@@ -226,12 +301,41 @@ static void precheckpoint(void)
     if (!dir || !*dir)
         dir = dmtcp_get_ckpt_dir ? dmtcp_get_ckpt_dir() : ".";
     snprintf(image_path, sizeof image_path, "%s/nvproxy-%d.img", dir && *dir ? dir : ".", (int)nvp_real_pid());
-    char json[4400];
+    char json[4400], rep[4096];
     /* (disconnect: the proxy lets go of the channels' staging buffers, which nvp_disconnect_all drops here) */
     snprintf(json, sizeof json, "{\"cmd\": \"checkpoint\", \"image\": \"%s\", \"disconnect\": true}", image_path);
-    if (control_request(ctl, json) != 0)
+    image_id[0] = 0;
+    int fd = control_send(ctl, json);
+    if (fd < 0 || control_read(fd, rep, sizeof rep) != 0) {
         nvp_log("nvproxy: the proxy could not write %s; a restart will lose the GPU state", image_path);
+    } else if (strstr(rep, "\"notice\": \"captured\"")) {
+        /* the device memory is in the proxy's buffer, and the file is written while DMTCP writes (and, unless
+         * held, after the program resumes; the proxy says it if it fails) */
+        take_image_id(rep);
+        if (strstr(rep, "\"hold\": true")) {
+            image_answer_fd = fd;
+            fd = -1;
+        }
+    } else if (strstr(rep, "\"ok\": true")) {
+        take_image_id(rep);
+    } else {
+        nvp_log("nvproxy: the proxy could not write %s; a restart will lose the GPU state", image_path);
+    }
+    if (fd >= 0)
+        nvp_close_private(fd);
     nvp_disconnect_all();
+}
+
+/* NVPROXY_DMTCP_OVERLAP=write: the program resumes once its GPU image is written too */
+static void wait_for_image(void)
+{
+    if (image_answer_fd < 0)
+        return;
+    char rep[4096];
+    if (control_read(image_answer_fd, rep, sizeof rep) != 0) /* (a write that failed: the proxy said it) */
+        nvp_log("nvproxy: lost the proxy while it wrote %s; a restart from this checkpoint will fail", image_path);
+    nvp_close_private(image_answer_fd);
+    image_answer_fd = -1;
 }
 
 static void hook(int event, void *data)
@@ -246,6 +350,7 @@ static void hook(int event, void *data)
         precheckpoint();
         break;
     case EV_RESUME:
+        wait_for_image();
         nvp_reconnect_same_proxy();
         set_gate(0);
         break;
@@ -262,8 +367,10 @@ static void hook(int event, void *data)
     case EV_RUNNING:
         if (restarted) {
             restarted = 0;
+            restoring = 1;
             if (image_path[0] && nvp_restore_from(image_path) != 0)
                 nvp_log("nvproxy: could not bring the GPU state back from %s", image_path);
+            restoring = 0;
             set_restore_pending(0);
             set_gate(0);
         }

@@ -190,7 +190,7 @@ int nvp_spawn_proxy(const char *restore_image)
     /* (under DMTCP the proxy must stay outside the checkpointed computation: dmtcp_nocheckpoint also closes the
      * descriptors DMTCP keeps, its coordinator's socket, before it runs the proxy) */
     const char *nockpt = getenv("NVPROXY_DMTCP_NOCHECKPOINT");
-    const char *with_dmtcp[16], **args = with_dmtcp + 1;
+    const char *with_dmtcp[18], **args = with_dmtcp + 1;
     size_t n = 0;
     with_dmtcp[0] = nockpt && *nockpt ? nockpt : "dmtcp_nocheckpoint";
     args[n++] = py;
@@ -203,8 +203,11 @@ int nvp_spawn_proxy(const char *restore_image)
         args[n++] = "-m";
         args[n++] = "nvproxy";
     }
-    const char *rest[] = {"proxy", "--socket", nvp_proxy.sock, "--owner-pid", owner, "--restore", restore_image};
-    for (size_t i = 0; i < sizeof rest / sizeof *rest - (restore_image ? 0 : 2); i++)
+    const char *image_id = restore_image ? nvp_restart_image_id() : NULL;
+    const char *rest[] = {"proxy", "--socket", nvp_proxy.sock, "--owner-pid", owner, "--restore", restore_image,
+                          "--image-id", image_id};
+    size_t nrest = sizeof rest / sizeof *rest - (image_id ? 0 : 2) - (restore_image ? 0 : 2);
+    for (size_t i = 0; i < nrest; i++)
         args[n++] = rest[i];
     args[n] = NULL;
     const char **argv = nvp_under_dmtcp() ? with_dmtcp : args;

@@ -275,6 +275,7 @@ void nvp_callback_gate_enter(void);     /* dmtcp.c: before submitting work that 
 void nvp_callback_gate_leave(void);
 int nvp_on_callback_thread(void);       /* stream.c: this thread runs host callbacks */
 const char *nvp_restart_devices(void); /* NVPROXY_DEVICES of dmtcp_restart's environment */
+const char *nvp_restart_image_id(void); /* while a restart restores: the id its GPU image must have, or NULL */
 pid_t nvp_real_pid(void);
 char **nvp_env_without_shim(const char *visible); /* environ less LD_PRELOAD etc. (calloc'ed; visible: CUDA_VISIBLE_DEVICES=) */
 const char *nvp_python(void);                     /* the Python that runs nvproxy */

@@ -164,6 +164,19 @@ def _more_descriptors() -> None:
             pass  # (kept as it was)
 
 
+def _not_the_image(path: str, header: dict, want: str) -> str | None:
+    """Why the image at path is not the one a DMTCP image was taken with (None: it is).  A GPU image written after
+    DMTCP's own (NVPROXY_DMTCP_OVERLAP) is missing, or an earlier checkpoint's, where the program was ended first."""
+    late = ("the program ended before this DMTCP checkpoint's GPU image was written (it is written after DMTCP's "
+            "own image where NVPROXY_DMTCP_OVERLAP or nvproxy checkpoint --dmtcp asks), so this checkpoint cannot be "
+            "restarted")
+    if not os.path.exists(path):
+        return f"it does not exist; {late}"
+    if header and header.get("id") != want:
+        return f"it is the GPU image of another checkpoint (id {header.get('id')}, not {want}); {late}"
+    return None
+
+
 def cmd_proxy(args: argparse.Namespace) -> int:
     # started from a checkpointer's hook, the signal mask may block nearly everything
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
@@ -242,6 +255,9 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 
         started = _since_exec()
         born = time.monotonic() - started
+        if args.image_id and (why := _not_the_image(args.restore, header, args.image_id)):
+            print(f"nvproxy: cannot restore from {args.restore}: {why}", file=sys.stderr)
+            return 1
         try:
             stats = restore_image(dispatch.state, args.restore, None, functools.partial(graphs.defer_restore, dispatch),
                                   check=check)
@@ -379,7 +395,7 @@ def _dmtcp_checkpoint(args: argparse.Namespace) -> int:
 
     settings.check_or_exit(os.environ, (settings.DMTCP,), "nvproxy checkpoint")
     port = args.coord_port or int(os.environ.get("DMTCP_COORD_PORT") or 7779)
-    return dmtcp_checkpoint.main(port, args.timeout)
+    return dmtcp_checkpoint.main(port, args.timeout, args.overlap)
 
 
 def cmd_restart(args: argparse.Namespace) -> int:
@@ -684,6 +700,7 @@ def _options(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--image", help="where the proxy being taken over writes its image")
         p.add_argument("--report-fd", type=int, help="a pipe to say 'adopted' on once the hand-over is done")
         p.add_argument("--restore", help="start from this checkpoint image (NVPROXY_RECOVER)")
+        p.add_argument("--image-id", help="the id the --restore image must have (a DMTCP restart's)")
         p.add_argument("--owner-pidfd", type=int, help="a pidfd of the owner, inherited from the spawner")
         p.add_argument("--pool-idle", type=_positive, help="a warm proxy of the pool: waits this long to be taken")
         p.set_defaults(fn=cmd_proxy)
@@ -713,6 +730,10 @@ def _options(name: str, p: argparse.ArgumentParser) -> None:
                        "NVPROXY_CKPT_CONCURRENT)")
         p.add_argument("--coord-port", type=int, help="DMTCP coordinator port (with --dmtcp; default: "
                        "$DMTCP_COORD_PORT, else 7779)")
+        p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
+                       help="with --dmtcp: the GPU images are written while DMTCP writes its images and after the "
+                       "program resumes, and this command waits for both (default); --no-overlap writes them before "
+                       "DMTCP writes, the program stopped meanwhile")
         p.add_argument("--timeout", type=_positive, default=600, help="seconds (default 600)")
         p.set_defaults(fn=cmd_checkpoint)
     elif name == "restart":

@@ -4,9 +4,11 @@ written only once every process's DMTCP image and every GPU image is complete an
 DMTCP 4.2's coordinator says nothing that tells a checkpoint not yet begun from one that is over (`-bc` does not
 block; its status reads RUNNING while the processes still drain their GPU work), so completion is read from the
 files: the coordinator writes its restart script, which names every process's image, once the last of them is
-in place.  The plugin writes a process's GPU image (nvproxy-PID.img, by its real pid) before DMTCP writes that
-process's image, into the same directory unless NVPROXY_IMAGE_DIR says otherwise.  DMTCP does not fsync an
-uncompressed image: this command does, before it says the checkpoint is written.
+in place.  The plugin has each process's proxy write its GPU image (nvproxy-PID.img, by its real pid) into the
+same directory unless NVPROXY_IMAGE_DIR says otherwise: by default this command asks the proxies to write it while
+DMTCP writes the process's image and after the program resumes (overlap), and then asks each proxy for the outcome;
+without overlap it is written before DMTCP writes.  DMTCP does not fsync an uncompressed image: this command does,
+before it says the checkpoint is written.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Process:
     device_bytes: int = 0  # held by its proxy before the checkpoint (0: none, or no proxy)
     has_proxy: bool = False
     gpu_image_before: tuple[int, int] | None = None  # (inode, mtime) of a GPU image from an earlier checkpoint
+    proxy: tuple[int, str] | None = None  # (pid, socket) of its proxy
 
 
 class Coordinator:
@@ -137,9 +140,10 @@ def _gpu_dir(p: Process, dmtcp_image: Path) -> Path:
     return Path(_environ(p.pid).get("NVPROXY_IMAGE_DIR") or dmtcp_image.parent)
 
 
-def _look_at_proxies(procs: list[Process], where: Path) -> None:
+def _look_at_proxies(procs: list[Process], where: Path, overlap_s: float) -> None:
     """What each process's proxy holds now, and the GPU image an earlier checkpoint left where this one's may go
-    (NVPROXY_IMAGE_DIR, the process's checkpoint directory, the coordinator's)."""
+    (NVPROXY_IMAGE_DIR, the process's checkpoint directory, the coordinator's).  overlap_s > 0: each proxy is asked
+    to write the image of a DMTCP checkpoint that comes within so many seconds after it releases the program."""
     from .cli import _control_call
     from .launcher import find_proxy
 
@@ -148,11 +152,13 @@ def _look_at_proxies(procs: list[Process], where: Path) -> None:
             proxy_pid, sock = find_proxy(p.pid)
         except SystemExit:  # (no proxy: no CUDA call yet, or not a CUDA program)
             continue
-        p.has_proxy = True
+        p.has_proxy, p.proxy = True, (proxy_pid, sock)
         try:
             p.device_bytes = int(_control_call(sock, proxy_pid, {"cmd": "usage"}).get("device_bytes", 0))
         except (OSError, ValueError):
             p.device_bytes = 0
+        # (0 s: no overlap, and the outcome of an earlier checkpoint forgotten; a proxy gone: seen below)
+        _control_call(sock, proxy_pid, {"cmd": "overlap", "for_s": overlap_s})
         env = _environ(p.pid)
         dirs = [Path(d) for d in (env.get("NVPROXY_IMAGE_DIR"), env.get("DMTCP_CHECKPOINT_DIR")) if d] + [where]
         for d in dirs:
@@ -232,21 +238,35 @@ def _wait_written(where: Path, before: dict[Path, tuple[int, int] | None], procs
     return done
 
 
-def checkpoint(port: int, timeout: float) -> list[str]:
-    """Checkpoint the computation of the coordinator on port; lines saying what was written.  Raises Failed."""
+def _gpu_outcome(p: Process) -> str | None:
+    """Once p's proxy has written the GPU image of this checkpoint: None where it was written (or is not the
+    proxy's to tell: no overlapped checkpoint, or the proxy ended, which it does only once the image is written),
+    else why not."""
+    from .cli import _control_call
+
+    if p.proxy is None:
+        return None
+    reply = _control_call(p.proxy[1], p.proxy[0], {"cmd": "written"})
+    if reply.get("ok") or reply.get("none") or reply.get("lost") or not _alive(p.proxy[0]):
+        return None
+    return str(reply.get("error"))
+
+
+def checkpoint(port: int, timeout: float, overlap: bool = True) -> list[str]:
+    """Checkpoint the computation of the coordinator on port; lines saying what was written.  Raises Failed.
+    overlap: the GPU images are written while DMTCP writes and after the program resumes (this waits for them)."""
     deadline = time.monotonic() + timeout
     coord = Coordinator(port)
     procs = _wait_running(coord, deadline)
     where = coord.checkpoint_dir()
-    _look_at_proxies(procs, where)
+    _look_at_proxies(procs, where, timeout if overlap else 0.0)
     before = _scripts(where)
     coord.checkpoint()
     script, images = _wait_written(where, before, procs, deadline)
     missing = [str(p) for p in images if not p.is_file()]
     if missing:
         raise Failed(f"DMTCP listed images that are not there: {', '.join(missing)}")
-    _sync([*images, script])
-    lines, problems = [], []
+    lines, problems, gpu_images = [], [], []
     for p in procs:
         mine = [i for i in images if i.name.endswith(f"_{p.unique_pid}.dmtcp")]
         if not mine:
@@ -257,8 +277,12 @@ def checkpoint(port: int, timeout: float) -> list[str]:
             continue
         lines.append(f"  {mine[0]}  (DMTCP image of {p.program}, pid {p.pid})")
         gpu = _gpu_dir(p, mine[0]) / f"nvproxy-{p.pid}.img"
+        if (why := _gpu_outcome(p)) is not None:
+            problems.append(f"the GPU image of {p.program} (pid {p.pid}) was not written: {why}")
+            continue
         stamp = _stamp(gpu)
         if stamp is not None and stamp != p.gpu_image_before:
+            gpu_images.append(gpu)
             lines.append(f"  {gpu}  (GPU image of {p.program}, pid {p.pid}: {p.device_bytes >> 20} MiB of device "
                          "memory)")
         elif p.device_bytes:
@@ -268,15 +292,16 @@ def checkpoint(port: int, timeout: float) -> list[str]:
             lines.append(f"  (no GPU image of {p.program}, pid {p.pid}: it holds no device memory)")
     if problems:
         raise Failed("; ".join(problems))
+    _sync([*images, *gpu_images, script])
     count = sum(1 for line in lines if not line.startswith("  ("))
     dirs = sorted({str(i.parent) for i in images})
     restart = [f"restart: nvproxy restart {dirs[0]}"] if len(dirs) == 1 else []
     return [f"checkpoint written: {count} images, complete and synced to disk", *lines, *restart]
 
 
-def main(port: int, timeout: float) -> int:
+def main(port: int, timeout: float, overlap: bool = True) -> int:
     try:
-        lines = checkpoint(port, timeout)
+        lines = checkpoint(port, timeout, overlap)
     except Failed as e:
         print(f"nvproxy checkpoint: {e}", file=sys.stderr)
         return 1

@@ -187,6 +187,11 @@ SETTINGS: tuple[Setting, ...] = (
             "where DMTCP is installed, for nvproxy run --dmtcp, checkpoint --dmtcp and restart", (DMTCP,)),
     Setting("NVPROXY_IMAGE_DIR", "DMTCP's checkpoint directory", DIRECTORY,
             "under DMTCP, where the plugin writes each process's GPU image (nvproxy-PID.img)", (SHIM,)),
+    Setting("NVPROXY_DMTCP_OVERLAP", "off", choice("off", "write", "resume"),
+            "under DMTCP, when a checkpoint's GPU image is written: before DMTCP writes the process's image (off); "
+            "while it does, the program resuming once both are written (write); or also after the program resumed "
+            "(resume). With write or resume, dmtcp_command may report a checkpoint whose GPU image is not yet "
+            "written; nvproxy checkpoint --dmtcp always overlaps and waits for both", (PROXY,)),
     Setting("NVPROXY_DEVICES", "the GPUs it ran on", DEVICES,
             "at a DMTCP restart, the GPUs the program comes back on", (SHIM,), option="nvproxy restart --device"),
     Setting("NVPROXY_LIB_DIR", "", LIBRARY_DIR,

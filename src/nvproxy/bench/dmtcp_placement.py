@@ -26,25 +26,35 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def _dmtcp_bin() -> Path:
+def dmtcp_bin() -> Path:
     from nvproxy.launcher import dmtcp_tool
 
     return Path(dmtcp_tool("dmtcp_launch")).parent
 
 
-def _one(exe: Path, mib: int, where: str, backend: str, ckpt_dir: Path, dmtcp: Path) -> dict:
-    d = Path(tempfile.mkdtemp(dir=ckpt_dir, prefix="nvp-place-"))
+def dmtcp_env(dmtcp: Path) -> dict[str, str]:
     env = dict(os.environ, PATH=f"{dmtcp}:{os.environ['PATH']}")
     env.pop("LD_PRELOAD", None)
+    return env
+
+
+def start_coordinator(d: Path, env: dict[str, str], dmtcp: Path) -> str:
+    """A coordinator of its own, on a free port, writing into d (it ends with its last process); its port."""
+    subprocess.run([str(dmtcp / "dmtcp_coordinator"), "--daemon", "--exit-on-last", "--ckptdir", str(d),
+                    "--coord-port", "0", "--port-file", str(d / "port")], check=True, env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        if (d / "port").exists() and (d / "port").read_text().strip():
+            break
+        time.sleep(0.05)
+    return (d / "port").read_text().strip()
+
+
+def _one(exe: Path, mib: int, where: str, backend: str, ckpt_dir: Path, dmtcp: Path) -> dict:
+    d = Path(tempfile.mkdtemp(dir=ckpt_dir, prefix="nvp-place-"))
+    env = dmtcp_env(dmtcp)
     try:
-        subprocess.run([str(dmtcp / "dmtcp_coordinator"), "--daemon", "--exit-on-last", "--ckptdir", str(d),
-                        "--coord-port", "0", "--port-file", str(d / "port")], check=True, env=env,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for _ in range(100):
-            if (d / "port").exists() and (d / "port").read_text().strip():
-                break
-            time.sleep(0.05)
-        port = (d / "port").read_text().strip()
+        port = start_coordinator(d, env, dmtcp)
         sim = ["--sim-kernels", str(HERE / "ckpt_bench_sim.py")] if backend == "sim" else []
         app = subprocess.Popen([sys.executable, "-m", "nvproxy", "run", "--backend", backend, *sim, "--dmtcp-args",
                                 f"--coord-port {port} --no-gzip --ckptdir {d}", "--", str(exe), str(mib),
@@ -78,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from .ckpt_run import build, parse_sizes
 
-    dmtcp = _dmtcp_bin()
+    dmtcp = dmtcp_bin()
     rows = []
     exe = build()
     for mib in parse_sizes(args.sizes):

@@ -14,8 +14,8 @@ restores; torch, PyTorch's start-up and training steps (torch_steps.py: ResNet-1
 beside them).  Ratios are the figures to read: the machines are noisy.  A variant is
 nvproxy once more with other environment settings, in the same rounds (an A/B:
 `--variant sockets:NVPROXY_DEBUG=no-mailbox`).
-The CUDA programs are built on first use (build.py).  `python -m nvproxy.bench.ckpt_run` and
-`python -m nvproxy.bench.dmtcp_placement` measure checkpoints alone.
+The CUDA programs are built on first use (build.py).  `python -m nvproxy.bench.ckpt_run`,
+`python -m nvproxy.bench.dmtcp_placement` and `python -m nvproxy.bench.dmtcp_stop` measure checkpoints alone.
 """
 
 from __future__ import annotations
@@ -82,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrent-sizes",
                     help="device memory of the concurrent and incremental checkpoint rows (default: 1,4,16,64 on a "
                          "GPU, 8M with --quick, none with --checkpoint-sizes none; 'none' skips)")
+    ap.add_argument("--dmtcp-sizes",
+                    help="device memory of the DMTCP checkpoint rows, the program's stop with and without the GPU "
+                         "image written beside DMTCP's (default: 1,4 on a GPU, 8M with --quick, none with "
+                         "--checkpoint-sizes none; 'none' skips; skipped with one line where DMTCP is absent)")
     ap.add_argument("--apps", metavar="DIR", type=Path,
                     help="run every executable file in DIR natively and through nvproxy instead of the suites")
     args = ap.parse_args(argv)
@@ -145,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
                                            else "1,4,16,64" if backend == "gpu" else "none")
     if "ckpt" in suites and conc_sizes != "none":
         _concurrent_rows(samples, backend, conc_sizes, out, stops)
+    dmtcp_sizes = args.dmtcp_sizes or ("none" if args.checkpoint_sizes == "none" else "8M" if args.quick
+                                       else "1,4" if backend == "gpu" else "none")
+    if "ckpt" in suites and dmtcp_sizes != "none":
+        from . import ckpt_run, dmtcp_stop
+
+        dmtcp_stop.add_rows(samples, backend, ckpt_run.parse_sizes(dmtcp_sizes), out, Path(tempfile.gettempdir()))
     rows = _write(samples, variants, out, backend, args.reps)
     _plots(rows, out)
     return 0

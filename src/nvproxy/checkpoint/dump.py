@@ -231,13 +231,14 @@ def _dump_broken(state: ProcessState, himg: HostImage, t0: float) -> dict[str, A
     out before it), since nothing on the device can be read or made again; the application restored from it
     gets that error from every call, as it would have from the native context."""
     header = {"backend": state.backend.name, "broken": state.broken, "devices": [], "host": [], "regions": [],
-              "used": sorted(state.devices), "printf_text": state.backend.pending_text().hex()}
+              "used": sorted(state.devices), "printf_text": state.backend.pending_text().hex(),
+              "id": os.urandom(16).hex()}
     prefix, data = encode_header(header, ALIGN)
     himg.grow(ALIGN + len(data), register=False)
     himg.view(ALIGN, len(data))[:] = data
     himg.view(0, len(prefix))[:] = prefix
     return {"device_bytes": 0, "image_bytes": ALIGN + len(data), "seconds": time.monotonic() - t0, "gbps": 0.0,
-            "grow_s": 0.0, "copy_gbps": 0.0, "broken": state.broken}
+            "grow_s": 0.0, "copy_gbps": 0.0, "broken": state.broken, "id": header["id"]}
 
 
 def _progress(what: str, done: int, total: int, t0: float) -> None:

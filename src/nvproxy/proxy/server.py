@@ -222,6 +222,8 @@ class Server:
         self.running = True
         self.handed_over = False
         self.writer: threading.Thread | None = None  # writing a checkpoint file from the host image
+        self.overlap_until = 0.0  # until then, the next DMTCP checkpoint overlaps (commands.overlap)
+        self.last_dmtcp: dict[str, Any] | None = None  # the outcome of the last DMTCP checkpoint's image
         # a concurrent checkpoint's gate (checkpoint/concurrent.py): runs before each request until it says False
         self.gate: Callable[[int, int, tuple[int, ...]], bool] | None = None
         if listener is None:
