@@ -85,17 +85,7 @@ struct nvpl_fn {
 #define NVPL_INT_CREATE 4 /* its created handles are ints (cufftHandle) */
 extern const struct nvpl_fn nvpl_table[];
 extern const int nvpl_table_size;
-/* typed elements (roles e and E: cuDNN's backend attributes; their kinds digits name the parameter giving the type):
- * per library and type value, an element's size and what it is, as in the shim's libcall.h */
-#define NVPL_ELEM_PLAIN (-1)
-#define NVPL_ELEM_DEVICE (-2)
-struct nvpl_elem_type {
-    int lib;
-    int64_t type;
-    int size;
-    int kind;
-};
-extern const struct nvpl_elem_type nvpl_elem_types[];
-extern const int nvpl_nelem_types;
+/* typed elements: roles e and E (cuDNN's backend attributes), whose kinds digits name the parameter giving the type */
+#include "nvpl_elem.h"
 
 #endif

@@ -3,6 +3,7 @@
 #ifndef NVP_LIBCALL_H
 #define NVP_LIBCALL_H
 
+#include "nvpl_elem.h"
 #include "shim.h"
 
 #define NVPL_MAX_PARAMS 64
@@ -34,18 +35,6 @@ extern const struct nvpl_fn_info nvpl_fns[];
 extern const int nvpl_nfns, nvpl_nkinds;
 extern const uint8_t nvpl_kind_lib[]; /* the library of each handle kind */
 
-/* typed elements (cuDNN's backend attributes): per library and type value, an element's size and what it is
- * (NVPL_ELEM_PLAIN, NVPL_ELEM_DEVICE, or the kind of the handles it holds); the table ends with lib -1 */
-#define NVPL_ELEM_PLAIN (-1)
-#define NVPL_ELEM_DEVICE (-2)
-struct nvpl_elem_type {
-    int lib;
-    int64_t type;
-    int size;
-    int kind;
-};
-extern const struct nvpl_elem_type nvpl_elem_types[];
-extern const int nvpl_nelem_types;
 
 struct nvpl_buf {
     void *user;
