@@ -9,6 +9,7 @@ sizes cuda.h gives come from a C program compiled against it."""
 
 from __future__ import annotations
 
+import copy
 import re
 import shutil
 import subprocess
@@ -74,8 +75,6 @@ def _type_text(t: c_ast.Node) -> str:
 
 
 def _strip_names(t: c_ast.Node) -> c_ast.Node:
-    import copy
-
     t = copy.deepcopy(t)
     node = t
     while node is not None:
