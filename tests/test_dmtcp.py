@@ -446,33 +446,95 @@ def _after_restart(reference: list[str], r: subprocess.CompletedProcess) -> None
     assert first >= 0 and after == reference[first:], r.stderr
 
 
+WRITER_GATE = Path(__file__).resolve().parent / "hooks" / "writer_gate"
+
+
+def _gated(gate: Path, **env: str) -> dict[str, str]:
+    """The settings of a program whose proxies write no image file until gate exists (hooks/writer_gate); one
+    writer that waits there says so by making gate.waiting."""
+    path = os.pathsep.join(filter(None, [str(WRITER_GATE), os.environ.get("PYTHONPATH", "")]))
+    return {"PYTHONPATH": path, "NVPROXY_TEST_WRITER_GATE": str(gate), **env}
+
+
+def _until(what: str, done, timeout: float = 120) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.02)
+
+
+def _steps(session: Session) -> int:
+    return session.out.read_text().count("step ")
+
+
+def _gpu_image_stamp(session: Session) -> tuple[int, int] | None:
+    found = sorted(session.dir.glob("nvproxy-*.img"))
+    return (found[0].stat().st_ino, found[0].stat().st_mtime_ns) if found else None
+
+
+def _write_mode_checkpoint(session: Session, command: list[str]) -> None:
+    """dmtcp_command -bc of a program with NVPROXY_DMTCP_OVERLAP=write, until it runs again with a new GPU image
+    (DMTCP 4.2's -bc may return before the checkpoint has begun)."""
+    before = _gpu_image_stamp(session)
+    session.wait_running(command)
+    subprocess.run([*command, "-bc"], env=session.env, capture_output=True, timeout=120, check=True)
+    _until("a new GPU image", lambda: _gpu_image_stamp(session) not in (None, before))
+    _until("the program's resumption", lambda: "RUNNING=yes" in session.wait_running(command, 0))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("how", ["overlap", "no-overlap", "write"])
 def test_dmtcp_gpu_image_beside_dmtcps_own(build, backend: str, how: str, tmp_path: Path) -> None:
-    """The GPU image written while DMTCP writes the process's image and after the program resumed (nvproxy
-    checkpoint --dmtcp), before DMTCP writes (--no-overlap), or while DMTCP writes with the program held until
-    both are written (NVPROXY_DMTCP_OVERLAP=write, for checkpoints dmtcp_command takes): two checkpoints in a row,
-    a kill, and the restart goes on where the second was taken."""
-    session = Session(tmp_path)
+    """When a DMTCP checkpoint's GPU image is written, seen with the proxy's writer held at a gate:
+    - overlap (nvproxy checkpoint --dmtcp): DMTCP's image is written and the program goes on while the GPU image
+      waits, and the command waits for it;
+    - no-overlap: the GPU image comes first: no DMTCP image, and the program stays stopped, while it waits;
+    - write (NVPROXY_DMTCP_OVERLAP=write, a checkpoint of dmtcp_command): DMTCP's image is written and the command
+      returns, but the program stays stopped until the GPU image is written.
+    Then a second checkpoint, a kill, and the restart goes on where the second was taken."""
+    session = Session(tmp_path / "dmtcp")
     exe = build("ckpt_steps")
     reference = run(nvproxy_cmd(exe, backend, "ckpt_steps", "60", "0")).stdout.splitlines(keepends=True)
-    env = {"NVPROXY_DMTCP_OVERLAP": "write"} if how == "write" else {}
+    gate = tmp_path / "gate"
+    env = _gated(gate, **({"NVPROXY_DMTCP_OVERLAP": "write"} if how == "write" else {}))
     app = session.launch(nvproxy_cmd(exe, backend, "ckpt_steps", "60", "150"), **env)
     command = [str(session.bin / "dmtcp_command"), "--coord-port", session.port]
+    checkpoint = [sys.executable, "-m", "nvproxy", "checkpoint", "--dmtcp", "--coord-port", session.port,
+                  *(["--no-overlap"] if how == "no-overlap" else [])]
+    images = session.dir.glob
     try:
-        for step in ("step 3:", "step 6:"):
-            session.wait_for(app, step)
-            if how == "write":
-                session.wait_running(command)
-                subprocess.run([*command, "-bc"], env=session.env, capture_output=True, timeout=120, check=True)
-                assert "RUNNING=yes" in session.wait_running(command, 120)  # (once its GPU image is written too)
+        session.wait_for(app, "step 3:")
+        if how == "write":
+            session.wait_running(command)
+            subprocess.run([*command, "-bc"], env=session.env, capture_output=True, timeout=120, check=True)
+            _until("the proxy's writer at the gate", Path(f"{gate}.waiting").exists)
+            _until("DMTCP's image", lambda: bool(list(images("ckpt_*.dmtcp"))))
+            assert "RUNNING=no" in session.wait_running(command, 0)
+        else:
+            ck = subprocess.Popen(checkpoint, env=session.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+            _until("the proxy's writer at the gate", Path(f"{gate}.waiting").exists)
+            if how == "no-overlap":
+                assert not list(images("ckpt_*.dmtcp")) and "RUNNING=no" in session.wait_running(command, 0)
             else:
-                flags = ["--no-overlap"] if how == "no-overlap" else []
-                ck = subprocess.run([sys.executable, "-m", "nvproxy", "checkpoint", "--dmtcp", "--coord-port",
-                                     session.port, *flags], env=session.env, capture_output=True, text=True,
-                                    timeout=300)
-                assert ck.returncode == 0 and "GPU image of" in ck.stdout, ck.stdout + ck.stderr
+                _until("DMTCP's image", lambda: bool(list(images("ckpt_*.dmtcp"))))
+                seen = _steps(session)
+                _until("a step of the resumed program", lambda: _steps(session) > seen)
+                assert ck.poll() is None, "nvproxy checkpoint --dmtcp returned before the GPU image was written"
+        gate.touch()
+        if how == "write":
+            _until("the program's resumption", lambda: "RUNNING=yes" in session.wait_running(command, 0))
+        else:
+            out, err = ck.communicate(timeout=300)
+            assert ck.returncode == 0 and "GPU image of" in out, out + err
+        session.wait_for(app, "step 6:")
+        if how == "write":
+            _write_mode_checkpoint(session, command)
+        else:
+            ck = subprocess.run(checkpoint, env=session.env, capture_output=True, text=True, timeout=300)
+            assert ck.returncode == 0, ck.stdout + ck.stderr
     finally:
+        gate.touch()
         session._kill(app, command)
     r = session.restart()
     _after_restart(reference, r)
@@ -481,36 +543,81 @@ def test_dmtcp_gpu_image_beside_dmtcps_own(build, backend: str, how: str, tmp_pa
     assert first[0] != "step" or int(first[1].rstrip(":")) > 6, r.stdout  # (from the second checkpoint on)
 
 
-@pytest.mark.parametrize("damage", ["earlier", "missing"])
-def test_dmtcp_restart_refuses_a_gpu_image_of_another_checkpoint(build, damage: str, tmp_path: Path) -> None:
-    """A DMTCP image keeps the id of its GPU image: where the file beside it is an earlier checkpoint's (the program
-    was ended before a GPU image written after DMTCP's own was done, say), or missing, the restart says so in one
-    line and restores nothing, rather than going on with device memory of another moment."""
+def test_dmtcp_checkpoint_after_a_restart_of_a_held_checkpoint(build, tmp_path: Path) -> None:
+    """A checkpoint with NVPROXY_DMTCP_OVERLAP=write keeps the proxy's connection until RESUME; DMTCP saves the
+    process meanwhile.  Restarted from it, the program takes another checkpoint as if none had been held: no word
+    of a lost proxy, and it finishes as an uninterrupted run does."""
     session = Session(tmp_path)
     exe = build("ckpt_steps")
-    app = session.launch(nvproxy_cmd(exe, "sim", "ckpt_steps", "60", "150"))
+    reference = run(nvproxy_cmd(exe, "sim", "ckpt_steps", "30", "0")).stdout.splitlines(keepends=True)
+    app = session.launch(nvproxy_cmd(exe, "sim", "ckpt_steps", "30", "150"), NVPROXY_DMTCP_OVERLAP="write")
     command = [str(session.bin / "dmtcp_command"), "--coord-port", session.port]
-    checkpoint = [sys.executable, "-m", "nvproxy", "checkpoint", "--dmtcp", "--coord-port", session.port]
+    try:
+        session.wait_for(app, "step 3:")
+        _write_mode_checkpoint(session, command)
+    finally:
+        session._kill(app, command)
+    session._coordinator("--coord-port", session.port)
+    restarted = subprocess.Popen([sys.executable, "-m", "nvproxy", "restart", str(session.dir), "--coord-port",
+                                  session.port], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env=session.env)
+    try:
+        _until("the restarted program's checkpointable run", lambda: "RUNNING=yes" in session.wait_running(command, 0))
+        ck = subprocess.run([sys.executable, "-m", "nvproxy", "checkpoint", "--dmtcp", "--coord-port", session.port],
+                            env=session.env, capture_output=True, text=True, timeout=300)
+        assert ck.returncode == 0, ck.stdout + ck.stderr
+        out, err = restarted.communicate(timeout=300)
+    finally:
+        if restarted.poll() is None:
+            restarted.kill()
+    assert restarted.returncode == 0 and "lost the proxy" not in err, err
+    _after_restart(reference, subprocess.CompletedProcess([], 0, out, err))
+
+
+@pytest.mark.parametrize("damage", ["earlier", "missing", "unwritten"])
+def test_dmtcp_restart_refuses_a_gpu_image_of_another_checkpoint(build, damage: str, tmp_path: Path) -> None:
+    """A DMTCP image keeps the id of its GPU image: where the file beside it is an earlier checkpoint's (the program
+    was ended before a GPU image written after DMTCP's own was done, say), or missing, or where the GPU image of
+    that checkpoint could not be written at all (its directory was gone: an earlier checkpoint's image is there
+    again by the restart), the restart says so in one line and restores nothing, rather than going on with device
+    memory of another moment."""
+    session = Session(tmp_path / "dmtcp")
+    exe = build("ckpt_steps")
+    images = tmp_path / "images"
+    images.mkdir()
+    app = session.launch(nvproxy_cmd(exe, "sim", "ckpt_steps", "60", "150"), NVPROXY_IMAGE_DIR=str(images))
+    command = [str(session.bin / "dmtcp_command"), "--coord-port", session.port]
+    checkpoint = [sys.executable, "-m", "nvproxy", "checkpoint", "--dmtcp", "--coord-port", session.port,
+                  *(["--no-overlap"] if damage == "unwritten" else [])]
     saved = tmp_path / "earlier.img"
     try:
         session.wait_for(app, "step 3:")
         subprocess.run(checkpoint, env=session.env, capture_output=True, timeout=300, check=True)
-        (gpu,) = tmp_path.glob("nvproxy-*.img")
+        (gpu,) = images.glob("nvproxy-*.img")
         shutil.copyfile(gpu, saved)
         session.wait_for(app, "step 6:")
-        subprocess.run(checkpoint, env=session.env, capture_output=True, timeout=300, check=True)
+        if damage == "unwritten":
+            images.rename(tmp_path / "away")
+        second = subprocess.run(checkpoint, env=session.env, capture_output=True, text=True, timeout=300)
+        assert (second.returncode == 0) == (damage != "unwritten"), second.stdout + second.stderr
+        if damage == "unwritten":
+            (tmp_path / "away").rename(images)
     finally:
-        session._kill(app, command)
-    if damage == "earlier":
-        os.replace(saved, gpu)
-    else:
+        session._kill(app, command, gpu_image=None)
+    if damage == "missing":
         gpu.unlink()
+    else:
+        os.replace(saved, gpu)
     r = session.restart()
     assert r.returncode != 0
-    why = "it is the GPU image of another checkpoint" if damage == "earlier" else "it does not exist"
+    why = {"earlier": "it is the GPU image of another checkpoint", "missing": "it does not exist",
+           "unwritten": "this DMTCP checkpoint's GPU image was not written"}[damage]
     said = [line for line in r.stderr.splitlines() if why in line]
     assert len(said) == 1 and f"cannot restore from {gpu}" in said[0] and "cannot be restarted" in said[0], r.stderr
     assert "nvproxy: restored" not in r.stderr
+    # (beside it, only the restart's own line before and the consequence for the program's calls after)
+    ours = [line for line in r.stderr.splitlines() if line.startswith("nvproxy:")]
+    assert len(ours) == 3 and "restoring the GPU state" in ours[0] and "every CUDA call now fails" in ours[2], ours
 
 
 def test_dmtcp_checkpoint_says_a_gpu_image_was_not_written(build, tmp_path: Path) -> None:

@@ -59,6 +59,7 @@ extern void dmtcp_global_barrier(const char *barrier) __attribute__((weak));
  * image at that path: one written after DMTCP's own image may be missing, or an earlier checkpoint's) */
 static char image_path[4096];
 static char image_id[40];
+#define UNWRITTEN "unwritten" /* the id of a checkpoint whose GPU image was not written: a restart refuses it */
 static int restarted, restoring;
 static char restart_devices[256];
 /* a checkpoint whose image is still being written when DMTCP writes its own: the proxy's answer comes here
@@ -182,35 +183,6 @@ void nvp_ckpt_enable(void)
 
 int nvp_under_dmtcp(void) { return dmtcp_register_plugin != NULL; }
 
-/* all n bytes to or from fd (a control connection: blocking); 0, or -1 at an error or the end */
-static int write_full(int fd, const void *buf, size_t n)
-{
-    for (const char *p = buf; n;) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-static int read_full(int fd, void *buf, size_t n)
-{
-    for (char *p = buf; n;) {
-        ssize_t r = read(fd, p, n);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return -1;
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
 /* One request on the proxy's control socket (the format of proxy/control.py: u32 JSON length, u64 blob length,
  * u32 fd batches, then the JSON): the connection, -1 where it could not be sent. */
 static int control_send(const char *ctl, const char *json)
@@ -224,7 +196,7 @@ static int control_send(const char *ctl, const char *json)
     memcpy(head, &jl, 4);
     memcpy(head + 4, &bl, 8);
     memcpy(head + 12, &batches, 4);
-    if (write_full(fd, head, sizeof head) != 0 || write_full(fd, json, jl) != 0) {
+    if (nvp_send_full(fd, head, sizeof head) != 0 || nvp_send_full(fd, json, jl) != 0) {
         nvp_close_private(fd);
         return -1;
     }
@@ -235,7 +207,7 @@ static int control_send(const char *ctl, const char *json)
 static int control_read(int fd, char *out, size_t cap)
 {
     unsigned char head[16];
-    if (read_full(fd, head, sizeof head) != 0)
+    if (nvp_read_full(fd, head, sizeof head) != 0)
         return -1;
     uint32_t jl;
     uint64_t bl;
@@ -246,7 +218,7 @@ static int control_read(int fd, char *out, size_t cap)
         char sink[512], *to = got < cap - 1 ? out + got : sink;
         size_t room = got < cap - 1 ? cap - 1 - got : sizeof sink;
         size_t n = left < room ? (size_t)left : room;
-        if (read_full(fd, to, n) != 0)
+        if (nvp_read_full(fd, to, n) != 0)
             return -1;
         if (to != sink)
             got += n;
@@ -268,14 +240,16 @@ static int control_request(const char *ctl, const char *json)
     return r == 0 && strstr(rep, "\"ok\": true") ? 0 : -1;
 }
 
-/* the value of "image_id" in a proxy's answer into image_id ("" where it has none) */
+/* the value of "image_id" in a proxy's answer into image_id (UNWRITTEN where it has none that fits) */
 static void take_image_id(const char *json)
 {
     const char *p = strstr(json, "\"image_id\": \"");
     size_t n = p ? strcspn(p += 13, "\"") : 0;
-    if (n >= sizeof image_id)
-        n = 0;
-    memcpy(image_id, p ? p : "", n);
+    if (!n || n >= sizeof image_id) {
+        strcpy(image_id, UNWRITTEN);
+        return;
+    }
+    memcpy(image_id, p, n);
     image_id[n] = 0;
 }
 
@@ -304,10 +278,10 @@ static void precheckpoint(void)
     char json[4400], rep[4096];
     /* (disconnect: the proxy lets go of the channels' staging buffers, which nvp_disconnect_all drops here) */
     snprintf(json, sizeof json, "{\"cmd\": \"checkpoint\", \"image\": \"%s\", \"disconnect\": true}", image_path);
-    image_id[0] = 0;
+    strcpy(image_id, UNWRITTEN); /* (until the proxy says otherwise) */
     int fd = control_send(ctl, json);
     if (fd < 0 || control_read(fd, rep, sizeof rep) != 0) {
-        nvp_log("nvproxy: the proxy could not write %s; a restart will lose the GPU state", image_path);
+        nvp_log("nvproxy: the proxy could not write %s; a restart from this checkpoint will fail", image_path);
     } else if (strstr(rep, "\"notice\": \"captured\"")) {
         /* the device memory is in the proxy's buffer, and the file is written while DMTCP writes (and, unless
          * held, after the program resumes; the proxy says it if it fails) */
@@ -319,7 +293,7 @@ static void precheckpoint(void)
     } else if (strstr(rep, "\"ok\": true")) {
         take_image_id(rep);
     } else {
-        nvp_log("nvproxy: the proxy could not write %s; a restart will lose the GPU state", image_path);
+        nvp_log("nvproxy: the proxy could not write %s; a restart from this checkpoint will fail", image_path);
     }
     if (fd >= 0)
         nvp_close_private(fd);
@@ -356,6 +330,7 @@ static void hook(int event, void *data)
         break;
     case EV_RESTART:
         restarted = 1;
+        image_answer_fd = -1; /* (the number DMTCP saved names nothing of the restarted process's) */
         set_restore_pending(1);
         nvp_remake_pinned(); /* (threads are frozen until RUNNING) */
         nvp_callbacks_restarted();
@@ -368,8 +343,8 @@ static void hook(int event, void *data)
         if (restarted) {
             restarted = 0;
             restoring = 1;
-            if (image_path[0] && nvp_restore_from(image_path) != 0)
-                nvp_log("nvproxy: could not bring the GPU state back from %s", image_path);
+            if (image_path[0]) /* (a failure is said by the restore itself) */
+                nvp_restore_from(image_path);
             restoring = 0;
             set_restore_pending(0);
             set_gate(0);

@@ -122,6 +122,34 @@ int nvp_socket_connect(const char *path, int private)
 
 int nvp_unix_connect(const char *path) { return nvp_socket_connect(path, 1); }
 
+int nvp_read_full(int fd, void *buf, size_t n)
+{
+    for (char *p = buf; n;) {
+        ssize_t r = read(fd, p, n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+int nvp_send_full(int fd, const void *buf, size_t n)
+{
+    for (const char *p = buf; n;) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL); /* (a proxy gone: an error, not SIGPIPE in the program) */
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
 char **nvp_env_without_shim(const char *visible)
 {
     extern char **environ;

@@ -283,6 +283,8 @@ extern struct nvp_test_hooks nvp_test;            /* test_hooks.c: the tests' ho
 int nvp_private_dir(char *out, size_t cap); /* the user's 0700 directory of sockets and handles: 0, or -1 */
 int nvp_unix_connect(const char *path); /* a connected SOCK_STREAM socket DMTCP does not see, or -1 */
 int nvp_close_private(int fd);          /* closes what nvp_unix_connect made */
+int nvp_read_full(int fd, void *buf, size_t n);       /* all n bytes from a blocking fd: 0, or -1 (error, end) */
+int nvp_send_full(int fd, const void *buf, size_t n); /* all n bytes to a socket, without SIGPIPE: 0, or -1 */
 const char *nvp_control_path(void); /* the proxy's control socket, NULL before the first call */
 void nvp_disconnect_all(void);      /* close every channel (before a checkpoint) */
 void nvp_reconnect_same_proxy(void);

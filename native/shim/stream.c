@@ -278,22 +278,6 @@ static uint64_t callback_add(int with_status, void *fn, void *data, cudaStream_t
     return i + 1;
 }
 
-static int read_full(int fd, void *buf, size_t n)
-{
-    char *p = buf;
-    while (n) {
-        ssize_t r = read(fd, p, n);
-        if (r <= 0) {
-            if (r < 0 && errno == EINTR)
-                continue;
-            return -1;
-        }
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
 static __thread int on_callback_thread;
 
 int nvp_on_callback_thread(void) { return on_callback_thread; }
@@ -303,7 +287,7 @@ static void *callback_thread(void *arg)
     int fd = (int)(intptr_t)arg;
     on_callback_thread = 1;
     struct nvp_cb m;
-    while (read_full(fd, &m, sizeof m) == 0) {
+    while (nvp_read_full(fd, &m, sizeof m) == 0) {
         pthread_mutex_lock(&CB.lock);
         struct callback c = {0};
         if (m.id >= 1 && m.id <= CB.n && CB.v[m.id - 1].used) {

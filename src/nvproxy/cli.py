@@ -167,6 +167,9 @@ def _more_descriptors() -> None:
 def _not_the_image(path: str, header: dict, want: str) -> str | None:
     """Why the image at path is not the one a DMTCP image was taken with (None: it is).  A GPU image written after
     DMTCP's own (NVPROXY_DMTCP_OVERLAP) is missing, or an earlier checkpoint's, where the program was ended first."""
+    if want == "unwritten":  # (the plugin's word for a checkpoint whose GPU image the proxy failed to write)
+        return ("this DMTCP checkpoint's GPU image was not written (the program's stderr said why at the checkpoint), "
+                "so this checkpoint cannot be restarted")
     late = ("the program ended before this DMTCP checkpoint's GPU image was written (it is written after DMTCP's "
             "own image where NVPROXY_DMTCP_OVERLAP or nvproxy checkpoint --dmtcp asks), so this checkpoint cannot be "
             "restarted")
@@ -214,6 +217,9 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         from .proxy import libc
 
         libc.adopt_holds(boot.held)
+    if args.restore and args.image_id and (why := _not_the_image(args.restore, header, args.image_id)):
+        print(f"nvproxy: cannot restore from {args.restore}: {why}", file=sys.stderr)
+        return 1
     check = None
     if header:
         from .checkpoint import earlycheck
@@ -255,9 +261,6 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 
         started = _since_exec()
         born = time.monotonic() - started
-        if args.image_id and (why := _not_the_image(args.restore, header, args.image_id)):
-            print(f"nvproxy: cannot restore from {args.restore}: {why}", file=sys.stderr)
-            return 1
         try:
             stats = restore_image(dispatch.state, args.restore, None, functools.partial(graphs.defer_restore, dispatch),
                                   check=check)
@@ -425,9 +428,10 @@ def cmd_restart(args: argparse.Namespace) -> int:
     return 127
 
 
-def _control_call(sock: str, proxy_pid: int, msg: dict, notice: Callable[[dict], None] | None = None) -> dict:
+def _control_call(sock: str, proxy_pid: int, msg: dict, notice: Callable[[dict], None] | None = None,
+                  deadline: float | None = None) -> dict:
     """One command on a proxy's control socket; its reply (notice: given what the proxy says before it, if it
-    asks for that: msg["notices"])."""
+    asks for that: msg["notices"]; deadline: a time.monotonic() by which the reply must have come)."""
     import socket
 
     from .proxy import control
@@ -436,12 +440,15 @@ def _control_call(sock: str, proxy_pid: int, msg: dict, notice: Callable[[dict],
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
             c.connect(f"{sock}.{proxy_pid}.ctl")
             control.send(c, msg)
-            reply, _b, _f = control.recv(c)
+            reply, _b, _f = control.recv(c, deadline)
             while "notice" in reply and notice is not None:
                 notice(reply)
-                reply, _b, _f = control.recv(c)
+                reply, _b, _f = control.recv(c, deadline)
+    except TimeoutError:
+        return {"ok": False, "error": f"proxy {proxy_pid} did not answer in time"}
     except (FileNotFoundError, ConnectionRefusedError):
-        return {"ok": False, "error": f"proxy {proxy_pid} has ended (the program ended, or it was killed)"}
+        return {"ok": False, "error": f"proxy {proxy_pid} has ended (the program ended, or it was killed)",
+                "ended": True}
     except (ConnectionError, OSError) as e:
         why = "closed its connection" if isinstance(e, ConnectionError) else e.strerror or str(e)
         return {"ok": False, "error": f"proxy {proxy_pid} ended before it answered ({why})", "lost": True}

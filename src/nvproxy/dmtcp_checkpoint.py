@@ -140,10 +140,10 @@ def _gpu_dir(p: Process, dmtcp_image: Path) -> Path:
     return Path(_environ(p.pid).get("NVPROXY_IMAGE_DIR") or dmtcp_image.parent)
 
 
-def _look_at_proxies(procs: list[Process], where: Path, overlap_s: float) -> None:
+def _look_at_proxies(procs: list[Process], where: Path, arm: dict) -> None:
     """What each process's proxy holds now, and the GPU image an earlier checkpoint left where this one's may go
-    (NVPROXY_IMAGE_DIR, the process's checkpoint directory, the coordinator's).  overlap_s > 0: each proxy is asked
-    to write the image of a DMTCP checkpoint that comes within so many seconds after it releases the program."""
+    (NVPROXY_IMAGE_DIR, the process's checkpoint directory, the coordinator's).  arm: how each proxy is to write the
+    image of the next DMTCP checkpoint (proxy/dmtcp_overlap.py), under a token to ask for the outcome with."""
     from .cli import _control_call
     from .launcher import find_proxy
 
@@ -157,8 +157,7 @@ def _look_at_proxies(procs: list[Process], where: Path, overlap_s: float) -> Non
             p.device_bytes = int(_control_call(sock, proxy_pid, {"cmd": "usage"}).get("device_bytes", 0))
         except (OSError, ValueError):
             p.device_bytes = 0
-        # (0 s: no overlap, and the outcome of an earlier checkpoint forgotten; a proxy gone: seen below)
-        _control_call(sock, proxy_pid, {"cmd": "overlap", "for_s": overlap_s})
+        _control_call(sock, proxy_pid, {"cmd": "overlap", **arm})  # (a proxy gone: seen below)
         env = _environ(p.pid)
         dirs = [Path(d) for d in (env.get("NVPROXY_IMAGE_DIR"), env.get("DMTCP_CHECKPOINT_DIR")) if d] + [where]
         for d in dirs:
@@ -238,31 +237,45 @@ def _wait_written(where: Path, before: dict[Path, tuple[int, int] | None], procs
     return done
 
 
-def _gpu_outcome(p: Process) -> str | None:
-    """Once p's proxy has written the GPU image of this checkpoint: None where it was written (or is not the
-    proxy's to tell: no overlapped checkpoint, or the proxy ended, which it does only once the image is written),
-    else why not."""
+def _gpu_outcome(p: Process, token: str, deadline: float) -> str | None:
+    """Once p's proxy has written the GPU image of this checkpoint: None where it was written (or where the proxy
+    cannot tell: it saw no checkpoint, or it ended, and the image file tells), else why not."""
     from .cli import _control_call
 
     if p.proxy is None:
         return None
-    reply = _control_call(p.proxy[1], p.proxy[0], {"cmd": "written"})
-    if reply.get("ok") or reply.get("none") or reply.get("lost") or not _alive(p.proxy[0]):
-        return None
+    msg = {"cmd": "written", "token": token, "wait_s": max(deadline - time.monotonic(), 0.0)}
+    reply = _control_call(p.proxy[1], p.proxy[0], msg, deadline=deadline + 5)
+    if reply.get("ok") or reply.get("none") or reply.get("lost") or reply.get("ended"):
+        return None  # (a proxy ends only once its image is written: the file tells)
     return str(reply.get("error"))
+
+
+def _disarm(procs: list[Process], token: str) -> None:
+    from .cli import _control_call
+
+    for p in procs:
+        if p.proxy is not None:
+            _control_call(p.proxy[1], p.proxy[0], {"cmd": "overlap", "clear": True, "token": token})
 
 
 def checkpoint(port: int, timeout: float, overlap: bool = True) -> list[str]:
     """Checkpoint the computation of the coordinator on port; lines saying what was written.  Raises Failed.
-    overlap: the GPU images are written while DMTCP writes and after the program resumes (this waits for them)."""
+    overlap: the GPU images are written while DMTCP writes and after the program resumes (this waits for them);
+    else before DMTCP writes."""
     deadline = time.monotonic() + timeout
     coord = Coordinator(port)
     procs = _wait_running(coord, deadline)
     where = coord.checkpoint_dir()
-    _look_at_proxies(procs, where, timeout if overlap else 0.0)
+    token = os.urandom(8).hex()
+    _look_at_proxies(procs, where, {"token": token, "mode": "resume" if overlap else "off", "for_s": timeout})
     before = _scripts(where)
-    coord.checkpoint()
-    script, images = _wait_written(where, before, procs, deadline)
+    try:
+        coord.checkpoint()
+        script, images = _wait_written(where, before, procs, deadline)
+    except BaseException:  # (where no checkpoint took the arm, the next one, DMTCP's own say, goes as nobody asked)
+        _disarm(procs, token)
+        raise
     missing = [str(p) for p in images if not p.is_file()]
     if missing:
         raise Failed(f"DMTCP listed images that are not there: {', '.join(missing)}")
@@ -277,7 +290,7 @@ def checkpoint(port: int, timeout: float, overlap: bool = True) -> list[str]:
             continue
         lines.append(f"  {mine[0]}  (DMTCP image of {p.program}, pid {p.pid})")
         gpu = _gpu_dir(p, mine[0]) / f"nvproxy-{p.pid}.img"
-        if (why := _gpu_outcome(p)) is not None:
+        if (why := _gpu_outcome(p, token, deadline)) is not None:
             problems.append(f"the GPU image of {p.program} (pid {p.pid}) was not written: {why}")
             continue
         stamp = _stamp(gpu)

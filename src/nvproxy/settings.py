@@ -191,7 +191,8 @@ SETTINGS: tuple[Setting, ...] = (
             "under DMTCP, when a checkpoint's GPU image is written: before DMTCP writes the process's image (off); "
             "while it does, the program resuming once both are written (write); or also after the program resumed "
             "(resume). With write or resume, dmtcp_command may report a checkpoint whose GPU image is not yet "
-            "written; nvproxy checkpoint --dmtcp always overlaps and waits for both", (PROXY,)),
+            "written. Not for nvproxy checkpoint --dmtcp, which chooses itself (--overlap, --no-overlap) and waits "
+            "for both", (PROXY,)),
     Setting("NVPROXY_DEVICES", "the GPUs it ran on", DEVICES,
             "at a DMTCP restart, the GPUs the program comes back on", (SHIM,), option="nvproxy restart --device"),
     Setting("NVPROXY_LIB_DIR", "", LIBRARY_DIR,

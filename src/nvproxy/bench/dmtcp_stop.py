@@ -30,6 +30,7 @@ MODES = ("serial", "overlap")  # nvproxy checkpoint --dmtcp --no-overlap, and it
 def measure(exe: Path, mib: int, mode: str, backend: str, ckpt_dir: Path, dmtcp: Path) -> dict:
     d = Path(tempfile.mkdtemp(dir=ckpt_dir, prefix="nvp-stop-"))
     env = dmtcp_env(dmtcp)
+    env.pop("NVPROXY_DMTCP_OVERLAP", None)  # (the command chooses; DMTCP's own checkpoints would follow this)
     row: dict = {"mib": mib, "mode": mode}
     try:
         port = start_coordinator(d, env, dmtcp)

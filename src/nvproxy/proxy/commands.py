@@ -4,8 +4,9 @@ a new proxy (migration), and usage figures; plus the thread that prepares the
 host image buffer while the application runs.
 
 A DMTCP checkpoint (from the plugin, native/shim/dmtcp.c) may have its GPU image written while DMTCP writes the
-process's own image and after the program resumes (overlap): the proxy then says "captured" once the device memory
-is in its buffer, and the image's writer keeps the outcome for `nvproxy checkpoint --dmtcp`, which waits for it."""
+process's own image and after the program resumes (dmtcp_overlap.py): the proxy then says "captured" once the device
+memory is in its buffer, and the image's writer keeps the outcome for `nvproxy checkpoint --dmtcp`, which waits for
+it."""
 
 from __future__ import annotations
 
@@ -39,15 +40,18 @@ def handle(server: Any, conn: socket.socket, msg: dict[str, Any]) -> bool:
             control.send(conn, {"ok": False, "error": "a checkpoint command without an image path"})
             return False
         checkpoint(server, conn, msg["image"], bool(msg.get("disconnect")), bool(msg.get("incremental")),
-                   bool(msg.get("verify")), msg.get("concurrent"), bool(msg.get("notices")),
-                   overlap(server) if msg.get("disconnect") else "off")
+                   bool(msg.get("verify")), msg.get("concurrent"), bool(msg.get("notices")))
         return True
-    if cmd == "overlap":  # nvproxy checkpoint --dmtcp: the next DMTCP checkpoint's GPU image is written after it
-        server.overlap_until = time.monotonic() + min(max(float(msg.get("for_s", 0)), 0.0), 3600.0)
-        server.last_dmtcp = None
+    if cmd == "overlap":  # nvproxy checkpoint --dmtcp: how the next DMTCP checkpoint's GPU image is written
+        if msg.get("clear"):
+            server.dmtcp.disarm(str(msg.get("token", "")))
+        else:
+            server.dmtcp.arm_next(str(msg.get("token", "")), str(msg.get("mode")), float(msg.get("for_s", 0)))
         control.send(conn, {"ok": True})
-    elif cmd == "written":  # ... which then waits here for that image's outcome
-        threading.Thread(target=_answer_written, args=(server, conn), name="nvproxy-written", daemon=True).start()
+    elif cmd == "written":  # ... and then what came of it, once its image is written
+        threading.Thread(target=_answer_written, args=(server, conn, str(msg.get("token", "")),
+                                                       float(msg.get("wait_s", 600))),
+                         name="nvproxy-written", daemon=True).start()
         return True
     elif cmd == "usage":
         st = server.dispatch.state
@@ -115,52 +119,35 @@ def _dump(server: Any, disconnect: bool = False, parent: Parent | None = None, c
     return himg, stats
 
 
-OVERLAP_MODES = ("off", "write", "resume")
-
-
-def overlap(server: Any) -> str:
-    """How a DMTCP checkpoint's GPU image is written now: before DMTCP writes (off), while it writes, the program
-    resuming only once both are written (write), or also after the program resumed (resume: what
-    `nvproxy checkpoint --dmtcp` asks for, since it waits for the GPU images; otherwise NVPROXY_DMTCP_OVERLAP)."""
-    if time.monotonic() < server.overlap_until:
-        server.overlap_until = 0.0  # (for this checkpoint only)
-        return "resume"
-    mode = os.environ.get("NVPROXY_DMTCP_OVERLAP", "off")
-    return mode if mode in OVERLAP_MODES else "off"
-
-
-def _answer_written(server: Any, conn: socket.socket) -> None:
-    """The outcome of the last DMTCP checkpoint's image, once its writer is done."""
-    writer = server.writer
-    if writer is not None:
-        writer.join()
+def _answer_written(server: Any, conn: socket.socket, token: str, wait_s: float) -> None:
     try:
-        control.send(conn, server.last_dmtcp or {"ok": False, "none": True,
-                                                 "error": "no DMTCP checkpoint since the request to overlap"})
+        control.send(conn, server.dmtcp.outcome(token, wait_s))
     except OSError:
         pass
     conn.close()
 
 
 def checkpoint(server: Any, conn: socket.socket, path: str, disconnect: bool = False, incremental: bool = False,
-               verify: bool = False, concurrent: bool | None = None, notices: bool = False, overlap: str = "off"
-               ) -> None:
+               verify: bool = False, concurrent: bool | None = None, notices: bool = False) -> None:
     """The application goes on as soon as the device memory is in the buffer (concurrent: as soon as it is safe,
     see checkpoint/concurrent.py; None: as NVPROXY_CKPT_CONCURRENT says, never for DMTCP's, disconnect);
     a thread writes the file from it and then answers.  incremental: only what may have changed since the last
     image written into the same directory is copied from the device (verify: everything is, and compared).
     notices: a concurrent checkpoint says when the application goes on ({"notice": "released"}) before its reply.
-    overlap (a DMTCP checkpoint's, see overlap()): other than off, the plugin hears "captured" (with the image's id,
-    and whether to wait for the answer) once the device memory is in the buffer; a failure to write is said here."""
+    A DMTCP checkpoint's (disconnect) image may be written while DMTCP writes (dmtcp_overlap.py): the plugin then hears
+    "captured" (with the image's id, and whether to wait for the answer) once the device memory is in the buffer, and
+    a failure to write is said here."""
     if concurrent is None:
         concurrent = os.environ.get("NVPROXY_CKPT_CONCURRENT", "0") == "1" and not disconnect
+    overlap, token = server.dmtcp.begin() if disconnect else ("off", None)
     tracking = reach.of(server.dispatch.state)
     parent, note = find_parent(tracking, path, verify) if incremental else (None, "")
     try:
         himg, stats = _dump(server, disconnect, parent, concurrent)
-    except BaseException:
+    except BaseException as e:
         if parent is not None:
             parent.close()
+        server.dmtcp.finished(token, {"ok": False, "error": f"the device memory could not be copied out: {e}"})
         raise
     before = server.writer
     if notices and "concurrent" in stats:
@@ -168,8 +155,6 @@ def checkpoint(server: Any, conn: socket.socket, path: str, disconnect: bool = F
             control.send(conn, {"notice": "released", "stopped_s": stats["stopped_s"]})
         except OSError:
             pass  # (the reply will find the connection gone too)
-    if disconnect:
-        server.last_dmtcp = None
     if overlap != "off":
         try:
             control.send(conn, {"notice": "captured", "image_id": stats.get("id", ""), "hold": overlap == "write",
@@ -207,8 +192,7 @@ def checkpoint(server: Any, conn: socket.socket, path: str, disconnect: bool = F
             hostimage.after_checkpoint(server.dispatch.state, himg)
             if parent is not None:
                 parent.close()
-        if disconnect:
-            server.last_dmtcp = dict(reply, path=path)
+        server.dmtcp.finished(token, dict(reply, path=path))
         if overlap != "off" and not reply["ok"]:  # (the plugin may not be listening: the program runs on)
             print(f"nvproxy: the GPU image of this DMTCP checkpoint was not written ({reply['error']}); a restart "
                   "from this checkpoint will fail", file=sys.stderr)

@@ -31,6 +31,7 @@ from .. import wire
 from ..checkpoint import reach
 from ..errors import NOT_SUPPORTED, STICKY, UNKNOWN, CudaError
 from . import commands, control, fastpath, mailbox
+from .dmtcp_overlap import DmtcpOverlap
 from .handlers import graphs, ipc
 from .listen import listen_at
 
@@ -222,8 +223,7 @@ class Server:
         self.running = True
         self.handed_over = False
         self.writer: threading.Thread | None = None  # writing a checkpoint file from the host image
-        self.overlap_until = 0.0  # until then, the next DMTCP checkpoint overlaps (commands.overlap)
-        self.last_dmtcp: dict[str, Any] | None = None  # the outcome of the last DMTCP checkpoint's image
+        self.dmtcp = DmtcpOverlap()  # when DMTCP checkpoints' GPU images are written, and what came of them
         # a concurrent checkpoint's gate (checkpoint/concurrent.py): runs before each request until it says False
         self.gate: Callable[[int, int, tuple[int, ...]], bool] | None = None
         if listener is None:
