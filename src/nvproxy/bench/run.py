@@ -141,23 +141,34 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     if "micro" in suites:  # (bench/startup.py: from exec to a first call done)
         startup.add_rows(samples, backend, args.reps, native, env)
-    ckpt_sizes = args.checkpoint_sizes or ("8M" if args.quick else "1,4,16,32" if backend == "gpu" else "none")
-    stops: dict[int, float] = {}  # cuda-checkpoint's stop time by MiB
-    if "ckpt" in suites and ckpt_sizes != "none":
-        stops = _checkpoint_rows(samples, backend, ckpt_sizes, out)
-    conc_sizes = args.concurrent_sizes or ("none" if args.checkpoint_sizes == "none" else "8M" if args.quick
-                                           else "1,4,16,64" if backend == "gpu" else "none")
-    if "ckpt" in suites and conc_sizes != "none":
-        _concurrent_rows(samples, backend, conc_sizes, out, stops)
-    dmtcp_sizes = args.dmtcp_sizes or ("none" if args.checkpoint_sizes == "none" else "8M" if args.quick
-                                       else "1,4" if backend == "gpu" else "none")
-    if "ckpt" in suites and dmtcp_sizes != "none":
-        from . import ckpt_run, dmtcp_stop
-
-        dmtcp_stop.add_rows(samples, backend, ckpt_run.parse_sizes(dmtcp_sizes), out, Path(tempfile.gettempdir()))
+    if "ckpt" in suites:
+        try:
+            _all_checkpoint_rows(samples, backend, args, out)
+        except (RuntimeError, OSError, subprocess.SubprocessError) as e:  # (the rows so far are written)
+            _write(samples, variants, out, backend, args.reps, quiet=True)
+            print(f"nvproxy bench: {e}", file=sys.stderr)
+            return 1
     rows = _write(samples, variants, out, backend, args.reps)
     _plots(rows, out)
     return 0
+
+
+def _all_checkpoint_rows(samples: dict, backend: str, args: argparse.Namespace, out: Path) -> None:
+    """The ckpt suite: dumps and restores, concurrent and incremental checkpoints, DMTCP checkpoints."""
+    ckpt_sizes = args.checkpoint_sizes or ("8M" if args.quick else "1,4,16,32" if backend == "gpu" else "none")
+    stops: dict[int, float] = {}  # cuda-checkpoint's stop time by MiB
+    if ckpt_sizes != "none":
+        stops = _checkpoint_rows(samples, backend, ckpt_sizes, out)
+    conc_sizes = args.concurrent_sizes or ("none" if args.checkpoint_sizes == "none" else "8M" if args.quick
+                                           else "1,4,16,64" if backend == "gpu" else "none")
+    if conc_sizes != "none":
+        _concurrent_rows(samples, backend, conc_sizes, out, stops)
+    dmtcp_sizes = args.dmtcp_sizes or ("none" if args.checkpoint_sizes == "none" else "8M" if args.quick
+                                       else "1,4" if backend == "gpu" else "none")
+    if dmtcp_sizes != "none":
+        from . import ckpt_run, dmtcp_stop
+
+        dmtcp_stop.add_rows(samples, backend, ckpt_run.parse_sizes(dmtcp_sizes), out, Path(tempfile.gettempdir()))
 
 
 def _write(samples: dict, variants: list[tuple[str, dict[str, str]]], out: Path, backend: str, reps: int,
