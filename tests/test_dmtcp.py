@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -572,6 +573,50 @@ def test_dmtcp_checkpoint_after_a_restart_of_a_held_checkpoint(build, tmp_path: 
             restarted.kill()
     assert restarted.returncode == 0 and "lost the proxy" not in err, err
     _after_restart(reference, subprocess.CompletedProcess([], 0, out, err))
+
+
+def test_dmtcp_restart_waits_for_a_proxy_still_writing(build, tmp_path: Path) -> None:
+    """dmtcp_command -kc of a program whose GPU image is written after DMTCP's (NVPROXY_DMTCP_OVERLAP=resume): the
+    program exits once DMTCP's image is written, its proxy writes on.  A restart begun meanwhile says it waits for
+    that proxy, and once the image is written, restores it and goes on where the checkpoint was taken."""
+    session = Session(tmp_path / "dmtcp")
+    exe = build("ckpt_steps")
+    reference = run(nvproxy_cmd(exe, "sim", "ckpt_steps", "30", "0")).stdout.splitlines(keepends=True)
+    gate = tmp_path / "gate"
+    app = session.launch(nvproxy_cmd(exe, "sim", "ckpt_steps", "30", "150"),
+                         **_gated(gate, NVPROXY_DMTCP_OVERLAP="resume"))
+    command = [str(session.bin / "dmtcp_command"), "--coord-port", session.port]
+    try:
+        session.wait_for(app, "step 3:")
+        session.wait_running(command)
+        subprocess.run([*command, "-kc"], env=session.env, capture_output=True, timeout=120)
+        _until("the proxy's writer at the gate", Path(f"{gate}.waiting").exists)
+        app.wait(timeout=120)
+    finally:
+        if app.poll() is None:
+            app.kill()
+    assert list(session.dir.glob("ckpt_*.dmtcp")) and not list(session.dir.glob("nvproxy-*.img"))
+    session._coordinator("--coord-port", session.port)
+    restarted = subprocess.Popen([sys.executable, "-m", "nvproxy", "restart", str(session.dir), "--coord-port",
+                                  session.port], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env=session.env)
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(restarted.stderr), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    try:
+        _until("the restart's word that it waits", lambda: any("waiting for proxy" in line for line in err))
+        gate.touch()
+        out = restarted.stdout.read()  # type: ignore[union-attr]
+        restarted.wait(timeout=300)
+        reader.join(timeout=60)
+    finally:
+        gate.touch()
+        if restarted.poll() is None:
+            restarted.kill()
+    said = "".join(err)
+    assert restarted.returncode == 0, said
+    _after_restart(reference, subprocess.CompletedProcess([], 0, out, said))
+    assert "restored" in said and "cannot restore" not in said
 
 
 @pytest.mark.parametrize("damage", ["earlier", "missing", "unwritten"])

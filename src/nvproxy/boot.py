@@ -39,6 +39,8 @@ def begin(restore: str | None, backend: str) -> dict:
     global header
     if header is not None:
         return header
+    if restore:
+        wait_for_writers(restore)
     header = _hold_application_ranges(restore) if restore else {}
     if backend != "sim" and os.environ.get("NVPROXY_EARLY_CONTEXT", "1") != "0":
         from .backends import warmup
@@ -46,6 +48,43 @@ def begin(restore: str | None, backend: str) -> dict:
         devices = [int(d["index"]) for d in header.get("devices", []) if isinstance(d, dict) and "index" in d]
         warmup.start(devices)  # (cuInit, and a restore's contexts)
     return header
+
+
+WRITER_WAIT_S = 600.0
+
+
+def _live(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def wait_for_writers(image: str) -> None:
+    """Until no live process is writing image (its temporary file, checkpoint/image.py atomic_file, names the
+    writer): a program ended right after a checkpoint that let it go on first (NVPROXY_DMTCP_OVERLAP, dmtcp_command
+    -kc) leaves its proxy writing the image, and a restart begun meanwhile must read the finished file."""
+    folder, name = os.path.split(os.path.abspath(image))
+    prefix, said, deadline = f".{name}.", False, None
+    while True:
+        try:
+            writers = {int(f[len(prefix):].split(".", 1)[0]) for f in os.listdir(folder)
+                       if f.startswith(prefix) and f.endswith(".tmp") and f[len(prefix):].split(".", 1)[0].isdigit()}
+        except OSError:
+            return
+        live = sorted(pid for pid in writers if pid != os.getpid() and _live(pid))
+        if not live:
+            return
+        import time
+
+        deadline = deadline or time.monotonic() + WRITER_WAIT_S
+        if time.monotonic() > deadline:
+            return  # (the restore then says what it finds)
+        if not said:  # (at once, in one write: the wait may be long, and the program's stderr is shared)
+            os.write(2, f"nvproxy: waiting for proxy {live[0]} to finish writing {image}\n".encode())
+            said = True
+        time.sleep(0.02)
 
 
 def _hold_application_ranges(image: str) -> dict:

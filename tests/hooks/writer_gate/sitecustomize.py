@@ -11,13 +11,16 @@ GATE = os.environ.get("NVPROXY_TEST_WRITER_GATE")
 if GATE:
     from nvproxy.checkpoint import hostimage
 
-    _write_file = hostimage.HostImage.write_file
+    _atomic_file = hostimage.atomic_file
 
-    def _gated_write_file(self, path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def _wait() -> None:
         if not os.path.exists(GATE):
             open(f"{GATE}.waiting", "w").close()
         while not os.path.exists(GATE):
             time.sleep(0.005)
-        return _write_file(self, path, *args, **kwargs)
 
-    hostimage.HostImage.write_file = _gated_write_file
+    def _gated_atomic_file(path, write):  # noqa: ANN001, ANN202
+        # (inside the write: its temporary file exists meanwhile, as it does while a large image is written)
+        return _atomic_file(path, lambda fd: (_wait(), write(fd))[1])
+
+    hostimage.atomic_file = _gated_atomic_file
