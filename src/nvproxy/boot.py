@@ -53,7 +53,8 @@ def begin(restore: str | None, backend: str) -> dict:
 WRITER_WAIT_S = 600.0
 
 
-def _live(pid: int) -> bool:
+def live(pid: int) -> bool:
+    """Is pid running (neither gone nor a zombie)?  (Here, for want of anything but the standard library.)"""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
@@ -73,7 +74,7 @@ def wait_for_writers(image: str) -> None:
                        if f.startswith(prefix) and f.endswith(".tmp") and f[len(prefix):].split(".", 1)[0].isdigit()}
         except OSError:
             return
-        live = sorted(pid for pid in writers if pid != os.getpid() and _live(pid))
+        live = sorted(pid for pid in writers if pid != os.getpid() and live(pid))
         if not live:
             return
         import time

@@ -455,14 +455,6 @@ def _control_call(sock: str, proxy_pid: int, msg: dict, notice: Callable[[dict],
     return reply
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-
-
 def _remove_partial_image(image: str, proxy_pid: int) -> None:
     """The temporary file a proxy killed while it wrote image left behind (checkpoint/image.py atomic_file)."""
     from .checkpoint.image import temp_prefix
@@ -517,7 +509,9 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
                           released)
     # (a connection the proxy closed without an answer: it is ending, though /proc may not say so yet: a killed
     # process closes its descriptors before it becomes a zombie)
-    if not reply.get("ok") and (reply.get("lost") or not _alive(pid)):
+    from .boot import live
+
+    if not reply.get("ok") and (reply.get("lost") or not live(pid)):
         _remove_partial_image(image, pid)
         print(f"nvproxy checkpoint: no image of process {args.pid} written to {image}: {reply.get('error')}",
               file=sys.stderr)

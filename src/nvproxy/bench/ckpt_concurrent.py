@@ -61,6 +61,20 @@ class Loop:
         with self.cond:
             self.cond.wait_for(lambda: "" in self.rest, timeout)
 
+    def finish(self, timeout: float = 900) -> str:
+        """Let the program verify its memory and end (a line on its stdin); its stderr.  (Its stdout is this
+        reader's to the end: communicate() would read the same pipe beside it.)"""
+        assert self.app.stdin is not None and self.app.stderr is not None
+        try:
+            self.app.stdin.write("\n")
+            self.app.stdin.close()
+        except BrokenPipeError:
+            pass
+        err = self.app.stderr.read()
+        self.app.wait(timeout=timeout)
+        self.wait_end()
+        return err
+
     def rate(self, t0: float, t1: float) -> float:
         """Batches per second in [t0, t1]."""
         with self.cond:
@@ -120,16 +134,7 @@ def measure(exe: Path, mib: int, td: Path, backend: str) -> dict:
             row.update(incremental_written_mib=w, incremental_total_mib=total,
                        incremental_written_pct=100.0 * w / total if total else 0.0)
     finally:
-        # (its stdout is the loop's to read to the end: communicate() would read the same pipe beside it)
-        try:
-            app.stdin.write("\n")
-            app.stdin.close()
-        except BrokenPipeError:
-            pass
-        assert app.stderr is not None
-        err = app.stderr.read()
-        app.wait(timeout=900)
-        loop.wait_end()
+        err = loop.finish()
     row["verified"] = "verified ok" in "".join(loop.rest)
     if not row["verified"]:
         row["error"] = err.strip()[-500:]

@@ -78,14 +78,19 @@ def _one(exe: Path, mib: int, where: str, backend: str, ckpt_dir: Path, dmtcp: P
         shutil.rmtree(d, ignore_errors=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
+def arguments(doc: str | None) -> argparse.ArgumentParser:
+    """The options of a DMTCP checkpoint measurement run alone (this one's and dmtcp_stop.py's)."""
+    ap = argparse.ArgumentParser(description=doc)
     ap.add_argument("--sizes", default="1,4", help="GiB (\"64M\": MiB)")
     ap.add_argument("--backend", default="gpu")
     ap.add_argument("--ckpt-dir", default=tempfile.gettempdir())
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--out", default="bench-results")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(__doc__).parse_args(argv)
     from .ckpt_run import build, parse_sizes
 
     dmtcp = dmtcp_bin()

@@ -9,7 +9,6 @@ checkpoint rows where DMTCP is found (run.py)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
@@ -21,7 +20,7 @@ from pathlib import Path
 
 from . import ckpt_run
 from .ckpt_concurrent import BEFORE_BATCHES, Loop
-from .dmtcp_placement import dmtcp_bin, dmtcp_env, start_coordinator
+from .dmtcp_placement import arguments, dmtcp_bin, dmtcp_env, start_coordinator
 
 HERE = Path(__file__).resolve().parent
 MODES = ("serial", "overlap")  # nvproxy checkpoint --dmtcp --no-overlap, and its default
@@ -63,14 +62,7 @@ def measure(exe: Path, mib: int, mode: str, backend: str, ckpt_dir: Path, dmtcp:
                        files_mib={p.name: p.stat().st_size >> 20 for p in d.iterdir()
                                   if p.suffix in (".dmtcp", ".img")})
         finally:
-            try:
-                app.stdin.write("\n")
-                app.stdin.close()
-            except BrokenPipeError:
-                pass
-            err = app.stderr.read()
-            app.wait(timeout=900)
-            loop.wait_end()
+            err = loop.finish()
             subprocess.run([str(dmtcp / "dmtcp_command"), "--coord-port", port, "-q"], env=env, capture_output=True)
         row["verified"] = "verified ok" in "".join(loop.rest)
         if not row["verified"]:
@@ -103,13 +95,7 @@ def add_rows(samples: dict, backend: str, sizes: list[int], out: Path, ckpt_dir:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--sizes", default="1,4", help="GiB (\"64M\": MiB)")
-    ap.add_argument("--backend", default="gpu")
-    ap.add_argument("--ckpt-dir", default=tempfile.gettempdir())
-    ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--out", default="bench-results")
-    args = ap.parse_args(argv)
+    args = arguments(__doc__).parse_args(argv)
     dmtcp = dmtcp_bin()
     exe = ckpt_run.build()
     rows = []
