@@ -40,13 +40,14 @@ def test_bench_smoke(nvcc: str, tmp_path: Path) -> None:
     assert runs and all(r["verified"] and r["concurrent_methods"] for r in runs)
     # DMTCP checkpoints of the same kind of program, the GPU image written before DMTCP's and beside it, where
     # DMTCP is installed; one line where it is not
-    dmtcp_rows = {f"ckpt_dmtcp_{what}_{mode}" for what in ("stop", "command") for mode in ("serial", "overlap")}
+    dmtcp_rows = {f"ckpt_dmtcp_{what}_{mode}" for what in ("stop", "command")
+                  for mode in ("serial", "overlap", "concurrent")}
     if any(line.startswith("nvproxy bench: no DMTCP checkpoint rows") for line in r.stderr.splitlines()):
         assert not dmtcp_rows & {row["bench"] for row in rows}
     else:
         assert {row["bench"] for row in rows} >= dmtcp_rows
         runs = json.loads((tmp_path / "dmtcp-stop-runs.json").read_text())
-        assert len(runs) == 2 and all(r["verified"] and r["stop_s"] >= 0 for r in runs)
+        assert len(runs) == 3 and all(r["verified"] and r["stop_s"] >= 0 for r in runs)
 
 
 @pytest.mark.parametrize("suite,skip", [("libs", SIM_SKIP),

@@ -484,11 +484,12 @@ def _write_mode_checkpoint(session: Session, command: list[str]) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("how", ["overlap", "no-overlap", "write"])
+@pytest.mark.parametrize("how", ["overlap", "concurrent", "no-overlap", "write"])
 def test_dmtcp_gpu_image_beside_dmtcps_own(build, backend: str, how: str, tmp_path: Path) -> None:
     """When a DMTCP checkpoint's GPU image is written, seen with the proxy's writer held at a gate:
     - overlap (nvproxy checkpoint --dmtcp): DMTCP's image is written and the program goes on while the GPU image
-      waits, and the command waits for it;
+      waits, and the command waits for it; the same with --concurrent, where the program's device memory is copied
+      out after it goes on too (its kernels change that memory meanwhile: the image must hold the checkpoint's);
     - no-overlap: the GPU image comes first: no DMTCP image, and the program stays stopped, while it waits;
     - write (NVPROXY_DMTCP_OVERLAP=write, a checkpoint of dmtcp_command): DMTCP's image is written and the command
       returns, but the program stays stopped until the GPU image is written.
@@ -501,7 +502,7 @@ def test_dmtcp_gpu_image_beside_dmtcps_own(build, backend: str, how: str, tmp_pa
     app = session.launch(nvproxy_cmd(exe, backend, "ckpt_steps", "60", "150"), **env)
     command = [str(session.bin / "dmtcp_command"), "--coord-port", session.port]
     checkpoint = [sys.executable, "-m", "nvproxy", "checkpoint", "--dmtcp", "--coord-port", session.port,
-                  *(["--no-overlap"] if how == "no-overlap" else [])]
+                  *{"no-overlap": ["--no-overlap"], "concurrent": ["--concurrent"]}.get(how, [])]
     images = session.dir.glob
     try:
         session.wait_for(app, "step 3:")

@@ -398,7 +398,7 @@ def _dmtcp_checkpoint(args: argparse.Namespace) -> int:
 
     settings.check_or_exit(os.environ, (settings.DMTCP,), "nvproxy checkpoint")
     port = args.coord_port or int(os.environ.get("DMTCP_COORD_PORT") or 7779)
-    return dmtcp_checkpoint.main(port, args.timeout, args.overlap)
+    return dmtcp_checkpoint.main(port, args.timeout, args.overlap, args.concurrent)
 
 
 def cmd_restart(args: argparse.Namespace) -> int:
@@ -728,7 +728,7 @@ def _options(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--concurrent", action=argparse.BooleanOptionalAction, default=None,
                        help="let the application go on once its device memory is safe (snapshotted in spare device "
                        "memory, or guarded by copy-before-write) and copy it out while it runs (default: "
-                       "NVPROXY_CKPT_CONCURRENT)")
+                       "NVPROXY_CKPT_CONCURRENT); with --dmtcp, once DMTCP lets it go on")
         p.add_argument("--coord-port", type=int, help="DMTCP coordinator port (with --dmtcp; default: "
                        "$DMTCP_COORD_PORT, else 7779)")
         p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,

@@ -259,16 +259,20 @@ def _disarm(procs: list[Process], token: str) -> None:
             _control_call(p.proxy[1], p.proxy[0], {"cmd": "overlap", "clear": True, "token": token})
 
 
-def checkpoint(port: int, timeout: float, overlap: bool = True) -> list[str]:
+def checkpoint(port: int, timeout: float, overlap: bool = True, concurrent: bool | None = None) -> list[str]:
     """Checkpoint the computation of the coordinator on port; lines saying what was written.  Raises Failed.
     overlap: the GPU images are written while DMTCP writes and after the program resumes (this waits for them);
-    else before DMTCP writes."""
+    else before DMTCP writes.  concurrent (with overlap): the program's device memory is copied out after it
+    resumes, as `nvproxy checkpoint --concurrent` does (None: as each proxy's NVPROXY_CKPT_CONCURRENT says)."""
+    if concurrent and not overlap:
+        raise Failed("--concurrent copies device memory out after the program resumes: not with --no-overlap")
     deadline = time.monotonic() + timeout
     coord = Coordinator(port)
     procs = _wait_running(coord, deadline)
     where = coord.checkpoint_dir()
     token = os.urandom(8).hex()
-    _look_at_proxies(procs, where, {"token": token, "mode": "resume" if overlap else "off", "for_s": timeout})
+    _look_at_proxies(procs, where, {"token": token, "mode": "resume" if overlap else "off", "for_s": timeout,
+                                    "concurrent": concurrent if overlap else False})
     before = _scripts(where)
     try:
         coord.checkpoint()
@@ -312,9 +316,9 @@ def checkpoint(port: int, timeout: float, overlap: bool = True) -> list[str]:
     return [f"checkpoint written: {count} images, complete and synced to disk", *lines, *restart]
 
 
-def main(port: int, timeout: float, overlap: bool = True) -> int:
+def main(port: int, timeout: float, overlap: bool = True, concurrent: bool | None = None) -> int:
     try:
-        lines = checkpoint(port, timeout, overlap)
+        lines = checkpoint(port, timeout, overlap, concurrent)
     except Failed as e:
         print(f"nvproxy checkpoint: {e}", file=sys.stderr)
         return 1

@@ -209,7 +209,8 @@ SETTINGS: tuple[Setting, ...] = (
             "made at the first checkpoint and kept; or made and released at every checkpoint", (PROXY,), "tuning"),
     Setting("NVPROXY_CKPT_CONCURRENT", "0", ON_OFF,
             "nvproxy checkpoint without --concurrent or --no-concurrent lets the application go on while the image "
-            "is copied out (1) or stops it for the copy (0); DMTCP's checkpoints and migrations always stop it",
+            "is copied out (1) or stops it for the copy (0); so does nvproxy checkpoint --dmtcp without --no-overlap; "
+            "DMTCP's own checkpoints and migrations always stop it",
             (PROXY,), "tuning"),
     Setting("NVPROXY_CKPT_SPARE", "free device memory less a margin", integer(0, 1 << 24, " (MiB)"),
             "at most this much spare device memory for a concurrent checkpoint's snapshot (0: none; what does not "

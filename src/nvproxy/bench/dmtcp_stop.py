@@ -1,7 +1,8 @@
 """The stop a DMTCP checkpoint costs a program that keeps computing (ckpt_bench.cu's loop): the longest gap between
 its batches around `nvproxy checkpoint --dmtcp`, less a batch's usual time, with the GPU image written before DMTCP
-writes the process's image (--no-overlap), and while DMTCP writes it and after the program resumed (the default);
-and how long the command took until every image was complete.
+writes the process's image (--no-overlap), while DMTCP writes it and after the program resumed (the default), and
+so with device memory copied out after the program resumed (--concurrent); and how long the command took until
+every image was complete.
 
     python -m nvproxy.bench.dmtcp_stop [--sizes 1,4] [--backend gpu|sim] [--ckpt-dir DIR] [--out DIR]
 Needs DMTCP (dmtcp_launch on PATH or in $NVPROXY_DMTCP_DIR/bin).  `nvproxy bench` runs it with the other
@@ -23,7 +24,9 @@ from .ckpt_concurrent import BEFORE_BATCHES, Loop
 from .dmtcp_placement import arguments, dmtcp_bin, dmtcp_env, start_coordinator
 
 HERE = Path(__file__).resolve().parent
-MODES = ("serial", "overlap")  # nvproxy checkpoint --dmtcp --no-overlap, and its default
+# nvproxy checkpoint --dmtcp --no-overlap, its default, and --concurrent
+MODES = ("serial", "overlap", "concurrent")
+FLAGS = {"serial": ["--no-overlap"], "overlap": [], "concurrent": ["--concurrent"]}
 
 
 def measure(exe: Path, mib: int, mode: str, backend: str, ckpt_dir: Path, dmtcp: Path) -> dict:
@@ -46,7 +49,7 @@ def measure(exe: Path, mib: int, mode: str, backend: str, ckpt_dir: Path, dmtcp:
             ckpt_run._wait_prepared(app.pid)
             loop.wait_batches(BEFORE_BATCHES)
             t0 = time.monotonic()
-            flags = ["--no-overlap"] if mode == "serial" else []
+            flags = FLAGS[mode]
             ck = subprocess.run([sys.executable, "-m", "nvproxy", "checkpoint", "--dmtcp", "--coord-port", port,
                                  *flags], capture_output=True, text=True, env=env, timeout=900)
             t1 = time.monotonic()

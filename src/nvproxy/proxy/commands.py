@@ -46,7 +46,9 @@ def handle(server: Any, conn: socket.socket, msg: dict[str, Any]) -> bool:
         if msg.get("clear"):
             server.dmtcp.disarm(str(msg.get("token", "")))
         else:
-            server.dmtcp.arm_next(str(msg.get("token", "")), str(msg.get("mode")), float(msg.get("for_s", 0)))
+            concurrent = msg.get("concurrent")
+            server.dmtcp.arm_next(str(msg.get("token", "")), str(msg.get("mode")), float(msg.get("for_s", 0)),
+                                  None if concurrent is None else bool(concurrent))
         control.send(conn, {"ok": True})
     elif cmd == "written":  # ... and then what came of it, once its image is written
         threading.Thread(target=_answer_written, args=(server, conn, str(msg.get("token", "")),
@@ -130,16 +132,19 @@ def _answer_written(server: Any, conn: socket.socket, token: str, wait_s: float)
 def checkpoint(server: Any, conn: socket.socket, path: str, disconnect: bool = False, incremental: bool = False,
                verify: bool = False, concurrent: bool | None = None, notices: bool = False) -> None:
     """The application goes on as soon as the device memory is in the buffer (concurrent: as soon as it is safe,
-    see checkpoint/concurrent.py; None: as NVPROXY_CKPT_CONCURRENT says, never for DMTCP's, disconnect);
+    see checkpoint/concurrent.py; None: as NVPROXY_CKPT_CONCURRENT says; for DMTCP's, disconnect, as the arm of
+    nvproxy checkpoint --dmtcp says, else never);
     a thread writes the file from it and then answers.  incremental: only what may have changed since the last
     image written into the same directory is copied from the device (verify: everything is, and compared).
     notices: a concurrent checkpoint says when the application goes on ({"notice": "released"}) before its reply.
     A DMTCP checkpoint's (disconnect) image may be written while DMTCP writes (dmtcp_overlap.py): the plugin then hears
     "captured" (with the image's id, and whether to wait for the answer) once the device memory is in the buffer, and
     a failure to write is said here."""
-    if concurrent is None:
-        concurrent = os.environ.get("NVPROXY_CKPT_CONCURRENT", "0") == "1" and not disconnect
-    overlap, token = server.dmtcp.begin() if disconnect else ("off", None)
+    overlap, token, dmtcp_concurrent = server.dmtcp.begin() if disconnect else ("off", None, False)
+    if disconnect:
+        concurrent = dmtcp_concurrent
+    elif concurrent is None:
+        concurrent = os.environ.get("NVPROXY_CKPT_CONCURRENT", "0") == "1"
     tracking = reach.of(server.dispatch.state)
     parent, note = find_parent(tracking, path, verify) if incremental else (None, "")
     try:
@@ -157,7 +162,9 @@ def checkpoint(server: Any, conn: socket.socket, path: str, disconnect: bool = F
             pass  # (the reply will find the connection gone too)
     if overlap != "off":
         try:
-            control.send(conn, {"notice": "captured", "image_id": stats.get("id", ""), "hold": overlap == "write",
+            # (a concurrent checkpoint's statistics have the id once it is finished; its plan has it now)
+            image_id = stats.get("id") or (stats["plan"].header["id"] if "plan" in stats else "")
+            control.send(conn, {"notice": "captured", "image_id": image_id, "hold": overlap == "write",
                                 "stopped_s": stats["stopped_s"]})
         except OSError:
             pass
