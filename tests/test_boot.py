@@ -148,3 +148,30 @@ def test_a_command_that_comes_while_the_proxy_starts_waits_for_it(tmp_path: Path
     finally:
         proxy.stdin.close()
         proxy.wait(timeout=60)
+
+
+def test_a_restore_waits_for_a_proxy_still_writing_its_image(tmp_path: Path) -> None:
+    """A restoring proxy begins only once no live process writes its image (a temporary file that names the
+    writer, as checkpoint/image.py atomic_file makes it), saying so in one line; a writer's file left by a process
+    that has ended is no reason to wait."""
+    image = tmp_path / "app.img"
+    writer = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / f".app.img.{ended.stdout.strip()}.x.tmp").touch()  # (a writer killed mid-write left it)
+    code = ("import sys; sys.path.append(sys.argv.pop(1)); from nvproxy import boot; "
+            "boot.wait_for_writers(sys.argv[1]); print('began')")
+    alone = subprocess.run([sys.executable, "-S", "-c", code, boot.root(), str(image)], capture_output=True,
+                           text=True, timeout=60)
+    assert alone.returncode == 0 and alone.stdout == "began\n" and alone.stderr == "", alone.stderr
+    (tmp_path / f".app.img.{writer.pid}.y.tmp").touch()
+    waits = subprocess.Popen([sys.executable, "-S", "-c", code, boot.root(), str(image)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert waits.stderr is not None
+        said = waits.stderr.readline()
+        assert said == f"nvproxy: waiting for proxy {writer.pid} to finish writing {image}\n", said
+        assert waits.poll() is None
+    finally:
+        writer.communicate(b"")  # (the writer ends)
+    out, err = waits.communicate(timeout=60)
+    assert waits.returncode == 0 and out == "began\n" and err == "", err

@@ -40,7 +40,10 @@ def begin(restore: str | None, backend: str) -> dict:
     if header is not None:
         return header
     if restore:
-        wait_for_writers(restore)
+        try:
+            wait_for_writers(restore)
+        except Exception as e:  # (a wait that fails must not keep the restore from saying what it finds)
+            notes.append(f"nvproxy: could not tell whether a proxy still writes {restore}: {e}")
     header = _hold_application_ranges(restore) if restore else {}
     if backend != "sim" and os.environ.get("NVPROXY_EARLY_CONTEXT", "1") != "0":
         from .backends import warmup
@@ -74,8 +77,8 @@ def wait_for_writers(image: str) -> None:
                        if f.startswith(prefix) and f.endswith(".tmp") and f[len(prefix):].split(".", 1)[0].isdigit()}
         except OSError:
             return
-        live = sorted(pid for pid in writers if pid != os.getpid() and live(pid))
-        if not live:
+        writing = sorted(pid for pid in writers if pid != os.getpid() and live(pid))
+        if not writing:
             return
         import time
 
@@ -83,7 +86,7 @@ def wait_for_writers(image: str) -> None:
         if time.monotonic() > deadline:
             return  # (the restore then says what it finds)
         if not said:  # (at once, in one write: the wait may be long, and the program's stderr is shared)
-            os.write(2, f"nvproxy: waiting for proxy {live[0]} to finish writing {image}\n".encode())
+            os.write(2, f"nvproxy: waiting for proxy {writing[0]} to finish writing {image}\n".encode())
             said = True
         time.sleep(0.02)
 
