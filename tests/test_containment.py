@@ -353,19 +353,13 @@ def test_driver_api_state_comes_back_in_a_new_proxy(build, images: dict[str, Pat
 def test_driver_api_state_survives_a_dmtcp_restart(build, images: dict[str, Path], tmp_path: Path) -> None:
     """Under DMTCP, where DMTCP's own dlopen wrapper comes before the shim's, the driver API still reaches the
     shim, and a checkpoint mid-run and a restart give an uninterrupted run's output."""
-    from test_dmtcp import Session
+    from test_dmtcp import Session, checkpoint_kill_restart
 
     session = Session(tmp_path / "dmtcp")
     exe = build("driver_api")
     args = driver_args(images, "cubin", DRIVER, "data", "created", "16")
     reference = run(nvproxy_cmd(exe, "sim", "driver_api", *args, "0")).stdout.splitlines(keepends=True)
-    app = session.launch(nvproxy_cmd(exe, "sim", "driver_api", *args, "150"))
-    session.wait_for(app, "step 2:")
-    session.checkpoint_and_kill(app)
-    r = session.restart()
-    after = r.stdout.splitlines(keepends=True)
-    assert after and after[0] in reference, r.stderr
-    assert after == reference[reference.index(after[0]) :] and r.returncode == 0, r.stderr
+    checkpoint_kill_restart(session, nvproxy_cmd(exe, "sim", "driver_api", *args, "150"), reference, "step 2:")
 
 
 # ---- on a GPU: the same output natively and through nvproxy ----

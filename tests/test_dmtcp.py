@@ -171,6 +171,27 @@ class Session:
                                *extra], capture_output=True, text=True, env=self.env, timeout=300)
 
 
+def checkpoint_kill_restart(session: Session, cmd: list[str], reference: list[str], after: str
+                            ) -> subprocess.CompletedProcess:
+    """Launch cmd under DMTCP, checkpoint it once it has printed `after`, kill it and restart it: the restarted
+    program prints the rest of an uninterrupted run's output (reference, by lines) and ends well.  The restart."""
+    app = session.launch(cmd)
+    session.wait_for(app, after)
+    session.checkpoint_and_kill(app)
+    r = session.restart()
+    _after_restart(reference, r)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def _after_restart(reference: list[str], r: subprocess.CompletedProcess) -> None:
+    """A restarted program printed the rest of an uninterrupted run, from some line on."""
+    after = r.stdout.splitlines(keepends=True)
+    assert after, r.stderr
+    first = reference.index(after[0]) if after[0] in reference else -1
+    assert first >= 0 and after == reference[first:], r.stderr
+
+
 def calls_made(cmd: list[str], tmp_path: Path, cwd: Path | None = None) -> tuple[list[int], str]:
     """How many CUDA calls each process of cmd makes (NVPROXY_CALLS_OUT; in the order they ended), and what it
     prints."""
@@ -189,14 +210,8 @@ def test_dmtcp_checkpoint_kill_restart(build, backend: str, pause_ms: str, tmp_p
     exe = build("ckpt_steps")
     steps = "40" if pause_ms != "0" else ("400" if backend == "sim" else "4000")
     reference = run(nvproxy_cmd(exe, backend, "ckpt_steps", steps, "0")).stdout.splitlines(keepends=True)
-    app = session.launch(nvproxy_cmd(exe, backend, "ckpt_steps", steps, pause_ms))
-    session.wait_for(app, "step 3:" if pause_ms != "0" else "step 20:")
-    session.checkpoint_and_kill(app)
-    r = session.restart()
-    after = r.stdout.splitlines(keepends=True)
-    assert after, r.stderr
-    first = reference.index(after[0]) if after[0] in reference else -1
-    assert first >= 0 and after == reference[first:], r.stderr
+    r = checkpoint_kill_restart(session, nvproxy_cmd(exe, backend, "ckpt_steps", steps, pause_ms), reference,
+                                "step 3:" if pause_ms != "0" else "step 20:")
     assert "restoring the GPU state" in r.stderr
 
 
@@ -437,14 +452,6 @@ def test_dmtcp_checkpoint_at_every_call(build, backend: str, app: str, tmp_path:
                 break
         assert r.returncode == 0, f"checkpointed at call {call} of {calls}: {r.stderr}"
         assert session.out.read_text() + r.stdout == reference, f"checkpointed at call {call} of {calls}: {r.stderr}"
-
-
-def _after_restart(reference: list[str], r: subprocess.CompletedProcess) -> None:
-    """A restarted ckpt_steps printed the rest of an uninterrupted run, from some step on."""
-    after = r.stdout.splitlines(keepends=True)
-    assert after, r.stderr
-    first = reference.index(after[0]) if after[0] in reference else -1
-    assert first >= 0 and after == reference[first:], r.stderr
 
 
 WRITER_GATE = Path(__file__).resolve().parent / "hooks" / "writer_gate"

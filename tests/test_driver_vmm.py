@@ -141,15 +141,9 @@ def test_vmm_state_survives_a_dmtcp_restart(build, backend: str, tmp_path: Path)
     """Checkpointed under DMTCP after step 2 (its segment shrunk and grown again), killed and restarted: the shim's
     handles and reservations come back with the program, the proxy's allocations and mappings from the image, and
     the program prints the rest of an uninterrupted run's output."""
-    from test_dmtcp import Session
+    from test_dmtcp import Session, checkpoint_kill_restart
 
     session = Session(tmp_path / "dmtcp")
     exe = build(APP)
     reference = run(nvproxy_cmd(exe, backend, APP, STEPS)).stdout.splitlines(keepends=True)
-    app = session.launch(nvproxy_cmd(exe, backend, APP, STEPS, "300"))
-    session.wait_for(app, "step 2:")
-    session.checkpoint_and_kill(app)
-    r = session.restart()
-    after = r.stdout.splitlines(keepends=True)
-    assert after and after[0] in reference, r.stderr
-    assert after == reference[reference.index(after[0]) :] and r.returncode == 0, r.stderr
+    checkpoint_kill_restart(session, nvproxy_cmd(exe, backend, APP, STEPS, "300"), reference, "step 2:")

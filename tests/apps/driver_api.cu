@@ -88,20 +88,7 @@ FN(cuPointerGetAttribute);
 FN(cuGetErrorName);
 FN(cuGetProcAddress);
 
-static const char *name_of(CUresult r) {
-    const char *s = "?";
-    if (p_cuGetErrorName) p_cuGetErrorName(r, &s);
-    return s ? s : "?";
-}
-
-#define CK(x)                                                                                                       \
-    do {                                                                                                            \
-        CUresult r_ = (x);                                                                                          \
-        if (r_ != CUDA_SUCCESS) {                                                                                   \
-            printf("FAILED %s:%d %s -> %s\n", __FILE__, __LINE__, #x, name_of(r_));                                 \
-            exit(1);                                                                                                \
-        }                                                                                                           \
-    } while (0)
+#include "driver_check.h"
 
 typedef cudaError_t (*entry_fn)(const char *, void **, unsigned, unsigned long long, int *);
 
@@ -230,7 +217,7 @@ int main(int argc, char **argv) {
     CK(p_cuDeviceTotalMem(&total, dev));
     printf("device 0: %s, cc %d.x, %d SMs, %zu MiB; driver %s\n", name, major, sms, total >> 20,
            version >= 12000 ? ">= 12.0" : "older");
-    printf("out of range device: %s\n", name_of(p_cuDeviceGet(&dev, count)));
+    printf("out of range device: %s\n", cu_error_name(p_cuDeviceGet(&dev, count)));
     CK(p_cuDeviceGet(&dev, 0));
 
     CUcontext ctx = nullptr, now = nullptr;
@@ -278,21 +265,21 @@ int main(int argc, char **argv) {
     CUfunction again;
     CK(p_cuModuleGetFunction(&again, mod, "bump"));
     printf("missing function: %s; the same function twice: %s\n",
-           name_of(p_cuModuleGetFunction(&missing, mod, "no_such_kernel")), again == bump ? "same" : "different");
+           cu_error_name(p_cuModuleGetFunction(&missing, mod, "no_such_kernel")), again == bump ? "same" : "different");
     CUdeviceptr counter;
     size_t counter_bytes = 0;
     CK(p_cuModuleGetGlobal(&counter, &counter_bytes, mod, "counter"));
     CUdeviceptr missing_ptr = 1;
     size_t missing_bytes = 1;
     CUresult miss = p_cuModuleGetGlobal(&missing_ptr, &missing_bytes, mod, "no_such_variable");
-    printf("global counter: %zu bytes; missing global: %s, leaving %zu bytes\n", counter_bytes, name_of(miss),
+    printf("global counter: %zu bytes; missing global: %s, leaving %zu bytes\n", counter_bytes, cu_error_name(miss),
            missing_bytes);
     size_t off = 0, size = 0;
     int max_threads = 0;
     CK(p_cuFuncGetParamInfo(sum_struct, 1, &off, &size));
     CK(p_cuFuncGetAttribute(&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, scale_add));
     printf("sum_struct parameter 1 at %zu, %zu bytes; past the last: %s; scale_add max threads %s\n", off, size,
-           name_of(p_cuFuncGetParamInfo(sum_struct, 2, &off, &size)), max_threads >= 256 ? ">= 256" : "< 256");
+           cu_error_name(p_cuFuncGetParamInfo(sum_struct, 2, &off, &size)), max_threads >= 256 ? ">= 256" : "< 256");
 
     const int n = 1 << 16;
     size_t bytes = n * sizeof(float);
@@ -342,8 +329,8 @@ int main(int argc, char **argv) {
     printf("sum_struct through a parameter buffer: %.2f\n", sum);
     void *both[] = {&z, &big};
     printf("kernelParams and extra at once: %s\n",
-           name_of(p_cuLaunchKernel(sum_struct, 1, 1, 1, 32, 1, 1, 0, nullptr, both, extra)));
-    printf("no launch geometry: %s\n", name_of(p_cuLaunchKernel(bump, 0, 1, 1, 1, 1, 1, 0, nullptr, params, nullptr)));
+           cu_error_name(p_cuLaunchKernel(sum_struct, 1, 1, 1, 32, 1, 1, 0, nullptr, both, extra)));
+    printf("no launch geometry: %s\n", cu_error_name(p_cuLaunchKernel(bump, 0, 1, 1, 1, 1, 1, 0, nullptr, params, nullptr)));
 
     // memsets of each width, and a 2D one
     std::vector<unsigned char> back(bytes);
@@ -363,7 +350,7 @@ int main(int argc, char **argv) {
     memcpy(&v32, &back[4096 + 128 + 12], 4);
     printf("memset: %02x %04x %.1f %08x %08x %08x %08x (past: %02x %02x)\n", back[0], h16, f32, row0, row1, v32, gap,
            back[64 + 16], back[128 + 64]);
-    printf("misaligned cuMemsetD32: %s\n", name_of(p_cuMemsetD32(z + 2, 0, 4)));
+    printf("misaligned cuMemsetD32: %s\n", cu_error_name(p_cuMemsetD32(z + 2, 0, 4)));
 
     // a 2D copy into the middle of a pitched area and back out of it
     std::vector<float> block(8 * 64), out(8 * 16, -1);
@@ -395,7 +382,7 @@ int main(int argc, char **argv) {
         for (int c = 0; c < 16; c++) bad2d += out[r * 16 + c] != block[r * 64 + c];
     CUDA_MEMCPY2D narrow = c2;
     narrow.dstPitch = 32;
-    printf("2D copies: %d wrong; a pitch narrower than the width: %s\n", bad2d, name_of(p_cuMemcpy2D(&narrow)));
+    printf("2D copies: %d wrong; a pitch narrower than the width: %s\n", bad2d, cu_error_name(p_cuMemcpy2D(&narrow)));
     int min_grid = 0, block_size = 0;
     CK(p_cuOccupancyMaxPotentialBlockSize(&min_grid, &block_size, scale_add, nullptr, 0, 0));
     printf("potential block size: %s\n", block_size > 0 && block_size % 32 == 0 && min_grid > 0 ? "whole warps" : "?");
@@ -415,7 +402,7 @@ int main(int argc, char **argv) {
     int plain = 0;
     printf("memory types: device %s, pinned host %s, malloc'ed %s\n", type == CU_MEMORYTYPE_DEVICE ? "DEVICE" : "?",
            htype == CU_MEMORYTYPE_HOST ? "HOST" : "?",
-           name_of(p_cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)&plain)));
+           cu_error_name(p_cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)&plain)));
     CUdeviceptr base = 0;
     size_t range = 0;
     CK(p_cuMemGetAddressRange(&base, &range, x + 100));

@@ -59,20 +59,7 @@ FN(cuLaunchKernel, "cuLaunchKernel");
 FN(cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled");
 FN(cuTensorMapEncodeIm2col, "cuTensorMapEncodeIm2col");
 
-static const char *name(CUresult r) {
-    const char *s = "?";
-    p_cuGetErrorName(r, &s);
-    return s;
-}
-
-#define CK(x)                                                                                                       \
-    do {                                                                                                            \
-        CUresult r_ = (x);                                                                                          \
-        if (r_ != CUDA_SUCCESS) {                                                                                   \
-            printf("FAILED %s:%d %s -> %s\n", __FILE__, __LINE__, #x, name(r_));                                   \
-            exit(1);                                                                                                \
-        }                                                                                                           \
-    } while (0)
+#include "driver_check.h"
 
 // add_one(int *p): *p += 1, in PTX as a program might have it from NVRTC
 static const char add_one_ptx[] = R"(.version 8.0
@@ -101,8 +88,8 @@ static CUmodule link_module(const char *cubin) {
     void *vals[] = {log, (void *)(size_t)sizeof log};
     CUlinkState st;
     CK(p_cuLinkCreate(2, opts, vals, &st));
-    printf("link: add nothing: %s; ", name(p_cuLinkAddData(st, CU_JIT_INPUT_PTX, NULL, 10, "none", 0, NULL, NULL)));
-    printf("a missing file: %s\n", name(p_cuLinkAddFile(st, CU_JIT_INPUT_CUBIN, "/nonexistent.cubin", 0, NULL,
+    printf("link: add nothing: %s; ", cu_error_name(p_cuLinkAddData(st, CU_JIT_INPUT_PTX, NULL, 10, "none", 0, NULL, NULL)));
+    printf("a missing file: %s\n", cu_error_name(p_cuLinkAddFile(st, CU_JIT_INPUT_CUBIN, "/nonexistent.cubin", 0, NULL,
                                                            NULL)));
     CK(p_cuLinkAddFile(st, CU_JIT_INPUT_CUBIN, cubin, 0, NULL, NULL));
     char *copy = strdup(add_one_ptx); // (the link keeps its own copy: the program's may go at once)
@@ -111,7 +98,7 @@ static CUmodule link_module(const char *cubin) {
     free(copy);
     void *image = NULL;
     size_t size = 0;
-    printf("link: complete without an out pointer: %s\n", name(p_cuLinkComplete(st, NULL, &size)));
+    printf("link: complete without an out pointer: %s\n", cu_error_name(p_cuLinkComplete(st, NULL, &size)));
     CK(p_cuLinkComplete(st, &image, &size));
     CUmodule m;
     CK(p_cuModuleLoadData(&m, image));
@@ -136,8 +123,8 @@ static void tensor_maps(CUdeviceptr base) {
     cuuint64_t odd[1] = {100};
     cuuint32_t big[2] = {512, 8};
     printf("tensor map misaligned: %s; stride 100: %s; box 512: %s; box wider than the swizzle: %s\n",
-           name(tiled(&a, base + 4, strides, small)), name(tiled(&a, base, odd, small)),
-           name(tiled(&a, base, strides, big)), name(tiled(&a, base, strides, wide)));
+           cu_error_name(tiled(&a, base + 4, strides, small)), cu_error_name(tiled(&a, base, odd, small)),
+           cu_error_name(tiled(&a, base, strides, big)), cu_error_name(tiled(&a, base, strides, wide)));
     cuuint64_t nhwc[4] = {16, 8, 8, 1}, nhwc_strides[3] = {64, 512, 4096};
     int lower[2] = {-1, -1}, upper[2] = {-1, -1};
     cuuint32_t es4[4] = {1, 1, 1, 1};
@@ -149,7 +136,7 @@ static void tensor_maps(CUdeviceptr base) {
                                             lower, upper, 16, 32, es4, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                             CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
                                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    printf("tensor map im2col: %s; of rank 2: %s\n", name(r), name(r2));
+    printf("tensor map im2col: %s; of rank 2: %s\n", cu_error_name(r), cu_error_name(r2));
 }
 
 int main(int argc, char **argv) {
@@ -162,7 +149,7 @@ int main(int argc, char **argv) {
     const char *text = NULL, *none = "untouched";
     CK(p_cuGetErrorString(CUDA_ERROR_INVALID_VALUE, &text));
     CUresult bad = p_cuGetErrorString((CUresult)12345, &none);
-    printf("cuGetErrorString: %s; of code 12345: %s\n", text, name(bad));
+    printf("cuGetErrorString: %s; of code 12345: %s\n", text, cu_error_name(bad));
 
     // Triton's start: the primary context made current where none is
     CUcontext ctx = NULL;
@@ -206,7 +193,7 @@ int main(int argc, char **argv) {
     CK(p_cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
     CK(p_cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
     printf("write value misaligned: %s; 64-bit at 4 bytes: %s\n",
-           name(p_cuStreamWriteValue32(s1, flags + 2, 1, 0)), name(p_cuStreamWriteValue64(s1, flags + 4, 1, 0)));
+           cu_error_name(p_cuStreamWriteValue32(s1, flags + 2, 1, 0)), cu_error_name(p_cuStreamWriteValue64(s1, flags + 4, 1, 0)));
     CK(p_cuMemsetD32Async(flags, 0, 16, s1));
     float *h = (float *)malloc(n * sizeof(float));
     for (int i = 0; i < n; i++)

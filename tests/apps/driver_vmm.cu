@@ -40,20 +40,8 @@ FN(cuMemGetAllocationGranularity);
 FN(cuMemGetAllocationPropertiesFromHandle);
 FN(cuMemRetainAllocationHandle);
 
-static const char *name(CUresult r) {
-    const char *s = "?";
-    p_cuGetErrorName(r, &s);
-    return s;
-}
+#include "driver_check.h"
 
-#define CU(call)                                                                                                    \
-    do {                                                                                                            \
-        CUresult r_ = (call);                                                                                       \
-        if (r_ != CUDA_SUCCESS) {                                                                                   \
-            printf("%s:%d %s: %s\n", __FILE__, __LINE__, #call, name(r_));                                         \
-            exit(1);                                                                                                \
-        }                                                                                                           \
-    } while (0)
 #define RT(call)                                                                                                    \
     do {                                                                                                            \
         cudaError_t e_ = (call);                                                                                    \
@@ -81,7 +69,7 @@ static unsigned long long checksum(const unsigned *v, size_t n) {
 int main(int argc, char **argv) {
     int steps = argc > 1 ? atoi(argv[1]) : 6;
     int pause_ms = argc > 2 ? atoi(argv[2]) : 0;
-    CU(p_cuInit(0));
+    CK(p_cuInit(0));
     RT(cudaSetDevice(0));
     RT(cudaFree(0));
 
@@ -91,22 +79,22 @@ int main(int argc, char **argv) {
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = 0;
     size_t g = 0, rec = 0;
-    CU(p_cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-    CU(p_cuMemGetAllocationGranularity(&rec, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+    CK(p_cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    CK(p_cuMemGetAllocationGranularity(&rec, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
     // (said after the steps: a gated run's first line is its first step's)
     char said[1024];
     int at = snprintf(said, sizeof said, "granularity: a power of two: %s; recommended a multiple of it: %s\n",
                       (g & (g - 1)) == 0 ? "yes" : "no", rec && rec % g == 0 ? "yes" : "no");
     at += snprintf(said + at, sizeof said - at, "granularity without an out pointer: %s\n",
-                   name(p_cuMemGetAllocationGranularity(NULL, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)));
+                   cu_error_name(p_cuMemGetAllocationGranularity(NULL, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)));
     CUmemGenericAllocationHandle bad;
     at += snprintf(said + at, sizeof said - at, "create of a size not a multiple of it: %s\n",
-                   name(p_cuMemCreate(&bad, g + 1, &prop, 0)));
+                   cu_error_name(p_cuMemCreate(&bad, g + 1, &prop, 0)));
 
     const size_t chunk = g;
     const size_t total = MAX_CHUNKS * chunk;
     CUdeviceptr base = 0;
-    CU(p_cuMemAddressReserve(&base, total, 0, 0, 0));
+    CK(p_cuMemAddressReserve(&base, total, 0, 0, 0));
     snprintf(said + at, sizeof said - at, "reserved: aligned to the granularity: %s\n", base % g == 0 ? "yes" : "no");
 
     CUmemGenericAllocationHandle h[MAX_CHUNKS];
@@ -124,13 +112,13 @@ int main(int argc, char **argv) {
         if (step == 2) { // shrink: the last chunk goes back
             mapped--;
             RT(cudaDeviceSynchronize());
-            CU(p_cuMemUnmap(base + mapped * chunk, chunk));
-            CU(p_cuMemRelease(h[mapped]));
+            CK(p_cuMemUnmap(base + mapped * chunk, chunk));
+            CK(p_cuMemRelease(h[mapped]));
         }
         if (step < GROWING) { // grow by one chunk, mapped right after the others
-            CU(p_cuMemCreate(&h[mapped], chunk, &prop, 0));
-            CU(p_cuMemMap(base + mapped * chunk, chunk, 0, h[mapped], 0));
-            CU(p_cuMemSetAccess(base + mapped * chunk, chunk, &access, 1));
+            CK(p_cuMemCreate(&h[mapped], chunk, &prop, 0));
+            CK(p_cuMemMap(base + mapped * chunk, chunk, 0, h[mapped], 0));
+            CK(p_cuMemSetAccess(base + mapped * chunk, chunk, &access, 1));
             RT(cudaMemset((void *)(base + mapped * chunk), step + 1, chunk));
             mapped++;
         }
@@ -151,29 +139,29 @@ int main(int argc, char **argv) {
 
     printf("%s", said);
     unsigned long long flags = 0;
-    CU(p_cuMemGetAccess(&flags, &access.location, base + chunk / 2));
+    CK(p_cuMemGetAccess(&flags, &access.location, base + chunk / 2));
     printf("access: %s\n", flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? "read-write" : "other");
     CUmemGenericAllocationHandle again = 0;
-    CU(p_cuMemRetainAllocationHandle(&again, (void *)(base + chunk + 100)));
+    CK(p_cuMemRetainAllocationHandle(&again, (void *)(base + chunk + 100)));
     printf("retained: the handle mapped there: %s\n", mapped > 1 && again == h[1] ? "yes" : "no");
-    CU(p_cuMemRelease(again));
+    CK(p_cuMemRelease(again));
     CUmemAllocationProp got;
     memset(&got, 0xff, sizeof got);
-    CU(p_cuMemGetAllocationPropertiesFromHandle(&got, h[0]));
+    CK(p_cuMemGetAllocationPropertiesFromHandle(&got, h[0]));
     printf("properties: pinned %s, device %d\n", got.type == CU_MEM_ALLOCATION_TYPE_PINNED ? "yes" : "no",
            got.location.id);
 
     // released while mapped: the memory stays until unmapped
-    CU(p_cuMemRelease(h[0]));
+    CK(p_cuMemRelease(h[0]));
     vmm_mix<<<64, 256>>>((unsigned *)base, chunk / sizeof(unsigned), 7);
     RT(cudaMemcpy(host, (void *)base, chunk, cudaMemcpyDeviceToHost));
     printf("released, still mapped: checksum %016llx\n", checksum(host, chunk / sizeof(unsigned)));
-    CU(p_cuMemUnmap(base, chunk));
+    CK(p_cuMemUnmap(base, chunk));
     for (int i = 1; i < mapped; i++) {
-        CU(p_cuMemUnmap(base + i * chunk, chunk));
-        CU(p_cuMemRelease(h[i]));
+        CK(p_cuMemUnmap(base + i * chunk, chunk));
+        CK(p_cuMemRelease(h[i]));
     }
-    CU(p_cuMemAddressFree(base, total));
+    CK(p_cuMemAddressFree(base, total));
     printf("Test PASSED\n");
     return 0;
 }
