@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import hashlib
 import os
 import shutil
 import signal
@@ -50,7 +51,10 @@ def build(nvcc: str, tmp_path_factory: pytest.TempPathFactory):
     def _build(name: str, *flags: str) -> Path:
         key = (name, flags)
         if key not in built:
-            exe = out / (name + "".join(f.replace("=", "_").replace("-", "_") for f in flags))
+            tag = "".join(f.replace("=", "_").replace("-", "_") for f in flags)
+            if len(tag) > 40 or "/" in tag:  # (paths in the flags: a digest names the build)
+                tag = "_" + hashlib.sha1("\0".join(flags).encode()).hexdigest()[:12]
+            exe = out / (name + tag)
             subprocess.run([nvcc, "-cudart", "shared", *flags, "-o", str(exe), str(APPS / f"{name}.cu")],
                            check=True, cwd=APPS)
             built[key] = exe

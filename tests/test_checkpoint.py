@@ -645,9 +645,10 @@ def test_a_migration_whose_new_proxy_dies_leaves_the_program_on_its_old_proxy(bu
     exe = build("ckpt_steps")
     reference = run(nvproxy_cmd(exe, backend, "ckpt_steps", "12", "0"))
     assert reference.returncode == 0, reference.stdout + reference.stderr
-    app = subprocess.Popen(nvproxy_cmd(exe, backend, "ckpt_steps", "12", PAUSE_MS), stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-    assert app.stdout is not None
+    # (held after its first step until the migration has failed: a loaded machine cannot let it end first)
+    app = subprocess.Popen(nvproxy_cmd(exe, backend, "ckpt_steps", "12", "-1"), stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert app.stdout is not None and app.stdin is not None
     first = app.stdout.readline()
     assert first, app.communicate()[1]
     old_pid, _sock = find_proxy(app.pid)
@@ -669,9 +670,9 @@ def test_a_migration_whose_new_proxy_dies_leaves_the_program_on_its_old_proxy(bu
             os.kill(int(new.name), 9)
             killed = int(new.name)
     out_m, err_m = migrate.communicate(timeout=120)
+    out, err = app.communicate(timeout=300)  # (its end of input: the program goes on)
     assert killed is not None, f"the new proxy was not seen: {err_m}"
     assert migrate.returncode == 1 and "the new proxy failed" in err_m, err_m
-    out, err = app.communicate(timeout=300)
     assert app.returncode == 0, err
     assert first + out == reference.stdout, err
     if when == "restoring":  # (killed after the old proxy had handed its state over: it lost the connection)

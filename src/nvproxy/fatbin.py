@@ -30,6 +30,7 @@ EIATTR_KPARAM_INFO_V2 = 0x45
 
 SHT_SYMTAB, SHT_NOBITS = 2, 8
 STT_OBJECT, STT_FUNC = 1, 2
+STT_CUDA_OBJECT = 13  # (a variable of a relocatable cubin, -rdc=true)
 
 
 class FatbinError(Exception):
@@ -190,7 +191,7 @@ def parse_cubin(elf: bytes) -> Module:
         stroff = secs[link][2]
         for p in range(off, off + size, entsize or 24):
             st_name, st_info, _other, shndx, value, ssize = struct.unpack_from("<IBBHQQ", elf, p)
-            if st_info & 0xF != STT_OBJECT or not st_name or shndx == 0 or shndx >= len(secs):
+            if st_info & 0xF not in (STT_OBJECT, STT_CUDA_OBJECT) or not st_name or shndx == 0 or shndx >= len(secs):
                 continue
             sname = elf[stroff + st_name : elf.index(b"\0", stroff + st_name)].decode()
             sec = secs[shndx]

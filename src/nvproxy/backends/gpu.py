@@ -799,16 +799,23 @@ class GpuBackend:
                 rc = self.L.cuLinkAddData_v2(st[0], kind, ffi.from_buffer(data), len(data), name.encode(), 0,
                                              ffi.NULL, ffi.NULL)
                 if rc:
-                    print(f"nvproxy: {what}: {ffi.string(log).decode(errors='replace')}", file=sys.stderr)
+                    self._link_failed(what, rc, log)
                     cd.check(rc, "cuLinkAddData")
             out, size = ffi.new("void **"), ffi.new("size_t *")
             rc = self.L.cuLinkComplete(st[0], out, size)
             if rc:
-                print(f"nvproxy: {what}: {ffi.string(log).decode(errors='replace')}", file=sys.stderr)
+                self._link_failed(what, rc, log)
             cd.check(rc, "cuLinkComplete")
             return bytes(ffi.buffer(out[0], size[0]))  # (the link state owns it)
         finally:
             self.L.cuLinkDestroy(st[0])
+
+    def _link_failed(self, what: str, rc: int, log: Any) -> None:
+        """One line: the driver's error and the linker's log (the driver leaves it empty for some errors)."""
+        name = ffi.new("const char **")
+        code = ffi.string(name[0]).decode() if self.L.cuGetErrorName(rc, name) == 0 else f"CUresult {rc}"
+        said = ffi.string(log).decode(errors="replace").strip().replace("\n", "; ")
+        print(f"nvproxy: {what}: {code}" + (f": {said}" if said else ""), file=sys.stderr)
 
     def kernel_get(self, mod: GpuModule, name: str) -> GpuKernel:
         f = ffi.new("CUfunction *")
