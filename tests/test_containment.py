@@ -120,6 +120,7 @@ def test_a_static_runtime_preloaded_by_hand_fails_loudly(static_vector_add: Path
     assert p.returncode != 0 and "Test PASSED" not in p.stdout, p.stdout + p.stderr
     lines = [ln for ln in p.stderr.splitlines() if "cuGetExportTable" in ln]
     assert len(lines) == 1 and "its own CUDA runtime" in lines[0] and "nvcc -cudart shared" in lines[0], p.stderr
+    assert f"called from {static_vector_add}:" in lines[0], p.stderr  # (the file that carries the runtime)
 
 
 # ---- the driver API through the proxy ----

@@ -9,6 +9,7 @@
 #include "driver.h"
 #include "driver_tables.h"
 
+#include <dlfcn.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -821,10 +822,15 @@ NVP_EXPORT CUresult CUDAAPI cuGetExportTable(const void **ppExportTable, const C
     (void)pExportTableId;
     if (ppExportTable)
         *ppExportTable = NULL;
-    if (!atomic_exchange(&said, 1)) /* (such a runtime asks for several tables) */
-        nvp_log("nvproxy: cuGetExportTable called: this program carries its own CUDA runtime (linked statically, "
-                "or inside a library), which nvproxy cannot intercept and no checkpoint could save; rebuild it with "
+    if (!atomic_exchange(&said, 1)) { /* (such a runtime asks for several tables) */
+        /* the object that carries the runtime: the user's first question is which library it is */
+        Dl_info at;
+        const char *who = dladdr(__builtin_return_address(0), &at) && at.dli_fname && *at.dli_fname ? at.dli_fname
+                                                                                            : "this program";
+        nvp_log("nvproxy: cuGetExportTable called from %s: it carries its own CUDA runtime (linked statically), "
+                "which nvproxy cannot intercept and no checkpoint could save; rebuild it with "
                 "`nvcc -cudart shared` (CMake: CMAKE_CUDA_RUNTIME_LIBRARY=Shared); "
-                "returning CUDA_ERROR_NOT_SUPPORTED");
+                "returning CUDA_ERROR_NOT_SUPPORTED", who);
+    }
     return CUDA_ERROR_NOT_SUPPORTED;
 }

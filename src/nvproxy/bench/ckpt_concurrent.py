@@ -112,6 +112,7 @@ def measure(exe: Path, mib: int, td: Path, backend: str) -> dict:
         ckpt_run._wait_prepared(app.pid)
         loop.wait_batches(BEFORE_BATCHES)
         said, _ = _checkpoint(app.pid, td / "stw.img", "--no-concurrent")
+        (td / "stw.img").unlink(missing_ok=True)  # (only its stop is wanted: disks hold few images of 64 GiB)
         stopped = STOPPED.search(said)
         row["stw_stall_s"] = float(stopped.group(1)) if stopped else None
         t_before = time.monotonic()

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from . import apps, build, frameworks, libs, startup
@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = ["--quick"] if args.quick else []
     samples: dict[tuple[str, int, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     checks: dict[tuple[str, int], dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    failed: list[str] = []  # (a program that failed once is run no more; the others go on)
     for rep in range(args.reps if programs else 0):
         modes: list[tuple[str, dict[str, str] | None]] = [("native", None)] if native else []
         modes += [("nvproxy", {}), *variants]
@@ -120,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
             modes.reverse()  # alternate which goes first
         for name, argv, options in programs:
             for mode, settings in modes:
+                if name in failed:
+                    break
                 print(f"[{rep + 1}/{args.reps}] {mode} {name}", file=sys.stderr, flush=True)
                 cmd = [*argv, *extra] if settings is None else [
                     sys.executable, "-m", "nvproxy", "run", "--backend", backend, *options, "--", *argv, *extra]
@@ -127,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                     records = run_once(cmd, {**env, **(settings or {})})
                 except RunFailed as e:
                     print(f"nvproxy bench: {e}", file=sys.stderr)
-                    return 1
+                    failed.append(name)
+                    continue
                 for rec in records:
                     samples[(rec["bench"], rec["param"], rec["unit"])][mode].append(rec["value"])
                     if "check" in rec:
@@ -142,33 +146,38 @@ def main(argv: list[str] | None = None) -> int:
     if "micro" in suites:  # (bench/startup.py: from exec to a first call done)
         startup.add_rows(samples, backend, args.reps, native, env)
     if "ckpt" in suites:
-        try:
-            _all_checkpoint_rows(samples, backend, args, out)
-        except (RuntimeError, OSError, subprocess.SubprocessError) as e:  # (the rows so far are written)
+        for part in _checkpoint_parts(samples, backend, args, out):
+            try:
+                part()
+            except (RuntimeError, OSError, subprocess.SubprocessError) as e:  # (the other parts still run)
+                print(f"nvproxy bench: {e}", file=sys.stderr)
+                failed.append("ckpt")
             _write(samples, variants, out, backend, args.reps, quiet=True)
-            print(f"nvproxy bench: {e}", file=sys.stderr)
-            return 1
     rows = _write(samples, variants, out, backend, args.reps)
     _plots(rows, out)
-    return 0
+    return 1 if failed else 0
 
 
-def _all_checkpoint_rows(samples: dict, backend: str, args: argparse.Namespace, out: Path) -> None:
-    """The ckpt suite: dumps and restores, concurrent and incremental checkpoints, DMTCP checkpoints."""
+def _checkpoint_parts(samples: dict, backend: str, args: argparse.Namespace, out: Path) -> list[Callable[[], None]]:
+    """The ckpt suite, in parts that fail alone: dumps and restores, concurrent and incremental checkpoints, DMTCP
+    checkpoints."""
     ckpt_sizes = args.checkpoint_sizes or ("8M" if args.quick else "1,4,16,32" if backend == "gpu" else "none")
-    stops: dict[int, float] = {}  # cuda-checkpoint's stop time by MiB
+    stops: dict[int, float] = {}  # cuda-checkpoint's stop time by MiB, once the first part has run
+    parts: list[Callable[[], None]] = []
     if ckpt_sizes != "none":
-        stops = _checkpoint_rows(samples, backend, ckpt_sizes, out)
+        parts.append(lambda: stops.update(_checkpoint_rows(samples, backend, ckpt_sizes, out)))
     conc_sizes = args.concurrent_sizes or ("none" if args.checkpoint_sizes == "none" else "8M" if args.quick
                                            else "1,4,16,64" if backend == "gpu" else "none")
     if conc_sizes != "none":
-        _concurrent_rows(samples, backend, conc_sizes, out, stops)
+        parts.append(lambda: _concurrent_rows(samples, backend, conc_sizes, out, stops))
     dmtcp_sizes = args.dmtcp_sizes or ("none" if args.checkpoint_sizes == "none" else "8M" if args.quick
                                        else "1,4" if backend == "gpu" else "none")
     if dmtcp_sizes != "none":
         from . import ckpt_run, dmtcp_stop
 
-        dmtcp_stop.add_rows(samples, backend, ckpt_run.parse_sizes(dmtcp_sizes), out, Path(tempfile.gettempdir()))
+        parts.append(lambda: dmtcp_stop.add_rows(samples, backend, ckpt_run.parse_sizes(dmtcp_sizes), out,
+                                                 Path(tempfile.gettempdir())))
+    return parts
 
 
 def _write(samples: dict, variants: list[tuple[str, dict[str, str]]], out: Path, backend: str, reps: int,
@@ -292,7 +301,7 @@ def _f(x: float | None) -> str:
 
 def _row_size(row: dict) -> str:
     """The row's param as the table shows it: bytes for bandwidths, times of checkpoints and allocations."""
-    by_bytes = row["unit"] in ("GB/s", "s") or row["bench"] == "malloc_free"
+    by_bytes = row["unit"] in ("GB/s", "s") or row["bench"] == "malloc_free" or row["bench"].startswith("ckpt_")
     return _size(row["param"]) if by_bytes else str(row["param"] or "")
 
 
