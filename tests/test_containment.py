@@ -17,7 +17,7 @@ import pytest
 from conftest import APPS, hooked, nvproxy_cmd, run
 
 from nvproxy import shim_path
-from nvproxy.containment import check_program
+from nvproxy.containment import check_program, own_runtime
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBCUDA = json.loads((ROOT / "native" / "shim" / "libcuda_api.json").read_text())
@@ -110,6 +110,12 @@ def test_programs_nvproxy_serves_are_not_refused(build, tmp_path: Path) -> None:
     for argv in ([str(build("vector_add"))], [str(build("driver_api"))], [str(script)], ["python3", "-c", "1"],
                  ["sh", "-c", "true"], [str(tmp_path / "missing")]):
         assert check_program(argv) is None, argv
+
+
+def test_own_runtime_tells_a_static_runtime_from_the_shared_one(build, static_vector_add: Path) -> None:
+    """What the framework tests ask of a Python extension module, asked of programs: only the static one carries
+    a runtime."""
+    assert own_runtime(static_vector_add) and own_runtime(build("vector_add")) is None
 
 
 def test_a_static_runtime_preloaded_by_hand_fails_loudly(static_vector_add: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,17 +24,37 @@ pytestmark = pytest.mark.gpu
 
 HERE = Path(__file__).resolve().parent / "frameworks"
 PROGRAMS = {"torch": ("torch_train.py", "torch"), "cupy": ("cupy_ops.py", "cupy")}
+RUNTIME_MODULES = {"cupy": "cupy_backends.cuda.api.runtime"}  # (the module whose calls reach the runtime)
 TIMEOUT = 600
 # runs that are checkpointed: long enough to go on for seconds after the step they are caught at
 LONG = {"torch": ("--steps", "40", "--step-ms", "100"), "cupy": ("--rounds", "30", "--round-ms", "100")}
 AT = {"torch": "step 8 ", "cupy": "round 6 "}
 
 
-def program(name: str, *args: str) -> list[str]:
+def program(name: str, *args: str, through_nvproxy: bool = True) -> list[str]:
     script, module = PROGRAMS[name]
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} is not installed in this Python ({sys.executable})")
+    if through_nvproxy and (carried := carried_runtime(name)):
+        pytest.skip(f"{carried[0]} carries its own CUDA runtime ({carried[1]}): nvproxy refuses it, as "
+                    "test_framework_with_its_own_runtime_is_refused_loudly checks")
     return [sys.executable, str(HERE / script), *args]
+
+
+@cache
+def carried_runtime(name: str) -> tuple[Path, str] | None:
+    """The framework's runtime module and how it shows a CUDA runtime linked into it, if it does (CuPy's wheels
+    link the runtime statically into each of their modules)."""
+    from nvproxy.containment import own_runtime
+
+    try:
+        spec = importlib.util.find_spec(RUNTIME_MODULES[name]) if name in RUNTIME_MODULES else None
+    except ModuleNotFoundError:  # (its package is not installed)
+        return None
+    if spec is None or not spec.origin:
+        return None
+    cause = own_runtime(Path(spec.origin))
+    return (Path(spec.origin), cause) if cause else None
 
 
 def through(cmd: list[str], *pre: str) -> list[str]:
@@ -122,3 +143,21 @@ def test_framework_dmtcp_restart_mid_run(name: str, tmp_path: Path) -> None:
     for image in [*tmp_path.glob("ckpt_*.dmtcp"), *tmp_path.glob("nvproxy-*.img")]:
         print(f"image {image.name}: {image.stat().st_size / 2**20:.1f} MiB")
     assert session.out.read_text() + r.stdout == want, r.stderr[-4000:]
+
+
+@pytest.mark.parametrize("name", ["cupy"])
+def test_framework_with_its_own_runtime_is_refused_loudly(name: str) -> None:
+    """A framework whose modules carry a CUDA runtime linked statically cannot be served: under nvproxy its first
+    CUDA call fails, with one line naming the module that carries the runtime, and nothing runs on the GPU beside
+    the proxy."""
+    from nvproxy.containment import own_runtime
+
+    cmd = program(name, through_nvproxy=False)
+    if carried_runtime(name) is None:
+        pytest.skip(f"this {name} uses the shared CUDA runtime: the tests through nvproxy serve it")
+    r = run(through(cmd), timeout=TIMEOUT)
+    said = [ln for ln in r.stderr.splitlines() if "cuGetExportTable called from" in ln]
+    assert r.returncode != 0 and "round" not in r.stdout, r.stdout + r.stderr[-3000:]
+    assert len(said) == 1 and "its own CUDA runtime" in said[0], r.stderr[-3000:]
+    named = re.search(r"called from (\S+): ", said[0])  # (whichever of its modules first reached the runtime)
+    assert named and own_runtime(Path(named.group(1))), said[0]

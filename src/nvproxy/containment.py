@@ -145,6 +145,19 @@ def _runtime_cause(elf: Elf, needed: list[str], library: bool) -> str | None:
     return None
 
 
+def own_runtime(path: Path) -> str | None:
+    """How the ELF file at path (a program, or a library or Python extension module loaded by name at run time)
+    shows a CUDA runtime of its own, or None."""
+    try:
+        elf = Elf(path)
+    except (OSError, ValueError):
+        return None
+    try:
+        return _runtime_cause(elf, [v for t, v in elf.dynamic() if t == DT_NEEDED], library=False)
+    finally:
+        elf.close()
+
+
 def _resolve_program(name: str) -> Path | None:
     if "/" in name:
         return Path(name) if Path(name).is_file() else None
