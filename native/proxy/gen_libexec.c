@@ -9356,3 +9356,8 @@ const struct nvpl_elem_type nvpl_elem_types[] = {
     {-1, 0, 0, 0},
 };
 const int nvpl_nelem_types = 34;
+const struct nvpl_kind_accept nvpl_kind_accepts[] = {
+    {14, 13},
+    {-1, -1},
+};
+const int nvpl_nkind_accepts = 1;

@@ -74,6 +74,17 @@ static struct hent *hfind(int kind, uint64_t id)
     }
 }
 
+/* a used handle's entry: of its parameter's kind, or of one that kind takes too (nvpl_kinds.h); the real handle of
+ * either is what the library is given, as a native cast of the one to the other gives it */
+static struct hent *hfind_used(int kind, uint64_t id)
+{
+    struct hent *e = hfind(kind, id);
+    for (int i = 0; !e && i < nvpl_nkind_accepts; i++)
+        if (nvpl_kind_accepts[i].kind == kind)
+            e = hfind(nvpl_kind_accepts[i].other, id);
+    return e;
+}
+
 EXPORT void nvpl_learn(int kind, uint64_t id, uint64_t real)
 {
     struct hent *e = hfind(kind, id);
@@ -232,7 +243,7 @@ static int call_slots(uint32_t fid, const struct nvpl_fn *f, uint64_t hostmask, 
         if ((r == 'h' || r == 'd') && !slot[i]) {
             v[i] = 0; /* (NULL: the library answers it) */
         } else if (r == 'h' || r == 'd') {
-            struct hent *e = hfind(kind, slot[i]);
+            struct hent *e = r == 'h' ? hfind_used(kind, slot[i]) : hfind(kind, slot[i]);
             if (!e)
                 return fail(res, NVPL_E_HANDLE, i);
             v[i] = e->real;
@@ -379,7 +390,7 @@ static struct gen_rec *same_generation(const struct nvpl_fn *f, uint32_t fid, ui
     if (owner < 0)
         return NULL;
     memcpy(&id, payload + 8 * owner, sizeof id);
-    struct hent *e = hfind((f->kinds[2 * owner] - '0') * 10 + (f->kinds[2 * owner + 1] - '0'), id);
+    struct hent *e = hfind_used((f->kinds[2 * owner] - '0') * 10 + (f->kinds[2 * owner + 1] - '0'), id);
     struct gen_rec *g = e ? e->gen : NULL;
     if (!g || g->fid != fid || g->hostmask != hostmask || g->len != len)
         return NULL;
@@ -403,7 +414,7 @@ static int fast_slots(void *ch, const struct nvpl_fn *f, uint64_t hostmask, cons
             slot[i] = (uint64_t)(uintptr_t)s;
         } else if ((r == 'h' || r == 'd') && slot[i]) {
             int kind = (f->kinds[2 * i] - '0') * 10 + (f->kinds[2 * i + 1] - '0');
-            struct hent *e = hfind(kind, slot[i]);
+            struct hent *e = r == 'h' ? hfind_used(kind, slot[i]) : hfind(kind, slot[i]);
             if (!e || e->slow)
                 return 0; /* (Python answers an unknown handle, and binds a per-thread stream) */
         } else if (host_only && slot[i] && (r == 'p' || r == 'e' || r == 'E' ||

@@ -87,5 +87,7 @@ extern const struct nvpl_fn nvpl_table[];
 extern const int nvpl_table_size;
 /* typed elements: roles e and E (cuDNN's backend attributes), whose kinds digits name the parameter giving the type */
 #include "nvpl_elem.h"
+/* the kinds a used handle (role h) may have besides its parameter's */
+#include "nvpl_kinds.h"
 
 #endif

@@ -270,7 +270,8 @@ void nvpl_begin(struct nvpl_call *c, uint32_t fid, int nparams)
 void nvpl_handle(struct nvpl_call *c, int i, uint64_t h, int kind, int destroy)
 {
     c->slot[i] = h;
-    if (h && hkind(h) != kind) { /* (NULL goes to the library, which answers it as natively) */
+    int given = h ? hkind(h) : kind; /* (NULL goes to the library, which answers it as natively) */
+    if (destroy ? given != kind : !nvpl_kind_takes(kind, given)) {
         refuse(c, lib_of(c)->invalid_handle);
         return;
     }

@@ -4,6 +4,7 @@
 #define NVP_LIBCALL_H
 
 #include "nvpl_elem.h"
+#include "nvpl_kinds.h"
 #include "shim.h"
 
 #define NVPL_MAX_PARAMS 64

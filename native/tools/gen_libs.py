@@ -229,6 +229,7 @@ def gen_shim(sp: S.Spec) -> str:
                 kind_lib[p.kind] = libs.index(f.lib)
     out.append(f"const uint8_t nvpl_kind_lib[] = {{{', '.join(map(str, kind_lib))}}};\n")
     out.append(element_types(sp))
+    out.append(accepted_kinds(sp))
     return "".join(out)
 
 
@@ -281,6 +282,7 @@ def gen_exec(sp: S.Spec) -> str:
                    f'{" | ".join(fl)}}},\n')
     out.append(f"}};\nconst int nvpl_table_size = {len(sp.funcs)};\n")
     out.append(element_types(sp))
+    out.append(accepted_kinds(sp))
     return "".join(out)
 
 
@@ -294,6 +296,13 @@ def element_types(sp: S.Spec) -> str:
             rows.append(f"    {{{i}, {t}, {size}, {kind}}},\n")
     return ("const struct nvpl_elem_type nvpl_elem_types[] = {\n" + "".join(rows) + "    {-1, 0, 0, 0},\n};\n"
             f"const int nvpl_nelem_types = {len(rows)};\n")
+
+
+def accepted_kinds(sp: S.Spec) -> str:
+    """The table of kinds a used handle may have besides its parameter's (the annotations' ACCEPTED_HANDLES)."""
+    rows = [f"    {{{kind}, {other}}},\n" for kind, others in sorted(sp.accepts.items()) for other in others]
+    return ("const struct nvpl_kind_accept nvpl_kind_accepts[] = {\n" + "".join(rows) + "    {-1, -1},\n};\n"
+            f"const int nvpl_nkind_accepts = {len(rows)};\n")
 
 
 def main() -> int:

@@ -22,6 +22,9 @@ Roles of a parameter:
 Size and mode are C expressions over the function's parameter names, evaluated in the shim (elem: the size of
 the pointed-to type; LIB: the library's number).  The function ids are the functions' places in one list of all
 the libraries, shared by the shim's and the proxy's generated code.
+
+A handle parameter takes handles of its own kind, and of the kinds the annotations' ACCEPTED_HANDLES add for its type
+(a cuBLAS handle is a cuBLASLt handle too): Spec.accepts.
 """
 
 from __future__ import annotations
@@ -135,9 +138,14 @@ class Spec:
     types: dict[str, Type]
     kinds: list[str]  # handle kinds (structure tags), by kind number
     kind_int: set[int]  # kinds whose values are ints (cufftHandle), not pointers
+    accepts: dict[int, tuple[int, ...]] = field(default_factory=dict)  # a kind -> other kinds taken where it is used
 
     def kind_of(self, tag: str) -> int:
         return self.kinds.index(tag)
+
+    def accepted(self, kind: int) -> tuple[int, ...]:
+        """The kinds of handle a parameter of this kind takes (a used handle: not one created or destroyed)."""
+        return (kind, *self.accepts.get(kind, ()))
 
     def func(self, fid: int) -> Func:
         """Function fid, classified (on first use: a proxy classifies only what its application calls)."""
@@ -228,7 +236,7 @@ def load() -> Spec:
     kind_int = {kinds.index(t.tag) for t in types.values()
                 if t.kind == "handle" and t.name in _int_handles(libs)}
     funcs: list[Func] = []
-    spec = Spec(libs, funcs, {}, types, kinds, kind_int)
+    spec = Spec(libs, funcs, {}, types, kinds, kind_int, _accepts(libs, types, kinds))
     for lib, (fname, declared, ret, params) in sorted(raw, key=lambda x: (LIBS.index(x[0]), x[1][0])):
         f = Func(len(funcs), lib, fname, declared)
         f.raw = (ret, params)
@@ -236,6 +244,16 @@ def load() -> Spec:
         libs[lib].funcs.append(f)
         spec.by_name[fname] = f
     return spec
+
+
+def _accepts(libs: dict[str, Library], types: dict[str, Type], kinds: list[str]) -> dict[int, tuple[int, ...]]:
+    """The annotations' ACCEPTED_HANDLES, as kinds."""
+    out: dict[int, tuple[int, ...]] = {}
+    for lib in libs.values():
+        for name, others in getattr(lib.ann, "ACCEPTED_HANDLES", {}).items():
+            kind = kinds.index(types[name].tag)
+            out[kind] = out.get(kind, ()) + tuple(kinds.index(types[o].tag) for o in others)
+    return out
 
 
 def _int_handles(libs: dict[str, Library]) -> set[str]:

@@ -162,7 +162,8 @@ class LibState:
 
     def _bind(self, f: spec.Func, slots: tuple[int, ...], ch: Any, stream_of: Callable[[int], int]) -> None:
         """A handle given cudaStreamPerThread works on the calling thread's stream: where another thread calls
-        with it, the library is given that thread's per-thread stream first."""
+        with it, the library is given that thread's per-thread stream first.  (A handle its parameter takes for
+        another kind is not bound: that handle's stream is not the call's.)"""
         if f.owner < 0 or f.params[f.owner].role != "handle":
             return
         p = f.params[f.owner]
@@ -177,13 +178,19 @@ class LibState:
     def _refs(self, f: spec.Func, slots: tuple[int, ...], hostmask: int = 0, payload: bytes = b"") -> set[
             tuple[int, int]]:
         """The handles a call names: as parameters, and among its typed elements."""
-        refs = {(p.kind, slots[p.index]) for p in f.params if p.role in ("handle", "destroy", "create")}
+        refs = {self._held(p, slots[p.index]) for p in f.params if p.role in ("handle", "destroy", "create")}
         for at, what in self._elements(f, slots, hostmask, payload):
             if what not in ("", "dev"):
                 hid = struct.unpack_from("<Q", payload, at)[0]
                 if hid:
                     refs.add((self.spec.kind_of(self.spec.types[what].tag), hid))
         return refs
+
+    def _held(self, p: spec.Param, hid: int) -> tuple[int, int]:
+        """The handle a parameter names, as the handles table holds it: a used handle may be of another kind its
+        parameter takes (a cuBLAS handle given to cuBLASLt), whose records it belongs to."""
+        kinds = self.spec.accepted(p.kind) if p.role == "handle" else (p.kind,)
+        return next(((k, hid) for k in kinds if (k, hid) in self.handles), (p.kind, hid))
 
     def _elements(self, f: spec.Func, slots: tuple[int, ...], hostmask: int, payload: bytes) -> list[
             tuple[int, str]]:
@@ -208,7 +215,7 @@ class LibState:
     def _note(self, f: spec.Func, slots: tuple[int, ...], hostmask: int, payload: bytes, out_cap: int,
               res: Any, ch: Any, dev: int, fast: bool = False) -> None:
         assert self.exe is not None
-        owner = (f.params[f.owner].kind, slots[f.owner]) if f.owner >= 0 else None
+        owner = self._held(f.params[f.owner], slots[f.owner]) if f.owner >= 0 else None
         if f.state == "create":
             created = [p for p in f.params if p.role == "create"]
             for p, real in zip(created, res.created, strict=False):

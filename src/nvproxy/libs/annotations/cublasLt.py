@@ -3,13 +3,17 @@
 Descriptors (matmul, matrix layout, preference, transform, emulation) are handles made by their Create
 functions; those the application initialises in its own memory (*Init_internal) fail loudly.  alpha and beta
 are host or device memory by the operation descriptor's pointer mode, of its scale type: the shim keeps both
-per descriptor."""
+per descriptor.  A cuBLAS handle holds a cuBLASLt handle, and cuBLAS's documentation lets any cublasHandle_t be
+cast to a cublasLtHandle_t (PyTorch does): the proxy gives the function the real cuBLAS handle, as the cast
+does natively."""
 
 STATUS_TYPES = ("cublasStatus_t",)
 STATUS = {"success": 0, "invalid_handle": 1, "invalid_value": 7, "internal": 14, "not_supported": 15}
 MAIN_HANDLES = ("cublasLtHandle_t",)
 HANDLE_TYPES = {t: t for t in ("cublasLtMatmulDesc_t", "cublasLtMatrixLayout_t", "cublasLtMatmulPreference_t",
                                "cublasLtMatrixTransformDesc_t", "cublasLtEmulationDesc_t")}
+# a type: the handle types also taken where it is used (not where it is created or destroyed)
+ACCEPTED_HANDLES = {"cublasLtHandle_t": ("cublasHandle_t",)}
 CONFIG = r"SetAttribute$"
 CONFIG_KEYS = r"attr"
 UNORDERED = r"^cublasLtMatmulAlgo"
