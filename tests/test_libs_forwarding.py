@@ -1,8 +1,8 @@
 """Library calls through the proxy on the sim backend, against stand-ins of the libraries (tests/libfakes: the
 sim backend has no GPU libraries, so the proxy loads these, NVPROXY_LIB_DIR): handles and their checks, pointer
 modes, host inputs and outputs, posted calls, strings, int plan handles, functions that fail loudly, a posted call's
-failure reported to its own library's next waited call, and the objects rebuilt at a migration at every call (a
-generator going on with its sequence)."""
+failure reported to its own library's next waited call, a cuBLAS handle taken by cuBLASLt, and the objects rebuilt at
+a migration at every call (a generator going on with its sequence)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import pytest
 from conftest import hooked, nvproxy_cmd, run
 
 FAKES = Path(__file__).resolve().parent / "libfakes"
-LIBS = {"cublas": "libcublas.so.13", "curand": "libcurand.so.10", "cufft": "libcufft.so.12"}
+LIBS = {"cublas": "libcublas.so.13", "cublasLt": "libcublasLt.so.13", "curand": "libcurand.so.10",
+        "cufft": "libcufft.so.12"}
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +31,9 @@ def fakes(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(d / soname), str(FAKES / f"fake_{name}.c"), "-lm"],
                        check=True)
         (d / f"lib{name}.so").symlink_to(soname)
-    for name in ("libs_app", "libs_failures", "libs_constant"):
+    for name in ("libs_app", "libs_failures", "libs_constant", "libs_lt"):
         subprocess.run([nvcc, "-cudart", "shared", "-o", str(d / name), str(FAKES / f"{name}.cu"), f"-L{d}",
-                        "-lcublas", "-lcurand", "-lcufft", "-Xlinker", f"-rpath={d}"], check=True)
+                        "-lcublas", "-lcublasLt", "-lcurand", "-lcufft", "-Xlinker", f"-rpath={d}"], check=True)
     return d, d / "libs_app"
 
 
@@ -65,9 +66,9 @@ def expected() -> list[str]:
     return lines
 
 
-def run_app(fakes: tuple[Path, Path], **env: str) -> subprocess.CompletedProcess:
-    d, exe = fakes
-    return run(nvproxy_cmd(exe, "sim", "libs_app"), env=hooked(NVPROXY_LIB_DIR=str(d), **env))
+def run_app(fakes: tuple[Path, Path], name: str = "libs_app", **env: str) -> subprocess.CompletedProcess:
+    d, _exe = fakes
+    return run(nvproxy_cmd(d / name, "sim", name), env=hooked(NVPROXY_LIB_DIR=str(d), **env))
 
 
 def test_library_calls_are_forwarded(fakes: tuple[Path, Path]) -> None:
@@ -121,15 +122,47 @@ def test_without_the_libraries_calls_fail_cleanly(fakes: tuple[Path, Path]) -> N
     assert "cublasCreate_v2 is not forwarded: libcublas.so.13 cannot be opened in the proxy" in r.stderr
 
 
-def test_library_objects_survive_migration_at_every_call(fakes: tuple[Path, Path], tmp_path: Path) -> None:
+def lt_expected() -> list[str]:
+    """What libs_lt prints: fake_cublasLt.c's C = alpha A B + C / 2 on the same C, with each handle in turn."""
+    ab = [6.0, 8.0, 8.0, 10.0]
+    c = [1.0] * 4
+    lines = []
+
+    def gemm(what: str, alpha: float) -> None:
+        c[:] = [alpha * x + 0.5 * y for x, y in zip(ab, c, strict=True)]
+        lines.append(f"{what}: 1 found (algo 42), C " + " ".join(f"{v:g}" for v in c))
+
+    for r in range(3):
+        gemm(f"round {r}, the cuBLAS handle", 1.0 + r)
+        gemm(f"round {r}, a cuBLASLt handle", 1.0 + r)
+    lines += ["a descriptor as the handle: heuristic 1, matmul 1", "a cuBLASLt handle to cuBLAS: 1",
+              "cuBLASLt destroying the cuBLAS handle: 1", "cuBLAS after: 6 8 8 10"]
+    c[:] = ab
+    gemm("cuBLASLt after", 1.0)
+    return [*lines, "a destroyed cuBLAS handle: 1", "done"]
+
+
+def test_a_cublas_handle_is_a_cublaslt_handle(fakes: tuple[Path, Path]) -> None:
+    """cuBLASLt's heuristic and matmul given a cuBLAS handle cast to a cublasLtHandle_t run with the real cuBLAS
+    handle (the stand-in cuBLASLt refuses anything else), as with a cuBLASLt handle; a handle of any other kind is
+    refused with CUBLAS_STATUS_NOT_INITIALIZED, and the cuBLAS handle is not cuBLASLt's to destroy."""
+    r = run_app(fakes, "libs_lt")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == lt_expected(), r.stderr
+
+
+@pytest.mark.parametrize("name", ["libs_app", "libs_lt"])
+def test_library_objects_survive_migration_at_every_call(fakes: tuple[Path, Path], tmp_path: Path,
+                                                          name: str) -> None:
     """Migrated at each of its calls in turn (handles, plans, a generator and their configuration made again in
-    the new proxy; the generator's sequence goes on), the program prints what an uninterrupted run prints."""
+    the new proxy; the generator's sequence goes on; cuBLASLt's calls with the cuBLAS handle reach the new one), the
+    program prints what an uninterrupted run prints."""
     count = tmp_path / "calls"
-    reference = run_app(fakes, NVPROXY_CALLS_OUT=str(count))
+    reference = run_app(fakes, name, NVPROXY_CALLS_OUT=str(count))
     assert reference.returncode == 0, reference.stderr
     calls = int(count.read_text())
     assert calls > 40
     for call in range(1, calls + 1):
-        r = run_app(fakes, NVPROXY_MIGRATE_AT=str(call))
+        r = run_app(fakes, name, NVPROXY_MIGRATE_AT=str(call))
         assert r.returncode == 0 and "migrated process" in r.stderr, f"at call {call}: {r.stderr}"
         assert r.stdout == reference.stdout, f"migrated at call {call} of {calls}: {r.stderr}"

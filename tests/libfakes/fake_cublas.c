@@ -2,21 +2,27 @@
  * tests/libfakes/libs_app.cu uses, computed on the host.  On sim, device memory is host memory at the same
  * addresses in the proxy, so this library, loaded by the proxy (NVPROXY_LIB_DIR), reads and writes it directly.
  * Linked into the test program too, where the shim's entry points replace every function of it. */
+#include "fake_lt.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 
 struct ctx {
+    struct fake_lt lt; /* (the cuBLASLt handle it holds, first: the handle cast is one) */
     int mode;
     void *stream;
 };
 
 int cublasCreate_v2(void **h)
 {
-    *h = calloc(1, sizeof(struct ctx));
+    struct ctx *c = calloc(1, sizeof *c);
+    c->lt.mark = FAKE_LT_MARK;
+    *h = c;
     return 0;
 }
 int cublasDestroy_v2(struct ctx *h)
 {
+    h->lt.mark = 0;
     free(h);
     return 0;
 }
