@@ -29,7 +29,7 @@ from test_dmtcp import Session, calls_made
 ROOT = Path(__file__).resolve().parents[1]
 
 # the programs and the libraries each links
-PROGRAMS = {"lib_cublas": ("-lcublas",), "lib_cublaslt": ("-lcublasLt",), "lib_cufft": ("-lcufft",),
+PROGRAMS = {"lib_cublas": ("-lcublas",), "lib_cublaslt": ("-lcublasLt", "-lcublas"), "lib_cufft": ("-lcufft",),
             "lib_curand": ("-lcurand",), "lib_cusparse": ("-lcusparse",), "lib_cusolver": ("-lcusolver",),
             "lib_cudnn": ("-lcudnn",)}
 # each library's soname, its status for "not supported" (cuRAND has none: any failure status) and the prefix of its

@@ -1,12 +1,14 @@
 // cuBLASLt as HPC and ML codes use it (fp32): matmul descriptors with transposes, bias and ReLU-bias epilogues (the
 // bias a device pointer held in the descriptor), strided batches set on the layouts, alpha and beta in device
 // memory; each problem's algorithm is chosen once by the heuristic and used for every later step, on a created
-// stream with a workspace of the program's; the heuristic asked again must choose the same.  Steps and output:
-// lib_common.h.  Build: nvcc -cudart shared -lcublasLt.
+// stream with a workspace of the program's; the heuristic asked again must choose the same.  A cuBLAS handle cast
+// to a cublasLtHandle_t (as cuBLAS's documentation allows, and PyTorch does) chooses and runs a problem's matmul
+// too.  Steps and output: lib_common.h.  Build: nvcc -cudart shared -lcublasLt -lcublas.
 #include "lib_common.h"
 #include <cublasLt.h>
+#include <cublas_v2.h>
 
-static const int OPS = 6;
+static const int OPS = 7;
 static const size_t WS_BYTES = 32 << 20;
 
 struct Problem {
@@ -131,6 +133,8 @@ int main(int argc, char **argv) {
     Steps steps = parse_steps(argc, argv, OPS);
     cublasLtHandle_t lt;
     LCHECK(cublasLtCreate(&lt));
+    cublasHandle_t blas;
+    LCHECK(cublasCreate(&blas));
     cudaStream_t st;
     CHECK(cudaStreamCreate(&st));
     void *ws = device_alloc<char>(WS_BYTES);
@@ -154,6 +158,16 @@ int main(int argc, char **argv) {
         if (op < 5) {
             unsigned long long sum = run(lt, st, ws, probs[op], round);
             step_done(steps, k, "%s %016llx", probs[op].name, sum);
+            continue;
+        }
+        if (op == 6) {  // the first problem's heuristic and matmul through the cuBLAS handle
+            Problem q = probs[0];
+            cublasLtMatmulHeuristicResult_t r;
+            heuristic((cublasLtHandle_t)blas, pref, q, &r, 1);
+            q.algo = r.algo;
+            unsigned long long sum = run((cublasLtHandle_t)blas, st, ws, q, round);
+            step_done(steps, k, "%s through a cuBLAS handle (algorithm %s) %016llx", q.name,
+                      same_config(r.algo, probs[0].algo) ? "as the cuBLASLt handle's" : "another", sum);
             continue;
         }
         // the heuristic asked again for a problem whose descriptor holds a bias pointer; the descriptor read back
@@ -187,6 +201,7 @@ int main(int argc, char **argv) {
     }
     LCHECK(cublasLtMatmulPreferenceDestroy(pref));
     LCHECK(cublasLtDestroy(lt));
+    LCHECK(cublasDestroy(blas));
     CHECK(cudaFree(ws));
     CHECK(cudaStreamDestroy(st));
     printf("Test PASSED\n");
