@@ -6,6 +6,8 @@
 #include <cstring>
 #include <cuda_runtime.h>
 
+#include "libs_check.h"
+
 extern "C" {
 typedef void *cublasHandle_t;
 typedef void *curandGenerator_t;
@@ -37,15 +39,6 @@ int cufftExecC2C(int, void *, void *, int);
 int cufftSetStream(int, cudaStream_t);
 int cufftDestroy(int);
 }
-
-#define CHECK(x)                                                                                                 \
-    do {                                                                                                         \
-        int s_ = (int)(x);                                                                                       \
-        if (s_) {                                                                                                \
-            printf("%s failed: %d\n", #x, s_);                                                                   \
-            return 1;                                                                                            \
-        }                                                                                                        \
-    } while (0)
 
 int main()
 {

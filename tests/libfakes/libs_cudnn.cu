@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cuda_runtime.h>
 
+#include "libs_check.h"
+
 extern "C" {
 typedef void *cudnnHandle_t;
 typedef void *desc_t;
@@ -44,15 +46,6 @@ enum { T_HANDLE = 0, T_INT64 = 3, T_FLOAT = 4, T_VOID_PTR = 6, T_DESC = 15 };
 enum { D_POINTWISE = 1, D_OPERATION = 2, D_GRAPH = 3, D_HEUR = 4, D_ENGINECFG = 5, D_PLAN = 6, D_VARPACK = 7 };
 enum { A_MODE = 1, A_SCALE = 2, A_POINTWISE = 3, A_OPS = 4, A_HANDLE = 5, A_GRAPH = 6, A_RESULTS = 7, A_CONFIG = 8,
        A_POINTERS = 9, A_COUNT = 10 };
-
-#define CHECK(x)                                                                                                 \
-    do {                                                                                                         \
-        int s_ = (int)(x);                                                                                       \
-        if (s_) {                                                                                                \
-            printf("%s failed: %d\n", #x, s_);                                                                   \
-            return 1;                                                                                            \
-        }                                                                                                        \
-    } while (0)
 
 static int relu(cudnnHandle_t h, desc_t act, int dtype)
 {

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cuda_runtime.h>
 
+#include "libs_check.h"
+
 extern "C" {
 typedef void *cublasHandle_t;
 typedef void *cublasLtHandle_t;
@@ -45,15 +47,6 @@ int cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t, const void *, const v
 
 #define COMPUTE_32F 68
 #define R_32F 0
-
-#define CHECK(x)                                                                                                 \
-    do {                                                                                                         \
-        int s_ = (int)(x);                                                                                       \
-        if (s_) {                                                                                                \
-            printf("%s failed: %d\n", #x, s_);                                                                   \
-            return 1;                                                                                            \
-        }                                                                                                        \
-    } while (0)
 
 struct Gemm {
     cublasLtMatmulDesc_t desc;
