@@ -11,6 +11,9 @@
  *   NVPROXY_CALLS_OUT=path   the number of calls made is added there at exit, a line per process (to choose N).
  *   NVPROXY_TEST_PAUSE_MS=n  cudaHostAlloc sleeps n ms once the proxy has the memory, before the shim lists it
  *                            (a checkpoint must not come in between: tests/apps/pinned_at_checkpoint.cu).
+ *   NVPROXY_TEST_HOLD_REQUEST=N with NVPROXY_TEST_HOLD_FIFO=path: the thread whose request gets number N (once)
+ *                            holds it, unsent, until a writer has opened and closed the FIFO at path: the proxy
+ *                            has a gap in the call order, and later requests of other threads wait behind it.
  * Calls are counted where they enter the shim (its call_entered hook).  A bad value is said in one line, and the
  * program exits (status 2) before its first call: a test must not run without the hook it asked for.
  * crash.c, the other part of this library, prints a crashing program's frames. */
@@ -36,7 +39,9 @@ extern int dmtcp_get_local_status(int *checkpoints, int *restarts) __attribute__
 int nvp_hooks_attached(void) { return nvproxy_test_hooks != NULL; }
 
 static struct nvp_shim_services shim;
-static long checkpoint_at, migrate_at, pause_ms, waiters = 1;
+static long checkpoint_at, migrate_at, pause_ms, waiters = 1, hold_request;
+static const char *hold_fifo;
+static atomic_int held_once;
 static int only_children;
 static const char *calls_out;
 static atomic_long calls;
@@ -158,6 +163,24 @@ static void host_shared(void)
     nanosleep(&t, NULL);
 }
 
+static void request_numbered(uint64_t seq)
+{
+    if (seq != (uint64_t)hold_request || atomic_exchange(&held_once, 1))
+        return;
+    say("nvproxy test hooks: request %llu held", (unsigned long long)seq);
+    int fd = open(hold_fifo, O_RDONLY | O_CLOEXEC); /* (returns once the test opens it to write) */
+    if (fd < 0) {
+        say("nvproxy test hooks: cannot open %s: %s", hold_fifo, strerror(errno));
+        _exit(2);
+    }
+    char b;
+    ssize_t r;
+    do
+        r = read(fd, &b, 1);
+    while (r > 0 || (r < 0 && errno == EINTR));
+    close(fd);
+}
+
 __attribute__((constructor)) static void attach(void)
 {
     if (!nvp_hooks_attached())
@@ -173,8 +196,14 @@ __attribute__((constructor)) static void attach(void)
     const char *in = getenv("NVPROXY_CHECKPOINT_IN");
     only_children = in && !strcmp(in, "child");
     calls_out = getenv("NVPROXY_CALLS_OUT");
-    struct nvp_test_hooks hooks = {
-        call_entered, checkpoint_at > 0 ? hold_released : NULL, pause_ms > 0 ? host_shared : NULL};
+    hold_request = number("NVPROXY_TEST_HOLD_REQUEST", 1);
+    hold_fifo = getenv("NVPROXY_TEST_HOLD_FIFO");
+    if (hold_request && !(hold_fifo && *hold_fifo)) {
+        say("nvproxy test hooks: NVPROXY_TEST_HOLD_REQUEST needs NVPROXY_TEST_HOLD_FIFO");
+        _exit(2);
+    }
+    struct nvp_test_hooks hooks = {call_entered, checkpoint_at > 0 ? hold_released : NULL,
+                                   pause_ms > 0 ? host_shared : NULL, hold_request ? request_numbered : NULL};
     if (nvproxy_test_hooks(NVP_TEST_HOOKS_VERSION, &hooks, &shim) != 0) {
         say("nvproxy test hooks: the shim speaks another version of test_hooks.h");
         _exit(2);

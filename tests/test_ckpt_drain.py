@@ -1,0 +1,80 @@
+"""A checkpoint holds every call the program has returned from: work it sent that the proxy had not executed yet
+(requests still in the sockets or the mailboxes' slots, or waiting behind an earlier request of another thread)
+runs before the image is cut.  tests/apps/drain_ckpt leaves such work behind a request that the test hooks hold
+unsent in one thread (a thread stopped between numbering a request and sending it), and waits; it is stopped,
+checkpointed, its proxy killed, continued and the held request let go: the calls find the proxy gone and start a
+new one from the image (NVPROXY_RECOVER), and the program prints what an uninterrupted run prints."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import hooked, nvproxy_cmd, run
+from gated import Gated, kill_and_wait
+
+from nvproxy.launcher import find_proxy
+from nvproxy.proxy import control
+
+# threads, rounds of three copies and a kernel, tail launches per thread, work per kernel (on a GPU the kernels
+# fill the device's queues, so the proxy's launches wait and the rest stays in the sockets)
+ARGS = {"sim": (3, 10, 300, 1), "gpu": (3, 10, 1500, 20000)}
+MODES = {"mailbox": {}, "sockets": {"NVPROXY_DEBUG": "no-mailbox"}}
+
+
+def held_request(threads: int, rounds: int, tail: int) -> int:
+    """A request number in the threads' tails of launches (after every copy, whose answer would wait behind it),
+    before the last third of them: numbered before all but one of the threads are done (the held one is the thread
+    the program does not wait for), and followed by many of the others'."""
+    setup = 4 * threads + 20  # (streams, allocations, memsets, a synchronisation, module loads and the like)
+    return setup + 4 * rounds * threads + threads * tail // 3
+
+
+def checkpoint_now(app_pid: int, image: Path) -> dict[str, Any]:
+    """nvproxy checkpoint's request, from this process."""
+    pid, sock = find_proxy(app_pid)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+        c.connect(f"{sock}.{pid}.ctl")
+        control.send(c, {"cmd": "checkpoint", "image": str(image)})
+        reply, _blob, _fds = control.recv(c)
+    return reply
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("backend", ["sim", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_a_checkpoint_of_a_stopped_program_holds_everything_it_sent(build, backend: str, mode: str,
+                                                                    tmp_path: Path) -> None:
+    exe = build("drain_ckpt")
+    threads, rounds, tail, work = ARGS[backend]
+    args = [str(a) for a in (threads, rounds, tail, work)]
+    env = dict(os.environ, **MODES[mode])
+    env.pop("LD_PRELOAD", None)
+    if backend == "gpu":  # (native CUDA's output)
+        reference = run([str(exe), *args, "0"], stdin=subprocess.DEVNULL, env=env)
+    else:
+        reference = run(nvproxy_cmd(exe, backend, "drain_ckpt", *args, "0"), stdin=subprocess.DEVNULL, env=env)
+    assert reference.returncode == 0 and "Test PASSED" in reference.stdout, reference.stdout + reference.stderr
+    image, fifo = tmp_path / "last.img", tmp_path / "hold"
+    os.mkfifo(fifo)
+    held = held_request(threads, rounds, tail)
+    env = hooked(env, NVPROXY_RECOVER=str(image), NVPROXY_TEST_HOLD_REQUEST=str(held),
+                 NVPROXY_TEST_HOLD_FIFO=str(fifo))
+    with Gated(nvproxy_cmd(exe, backend, "drain_ckpt", *args, "1"), env) as app:
+        assert app.line() == "issued\n"
+        os.kill(app.pid, signal.SIGSTOP)
+        try:
+            reply = checkpoint_now(app.pid, image)
+            assert reply.get("ok"), reply
+            kill_and_wait(find_proxy(app.pid)[0])
+        finally:
+            os.kill(app.pid, signal.SIGCONT)
+            with open(fifo, "wb"):  # (lets the held request go)
+                pass
+        out, err = app.finish()
+    assert f"request {held} held" in err and "starting a new one from" in err, err
+    assert out == reference.stdout, err
