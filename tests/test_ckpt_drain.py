@@ -70,6 +70,7 @@ def test_a_checkpoint_of_a_stopped_program_holds_everything_it_sent(build, backe
         try:
             reply = checkpoint_now(app.pid, image)
             assert reply.get("ok"), reply
+            assert reply["stats"]["taken_at_cut"] > 0, reply  # (the requests behind the held one ran before the cut)
             kill_and_wait(find_proxy(app.pid)[0])
         finally:
             os.kill(app.pid, signal.SIGCONT)

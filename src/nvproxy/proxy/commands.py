@@ -100,7 +100,7 @@ def _dump(server: Any, disconnect: bool = False, parent: Parent | None = None, c
     himg = hostimage.locked(state)
     conc = Concurrent(state, himg, Options.from_env()) if concurrent else None
     try:
-        server.quiesce()
+        taken = server.quiesce()
         cut = reach.of(state).cut()
         drop_staging(server.dispatch, server.channels if disconnect else ())
         stats = dump(state, himg, parent, conc.take if conc is not None else None)
@@ -116,6 +116,7 @@ def _dump(server: Any, disconnect: bool = False, parent: Parent | None = None, c
         hostimage.after_checkpoint(state, himg)
         raise
     stats["stopped_s"] = time.monotonic() - t0
+    stats["taken_at_cut"] = taken  # (requests the application had sent that ran before the cut)
     stats["cut"] = cut
     stats["mappings"] = reach.of(state).mappings()
     return himg, stats

@@ -12,7 +12,9 @@ stalls the others.
 
 from __future__ import annotations
 
+import array
 import errno
+import fcntl
 import heapq
 import os
 import queue
@@ -21,6 +23,7 @@ import selectors
 import socket
 import struct
 import sys
+import termios
 import threading
 import time
 from collections import deque
@@ -57,6 +60,17 @@ SERVE_IDLE_US, SERVE_BUDGET_US = 200, 2000
 # the control socket's requests are read off the event loop, each by a thread of its own: a client gets
 # CONTROL_READ_S for its whole request (small JSON: CONTROL_LIMIT bytes at most), CONTROL_READERS at once
 CONTROL_READ_S, CONTROL_LIMIT, CONTROL_READERS = 10.0, 1 << 20, 8
+# before a checkpoint's cut the proxy executes what the application has sent (take_sent); a request numbered before
+# some of those but not sent yet (its thread is between numbering and sending it, or stopped there) is waited for
+# this long, then the cut goes on without it: its call has not returned, so it may come after the cut
+GAP_WAIT_S = 0.1
+
+
+def _queued(sock: socket.socket) -> int:
+    """The bytes waiting in sock's receive queue."""
+    n = array.array("i", [0])
+    fcntl.ioctl(sock.fileno(), termios.FIONREAD, n)
+    return n[0]
 
 
 class Deferred:
@@ -311,13 +325,15 @@ class Server:
         else:
             print(f"nvproxy: the channel of thread {ch.tid} failed: {e}", file=sys.stderr)
 
-    def _readable(self, ch: Channel) -> None:
+    def _receive(self, ch: Channel) -> int | None:
+        """Read what ch's socket holds (one buffer's worth at most) into ch.rbuf, with its descriptors: how many bytes
+        (0: none yet), or None at its end (ch then ends: at once, or once its requests waiting in the heap ran)."""
         # into one reused buffer: a fresh 256 KiB bytes object per read costs an
         # mmap/munmap pair, which was most of a small call's round trip
         try:
             n, anc, _flags, _addr = ch.sock.recvmsg_into([RECV_BUF], ANC_SPACE)
         except BlockingIOError:
-            return
+            return 0
         except OSError as e:
             self._channel_failed(ch, e)
             n, anc = 0, []
@@ -333,8 +349,13 @@ class Server:
                 self.ending.add(ch)
             else:
                 self._drop(ch)
-            return
+            return None
         ch.rbuf += RECV_VIEW[:n]
+        return n
+
+    def _readable(self, ch: Channel) -> None:
+        if not self._receive(ch):
+            return
         if ch.fast is None:
             self._consume(ch)
             return
@@ -646,8 +667,52 @@ class Server:
             if not later:
                 conn.close()
 
-    def quiesce(self) -> None:
-        """Everything submitted so far is finished and replied to; later requests wait in the heap."""
+    def take_sent(self) -> int:
+        """Execute, in call order, every request the application has sent: those its sockets held when this began
+        (not what a program that goes on sending sends meanwhile), and those waiting in the heap for an earlier one
+        (waited for GAP_WAIT_S at most: one numbered but not sent may never come, its thread stopped in between).
+        Requests in the mailboxes' slots reached the heap when C last returned.  How many ran."""
+        before, skipped = self.next_seq, 0
+        owed = {ch: _queued(ch.sock) for ch in list(self.channels) if self._receivable(ch)}
+        while any(n > 0 for n in owed.values()):
+            for ch, n in owed.items():
+                got = self._receive(ch) if n > 0 and self._receivable(ch) else None
+                owed[ch] = n - got if got else 0  # (nothing there after all, or its end: owed nothing more)
+                if got:
+                    self._take(ch)
+        deadline = time.monotonic() + GAP_WAIT_S
+        while self.heap and self.heap[0][0] > self.next_seq:
+            left = deadline - time.monotonic()
+            socks = {ch.sock: ch for ch in list(self.channels) if self._receivable(ch)}
+            ready = select.select(list(socks), [], [], left)[0] if left > 0 and socks else []
+            for sock in ready:
+                ch = socks[sock]
+                if self._receivable(ch) and self._receive(ch):
+                    self._take(ch)
+            if not ready and self.heap:
+                print(f"nvproxy: request {self.next_seq} has a number but was not sent; the checkpoint goes on "
+                      "without it (its call had not returned)", file=sys.stderr)
+                skipped += self.heap[0][0] - self.next_seq
+                self.next_seq = self.heap[0][0]
+                self._execute_ready()
+        return self.next_seq - before - skipped
+
+    def _receivable(self, ch: Channel) -> bool:
+        """A channel take_sent reads: a calling thread's (or one not introduced yet), open, not at its end."""
+        return ch in self.channels and not ch.closed and ch.kind != wire.NVP_CHAN_CALLBACK and ch not in self.ending
+
+    def _take(self, ch: Channel) -> None:
+        """Execute what of ch's received requests their turn allows (the rest waits in the heap)."""
+        if ch.fast is not None:
+            self._run_fast(ch)
+        else:
+            self._consume(ch)
+        self._execute_ready()
+
+    def quiesce(self) -> int:
+        """Everything the application sent is executed, and everything submitted is finished and replied to;
+        later requests wait in the heap.  How many requests it executed (take_sent)."""
+        taken = self.take_sent()
         state = self.dispatch.state
         for dev in list(state.devices):
             try:
@@ -663,6 +728,7 @@ class Server:
         deadline = time.monotonic() + 60
         while any(ch._pending for ch in self.channels) and time.monotonic() < deadline:
             time.sleep(0.001)
+        return taken
 
     def broke(self, code: int) -> None:
         """The context is unusable (a sticky error, or restored from an image of such a context): every request
