@@ -28,6 +28,21 @@ static cudaError_t valid_mode(enum cudaStreamCaptureMode mode)
                : cudaErrorInvalidValue;
 }
 
+/* The calling thread's capture interaction mode (PyTorch sets it to relaxed around its captures).  It is kept
+ * here, per thread; the proxy serves every call whatever the mode, so a call that native CUDA would refuse while
+ * another thread captures in global mode is served. */
+static __thread enum cudaStreamCaptureMode thread_mode = cudaStreamCaptureModeGlobal;
+
+NVP_EXPORT cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode)
+{
+    if (!mode || valid_mode(*mode))
+        return nvp_ret(cudaErrorInvalidValue);
+    enum cudaStreamCaptureMode was = thread_mode;
+    thread_mode = *mode;
+    *mode = was;
+    return cudaSuccess;
+}
+
 static int plain_edges(const cudaGraphEdgeData *edges, size_t n)
 {
     static const cudaGraphEdgeData plain;

@@ -822,11 +822,15 @@ NVP_EXPORT CUresult CUDAAPI cuGetExportTable(const void **ppExportTable, const C
     (void)pExportTableId;
     if (ppExportTable)
         *ppExportTable = NULL;
+    /* the object that carries the runtime: the user's first question is which library it is */
+    Dl_info at;
+    const char *who = dladdr(__builtin_return_address(0), &at) && at.dli_fname && *at.dli_fname ? at.dli_fname
+                                                                                        : "this program";
+    const char *base = strrchr(who, '/');
+    /* NVML (PyTorch loads it) asks too, and goes on without the table: it does no GPU work through CUDA */
+    if (!strncmp(base ? base + 1 : who, "libnvidia-ml.so", 15))
+        return CUDA_ERROR_NOT_SUPPORTED;
     if (!atomic_exchange(&said, 1)) { /* (such a runtime asks for several tables) */
-        /* the object that carries the runtime: the user's first question is which library it is */
-        Dl_info at;
-        const char *who = dladdr(__builtin_return_address(0), &at) && at.dli_fname && *at.dli_fname ? at.dli_fname
-                                                                                            : "this program";
         nvp_log("nvproxy: cuGetExportTable called from %s: it carries its own CUDA runtime (linked statically), "
                 "which nvproxy cannot intercept and no checkpoint could save; rebuild it with "
                 "`nvcc -cudart shared` (CMake: CMAKE_CUDA_RUNTIME_LIBRARY=Shared); "

@@ -143,6 +143,11 @@ static cudaGraphExec_t captured_while(cudaStream_t s, int *counter, int *steps, 
     cudaStreamCaptureStatus st;
     const cudaGraphNode_t *deps;
     size_t ndeps;
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;  // (as PyTorch sets it around its captures)
+    CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    cudaStreamCaptureMode was = mode;
+    CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    printf("thread capture mode: was %d, then %d\n", (int)was, (int)mode);
     CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     CHECK(cudaStreamGetCaptureInfo(s, &st, NULL, &g, &deps, NULL, &ndeps));
     printf("capturing %d, open dependencies %zu\n", st == cudaStreamCaptureStatusActive, ndeps);
