@@ -251,6 +251,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("NVPROXY_TEST_PAUSE_MS", "0", integer(0, 60000, " (ms)"),
             "cudaHostAlloc waits this long between the proxy's part and the shim's (a test's window)",
             (TEST_HOOKS,), "testing"),
+    Setting("NVPROXY_TEST_HOLD_REQUEST", "", integer(1, 1 << 40),
+            "the thread whose request gets this number waits, once, before sending it, until NVPROXY_TEST_HOLD_FIFO "
+            "is written (a test's gap in the call order)", (TEST_HOOKS,), "testing"),
+    Setting("NVPROXY_TEST_HOLD_FIFO", "", WRITABLE_FILE,
+            "the FIFO that releases the request NVPROXY_TEST_HOLD_REQUEST holds", (TEST_HOOKS,), "testing"),
     Setting("CUDA_VISIBLE_DEVICES", "all", ANY, "the GPUs the proxy uses (the driver's setting; the sim backend "
             "honours it too)", (PROXY,), option="nvproxy migrate --device"),
     Setting("XDG_RUNTIME_DIR", "/tmp/nvproxy-UID", RUNTIME_DIR,
