@@ -62,8 +62,9 @@ def _bad_sim_kernels(paths: list[str], command: str) -> bool:
 
 
 def _take_from_pool(env: dict[str, str]) -> tuple[str, int] | None:
-    """(socket, pid) of a warm proxy of the pool (nvproxy pool) for this process, another started in its place;
-    None where the pool has none of these settings."""
+    """(socket, pid) of a warm proxy of the pool (nvproxy pool) for this process, another started in its place
+    (of the backend the taken one was started with: the pool keeps its own); None where the pool has none of these
+    settings and backend."""
     from .launcher import private_dir_path
 
     try:
@@ -76,9 +77,8 @@ def _take_from_pool(env: dict[str, str]) -> tuple[str, int] | None:
     taken = pool.take(env)
     if taken is None:
         return None
-    sock, pid, idle = taken
-    pool.spawn(env, idle, wait=False)
-    return sock, pid
+    pool.spawn(env, taken.idle, wait=False, backend=taken.backend)
+    return taken.socket, taken.pid
 
 
 def cmd_pool(args: argparse.Namespace) -> int:
@@ -99,8 +99,8 @@ def cmd_pool(args: argparse.Namespace) -> int:
         if args.action == "stop":
             print(f"nvproxy pool: stopped proxy {info.get('pid')}")
         else:
-            print(f"nvproxy pool: proxy {info.get('pid')} at {path}, up {info.get('age', 0):.0f} s, "
-                  f"expires in {info.get('left', 0):.0f} s")
+            print(f"nvproxy pool: proxy {info.get('pid')} at {path}, backend {info.get('backend')} (started as "
+                  f"{info.get('started')}), up {info.get('age', 0):.0f} s, expires in {info.get('left', 0):.0f} s")
     if not answers:
         print("nvproxy pool: no warm proxies")
     return 0
@@ -246,7 +246,8 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         if args.adopt or args.restore:
             print("nvproxy proxy: --pool-idle starts a new proxy: not with --adopt or --restore", file=sys.stderr)
             return 2
-        taken = pool.wait_to_be_taken(args.socket, args.pool_idle)
+        taken = pool.wait_to_be_taken(args.socket, args.pool_idle, args.backend or pool.backend_of(os.environ),
+                                      backend.name)
         if taken is None:
             os._exit(0)  # (expired or stopped; its socket is gone)
         args.socket, args.owner_pid, listener = taken.sock, taken.owner_pid, taken.listener

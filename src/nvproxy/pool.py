@@ -1,11 +1,14 @@
 """A per-user pool of warm proxies: started ahead of any program, each with the driver initialised, device 0's
 context made and the proxy's modules imported, waiting on a private socket for one program to take it.
 
-`nvproxy pool start` starts them; `nvproxy run` takes one whose settings match its own (pool_key) instead of
-starting a proxy, and starts another in its place.  A warm proxy
+`nvproxy pool start` starts them; `nvproxy run` takes one whose settings match its own (pool_key) and whose
+backend is the one it asks for (serves) instead of starting a proxy, and starts another in its place, of the
+backend the taken one was started with.  A warm proxy
 
-- listens at `pool-KEY-ID.sock` in the user's private directory (0700; the socket 0600), and is taken only by a
-  process of its own user (SO_PEERCRED), once: it closes and removes that socket before it answers;
+- listens at `pool-KEY-BACKEND-ID.sock` in the user's private directory (0700; the socket 0600), BACKEND the one
+  it was started with (auto, gpu or sim), and is taken only by a process of its own user (SO_PEERCRED), once: it
+  closes and removes that socket before it answers; one of another backend than the taker asks for answers no,
+  and waits on;
 - then serves the taker's pid alone, under the usual name (`pOWNER-TIME.sock`), and ends with it, as any proxy;
 - ends by itself, removing its socket, when nobody has taken it for its idle time, or when told to stop.
 
@@ -26,29 +29,45 @@ import struct
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-NAME = re.compile(r"pool-([0-9a-f]{16})-([0-9a-f]+)\.sock")
+NAME = re.compile(r"pool-([0-9a-f]{16})-(auto|gpu|sim)-([0-9a-f]+)\.sock")
 # what a proxy's behaviour depends on, beside NVPROXY_* and CUDA_* settings: a pool proxy serves only a program
 # whose values of these match those it was started with
 KEYED = ("LD_LIBRARY_PATH", "PYTHONPATH", "PATH", "HOME", "XDG_CACHE_HOME", "XDG_RUNTIME_DIR", "TMPDIR")
 PER_PROCESS = ("NVPROXY_SOCKET", "NVPROXY_OWNER_PID", "NVPROXY_PROXY_PID")  # (a program's own, under nvproxy run)
 TAKE_TIMEOUT_S = 10.0
 PEERCRED = struct.Struct("3i")
+# the backends a warm proxy may have been started with to serve a program that asks for one: gpu or sim, that one
+# or auto (its answer then says which it resolved to: serves); auto, auto or gpu (a proxy that opened the GPU
+# proves it usable, as auto would have found), never sim
+TAKES = {"auto": ("auto", "gpu"), "gpu": ("gpu", "auto"), "sim": ("sim", "auto")}
+
+
+def backend_of(env: dict[str, str]) -> str:
+    """The backend a proxy started with env, or a program run with it, asks for: auto, gpu or sim."""
+    return env.get("NVPROXY_BACKEND") or "auto"
+
+
+def serves(asked: str, started: str, resolved: str) -> bool:
+    """Does a warm proxy started with backend started, that opened resolved, serve a program that asks for asked?"""
+    return started in TAKES.get(asked, ()) and asked in ("auto", resolved)
 
 
 def pool_key(env: dict[str, str]) -> str:
-    """The settings a proxy started with env runs by, hashed: a program takes only a proxy of its own key."""
-    kept = sorted((k, v) for k, v in env.items()
-                  if (k.startswith(("NVPROXY_", "CUDA_")) or k in KEYED) and k not in PER_PROCESS)
+    """The settings a proxy started with env runs by, but its backend (serves decides), hashed: a program takes
+    only a proxy of its own key."""
+    kept = sorted((k, v) for k, v in env.items() if (k.startswith(("NVPROXY_", "CUDA_")) or k in KEYED)
+                  and k not in PER_PROCESS and k != "NVPROXY_BACKEND")
     blob = json.dumps([sys.executable, kept]).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def _sockets(directory: Path, key: str | None = None) -> list[Path]:
-    """The pool sockets in directory (of key, where given), oldest first."""
+def _sockets(directory: Path, key: str | None = None, backends: tuple[str, ...] = tuple(TAKES)) -> list[Path]:
+    """The pool sockets in directory (of key, where given; of a proxy started with one of backends), oldest first."""
     try:
-        names = [n for n in os.listdir(directory) if (m := NAME.fullmatch(n)) and key in (None, m.group(1))]
+        names = [n for n in os.listdir(directory)
+                 if (m := NAME.fullmatch(n)) and key in (None, m.group(1)) and m.group(2) in backends]
     except OSError:
         return []
     paths = []
@@ -84,22 +103,36 @@ def _ask(path: Path, msg: dict[str, Any], fds: list[int] = ()) -> dict[str, Any]
         s.close()
 
 
-def take(env: dict[str, str]) -> tuple[str, int, float] | None:
-    """A warm proxy for this process, if the pool has one of env's key: (its socket, its pid, its idle time)."""
+class Warm(NamedTuple):
+    """A warm proxy a program took: the socket it serves the program at, its pid, its idle time and the backend it
+    was started with (its replacement's)."""
+
+    socket: str
+    pid: int
+    idle: float
+    backend: str
+
+
+def take(env: dict[str, str]) -> Warm | None:
+    """A warm proxy for this process, if the pool has one of env's key that serves env's backend."""
     from .launcher import private_dir
 
-    for path in _sockets(private_dir(), pool_key(env)):
-        info = _ask(path, {"cmd": "take", "cwd": os.getcwd()}, [2])
+    asked = backend_of(env)
+    for path in _sockets(private_dir(), pool_key(env), TAKES.get(asked, ())):
+        info = _ask(path, {"cmd": "take", "cwd": os.getcwd(), "backend": asked}, [2])
         if info and info.get("ok"):
-            return str(info["socket"]), int(info["pid"]), float(info["idle"])
+            return Warm(str(info["socket"]), int(info["pid"]), float(info["idle"]), NAME.fullmatch(path.name)[2])
     return None
 
 
-def spawn(env: dict[str, str], idle: float, wait: bool) -> tuple[str, int]:
-    """Start a warm proxy (its messages, until it is taken: stderr's where wait, else none)."""
+def spawn(env: dict[str, str], idle: float, wait: bool, backend: str | None = None) -> tuple[str, int]:
+    """Start a warm proxy of env's settings, with backend (auto, gpu or sim; env's where None) (its messages,
+    until it is taken: stderr's where wait, else none)."""
     from .launcher import private_dir, spawn_proxy
 
-    path = private_dir() / f"pool-{pool_key(env)}-{os.urandom(6).hex()}.sock"
+    backend = backend or backend_of(env)
+    env = {**env, "NVPROXY_BACKEND": backend}
+    path = private_dir() / f"pool-{pool_key(env)}-{backend}-{os.urandom(6).hex()}.sock"
     return spawn_proxy(0, env, ["--pool-idle", str(idle)], sock=str(path), wait=wait, quiet=not wait)
 
 
@@ -127,9 +160,10 @@ def _stop(_sig: int, _frame: Any) -> None:
     raise SystemExit(0)
 
 
-def wait_to_be_taken(path: str, idle: float) -> Taken | None:
-    """As a pool proxy: listen at path until a program of this user takes this proxy (its Taken), or idle seconds
-    pass or a stop comes (None).  Either way the socket at path is gone on return."""
+def wait_to_be_taken(path: str, idle: float, started: str, resolved: str) -> Taken | None:
+    """As a pool proxy started with backend started, that opened resolved: listen at path until a program of this
+    user that asks for a backend it serves takes this proxy (its Taken), or idle seconds pass or a stop comes
+    (None).  Either way the socket at path is gone on return."""
     from .backends import warmup
     from .launcher import private_dir
     from .proxy import control
@@ -166,10 +200,13 @@ def wait_to_be_taken(path: str, idle: float) -> Taken | None:
                     cmd = msg.get("cmd")
                     if cmd == "status":
                         control.send(conn, {"pid": os.getpid(), "age": time.monotonic() - born,
-                                            "left": born + idle - time.monotonic()})
+                                            "left": born + idle - time.monotonic(), "backend": resolved,
+                                            "started": started})
                     elif cmd == "stop":
                         control.send(conn, {"ok": True, "pid": os.getpid()})
                         return None
+                    elif cmd == "take" and not serves(str(msg.get("backend", "auto")), started, resolved):
+                        control.send(conn, {"ok": False, "backend": resolved})  # (it waits on, for another)
                     elif cmd == "take" and len(fds) == 1:
                         os.unlink(path)  # (taken once: no other program finds it from here on)
                         pool.close()
