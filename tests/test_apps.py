@@ -29,6 +29,7 @@ PROGRAMS = [
     ("pitched3d", ()),
     ("small_allocs", ()),
     ("managed", ()),
+    ("managed_pages", ()),
     ("stream_attrs", ()),
     ("graphs", ()),
     ("graph_nodes", ()),

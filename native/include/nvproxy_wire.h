@@ -33,6 +33,7 @@
 /* channel kinds (HELLO a[3]) */
 #define NVP_CHAN_CALL 0
 #define NVP_CHAN_CALLBACK 1
+#define NVP_CHAN_PAGES 2 /* the shim's managed-memory fault thread: MANAGED_FETCH only, served beside the call order */
 
 /* operations: a[i] meanings are given beside each */
 #define NVP_OP_HELLO 1            /* a0 pid, a1 tid, a2 proto, a3 kind, a4 NVP_HELLO_* -> r0 device count, r1 backend
@@ -156,6 +157,13 @@
                                      u32 location type, u32 device, u32 CUmemAccess_flags, u32 0;
                                      GET_ACCESS a1 address, a2 device -> r0 flags; GRANULARITY a1 device -> r0;
                                      RETAIN a1 an address it maps -> r0 id */
+#define NVP_OP_MANAGED_ALLOC 86  /* a0 size, a1 device, a2 0: new (r0 the address, device memory there, zeroed) or
+                                     the address the image restored (a recovery); memfd passed with SCM_RIGHTS: the
+                                     host side, which the proxy maps where it likes (managed_pages.c) */
+#define NVP_OP_MANAGED_PUSH 87   /* payload: u64 (address, bytes) pairs: host copies to device memory, done before
+                                     the next request (posted) */
+#define NVP_OP_MANAGED_FETCH 88  /* a0 address, a1 bytes, a2 the last push of it (0: none): device memory to the host
+                                     copy, once the requests up to a2 have run; on an NVP_CHAN_PAGES channel */
 #define NVP_OP_COUNT 90
 
 /* node bodies (little-endian, packed as listed) */

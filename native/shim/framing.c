@@ -173,6 +173,7 @@ cudaError_t nvp_send_req(uint16_t op, uint16_t flags, const uint64_t a[NVP_MAX_A
 {
     if (l1 + l2 > NVP_MAX_PAYLOAD)
         return cudaErrorInvalidValue;
+    nvp_managed_before_request();
     struct nvp_req h = {.len = (uint32_t)(sizeof h + l1 + l2), .op = op, .flags = flags};
     if (a)
         memcpy(h.a, a, sizeof h.a);
@@ -305,6 +306,7 @@ uint64_t nvp_last_request(void)
 cudaError_t nvp_send_after(uint16_t op, const uint64_t a[NVP_MAX_ARGS], uint64_t after, int *sent)
 {
     *sent = 0;
+    nvp_managed_before_request();
     if (!after || after != nvp_last_request() || nvp_self.unread || !nvp_self.mb)
         return cudaSuccess;
     struct nvp_req h = {.len = sizeof h, .op = op};
@@ -329,6 +331,7 @@ cudaError_t nvp_send_pending_many(uint16_t op, const uint64_t (*a)[NVP_MAX_ARGS]
         return e;
     if (k > NVP_SEND_MANY_MAX)
         return cudaErrorInvalidValue;
+    nvp_managed_before_request();
     struct nvp_req h[NVP_SEND_MANY_MAX];
     struct iovec iov[NVP_SEND_MANY_MAX];
     int mailbox = nvp_self.mb && !nvp_self.unread;

@@ -1,15 +1,11 @@
 /* Managed memory (cudaMallocManaged and its hints).
  *
- * The application reads and writes managed memory directly, so it must be memory
- * that both processes map at the same address: nvproxy backs it with shared host
- * memory (as cudaMallocHost does), which the proxy registers as mapped
- * pinned memory; kernels reach it over the bus at the same address (unified
- * addressing).  It is coherent at every point CUDA defines, and at all others
- * too; checkpoints keep it as they keep pinned memory.  The price: kernels read
- * it at bus speed, not device memory speed, and prefetches and advice (which
- * native CUDA uses to move pages) have nothing to move.  They are checked as
- * the runtime checks them and otherwise do nothing.  docs/usage.md gives the
- * performance model and what was measured against native. */
+ * Where it can, nvproxy migrates it (managed_pages.c).  Elsewhere (and for __managed__ variables, launch.c) the
+ * application reads and writes it directly as memory that both processes map at the same address: shared host
+ * memory, as cudaMallocHost's, which the proxy registers as mapped pinned memory; kernels reach it over the bus
+ * at the same address (unified addressing), coherent at every point, and checkpoints keep it as they keep pinned
+ * memory.  Advice and prefetches (but a prefetch to the device of migrating memory) are checked as the runtime
+ * checks them and otherwise do nothing.  docs/user-guide.md gives the performance model. */
 #include "shim.h"
 
 #include <stdint.h>
@@ -18,6 +14,12 @@ NVP_EXPORT cudaError_t cudaMallocManaged(void **devPtr, size_t size, unsigned in
 {
     if (!devPtr || (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost))
         return nvp_ret(cudaErrorInvalidValue);
+    cudaError_t e = nvp_enter();
+    if (e)
+        return nvp_ret(e);
+    if (size && (e = nvp_managed_pages_alloc(devPtr, size, cudaHostAllocPortable | cudaHostAllocMapped)) !=
+                    cudaErrorNotSupported)
+        return nvp_ret(e);
     return nvp_host_alloc(devPtr, size, cudaHostAllocPortable | cudaHostAllocMapped, NVP_HOST_MANAGED);
 }
 
@@ -51,7 +53,9 @@ NVP_EXPORT cudaError_t cudaMemPrefetchAsync(const void *devPtr, size_t count, st
         return nvp_ret(e);
     if (count == 0 || flags != 0 || !managed_range(devPtr, count))
         return nvp_ret(cudaErrorInvalidValue);
-    return nvp_ret(check_location(location, 1));
+    if ((e = check_location(location, 1)) == cudaSuccess && location.type == cudaMemLocationTypeDevice)
+        nvp_managed_prefetch();
+    return nvp_ret(e);
 }
 
 NVP_EXPORT cudaError_t cudaMemAdvise(const void *devPtr, size_t count, enum cudaMemoryAdvise advice,

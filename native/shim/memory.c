@@ -178,7 +178,7 @@ static cudaError_t host_alloc(void **pHost, size_t size, unsigned flags, int kin
         if (e == cudaSuccess) {
             if (nvp_test.host_shared) /* (tests only: a checkpoint must not come in between) */
                 nvp_test.host_shared();
-            struct nvp_host_region h = {at, len, at, size, kind, flags, fd};
+            struct nvp_host_region h = {at, len, at, size, kind, flags, fd, 0};
             nvp_host_add(&h);
             *pHost = p;
             return cudaSuccess;
@@ -239,6 +239,8 @@ cudaError_t nvp_host_free(const struct nvp_host_region *h)
         nvp_ckpt_enable();
         return cudaErrorInvalidValue;
     }
+    if (now.migrates)
+        nvp_managed_pages_free(now.base);
     cudaError_t e = unregister_in_proxy(now.base); /* (the proxy waits for the devices first) */
     if (now.fd >= 0)
         close(now.fd);
@@ -313,7 +315,7 @@ static cudaError_t host_register(uint64_t user, size_t size, unsigned int flags)
                 (unsigned long long)base, (unsigned long long)len);
         return cudaErrorHostMemoryAlreadyRegistered;
     }
-    struct nvp_host_region h = {base, len, user, size, NVP_HOST_REGISTERED, flags, fd};
+    struct nvp_host_region h = {base, len, user, size, NVP_HOST_REGISTERED, flags, fd, 0};
     nvp_host_add(&h);
     return cudaSuccess;
 }
@@ -383,7 +385,8 @@ NVP_EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *at
     struct nvp_host_region h;
     memset(attr, 0, sizeof *attr);
     attr->device = nvp_current_device();
-    if (nvp_is_device_ptr(p)) {
+    int managed = host_live(p, 1, &h) && h.kind == NVP_HOST_MANAGED; /* (device memory too, where it migrates) */
+    if (nvp_is_device_ptr(p) && !managed) {
         attr->type = cudaMemoryTypeDevice;
         attr->devicePointer = (void *)ptr;
         for (int d = 0; d < nvp_device_count(); d++) {

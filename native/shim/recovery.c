@@ -100,6 +100,10 @@ static void reshare(struct nvp_host_region *h, void *arg)
     int *failed = arg;
     uint64_t a[NVP_MAX_ARGS] = {h->base, h->size, h->flags};
     struct nvp_req q = {.len = sizeof q, .op = NVP_OP_HOST_REGISTER, .flags = NVP_F_REPLY};
+    if (h->migrates) { /* (managed memory whose device side the image held: the host side is mapped again) */
+        q.op = NVP_OP_MANAGED_ALLOC;
+        a[0] = h->size, a[1] = 0, a[2] = h->base; /* (it migrates only where the proxy has one device) */
+    }
     memcpy(q.a, a, sizeof q.a);
     q.seq = atomic_fetch_add(&nvp_proxy.seq, 1) + 1;
     struct iovec iov = {&q, sizeof q};
@@ -153,6 +157,7 @@ static int replace_proxy(const char *image)
     nvp_self.gen = atomic_load(&nvp_proxy.generation);
     int failed = 0;
     nvp_host_foreach(reshare, &failed); /* pinned memory, at its addresses */
+    nvp_managed_reshared();
     nvp_registry_reset();               /* modules loaded after the image are sent again */
     if (nvp_self.dev != 0) {
         uint64_t a[NVP_MAX_ARGS] = {(uint64_t)nvp_self.dev, ~0ull};

@@ -1,5 +1,5 @@
 /* The settings the shim reads from its environment, read and checked once, here: NVPROXY_SPIN_US,
- * NVPROXY_COPY_THREADS, and NVPROXY_DEBUG's flags (a comma-separated list, FLAGS below).
+ * NVPROXY_COPY_THREADS, NVPROXY_MANAGED and NVPROXY_DEBUG's flags (a comma-separated list, FLAGS below).
  *
  * A value out of range is said in one line naming the setting and what it allows, and from then on every CUDA call
  * fails with cudaErrorInitializationError, as the runtime's calls do when it cannot start.  The shim never ends the
@@ -81,6 +81,25 @@ static int debug_flags(unsigned *out)
     return 0;
 }
 
+/* name's value, one of words (its index into *out; unset or empty: left as it is); 0, or -1 with the line in bad */
+static int one_of(const char *name, const char *const *words, int n, int *out)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return 0;
+    char known[200] = "";
+    for (int i = 0; i < n; i++) {
+        if (!strcmp(v, words[i])) {
+            *out = i;
+            return 0;
+        }
+        snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "", words[i]);
+    }
+    if (!*bad)
+        snprintf(bad, sizeof bad, "%s=%s is not allowed: expected one of %s", name, v, known);
+    return -1;
+}
+
 static void read_settings(void)
 {
     uint64_t spin_us = NVP_SPIN_US_DEFAULT, threads = 0;
@@ -89,6 +108,8 @@ static void read_settings(void)
     S.spin_ns = spin_us * 1000;
     S.copy_threads = (int)threads;
     debug_flags(&S.debug);
+    static const char *const managed[] = {"auto", "migrate", "zero-copy"}; /* (NVP_MANAGED_*'s order) */
+    one_of("NVPROXY_MANAGED", managed, 3, &S.managed);
 }
 
 int nvp_debug(unsigned flag) { return (nvp_settings()->debug & flag) != 0; }

@@ -113,7 +113,9 @@ struct nvp_settings {
     uint64_t spin_ns; /* NVPROXY_SPIN_US */
     int copy_threads; /* NVPROXY_COPY_THREADS (0: unset) */
     unsigned debug;   /* NVPROXY_DEBUG: NVP_DEBUG_* */
+    int managed;      /* NVPROXY_MANAGED: NVP_MANAGED_* */
 };
+enum { NVP_MANAGED_AUTO, NVP_MANAGED_MIGRATE, NVP_MANAGED_ZERO_COPY };
 const struct nvp_settings *nvp_settings(void);
 int nvp_debug(unsigned flag); /* is NVPROXY_DEBUG's flag (NVP_DEBUG_*) on? */
 /* cudaSuccess, or cudaErrorInitializationError where a setting is refused (said once on stderr) */
@@ -201,6 +203,7 @@ struct nvp_host_region {
     int kind;
     unsigned flags;
     int fd; /* the memfd, kept: a proxy started after a failure maps it again */
+    int migrates; /* managed memory whose address is device memory in the proxy (managed_pages.c) */
 };
 void nvp_host_add(const struct nvp_host_region *r);
 /* Call fn for every shared host region (under the table's lock; fn may change fd). */
@@ -211,6 +214,19 @@ int nvp_host_shared(uint64_t p, uint64_t n, struct nvp_host_region *out);
 /* memory.c: shared host memory at the same address in both processes (kind: nvp_host_kind) */
 cudaError_t nvp_host_alloc(void **p, size_t size, unsigned flags, int kind);
 cudaError_t nvp_host_free(const struct nvp_host_region *h);
+/* managed_pages.c: managed memory that migrates between the host and the device.  Before every request
+ * (nvp_managed_before_request) the chunks the program touched go back to the device. */
+extern _Atomic int nvp_mm_pending;
+void nvp_managed_sync_point(void);
+static inline void nvp_managed_before_request(void)
+{
+    if (__atomic_load_n((int *)&nvp_mm_pending, __ATOMIC_RELAXED))
+        nvp_managed_sync_point();
+}
+cudaError_t nvp_managed_pages_alloc(void **out, size_t size, unsigned flags); /* cudaErrorNotSupported: zero-copy */
+void nvp_managed_pages_free(uint64_t base); /* before the memory goes */
+void nvp_managed_prefetch(void);            /* cudaMemPrefetchAsync to the device */
+void nvp_managed_reshared(void);            /* a new proxy (recovery) mapped the host side again */
 /* pinned_pool.c: small pinned allocations as blocks of shared chunks (cudaErrorNotSupported: not pooled) */
 cudaError_t nvp_pinned_alloc(size_t size, unsigned flags, void **out);
 cudaError_t nvp_pinned_free(uint64_t p);

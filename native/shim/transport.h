@@ -44,6 +44,8 @@ extern __thread struct nvp_thread nvp_self NVP_HIDDEN;
 
 /* The HELLO of a new channel, with a new mailbox for it where mb_out is given: 0, or -1 */
 int nvp_greet(int fd, int kind, struct nvp_rep *rep, struct nvp_mailbox **mb_out);
+/* a new channel of kind (NVP_CHAN_*) to the proxy, greeted: its descriptor, or -1 */
+int nvp_open_channel(int kind, struct nvp_rep *rep_out, struct nvp_mailbox **mb_out);
 
 /* ---- framing.c ---- */
 uint64_t nvp_now_ns(void);

@@ -204,6 +204,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("NVPROXY_COPY_THREADS", "half the cores, at most 4", integer(1, 8),
             "threads that copy pageable memory into the staging buffers (1: the calling thread alone)", (SHIM,),
             "tuning"),
+    Setting("NVPROXY_MANAGED", "auto", choice("auto", "migrate", "zero-copy"),
+            "managed memory: moved between host and device memory as each uses it (migrate; auto where the kernel "
+            "lets this user watch page faults and the proxy has one device), or host memory kernels read over the "
+            "bus (zero-copy)", (SHIM,), "tuning"),
     Setting("NVPROXY_CKPT_BUFFER", "prefault", choice("prefault", "lazy", "transient"),
             "the host buffer images are built in: grown and page-locked in the background as device memory grows; "
             "made at the first checkpoint and kept; or made and released at every checkpoint", (PROXY,), "tuning"),

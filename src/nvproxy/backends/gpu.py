@@ -145,6 +145,7 @@ class GpuBackend:
         self._trampoline = ffi.callback("void(void *)", self._run_host_fn)
         self.capture = StdoutCapture()
         self._tls = threading.local()
+        self._own_streams: dict[int, object] = {}  # (copy_now's, by device)
 
     # ---- devices and contexts ----
     def device_count(self) -> int:
@@ -276,6 +277,17 @@ class GpuBackend:
     def host_unregister(self, addr: int, size: int) -> None:
         with relaxed(self.L):
             cd.check(self.L.cuMemHostUnregister(ffi.cast("void *", addr)), "cuMemHostUnregister")
+
+    def copy_now(self, dev: int, copies: list[tuple[int, int, int]]) -> None:
+        """(dst, src, bytes) copies done before this returns, on a stream of the proxy's own, ordered after nothing
+        the application submitted (managed memory's migrations: handlers/managed.py)."""
+        s = self._own_streams.get(dev)
+        with relaxed(self.L):
+            if s is None:
+                s = self._own_streams[dev] = self.stream_create(dev, 1, 0)  # (CU_STREAM_NON_BLOCKING)
+            for dst, src, n in copies:
+                cd.check(self.L.cuMemcpyAsync(dst, src, n, s), "cuMemcpyAsync")
+            cd.check(self.L.cuStreamSynchronize(s), "cuStreamSynchronize")
 
     # ---- copies (unified addressing: one call for every direction) ----
     def memcpy(self, dst: int, src: int, n: int, stream: object) -> None:

@@ -210,6 +210,27 @@ int main(int argc, char **argv) {
         CHECK(cudaFree(m));
         CHECK(cudaFree(acc));
     }
+    // managed memory once it is on the device: the CPU writes it, then it reaches the device by a prefetch or by
+    // a first kernel (both untimed), and kernels read it again and again (timed): device memory speed natively
+    for (int prefetch : {1, 0}) {
+        size_t sz = quick ? 1ul << 20 : 256ul << 20;
+        unsigned *m;
+        unsigned long long *acc;
+        CHECK(cudaMallocManaged(&m, sz));
+        CHECK(cudaMalloc(&acc, sizeof *acc));
+        memset(m, 1, sz);
+        if (prefetch) CHECK(cudaMemPrefetchAsync(m, sz, cudaMemLocation{cudaMemLocationTypeDevice, 0}, 0, s));
+        sum<<<264, 256, 0, s>>>(m, sz / 4, acc);
+        CHECK(cudaStreamSynchronize(s));
+        int reps = quick ? 2 : 20;
+        t = now();
+        for (int r = 0; r < reps; r++) sum<<<264, 256, 0, s>>>(m, sz / 4, acc);
+        CHECK(cudaStreamSynchronize(s));
+        emit(prefetch ? "managed_kernel_prefetched" : "managed_kernel_first_touch", (long long)sz,
+             (double)sz * reps / (now() - t) / 1e9, "GB/s");
+        CHECK(cudaFree(m));
+        CHECK(cudaFree(acc));
+    }
     CHECK(cudaFreeHost(pin));
     CHECK(cudaFree(dev));
     free(pag);

@@ -58,6 +58,7 @@ def describe(state: ProcessState) -> dict[str, Any]:
                          for w, attrs in state.stream_attrs.items()},
         "events": [[w, dev, state.event_flags[w], before.get(w)] for w, (dev, _e) in sorted(state.events.items())],
         "host": sorted([addr, r.size] for addr, r in state.host.items() if r.channel is None),
+        "managed": sorted([addr, r.size, r.dev] for addr, r in state.managed.items()),
         **graphs.describe(state),
         **arrays.describe(state),
         **managed_vars.describe(state),

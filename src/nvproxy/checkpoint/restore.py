@@ -16,7 +16,7 @@ from ..errors import CudaError
 from ..libs import state as libstate
 from ..proxy import libc, managed_vars, vmm
 from ..proxy.handlers import arrays, ipc
-from ..proxy.state import HostRange, ProcessState
+from ..proxy.state import HostRange, ManagedRange, ProcessState
 from . import contents, fileload, transfer
 from .checksum import checksum
 from .dump import PROGRESS_OVER, _progress
@@ -284,6 +284,13 @@ def _make_objects(state: ProcessState, h: dict[str, Any], host_fds: dict[int, in
             raise ImageError(f"pinned host memory at {addr:#x} cannot be mapped at its address here")
         be.host_register(addr, size)
         state.host[addr] = HostRange(size, hfd)
+    for addr, size, dev in h.get("managed", []) if host_fds is not None else []:  # (a recovery: the shim's)
+        hfd = host_fds.get(addr)
+        if hfd is None:
+            raise ImageError(f"managed memory at {addr:#x} was not handed over")
+        host = libc.map_anywhere(hfd, size)
+        be.host_register(host, size)
+        state.managed[addr] = ManagedRange(size, hfd, host, dev)
     arrays.make_arrays(state, h)
     arrays.make_objects(state, h)  # (after the streams and events: their values come from the same tables)
     return before

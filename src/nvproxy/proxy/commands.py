@@ -251,7 +251,8 @@ def hand_over(server: Any, conn: socket.socket, image: str | None) -> None:
             fds.append(st.fd)
         if ch.mailbox is not None:
             fds.append(ch.mailbox.fd)
-    host = sorted((a, r) for a, r in state.host.items() if r.channel is None)
+    host: list[tuple[int, Any]] = sorted((a, r) for a, r in state.host.items() if r.channel is None)
+    host += sorted(state.managed.items())  # (migrating managed memory: its host copy's memfd, by its address)
     fds += [r.fd for _a, r in host]
     # the memory the application exported through CUDA IPC: the new proxy maps the same memory (others use it)
     exported = [(base, export_fd(state, base, token)[0]) for base, token in sorted(state.ipc_exports.items())]

@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import wire
 from . import fastpath
-from .handlers import arrays, device, graphs, ipc, libs, memory, modules, streams
+from .handlers import arrays, device, graphs, ipc, libs, managed, memory, modules, streams
 from .handlers import driver as driver_api
 from .server import SPIN_S
 from .state import ProcessState
@@ -31,7 +31,7 @@ class Dispatcher:
             # C replies itself only while no kernel printf text waits for a reply
             self.fast.set_text_fd(backend.watch_text(self.fast.set_text_pending))
         self.table: dict[int, Any] = {}
-        for mod in (arrays, device, driver_api, graphs, ipc, libs, memory, modules, streams):
+        for mod in (arrays, device, driver_api, graphs, ipc, libs, managed, memory, modules, streams):
             for name, op in wire.CONSTANTS.items():
                 fn = getattr(mod, name[len("NVP_OP_") :], None) if name.startswith("NVP_OP_") else None
                 if fn is not None:

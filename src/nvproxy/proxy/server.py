@@ -35,7 +35,7 @@ from ..checkpoint import reach
 from ..errors import NOT_SUPPORTED, STICKY, UNKNOWN, CudaError
 from . import commands, control, fastpath, mailbox
 from .dmtcp_overlap import DmtcpOverlap
-from .handlers import graphs, ipc
+from .handlers import graphs, ipc, managed
 from .listen import listen_at
 
 REQ = wire.REQ
@@ -228,6 +228,7 @@ class Server:
         self.heap: list[tuple[int, int, Channel, int, int, tuple[int, ...], bytes]] = []
         self.ending: set[Channel] = set()  # channels at their end of file, with requests still in the heap
         self.next_seq = 1
+        self.running_seq = 0  # the request _execute_ready is executing (0: none; requests count from 1)
         self.tiebreak = 0
         self.callback_channel: Channel | None = None
         self.callback_lock = threading.Lock()
@@ -475,7 +476,7 @@ class Server:
             off += length
             if seq == 0:
                 self._hello(ch, op, flags, tuple(args))
-                if ch.kind == wire.NVP_CHAN_CALLBACK:  # (from now on its socket carries only callbacks)
+                if ch.kind in (wire.NVP_CHAN_CALLBACK, wire.NVP_CHAN_PAGES):  # (from now on the socket is theirs)
                     del buf[:off]
                     return True
             else:
@@ -506,6 +507,13 @@ class Server:
             ch.sock.setblocking(True)
             ch.fast = None
             self.callback_channel = ch
+        if ch.kind == wire.NVP_CHAN_PAGES:  # (on a thread of its own: a fault waits for no call, handlers/managed.py)
+            self.sel.unregister(ch.sock)
+            self.channels.discard(ch)
+            ch.sock.setblocking(True)
+            ch.fast = None
+            threading.Thread(target=managed.serve, args=(self.dispatch, ch.sock, self), name="nvproxy-pages",
+                             daemon=True).start()
         # (no kernel printf text: the shim reads this reply bare, and the text belongs to the program's next call)
         ch._send(wire.pack_reply(0, 0, (self.backend.device_count(), 1 if self.backend.name == "sim" else 0,
                                         os.getpid(), self.backend.driver_version()), b"", b""))
@@ -540,12 +548,20 @@ class Server:
         heap = self.heap
         while heap and heap[0][0] <= self.next_seq:
             seq, _t, ch, op, flags, args, payload = heapq.heappop(heap)
+            self.running_seq = seq  # (before next_seq moves on: see ran)
             if seq == self.next_seq:
                 self.next_seq += 1
             self._execute(ch, op, flags, args, payload)
+            self.running_seq = 0
         for ch in [c for c in self.ending if not any(e[2] is c for e in heap)]:
             self.ending.discard(ch)
             self._drop(ch)
+
+    def ran(self, seq: int) -> bool:
+        """Has request seq been executed, whole?  (From another thread: next_seq is read first, so a request it has
+        passed is seen as running until it is done.)"""
+        passed = self.next_seq > seq
+        return seq == 0 or passed and self.running_seq != seq
 
     def _execute(self, ch: Channel, op: int, flags: int, args: tuple[int, ...], payload: bytes) -> None:
         if ch.closed:

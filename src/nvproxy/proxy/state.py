@@ -110,6 +110,17 @@ class HostRange:
     dev: int = 0  # (a spare staging buffer: the device whose context registered it)
 
 
+@dataclass
+class ManagedRange:
+    """Managed memory that migrates (handlers/managed.py): device memory at the application's address, and the
+    application's host copy, mapped here at host (registered, to copy to and from)."""
+
+    size: int
+    fd: int  # the host copy's memfd, kept open: a new proxy maps it again
+    host: int
+    dev: int
+
+
 class ProcessState:
     def __init__(self, backend: Any) -> None:
         self.backend = backend
@@ -131,6 +142,7 @@ class ProcessState:
         self.kernel_attrs: dict[int, dict[int, int]] = {}  # kernel id -> cudaFuncAttribute -> value
         self.limits: dict[int, dict[int, int]] = {}  # device -> cudaLimit -> value
         self.host: dict[int, HostRange] = {}  # address -> registered range
+        self.managed: dict[int, ManagedRange] = {}  # the application's address -> migrating managed memory
         # staging buffers of channels that are gone, still registered: a new thread's channel takes one
         # (unregistering waits for the device, and stalled the driver behind a spinning kernel)
         self.spare_staging: dict[int, HostRange] = {}

@@ -18,6 +18,7 @@ from .. import fastpath, libc
 from ..fastpath import COPY_EVENTS  # more than the shim ever has in flight per channel
 from ..server import Deferred
 from ..state import HostRange
+from . import managed
 
 
 def MALLOC(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
@@ -36,7 +37,7 @@ def MEM_INFO(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple
     return (free + p.state.device(ch.dev).arena.cached_bytes, total), b""
 
 
-def _take_fd(ch: Any) -> int:
+def take_fd(ch: Any) -> int:
     if not ch.fds:
         raise CudaError(INVALID_VALUE, "no file descriptor came with the request")
     return ch.fds.popleft()
@@ -44,7 +45,7 @@ def _take_fd(ch: Any) -> int:
 
 def HOST_REGISTER(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     addr, size = a[0], a[1]
-    fd = _take_fd(ch)
+    fd = take_fd(ch)
     if addr in p.state.host or not libc.map_fixed(fd, addr, size):
         os.close(fd)  # (and nothing unmapped: what is there is this process's own; unmapping it crashed the proxy)
         raise CudaError(ALREADY_MAPPED, f"host memory at {addr:#x}+{size}: the address is taken in the proxy")
@@ -64,6 +65,10 @@ def _sync_all(p: Any) -> None:
 
 def HOST_UNREGISTER(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     r = p.state.host.pop(a[0], None)
+    if r is None and a[0] in p.state.managed:  # (migrating managed memory: handlers/managed.py)
+        _sync_all(p)
+        managed.release(p, a[0])
+        return
     if r is None:
         raise CudaError(HOST_MEMORY_NOT_REGISTERED)
     _sync_all(p)  # no copy in flight may still use it
@@ -78,7 +83,7 @@ def STAGING(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[
     size = a[0]
     if len(a) > 1 and a[1]:
         return (_reuse_staging(p, ch, size, a[1], a[2]),), b""
-    fd = _take_fd(ch)
+    fd = take_fd(ch)
     try:
         addr = libc.map_anywhere(fd, size)
     except OSError:
