@@ -379,6 +379,53 @@ def test_serve_many_executes_several_threads_in_call_order(setup, second) -> Non
     assert mb.slot == wire.NVP_SLOT_CLOSED
 
 
+def test_serve_many_issues_launches_on_worker_threads_in_order_per_stream(setup, second) -> None:
+    """Serving several channels, launches on streams go to worker threads (a stream's to one worker, in order);
+    every other call waits until they are issued, so nothing overtakes a launch; launches on the legacy stream are
+    the dispatcher's, after what the workers hold.  The workers make the dispatcher's context current."""
+    fast, drv, chan, peer = setup
+    chan2, peer2 = second
+    ctx, threads, current = 0xC7C, set(), []
+
+    def get_current(out) -> int:
+        out[0] = ffi.cast("void *", ctx)
+        return 0
+
+    def set_current(c) -> int:
+        current.append(Driver.h(c))
+        return 0
+
+    plain_launch = drv.launch
+
+    def launch(*args) -> int:
+        if Driver.h(args[8]):  # (a stream's launch, not the legacy stream's)
+            threads.add(threading.get_ident())
+        return plain_launch(*args)
+
+    cbs = [ffi.callback("int(void **)", get_current), ffi.callback("int(void *)", set_current),
+           ffi.callback(ffi.typeof(ffi.new("struct nvpf_driver *").launch), launch)]
+    addresses = dict(drv.addresses, ctx_get_current=int(ffi.cast("uintptr_t", cbs[0])),
+                     ctx_set_current=int(ffi.cast("uintptr_t", cbs[1])), launch=int(ffi.cast("uintptr_t", cbs[2])))
+    fast = fastpath.FastPath(addresses, spin_us=200, launch_threads=2)
+    fast.learn_stream(5, STREAM + 0x10, int)
+    params = [struct.pack("<iiQ", i, 0, i) for i in range(12)]
+    first = b"".join(launch_req(1 + 2 * i, stream=3, payload=params[i]) for i in range(6))
+    second_ = b"".join(launch_req(2 + 2 * i, stream=5, payload=params[6 + i]) for i in range(6))
+    peer.sendall(first)
+    peer2.sendall(second_ + launch_req(13, payload=b"legacy") + record_req(14))
+    bufs = [bytearray(1 << 16), bytearray(1 << 16)]
+    why, which, lefts, seq = fast.serve_many([chan, chan2], bufs, 1, 20_000, 5_000_000)
+    assert seq == 15 and lefts == [0, 0], (why, which)
+    launches = [c for c in drv.calls if c[0] == "launch"]
+    assert [c[6] for c in launches if c[5] == STREAM] == params[:6]  # (each stream's in order)
+    assert [c[6] for c in launches if c[5] == STREAM + 0x10] == params[6:]
+    assert launches[-1][5] == 0 and launches[-1][6] == b"legacy"  # (after every worker's)
+    assert drv.calls[-1][0] == "record" and len(launches) == 13
+    assert threads and threading.get_ident() not in threads  # (the workers issued them, not the dispatcher)
+    assert set(current) == {ctx}
+    fast.lib.nvpf_set_launch_threads(4)
+
+
 def test_serve_many_leaves_calls_whose_turn_never_came_to_python(setup, second) -> None:
     """A call that waits for an earlier one that never comes (a thread between taking its seq and sending) is not
     lost: C returns once idle and the bytes go back to Python; a request in a slot goes with them."""

@@ -5,6 +5,8 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <stddef.h>
 #include <string.h>
@@ -197,6 +199,153 @@ static void async_failed(struct nvpf_chan *ch, int rc)
         ch->async_err = rc;
 }
 
+static long now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+/* ---- launches of several threads at once, issued on worker threads ----
+ * While C serves several channels, a launch on a stream other than the legacy one goes to a worker thread (one per
+ * stream, by hash) and the dispatcher goes on to the next call: the driver issues launches on different streams in
+ * parallel, as it does for the application's own threads natively.  Launches on one stream stay in order on one
+ * worker.  Every other call, and every return to Python, first waits until the workers have issued what they hold
+ * (drain), so nothing else can overtake a launch. */
+#define LAUNCH_THREADS_MAX 8
+#define WORK_RING 256
+#define WORK_PARAMS 4096 /* (larger parameter blocks are launched by the dispatcher) */
+#define WORKER_SPIN_NS 200000
+
+struct work {
+    void *func, *stream, *ctx;
+    struct nvpf_chan *ch;
+    unsigned g[3], b[3], shmem;
+    uint32_t plen;
+    _Alignas(16) unsigned char params[WORK_PARAMS];
+};
+
+struct worker {
+    pthread_t thread;
+    _Alignas(64) uint64_t head; /* works enqueued (the dispatcher's) */
+    _Alignas(64) uint64_t tail; /* works issued (the worker's) */
+    int sleeping;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    void *ctx; /* the worker's current context */
+    struct work ring[WORK_RING];
+};
+
+static int launch_threads = 4, nworkers, offloading;
+static struct worker *workers;
+static uint64_t enqueued; /* works given to workers and perhaps not yet issued (drain: 0) */
+
+EXPORT void nvpf_set_launch_threads(int n) { launch_threads = n < 0 ? 0 : n > LAUNCH_THREADS_MAX ? LAUNCH_THREADS_MAX : n; }
+
+static void issue(struct worker *w, const struct work *x)
+{
+    if (w->ctx != x->ctx && D.ctx_set_current(x->ctx) == 0)
+        w->ctx = x->ctx;
+    size_t size = x->plen;
+    void *extra[] = {LAUNCH_PARAM_BUFFER_POINTER, (void *)x->params, LAUNCH_PARAM_BUFFER_SIZE, &size,
+                     LAUNCH_PARAM_END};
+    int rc = D.launch(x->func, x->g[0], x->g[1], x->g[2], x->b[0], x->b[1], x->b[2], x->shmem, x->stream, NULL,
+                      x->plen ? extra : NULL);
+    int none = 0; /* (two workers may fail for one channel at once: the first error stays) */
+    if (rc)
+        __atomic_compare_exchange_n(&x->ch->async_err, &none, rc, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+}
+
+static void *work_loop(void *arg)
+{
+    struct worker *w = arg;
+    for (;;) {
+        uint64_t t = w->tail;
+        long until = now_ns() + WORKER_SPIN_NS;
+        while (__atomic_load_n(&w->head, __ATOMIC_ACQUIRE) == t) {
+            if (now_ns() < until)
+                continue;
+            pthread_mutex_lock(&w->lock); /* (sleeping, then head: the dispatcher stores head, then reads sleeping) */
+            __atomic_store_n(&w->sleeping, 1, __ATOMIC_SEQ_CST);
+            while (__atomic_load_n(&w->head, __ATOMIC_SEQ_CST) == t)
+                pthread_cond_wait(&w->wake, &w->lock);
+            __atomic_store_n(&w->sleeping, 0, __ATOMIC_RELAXED);
+            pthread_mutex_unlock(&w->lock);
+        }
+        issue(w, &w->ring[t % WORK_RING]);
+        __atomic_store_n(&w->tail, t + 1, __ATOMIC_RELEASE);
+    }
+    return NULL;
+}
+
+/* the workers, made the first time several channels are served (0 where they cannot be) */
+static int start_workers(void)
+{
+    if (!launch_threads || !D.ctx_get_current || !D.ctx_set_current)
+        return 0;
+    if (nworkers)
+        return nworkers;
+    workers = calloc((size_t)launch_threads, sizeof *workers);
+    if (!workers)
+        return 0;
+    for (int i = 0; i < launch_threads; i++) {
+        struct worker *w = &workers[i];
+        pthread_mutex_init(&w->lock, NULL);
+        pthread_cond_init(&w->wake, NULL);
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old); /* (signals are the Python thread's) */
+        int rc = pthread_create(&w->thread, NULL, work_loop, w);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (rc)
+            break;
+        nworkers = i + 1;
+    }
+    return nworkers;
+}
+
+/* Every launch given to a worker has been issued. */
+static void drain(void)
+{
+    if (!enqueued)
+        return;
+    for (int i = 0; i < nworkers; i++) {
+        struct worker *w = &workers[i];
+        uint64_t h = __atomic_load_n(&w->head, __ATOMIC_RELAXED);
+        while (__atomic_load_n(&w->tail, __ATOMIC_ACQUIRE) != h)
+            nvp_cpu_relax();
+    }
+    enqueued = 0;
+}
+
+static void *current_ctx;
+
+/* A plain launch on stream s to its worker: 1, or 0 where the dispatcher launches it itself. */
+static int offload(struct nvpf_chan *ch, void *func, const unsigned g[3], const unsigned b[3], unsigned shmem, void *s,
+                   const uint8_t *payload, size_t plen)
+{
+    if (!offloading || !s || plen > WORK_PARAMS)
+        return 0;
+    int n = nworkers < launch_threads ? nworkers : launch_threads; /* (made once: fewer may be asked for since) */
+    struct worker *w = &workers[((uintptr_t)s >> 4) % (uintptr_t)n];
+    uint64_t h = w->head;
+    while (h - __atomic_load_n(&w->tail, __ATOMIC_ACQUIRE) >= WORK_RING)
+        nvp_cpu_relax();
+    struct work *x = &w->ring[h % WORK_RING];
+    *x = (struct work){.func = func, .stream = s, .ctx = current_ctx, .ch = ch, .shmem = shmem, .plen = (uint32_t)plen};
+    memcpy(x->g, g, sizeof x->g);
+    memcpy(x->b, b, sizeof x->b);
+    memcpy(x->params, payload, plen);
+    __atomic_store_n(&w->head, h + 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&w->sleeping, __ATOMIC_SEQ_CST)) {
+        pthread_mutex_lock(&w->lock);
+        pthread_cond_signal(&w->wake);
+        pthread_mutex_unlock(&w->lock);
+    }
+    enqueued++;
+    return 1;
+}
+
 /* stream wire ids: 0 the legacy default stream, 2 the thread's per-thread stream */
 static int stream_of(const struct nvpf_chan *ch, uint64_t wire, void **out)
 {
@@ -226,13 +375,6 @@ static int event_of(uint64_t wire, void **out)
         return 0;
     *out = e->handle;
     return 1;
-}
-
-static long now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1000000000L + t.tv_nsec;
 }
 
 /* Poll for a short while: most waits find short work already done. */
@@ -459,6 +601,12 @@ static int launch(struct nvpf_chan *ch, const struct nvp_req *q, const uint8_t *
     unsigned gx = (unsigned)q->a[1], gy = (unsigned)(q->a[1] >> 32), gz = (unsigned)q->a[2];
     unsigned bx = (unsigned)(q->a[2] >> 32), by = (unsigned)q->a[3], bz = (unsigned)(q->a[3] >> 32);
     unsigned shmem = (unsigned)q->a[4];
+    if (!(q->a[6] & NVP_LAUNCH_COOPERATIVE)) {
+        const unsigned g[3] = {gx, gy, gz}, b[3] = {bx, by, bz};
+        if (offload(ch, k->handle, g, b, shmem, s, payload, plen))
+            return DONE;
+    }
+    drain(); /* (after what the workers hold: this one may be on the legacy stream, or too large for them) */
     memcpy(params, payload, plen); /* aligned, whatever the message's place in the buffer */
     int rc;
     if (q->a[6] & NVP_LAUNCH_COOPERATIVE) {
@@ -599,6 +747,8 @@ static int execute(struct nvpf_chan *ch, const struct nvp_req *q, const uint8_t 
     int rc;
     if (ch->ahead_n && q->seq != ch->ahead_seq)
         ch->ahead_n = 0; /* (Python executed those: their events are simply not waited for here) */
+    if (q->op != NVP_OP_LAUNCH || wants_reply)
+        drain(); /* (nothing overtakes a launch the workers hold) */
     if (issues_work(q))
         nvpf_note_issue();
     nvpr_note(q->op, q->a, payload, plen); /* (what it may write: before it runs, whoever runs it) */
@@ -964,7 +1114,10 @@ static int serve_channels(struct nvpf_chan **chs, uint8_t **bufs, size_t *lens, 
         if (ch->mailbox)
             __atomic_store_n(&((struct nvp_mailbox *)ch->mailbox)->slot, NVP_SLOT_OPEN, __ATOMIC_RELEASE);
     }
+    offloading = n > 1 && start_workers() && D.ctx_get_current(&current_ctx) == 0 && current_ctx;
     int why = serve(v, n, cap, next_seq, idle_us, budget_us, which);
+    drain(); /* (Python executes what comes next) */
+    offloading = 0;
     for (int i = 0; i < n; i++) { /* (a request posted meanwhile goes to Python, from any channel) */
         int w = close_slot(chs[i], i == *which ? why : NVPF_IDLE);
         if (i == *which)

@@ -52,6 +52,9 @@ struct nvpf_driver {
     int (*stream_sync)(void *stream);
     int (*stream_wait_event)(void *stream, void *event, unsigned flags);
     int (*graph_launch)(void *exec, void *stream);
+    /* optional (NULL: launches are issued on the dispatcher thread only) */
+    int (*ctx_get_current)(void **ctx);
+    int (*ctx_set_current)(void *ctx);
 };
 
 /* One channel (one application thread), shared with Python's Channel. */
@@ -96,6 +99,7 @@ struct nvpf_chan {
 
 int nvpf_init(const struct nvpf_driver *drv, unsigned spin_us, unsigned exclusive_spin_us);
 void nvpf_set_text_fd(int fd); /* where kernel printf text arrives (-1: nowhere) */
+void nvpf_set_launch_threads(int n); /* threads that issue launches while C serves several channels (0: none) */
 void nvpf_learn_kernel(int dev, uint64_t id, void *func, uint32_t nparams, const uint32_t *offsets);
 void nvpf_learn_stream(uint64_t id, void *handle);
 void nvpf_learn_event(uint64_t id, void *handle);

@@ -204,6 +204,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("NVPROXY_COPY_THREADS", "half the cores, at most 4", integer(1, 8),
             "threads that copy pageable memory into the staging buffers (1: the calling thread alone)", (SHIM,),
             "tuning"),
+    Setting("NVPROXY_LAUNCH_THREADS", "4", integer(0, 8),
+            "threads of the proxy that issue kernel launches while several of the program's threads make calls "
+            "(0: the proxy's one thread issues them all)", (PROXY,), "tuning"),
     Setting("NVPROXY_MANAGED", "auto", choice("auto", "migrate", "zero-copy"),
             "managed memory: moved between host and device memory as each uses it (migrate; auto where the kernel "
             "lets this user watch page faults and the proxy has one device), or host memory kernels read over the "

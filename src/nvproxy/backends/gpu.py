@@ -241,7 +241,8 @@ class GpuBackend:
                  "event_record": "cuEventRecordWithFlags", "event_query": "cuEventQuery",
                  "event_sync": "cuEventSynchronize", "stream_query": "cuStreamQuery",
                  "stream_sync": "cuStreamSynchronize", "stream_wait_event": "cuStreamWaitEvent",
-                 "graph_launch": "cuGraphLaunch"}
+                 "graph_launch": "cuGraphLaunch", "ctx_get_current": "cuCtxGetCurrent",
+                 "ctx_set_current": "cuCtxSetCurrent"}
         return {k: int(ffi.cast("uintptr_t", getattr(self.L, v))) for k, v in names.items()}
 
     def watch_text(self, notify: Callable[[bool], None]) -> int:

@@ -6,6 +6,7 @@ calling channel, a the request's argument words.  A handler returns None, a
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 from .. import wire
@@ -27,7 +28,8 @@ class Dispatcher:
         self._sync_taught: set[int] = set()  # devices whose sync streams C knows (teach_sync_streams)
         driver = getattr(backend, "fast_driver", None)
         if driver is not None and fastpath.enabled():
-            self.fast = fastpath.FastPath(driver(), spin_us=int(SPIN_S * 1e6))
+            self.fast = fastpath.FastPath(driver(), spin_us=int(SPIN_S * 1e6),
+                                          launch_threads=int(os.environ.get("NVPROXY_LAUNCH_THREADS", "4")))
             # C replies itself only while no kernel printf text waits for a reply
             self.fast.set_text_fd(backend.watch_text(self.fast.set_text_pending))
         self.table: dict[int, Any] = {}

@@ -30,6 +30,8 @@ POSTED = CONSTANTS["NVPF_POSTED"]
 SERVE_MAX = CONSTANTS["NVPF_SERVE_MAX"]
 DRIVER_FIELDS = ("launch", "launch_cooperative", "memcpy_async", "memset_async", "event_record", "event_query",
                  "event_sync", "stream_query", "stream_sync", "stream_wait_event", "graph_launch")
+# without them launches are issued on the dispatcher thread alone (fastpath.c: workers)
+OPTIONAL_FIELDS = ("ctx_get_current", "ctx_set_current")
 
 
 def library_path() -> Path:
@@ -41,13 +43,16 @@ def enabled() -> bool:
 
 
 class FastPath:
-    def __init__(self, driver: dict[str, int], spin_us: int = 50, exclusive_spin_us: int = 5000) -> None:
+    def __init__(self, driver: dict[str, int], spin_us: int = 50, exclusive_spin_us: int = 5000,
+                 launch_threads: int = 4) -> None:
         """driver: DRIVER_FIELDS -> function addresses (libcuda's, or test doubles)."""
         self.lib = ffi.dlopen(str(library_path()))
         self.drv = ffi.new("struct nvpf_driver *")
-        for name in DRIVER_FIELDS:
-            setattr(self.drv, name, ffi.cast(ffi.typeof(getattr(self.drv, name)), driver[name]))
+        for name in DRIVER_FIELDS + OPTIONAL_FIELDS:
+            if name in driver:
+                setattr(self.drv, name, ffi.cast(ffi.typeof(getattr(self.drv, name)), driver[name]))
         self.lib.nvpf_init(self.drv, spin_us, exclusive_spin_us)
+        self.lib.nvpf_set_launch_threads(launch_threads)
         # Python issued work: C's next synchronous posted copy asks the streams again (nvpf_note_issue)
         self.note_issue: Callable[[], None] = self.lib.nvpf_note_issue
         self._seq = ffi.new("uint64_t *")
