@@ -192,12 +192,13 @@ class FastPath:
         return why, int(self._consumed[0]), int(self._seq[0])
 
     def serve_many(self, chans: list[Any], bufs: list[bytearray], next_seq: int, idle_us: int,
-                   budget_us: int) -> tuple[int, int, list[int], int]:
-        """Serve several channels from C at once (see nvpf_serve_many), each with its own empty buffer (all of one
-        size).  (why it stopped, the channel that needs Python or -1, bytes left at each buffer's start, next seq)."""
+                   budget_us: int, held: list[int] | None = None) -> tuple[int, int, list[int], int]:
+        """Serve several channels from C at once (see nvpf_serve_many), each with its own buffer (all of one size),
+        whose first held[i] bytes were received already.  (why it stopped, the channel that needs Python or -1,
+        bytes left at each buffer's start, next seq)."""
         n = len(chans)
         self._seq[0] = next_seq
-        lens = ffi.new("size_t[]", n)
+        lens = ffi.new("size_t[]", held or n)
         which = ffi.new("int *")
         views = [ffi.from_buffer("uint8_t[]", b) for b in bufs]
         try:

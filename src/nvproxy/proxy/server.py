@@ -364,8 +364,10 @@ class Server:
             return
         self._run_fast(ch)
         while (chans := self._servable()) is not None:
-            if self._serve(chans) in (fastpath.IDLE, fastpath.CLOSED):
-                break  # back to the event loop (which reads the end of file, if that was it)
+            before = self.next_seq
+            if self._serve(chans) in (fastpath.IDLE, fastpath.CLOSED) or self.next_seq == before:
+                break  # back to the event loop (which reads the end of file, if that was it); with nothing run,
+                # what waits needs more from a socket (C hands what it cannot run straight back)
 
     def _run_fast(self, ch: Channel) -> None:
         while ch.rbuf and not ch.closed and ch.fast is not None:  # (a callback channel's HELLO clears fast)
@@ -376,17 +378,46 @@ class Server:
             self._execute_ready()
 
     def _servable(self) -> list[Channel] | None:
-        """The calling threads' channels, when C may serve them all (on one device, nothing of theirs waiting in
-        Python, and one of them free to send: the others wait for replies Python owes), else None."""
-        if not (self.running and self.fast is not None) or self.heap or self.ending:
+        """The calling threads' channels, when C may serve them all (on one device, what of theirs waits in Python
+        fits their buffers in C, and one of them is free to send: the others wait for replies Python owes), else
+        None."""
+        if not (self.running and self.fast is not None) or self.ending:
             return None
         chans = [c for c in self.channels if c.kind == wire.NVP_CHAN_CALL]
         if not chans or len(chans) > fastpath.SERVE_MAX:
             return None
         dev = chans[0].dev
-        if any(c.fast is None or c.closed or c.rbuf or c.dev != dev for c in chans):
+        if any(c.fast is None or c.closed or c.dev != dev for c in chans):
+            return None
+        if (self.heap or any(c.rbuf for c in chans)) and not self._waiting_fits(chans):
             return None
         return None if all(c._pending for c in chans) else chans
+
+    def _waiting_fits(self, chans: list[Channel]) -> bool:
+        """Can what waits in Python (the heap's requests, received bytes not parsed yet) go back to these channels'
+        buffers for C, each channel's in its order?"""
+        size = {c: len(c.rbuf) for c in chans}
+        for seq, _t, ch, _op, _flags, _args, payload in self.heap:
+            if ch not in size or seq < self.next_seq:
+                return False
+            size[ch] += REQ.size + len(payload)
+        return all(n <= len(RECV_BUF) for n in size.values())
+
+    def _hand_back(self, chans: list[Channel], bufs: list[bytearray]) -> list[int]:
+        """What waits in Python into the channels' buffers, in their order (the heap's requests, then the bytes
+        received after them): their lengths.  Requests that wait for another thread's earlier one then run in C
+        as soon as it comes, instead of each in Python."""
+        data = {c: bytearray() for c in chans}
+        for seq, _t, ch, op, flags, args, payload in sorted(self.heap, key=lambda e: (e[0], e[1])):
+            data[ch] += REQ.pack(REQ.size + len(payload), op, flags, seq, *args) + payload
+        self.heap.clear()
+        held = []
+        for c, buf in zip(chans, bufs, strict=True):
+            d = data[c] + c.rbuf
+            c.rbuf.clear()
+            buf[: len(d)] = d
+            held.append(len(d))
+        return held
 
     def _serve(self, chans: list[Channel]) -> int:
         """C serves the channels until Python is needed; then Python takes what C left (a reply, descriptors, the
@@ -398,13 +429,15 @@ class Server:
             fc = c.fast
             fc.dev, fc.pending, fc.async_err = c.dev, c._pending, c.async_err
         if len(chans) == 1:
-            why, left, self.next_seq = fast.serve(chans[0].fast, RECV_BUF, 0, self.next_seq, SERVE_IDLE_US,
+            held = self._hand_back(chans, [RECV_BUF])
+            why, left, self.next_seq = fast.serve(chans[0].fast, RECV_BUF, held[0], self.next_seq, SERVE_IDLE_US,
                                                   SERVE_BUDGET_US)
             which, bufs, lefts = 0, [RECV_BUF], [left]
         else:  # (each its own buffer: what one received but could not run yet stays there)
             bufs = [c.serve_buffer() for c in chans]
+            held = self._hand_back(chans, bufs)
             why, which, lefts, self.next_seq = fast.serve_many([c.fast for c in chans], bufs, self.next_seq,
-                                                               SERVE_IDLE_US, SERVE_BUDGET_US)
+                                                               SERVE_IDLE_US, SERVE_BUDGET_US, held)
         for c, buf, left in zip(chans, bufs, lefts, strict=True):
             c.async_err = c.fast.async_err
             if left:
