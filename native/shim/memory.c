@@ -4,7 +4,6 @@
  * the thread's shared staging slots, several chunks in flight. */
 #include "shim.h"
 
-#include <errno.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +15,7 @@
  * the libraries and the device arenas (0x2000_0000_0000 + 1 TiB per device) */
 #define HOST_ARENA_BASE 0x300000000000ull
 #define HOST_ARENA_END 0x3f0000000000ull
+#define HUGE_PAGE (2ull << 20)
 
 static uint64_t page_size(void) { return (uint64_t)sysconf(_SC_PAGESIZE); }
 
@@ -119,13 +119,15 @@ NVP_EXPORT cudaError_t cudaMemGetInfo(size_t *free_, size_t *total)
 
 static _Atomic uint64_t host_cursor = HOST_ARENA_BASE;
 
-/* host_sharing_held: the shim's list of shared host memory and the proxy's change together, with checkpoints
+/* The proxy maps fd at base and registers it.  untaken: fd's space is not taken (nvp_host_fd_untaken): the proxy
+ * makes every page first, so that a full /dev/shm fails this call, never a later access.
+ * host_sharing_held: the shim's list of shared host memory and the proxy's change together, with checkpoints
  * held off.  A restart shares again what the list holds; memory the proxy had (so the image too) but the list
  * not yet, checkpointed between the two, was not shared with the new proxy, and its cudaFreeHost failed with
  * cudaErrorHostMemoryNotRegistered (callback_threads under DMTCP at its call 27, on the GPU). */
-static cudaError_t share_with_proxy(int fd, uint64_t base, uint64_t size, unsigned flags)
+static cudaError_t share_with_proxy(int fd, uint64_t base, uint64_t size, unsigned flags, int untaken)
 {
-    uint64_t a[NVP_MAX_ARGS] = {base, size, flags};
+    uint64_t a[NVP_MAX_ARGS] = {base, size, flags, (uint64_t)untaken};
     struct nvp_reply r = {0};
     return nvp_call(NVP_OP_HOST_REGISTER, a, NULL, 0, &r, fd);
 }
@@ -155,16 +157,17 @@ static cudaError_t host_alloc(void **pHost, size_t size, unsigned flags, int kin
 {
     cudaError_t e;
     uint64_t len = (size + page_size() - 1) / page_size() * page_size();
-    int fd = nvp_host_fd("nvproxy-pinned", len);
+    /* (its pages made by the proxy, before it registers them, on several threads when many; not here as well: a
+     * populated mapping here too took half as long again for 256 MiB-1 GiB on the GPU machine) */
+    int fd = nvp_host_fd_untaken("nvproxy-pinned", len);
     if (fd < 0)
         return nvp_ret(cudaErrorMemoryAllocation);
     /* the same address must be free in both processes: try places in the host
-     * arena until both sides can map there */
+     * arena until both sides can map there; each on a 2 MiB boundary (huge pages, where /dev/shm has them) */
     e = cudaErrorMemoryAllocation;
-    /* (not populated here: the proxy's registration faults the pages in once; a populated mapping here too took
-     * half as long again for 256 MiB-1 GiB on the GPU machine) */
+    uint64_t step = ((len + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1)) + HUGE_PAGE;
     for (int tries = 0; tries < 64; tries++) {
-        uint64_t at = atomic_fetch_add(&host_cursor, len + (2ull << 20));
+        uint64_t at = atomic_fetch_add(&host_cursor, step);
         if (at + len > HOST_ARENA_END)
             break;
         void *p = mmap((void *)(uintptr_t)at, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
@@ -174,7 +177,7 @@ static cudaError_t host_alloc(void **pHost, size_t size, unsigned flags, int kin
             munmap(p, len);
             continue;
         }
-        e = share_with_proxy(fd, at, len, flags);
+        e = share_with_proxy(fd, at, len, flags, 1);
         if (e == cudaSuccess) {
             if (nvp_test.host_shared) /* (tests only: a checkpoint must not come in between) */
                 nvp_test.host_shared();
@@ -270,40 +273,15 @@ NVP_EXPORT cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int fla
     return nvp_ret(e);
 }
 
-/* The application's pages [base, +len) into the file, written once: the file's pages, taken (fallocate) but never
- * touched, are not cleared first, and no mapping of it faults a page at a time. */
-static int copy_into(int fd, uint64_t base, uint64_t len)
-{
-    for (uint64_t done = 0; done < len;) {
-        ssize_t n = pwrite(fd, (const char *)(uintptr_t)(base + done), len - done, (off_t)done);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return -1;
-        done += (uint64_t)n;
-    }
-    return 0;
-}
-
 static cudaError_t host_register(uint64_t user, size_t size, unsigned int flags)
 {
     uint64_t base = user & ~(page_size() - 1);
     uint64_t len = (user + size - base + page_size() - 1) / page_size() * page_size();
-    /* Move the pages into shared memory, in place: same address, same contents,
-     * now shareable with the proxy. */
-    int fd = nvp_host_fd("nvproxy-registered", len);
+    cudaError_t e;
+    int fd = nvp_host_move(base, len, &e); /* (now shareable with the proxy) */
     if (fd < 0)
-        return cudaErrorMemoryAllocation;
-    if (copy_into(fd, base, len) != 0) {
-        close(fd);
-        return cudaErrorMemoryAllocation;
-    }
-    void *p = mmap((void *)(uintptr_t)base, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
-    if (p == MAP_FAILED) {
-        close(fd);
-        return cudaErrorInvalidValue;
-    }
-    cudaError_t e = share_with_proxy(fd, base, len, flags);
+        return e;
+    e = share_with_proxy(fd, base, len, flags, 0); /* (every page written) */
     if (e) {
         close(fd);
         if (e != cudaErrorAlreadyMapped)
