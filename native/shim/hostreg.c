@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -82,12 +83,15 @@ static int threads_for(uint64_t len)
     uint64_t n = len / (MIN_PIECES * PIECE);
     if (n < 2)
         return 1;
-    static long cpus; /* (asked once: sysconf reads a file) */
-    long c = __atomic_load_n(&cpus, __ATOMIC_RELAXED);
-    if (!c)
-        __atomic_store_n(&cpus, c = sysconf(_SC_NPROCESSORS_ONLN), __ATOMIC_RELAXED);
-    if (c < (long)n)
-        n = c < 1 ? 1 : (uint64_t)c;
+    static int cpus; /* the cores this program may run on (asked once) */
+    int c = __atomic_load_n(&cpus, __ATOMIC_RELAXED);
+    if (!c) {
+        cpu_set_t set;
+        c = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+        __atomic_store_n(&cpus, c, __ATOMIC_RELAXED);
+    }
+    if ((uint64_t)c < n)
+        n = (uint64_t)c;
     return n > MAX_THREADS ? MAX_THREADS : (int)n;
 }
 
