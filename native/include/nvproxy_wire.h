@@ -45,7 +45,7 @@
 #define NVP_OP_MALLOC 6           /* a0 size -> r0 device pointer */
 #define NVP_OP_FREE 7             /* a0 device pointer (synchronises the device first) */
 #define NVP_OP_MEM_INFO 8         /* -> r0 free, r1 total */
-#define NVP_OP_HOST_REGISTER 9    /* a0 addr, a1 size, a2 flags, a3 its space not taken; memfd with SCM_RIGHTS */
+#define NVP_OP_HOST_REGISTER 9    /* a0 addr, a1 size, a2 flags; memfd passed with SCM_RIGHTS */
 #define NVP_OP_HOST_UNREGISTER 10 /* a0 addr */
 #define NVP_OP_MEMCPY 11          /* a0 dst, a1 src, a2 bytes, a3 stream; both addresses valid in the proxy */
 #define NVP_OP_MEMCPY_2D 12       /* a0 dst, a1 dpitch, a2 src, a3 spitch, a4 width, a5 height, a6 stream */

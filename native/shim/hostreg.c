@@ -1,16 +1,19 @@
-/* cudaHostRegister's move of the application's pages into shared memory, in place: same address, same contents.
+/* Large shared host memory made on several threads: cudaHostRegister's move of the application's pages into shared
+ * memory in place (same address, same contents), and the pages of large cudaMallocHost memory.
  *
- * Shared memory's pages are made one at a time, each by the kernel's page allocator, and freed so; a write() into
- * the file makes and fills them on one thread only (writes to one file take its lock).  Large ranges are therefore
- * copied through a mapping of the file, on several threads, each writing its own pieces (process_vm_writev to this
- * process: the kernel makes the destination's pages and reads the source as write() would, so a range the
- * application cannot read is an error, not a crash); the filled mapping then replaces the application's
- * (mremap), its pages already mapped.  The threads are made for the call and joined before it returns: none
- * outlives it, a fork or a checkpoint never meets one (checkpoints are held off around the call).
+ * Shared memory's pages are made one at a time, each by the kernel's page allocator; fallocate() and write() make
+ * them on one thread only (both take the file's lock).  Page faults in a mapping of the file take no such lock, so
+ * threads faulting disjoint pieces make pages at once.  cudaHostRegister copies through such a mapping (process_vm_-
+ * writev to this process: the kernel makes the destination's pages and reads the source as write() would, so a range
+ * the application cannot read is an error, not a crash), which then replaces the application's (mremap), its pages
+ * already mapped; large cudaMallocHost memory has its pages made in its own mapping.  Either way the pages are this
+ * program's (its memory limits count them), and a full /dev/shm fails the call, never a later access.
  *
- * Where /dev/shm makes huge pages on write (mounted with huge=within_size or huge=always, or shmem_enabled
- * "force"), write() gets them at any address and is as fast: it is used alone.  Where it makes them only for
- * mappings advised so (huge=advise), the threads' mapping is advised (a range on a 2 MiB boundary gets them). */
+ * The threads are made for the call and joined before it returns: none outlives it, a fork or a checkpoint never
+ * meets one (checkpoints are held off around the call).  Where /dev/shm makes huge pages on write (mounted with
+ * huge=within_size or huge=always, or shmem_enabled "force"), fallocate() and write() get them at any address, and
+ * one thread does as well: nvp_host_threads says 1.  Where it makes them only for mappings advised so (huge=advise),
+ * the threads' mapping is advised (memory on a 2 MiB boundary gets them). */
 #include "shim.h"
 
 #include <errno.h>
@@ -25,23 +28,9 @@
 #include <unistd.h>
 
 #define HUGE (2ull << 20)
-#define PIECE (4ull << 20) /* a thread's piece of the copy: taken one after another, so that threads finish together */
-#define MIN_PIECES 2       /* below two pieces a thread: write() alone */
+#define PIECE (4ull << 20) /* a thread's piece: taken one after another, so that threads finish together */
+#define MIN_PIECES 2       /* below two pieces a thread: one thread */
 #define MAX_THREADS 8
-
-/* [base, +len) into fd with write(): fd's pages made and filled on this thread */
-static int copy_serial(int fd, uint64_t base, uint64_t len)
-{
-    for (uint64_t done = 0; done < len;) {
-        ssize_t n = pwrite(fd, (const char *)(uintptr_t)(base + done), len - done, (off_t)done);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return -1;
-        done += (uint64_t)n;
-    }
-    return 0;
-}
 
 /* Does shared memory get huge pages from write()?  (/dev/shm's mount options; the shmem_enabled switch overrides
  * them with "force" or "deny") */
@@ -78,7 +67,7 @@ static int huge_on_write(void)
     return k;
 }
 
-static int threads_for(uint64_t len)
+int nvp_host_threads(uint64_t len)
 {
     uint64_t n = len / (MIN_PIECES * PIECE);
     if (n < 2)
@@ -92,37 +81,70 @@ static int threads_for(uint64_t len)
     }
     if ((uint64_t)c < n)
         n = (uint64_t)c;
+    if (n > 1 && huge_on_write())
+        return 1;
     return n > MAX_THREADS ? MAX_THREADS : (int)n;
 }
 
-struct fill {
-    uint64_t src, dst, len;
+struct job {
+    uint64_t src, dst, len; /* src 0: the pages of [dst, +len) made, else [src, +len) copied there */
     atomic_uint_fast64_t next; /* the next piece to take */
     atomic_int err;            /* the first failure's errno */
 };
 
-/* Copy pieces until none is left or one failed */
-static void *fill_pieces(void *arg)
+static int piece(const struct job *j, uint64_t off, uint64_t n)
 {
-    struct fill *f = arg;
-    pid_t self = getpid();
+    if (!j->src)
+        return madvise((void *)(uintptr_t)(j->dst + off), n, MADV_POPULATE_WRITE) == 0 ? 0 : errno;
+    struct iovec from = {(void *)(uintptr_t)(j->src + off), n}, to = {(void *)(uintptr_t)(j->dst + off), n};
+    while (from.iov_len) {
+        ssize_t done = process_vm_writev(getpid(), &from, 1, &to, 1, 0);
+        if (done <= 0)
+            return done < 0 ? errno : EFAULT;
+        from.iov_base = (char *)from.iov_base + done, from.iov_len -= (size_t)done;
+        to.iov_base = (char *)to.iov_base + done, to.iov_len -= (size_t)done;
+    }
+    return 0;
+}
+
+/* Take pieces until none is left or one failed */
+static void *work(void *arg)
+{
+    struct job *j = arg;
     for (;;) {
-        uint64_t off = atomic_fetch_add(&f->next, PIECE);
-        if (off >= f->len || atomic_load(&f->err))
+        uint64_t off = atomic_fetch_add(&j->next, PIECE);
+        if (off >= j->len || atomic_load(&j->err))
             return NULL;
-        uint64_t n = f->len - off < PIECE ? f->len - off : PIECE;
-        struct iovec from = {(void *)(uintptr_t)(f->src + off), n}, to = {(void *)(uintptr_t)(f->dst + off), n};
-        while (from.iov_len) {
-            ssize_t done = process_vm_writev(self, &from, 1, &to, 1, 0);
-            if (done <= 0) {
-                int none = 0;
-                atomic_compare_exchange_strong(&f->err, &none, done < 0 ? errno : EFAULT);
-                return NULL;
-            }
-            from.iov_base = (char *)from.iov_base + done, from.iov_len -= (size_t)done;
-            to.iov_base = (char *)to.iov_base + done, to.iov_len -= (size_t)done;
+        int e = piece(j, off, j->len - off < PIECE ? j->len - off : PIECE), none = 0;
+        if (e) {
+            atomic_compare_exchange_strong(&j->err, &none, e);
+            return NULL;
         }
     }
+}
+
+/* The job on `threads` threads, the caller's among them: 0, or the first failure's errno */
+static int run(struct job *j, int threads)
+{
+    madvise((void *)(uintptr_t)j->dst, j->len, MADV_HUGEPAGE); /* (where /dev/shm makes huge pages if advised) */
+    pthread_t helper[MAX_THREADS];
+    int started = 0;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old); /* (the application's handlers stay on its own threads) */
+    while (started < threads - 1 && pthread_create(&helper[started], NULL, work, j) == 0)
+        started++;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    work(j);
+    for (int i = 0; i < started; i++)
+        pthread_join(helper[i], NULL);
+    return atomic_load(&j->err);
+}
+
+int nvp_host_make(void *p, uint64_t len, int threads)
+{
+    struct job j = {0, (uint64_t)(uintptr_t)p, len, 0, 0};
+    return run(&j, threads) ? -1 : 0;
 }
 
 /* fd mapped at an address that lies as `like` does within a 2 MiB page: huge pages fit both the same way, and
@@ -156,25 +178,27 @@ static int fill_parallel(int fd, uint64_t base, uint64_t len, int threads)
     void *tmp = map_like(fd, len, base);
     if (tmp == MAP_FAILED)
         return -1;
-    madvise(tmp, len, MADV_HUGEPAGE); /* (where /dev/shm makes huge pages for mappings advised so) */
-    struct fill f = {base, (uint64_t)(uintptr_t)tmp, len, 0, 0};
-    pthread_t helper[MAX_THREADS];
-    int started = 0;
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old); /* (the application's handlers stay on its own threads) */
-    while (started < threads - 1 && pthread_create(&helper[started], NULL, fill_pieces, &f) == 0)
-        started++;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    fill_pieces(&f);
-    for (int i = 0; i < started; i++)
-        pthread_join(helper[i], NULL);
-    int err = atomic_load(&f.err);
+    struct job j = {base, (uint64_t)(uintptr_t)tmp, len, 0, 0};
+    int err = run(&j, threads);
     if (!err && mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)(uintptr_t)base) != MAP_FAILED)
         return 0;
     munmap(tmp, len);
     errno = err;
     return err ? -1 : 1;
+}
+
+/* [base, +len) into fd with write(): fd's pages made and filled on this thread */
+static int copy_serial(int fd, uint64_t base, uint64_t len)
+{
+    for (uint64_t done = 0; done < len;) {
+        ssize_t n = pwrite(fd, (const char *)(uintptr_t)(base + done), len - done, (off_t)done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        done += (uint64_t)n;
+    }
+    return 0;
 }
 
 int nvp_host_move(uint64_t base, uint64_t len, cudaError_t *err)
@@ -184,9 +208,7 @@ int nvp_host_move(uint64_t base, uint64_t len, cudaError_t *err)
         *err = cudaErrorMemoryAllocation;
         return -1;
     }
-    int threads = threads_for(len), filled = -1;
-    if (threads > 1 && huge_on_write())
-        threads = 1;
+    int threads = nvp_host_threads(len), filled = -1;
     if (threads > 1 && (filled = fill_parallel(fd, base, len, threads)) == 0)
         return fd;
     *err = cudaErrorMemoryAllocation;

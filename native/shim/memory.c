@@ -119,15 +119,13 @@ NVP_EXPORT cudaError_t cudaMemGetInfo(size_t *free_, size_t *total)
 
 static _Atomic uint64_t host_cursor = HOST_ARENA_BASE;
 
-/* The proxy maps fd at base and registers it.  untaken: fd's space is not taken (nvp_host_fd_untaken): the proxy
- * makes every page first, so that a full /dev/shm fails this call, never a later access.
- * host_sharing_held: the shim's list of shared host memory and the proxy's change together, with checkpoints
+/* host_sharing_held: the shim's list of shared host memory and the proxy's change together, with checkpoints
  * held off.  A restart shares again what the list holds; memory the proxy had (so the image too) but the list
  * not yet, checkpointed between the two, was not shared with the new proxy, and its cudaFreeHost failed with
  * cudaErrorHostMemoryNotRegistered (callback_threads under DMTCP at its call 27, on the GPU). */
-static cudaError_t share_with_proxy(int fd, uint64_t base, uint64_t size, unsigned flags, int untaken)
+static cudaError_t share_with_proxy(int fd, uint64_t base, uint64_t size, unsigned flags)
 {
-    uint64_t a[NVP_MAX_ARGS] = {base, size, flags, (uint64_t)untaken};
+    uint64_t a[NVP_MAX_ARGS] = {base, size, flags};
     struct nvp_reply r = {0};
     return nvp_call(NVP_OP_HOST_REGISTER, a, NULL, 0, &r, fd);
 }
@@ -157,9 +155,11 @@ static cudaError_t host_alloc(void **pHost, size_t size, unsigned flags, int kin
 {
     cudaError_t e;
     uint64_t len = (size + page_size() - 1) / page_size() * page_size();
-    /* (its pages made by the proxy, before it registers them, on several threads when many; not here as well: a
-     * populated mapping here too took half as long again for 256 MiB-1 GiB on the GPU machine) */
-    int fd = nvp_host_fd_untaken("nvproxy-pinned", len);
+    /* Its space taken now: by fallocate, or where many threads make pages faster (hostreg.c), by them once mapped
+     * (the pages then mapped here too; one thread populating this mapping as well as the proxy's registration took
+     * half as long again for 256 MiB-1 GiB on the GPU machine) */
+    int threads = nvp_host_threads(len), made = threads == 1;
+    int fd = made ? nvp_host_fd("nvproxy-pinned", len) : nvp_host_fd_untaken("nvproxy-pinned", len);
     if (fd < 0)
         return nvp_ret(cudaErrorMemoryAllocation);
     /* the same address must be free in both processes: try places in the host
@@ -177,7 +177,12 @@ static cudaError_t host_alloc(void **pHost, size_t size, unsigned flags, int kin
             munmap(p, len);
             continue;
         }
-        e = share_with_proxy(fd, at, len, flags, 1);
+        if (!made && nvp_host_make(p, len, threads) != 0) { /* (no room for it) */
+            munmap(p, len);
+            break;
+        }
+        made = 1;
+        e = share_with_proxy(fd, at, len, flags);
         if (e == cudaSuccess) {
             if (nvp_test.host_shared) /* (tests only: a checkpoint must not come in between) */
                 nvp_test.host_shared();
@@ -281,7 +286,7 @@ static cudaError_t host_register(uint64_t user, size_t size, unsigned int flags)
     int fd = nvp_host_move(base, len, &e); /* (now shareable with the proxy) */
     if (fd < 0)
         return e;
-    e = share_with_proxy(fd, base, len, flags, 0); /* (every page written) */
+    e = share_with_proxy(fd, base, len, flags);
     if (e) {
         close(fd);
         if (e != cudaErrorAlreadyMapped)

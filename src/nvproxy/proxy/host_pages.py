@@ -1,10 +1,9 @@
-"""The pages of the application's shared host memory in the proxy: every page made and mapped here before the driver
-pins the range (on several threads when it is large), and large ranges unmapped after the reply.
+"""The pages of the application's shared host memory in the proxy: mapped here before the driver pins them (on
+several threads when many), and large ranges unmapped after the reply.
 
 The driver pins a range by faulting in each page it finds unmapped, one write fault a page.  Read faults map a
-run of the file's pages at a time (the kernel's fault-around), and threads fault disjoint pieces at once; the
-pinning then finds every page mapped.  Making every page here also takes the space of memory the shim shared
-without taking it (nvp_host_fd_untaken): a full /dev/shm is an error of the call, not a later SIGBUS.
+run of the file's pages at a time (the kernel's fault-around: the shim made every page), and threads fault
+disjoint pieces at once; the pinning then finds every page mapped.
 
 Unmapping a large range (its page table entries dropped, and the pages freed when it was the last user) takes
 longer than unregistering it; nothing waits for it but a later mapping at the same address (wait_unmapped)."""
@@ -41,10 +40,9 @@ def _fault_in(addr: int, size: int) -> int:
     return libc.ffi.errno
 
 
-def populate(addr: int, size: int, fd: int) -> None:
-    """Every page of fd's mapping at [addr, +size) made and mapped; OSError when there is no room for them."""
-    if size >= HUGE:  # (where /dev/shm makes huge pages for mappings advised so)
-        _c.madvise(libc.ffi.cast("void *", addr), size, libc.MADV_HUGEPAGE)
+def populate(addr: int, size: int) -> None:
+    """Every page of the shared mapping [addr, +size) mapped (and made, if missing); OSError when there is no room
+    for one."""
     n = _threads(size)
     share = (size // n + HUGE - 1) // HUGE * HUGE
     pieces = [(addr + off, min(share, size - off)) for off in range(0, size, share)]
@@ -60,12 +58,8 @@ def populate(addr: int, size: int, fd: int) -> None:
     for t in helpers:
         t.join()
     err = next((e for e in errors if e), 0)
-    if err == 0:
-        return
-    if err == errno.EINVAL:  # a kernel without MADV_POPULATE_READ (the driver faults the pages in): take the space
-        os.posix_fallocate(fd, 0, size)
-        return
-    raise OSError(err, os.strerror(err))
+    if err and err != errno.EINVAL:  # (EINVAL: a kernel without MADV_POPULATE_READ; the driver faults the pages in)
+        raise OSError(err, os.strerror(err))
 
 
 _pending: dict[int, tuple[int, threading.Thread]] = {}  # address -> (size, the thread unmapping it)

@@ -52,8 +52,8 @@ def HOST_REGISTER(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
         raise CudaError(ALREADY_MAPPED, f"host memory at {addr:#x}+{size}: the address is taken in the proxy")
     try:
         try:
-            if a[3] or size >= host_pages.WORTH:
-                host_pages.populate(addr, size, fd)
+            if size >= host_pages.WORTH:
+                host_pages.populate(addr, size)
         except OSError as e:
             raise CudaError(MEMORY_ALLOCATION, f"host memory at {addr:#x}+{size}: no pages for it ({e.strerror})") \
                 from None
