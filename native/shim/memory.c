@@ -155,9 +155,8 @@ static cudaError_t host_alloc(void **pHost, size_t size, unsigned flags, int kin
 {
     cudaError_t e;
     uint64_t len = (size + page_size() - 1) / page_size() * page_size();
-    /* Its space taken now: by fallocate, or where many threads make pages faster (hostreg.c), by them once mapped
-     * (the pages then mapped here too; one thread populating this mapping as well as the proxy's registration took
-     * half as long again for 256 MiB-1 GiB on the GPU machine) */
+    /* Its space taken now: by fallocate, or where several threads make the pages faster (hostreg.c), by them in
+     * the mapping below (which then has them mapped) */
     int threads = nvp_host_threads(len), made = threads == 1;
     int fd = made ? nvp_host_fd("nvproxy-pinned", len) : nvp_host_fd_untaken("nvproxy-pinned", len);
     if (fd < 0)
