@@ -201,6 +201,8 @@ static int copy_serial(int fd, uint64_t base, uint64_t len)
     return 0;
 }
 
+static int refused; /* process_vm_writev is not allowed here (a seccomp filter): write() from then on */
+
 int nvp_host_move(uint64_t base, uint64_t len, cudaError_t *err)
 {
     int fd = nvp_host_fd_untaken("nvproxy-registered", len); /* (every page is written below) */
@@ -208,7 +210,7 @@ int nvp_host_move(uint64_t base, uint64_t len, cudaError_t *err)
         *err = cudaErrorMemoryAllocation;
         return -1;
     }
-    int threads = nvp_host_threads(len), filled = -1;
+    int threads = __atomic_load_n(&refused, __ATOMIC_RELAXED) ? 1 : nvp_host_threads(len), filled = -1;
     if (threads > 1 && (filled = fill_parallel(fd, base, len, threads)) == 0)
         return fd;
     *err = cudaErrorMemoryAllocation;
@@ -216,6 +218,8 @@ int nvp_host_move(uint64_t base, uint64_t len, cudaError_t *err)
         close(fd);
         return -1;
     }
+    if (filled < 0 && threads > 1)
+        __atomic_store_n(&refused, 1, __ATOMIC_RELAXED);
     if (filled < 0 && copy_serial(fd, base, len) != 0) {
         close(fd);
         return -1;

@@ -6,13 +6,21 @@
 // ranges that cannot be registered (with a hole, without access) failing and left as they were, and cudaMallocHost
 // beyond the sizes its pool serves.
 // argv[1]: steps of a long run with a registered buffer alive (checkpoint tests; default 0), argv[2]: ms between
-// steps, or -1: after each step wait for a line on standard input (at its end of file, wait no more).
+// steps, or -1: after each step wait for a line on standard input (at its end of file, wait no more); argv[3]
+// "forbid-process-vm-writev": first a seccomp filter makes process_vm_writev fail with EPERM, as some sandboxes do.
 #include "check.h"
 #include <atomic>
+#include <cerrno>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 __global__ void add_one(unsigned *p, size_t n) {
@@ -174,8 +182,25 @@ static void large_pinned(unsigned tag) {
     printf("cudaMallocHost beyond the pool: %d of 3 written by the host and the kernel\n", good);
 }
 
+static void forbid_process_vm_writev() {
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 0, 3),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_writev, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {(unsigned short)(sizeof f / sizeof *f), f};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog)) {
+        printf("FAILED seccomp: %s\n", strerror(errno));
+        exit(1);
+    }
+}
+
 int main(int argc, char **argv) {
     int steps = argc > 1 ? atoi(argv[1]) : 0, pause_ms = argc > 2 ? atoi(argv[2]) : 0;
+    if (argc > 3 && !strcmp(argv[3], "forbid-process-vm-writev")) forbid_process_vm_writev();
     const size_t MAXB = 64 * MIB;
     unsigned *dev, *back = (unsigned *)malloc(MAXB);
     CHECK(cudaMalloc(&dev, MAXB));
