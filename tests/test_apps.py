@@ -44,6 +44,7 @@ PROGRAMS = [
     ("pinned_at_checkpoint", ()),
     ("pinned_fds", ()),
     ("texobj_lifecycle", ()),
+    ("host_register", ()),
 ]
 IDS = ["-".join((n, *a)) for n, a in PROGRAMS]
 

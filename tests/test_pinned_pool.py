@@ -31,22 +31,27 @@ def test_gpu_matches_native(build) -> None:
     assert "Test PASSED" in native.stdout, native.stdout
 
 
+# host_register holds a registered buffer of 24 MiB (copied on several threads where there are cores) through its
+# steps, and a kernel changes it at each
+@pytest.mark.parametrize("app", [APP, "host_register"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_live_blocks_survive_migration(build, backend: str) -> None:
-    migrate_mid_run(build, backend, APP, ("40", "100"), "step 4:", reference_args=("40", "0"))
+def test_live_blocks_survive_migration(build, backend: str, app: str) -> None:
+    migrate_mid_run(build, backend, app, ("40", "100"), "step 4:", reference_args=("40", "0"))
 
 
+@pytest.mark.parametrize("app", [APP, "host_register"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_live_blocks_survive_a_recovery(build, backend: str, tmp_path: Path) -> None:
-    """NVPROXY_RECOVER: the proxy, checkpointed between two steps, dies; its successor maps the chunks again at
-    their addresses and the program goes on with the blocks it holds, frees and allocates."""
-    exe = build(APP)
-    reference = run(nvproxy_cmd(exe, backend, APP, "12", "0"))
+def test_live_blocks_survive_a_recovery(build, backend: str, app: str, tmp_path: Path) -> None:
+    """NVPROXY_RECOVER: the proxy, checkpointed between two steps, dies; its successor maps the chunks (and the
+    registered buffer) again at their addresses and the program goes on with the blocks it holds, frees and
+    allocates."""
+    exe = build(app)
+    reference = run(nvproxy_cmd(exe, backend, app, "12", "0"))
     assert reference.returncode == 0, reference.stderr
     image = tmp_path / "last.img"
     env = dict(os.environ, NVPROXY_RECOVER=str(image))
     env.pop("LD_PRELOAD", None)
-    out, err = recovered(nvproxy_cmd(exe, backend, APP, "12", "-1"), env, image, "step 0:", 3)
+    out, err = recovered(nvproxy_cmd(exe, backend, app, "12", "-1"), env, image, "step 0:", 3)
     assert out == reference.stdout, err
 
 

@@ -4,7 +4,6 @@
  * the thread's shared staging slots, several chunks in flight. */
 #include "shim.h"
 
-#include <errno.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +15,7 @@
  * the libraries and the device arenas (0x2000_0000_0000 + 1 TiB per device) */
 #define HOST_ARENA_BASE 0x300000000000ull
 #define HOST_ARENA_END 0x3f0000000000ull
+#define HUGE_PAGE (2ull << 20)
 
 static uint64_t page_size(void) { return (uint64_t)sysconf(_SC_PAGESIZE); }
 
@@ -155,16 +155,18 @@ static cudaError_t host_alloc(void **pHost, size_t size, unsigned flags, int kin
 {
     cudaError_t e;
     uint64_t len = (size + page_size() - 1) / page_size() * page_size();
-    int fd = nvp_host_fd("nvproxy-pinned", len);
+    /* Its space taken now: by fallocate, or where several threads make the pages faster (hostreg.c), by them in
+     * the mapping below (which then has them mapped) */
+    int threads = nvp_host_threads(len), made = threads == 1;
+    int fd = made ? nvp_host_fd("nvproxy-pinned", len) : nvp_host_fd_untaken("nvproxy-pinned", len);
     if (fd < 0)
         return nvp_ret(cudaErrorMemoryAllocation);
     /* the same address must be free in both processes: try places in the host
-     * arena until both sides can map there */
+     * arena until both sides can map there; each on a 2 MiB boundary (huge pages, where /dev/shm has them) */
     e = cudaErrorMemoryAllocation;
-    /* (not populated here: the proxy's registration faults the pages in once; a populated mapping here too took
-     * half as long again for 256 MiB-1 GiB on the GPU machine) */
+    uint64_t step = ((len + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1)) + HUGE_PAGE;
     for (int tries = 0; tries < 64; tries++) {
-        uint64_t at = atomic_fetch_add(&host_cursor, len + (2ull << 20));
+        uint64_t at = atomic_fetch_add(&host_cursor, step);
         if (at + len > HOST_ARENA_END)
             break;
         void *p = mmap((void *)(uintptr_t)at, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
@@ -174,6 +176,11 @@ static cudaError_t host_alloc(void **pHost, size_t size, unsigned flags, int kin
             munmap(p, len);
             continue;
         }
+        if (!made && nvp_host_make(p, len, threads) != 0) { /* (no room for it) */
+            munmap(p, len);
+            break;
+        }
+        made = 1;
         e = share_with_proxy(fd, at, len, flags);
         if (e == cudaSuccess) {
             if (nvp_test.host_shared) /* (tests only: a checkpoint must not come in between) */
@@ -270,40 +277,15 @@ NVP_EXPORT cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int fla
     return nvp_ret(e);
 }
 
-/* The application's pages [base, +len) into the file, written once: the file's pages, taken (fallocate) but never
- * touched, are not cleared first, and no mapping of it faults a page at a time. */
-static int copy_into(int fd, uint64_t base, uint64_t len)
-{
-    for (uint64_t done = 0; done < len;) {
-        ssize_t n = pwrite(fd, (const char *)(uintptr_t)(base + done), len - done, (off_t)done);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return -1;
-        done += (uint64_t)n;
-    }
-    return 0;
-}
-
 static cudaError_t host_register(uint64_t user, size_t size, unsigned int flags)
 {
     uint64_t base = user & ~(page_size() - 1);
     uint64_t len = (user + size - base + page_size() - 1) / page_size() * page_size();
-    /* Move the pages into shared memory, in place: same address, same contents,
-     * now shareable with the proxy. */
-    int fd = nvp_host_fd("nvproxy-registered", len);
+    cudaError_t e;
+    int fd = nvp_host_move(base, len, &e); /* (now shareable with the proxy) */
     if (fd < 0)
-        return cudaErrorMemoryAllocation;
-    if (copy_into(fd, base, len) != 0) {
-        close(fd);
-        return cudaErrorMemoryAllocation;
-    }
-    void *p = mmap((void *)(uintptr_t)base, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
-    if (p == MAP_FAILED) {
-        close(fd);
-        return cudaErrorInvalidValue;
-    }
-    cudaError_t e = share_with_proxy(fd, base, len, flags);
+        return e;
+    e = share_with_proxy(fd, base, len, flags);
     if (e) {
         close(fd);
         if (e != cudaErrorAlreadyMapped)

@@ -227,6 +227,11 @@ cudaError_t nvp_managed_pages_alloc(void **out, size_t size, unsigned flags); /*
 void nvp_managed_pages_free(uint64_t base); /* before the memory goes */
 void nvp_managed_prefetch(void);            /* cudaMemPrefetchAsync to the device */
 void nvp_managed_reshared(void);            /* a new proxy (recovery) mapped the host side again */
+/* hostreg.c: the application's pages [base, +len) moved into new shared memory in place: its descriptor, or -1 and
+ * *err */
+int nvp_host_move(uint64_t base, uint64_t len, cudaError_t *err);
+int nvp_host_threads(uint64_t len); /* threads that make len bytes of shared memory (1: fallocate does as well) */
+int nvp_host_make(void *p, uint64_t len, int threads); /* every page of a shared mapping made: 0, or -1 (no room) */
 /* pinned_pool.c: small pinned allocations as blocks of shared chunks (cudaErrorNotSupported: not pooled) */
 cudaError_t nvp_pinned_alloc(size_t size, unsigned flags, void **out);
 cudaError_t nvp_pinned_free(uint64_t p);
@@ -309,6 +314,9 @@ int nvp_memfd(const char *what);       /* a memfd with a name of its own (DMTCP:
 /* len bytes of shared memory for pinned or registered host memory, which a DMTCP restart brings back (shm_fd.c);
  * what: "nvproxy-..." */
 int nvp_host_fd(const char *what, uint64_t len);
+/* the same, its space not taken: its user makes every page before the memory is used (nvp_host_make, write: a full
+ * /dev/shm is then an error, not a later SIGBUS); a memfd where /dev/shm has no room now */
+int nvp_host_fd_untaken(const char *what, uint64_t len);
 int nvp_memfd_sealable(const char *what); /* the same, open to F_ADD_SEALS */
 void nvp_remake_pinned(void);            /* after a restart: pinned memory into fresh shared memory */
 

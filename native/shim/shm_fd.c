@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 static int named_memfd(const char *what, unsigned flags);
@@ -37,7 +38,23 @@ static void unique_name(char *name, size_t n, const char *prefix, const char *wh
              __atomic_add_fetch(&serial, 1, __ATOMIC_RELAXED));
 }
 
-int nvp_host_fd(const char *what, uint64_t len)
+static int host_fd(const char *what, uint64_t len, int take);
+
+int nvp_host_fd(const char *what, uint64_t len) { return host_fd(what, len, 1); }
+
+int nvp_host_fd_untaken(const char *what, uint64_t len) { return host_fd(what, len, 0); }
+
+/* Room for len more bytes in the file system of fd (a check only: others may take it first) */
+static int room_for(int fd, uint64_t len)
+{
+    struct statvfs v;
+    if (fstatvfs(fd, &v) != 0 || (uint64_t)v.f_bavail * v.f_frsize >= len)
+        return 1;
+    errno = ENOSPC;
+    return 0;
+}
+
+static int host_fd(const char *what, uint64_t len, int take)
 {
     /* POSIX shared memory, its name removed at once: like a memfd, but a DMTCP restart can bring it back as any
      * user.  DMTCP 4.2 makes a file at the name of each such mapping for the restart (named_memfd), and a memfd's
@@ -50,7 +67,7 @@ int nvp_host_fd(const char *what, uint64_t len)
     int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600), why;
     if (fd >= 0) {
         shm_unlink(name);
-        if (fallocate(fd, 0, 0, (off_t)len) == 0)
+        if (take ? fallocate(fd, 0, 0, (off_t)len) == 0 : room_for(fd, len) && ftruncate(fd, (off_t)len) == 0)
             return fd;
         why = errno;
         close(fd);

@@ -14,7 +14,7 @@ from ...errors import (
     STREAM_CAPTURE_UNSUPPORTED,
     CudaError,
 )
-from .. import fastpath, libc
+from .. import fastpath, host_pages, libc
 from ..fastpath import COPY_EVENTS  # more than the shim ever has in flight per channel
 from ..server import Deferred
 from ..state import HostRange
@@ -46,10 +46,17 @@ def take_fd(ch: Any) -> int:
 def HOST_REGISTER(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None:
     addr, size = a[0], a[1]
     fd = take_fd(ch)
+    host_pages.wait_unmapped(addr, size)  # (memory unregistered a moment ago, registered again)
     if addr in p.state.host or not libc.map_fixed(fd, addr, size):
         os.close(fd)  # (and nothing unmapped: what is there is this process's own; unmapping it crashed the proxy)
         raise CudaError(ALREADY_MAPPED, f"host memory at {addr:#x}+{size}: the address is taken in the proxy")
     try:
+        try:
+            if size >= host_pages.WORTH:
+                host_pages.populate(addr, size)
+        except OSError as e:
+            raise CudaError(MEMORY_ALLOCATION, f"host memory at {addr:#x}+{size}: no pages for it ({e.strerror})") \
+                from None
         p.backend.host_register(addr, size)
     except CudaError:
         libc.unmap(addr, size)
@@ -71,10 +78,9 @@ def HOST_UNREGISTER(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> None
         return
     if r is None:
         raise CudaError(HOST_MEMORY_NOT_REGISTERED)
-    _sync_all(p)  # no copy in flight may still use it
+    _sync_all(p)  # no copy or kernel in flight may still use it (any stream, any device: mapped memory)
     p.backend.host_unregister(a[0], r.size)
-    libc.unmap(a[0], r.size)
-    os.close(r.fd)
+    host_pages.unmap_later(a[0], r.size, r.fd)
 
 
 def STAGING(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> tuple[tuple[int, ...], bytes]:
