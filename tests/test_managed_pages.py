@@ -63,6 +63,27 @@ def test_migrate_asked_where_it_cannot_is_said_once(build, monkeypatch) -> None:
                     "than one device)"], r.stderr
 
 
+def test_managed_memory_larger_than_the_device_stays_on_the_host(build, monkeypatch) -> None:
+    """Native managed memory may be larger than the device's memory; an allocation the proxy's device cannot hold
+    (a 64 MiB modelled device, 96 MiB asked) is zero-copy managed memory instead of a failure, and computes the
+    same."""
+    if os.geteuid() != 0:
+        pytest.skip("userfaultfd for the kernel's accesses needs root here (vm.unprivileged_userfaultfd=0)")
+    monkeypatch.setenv("NVPROXY_SIM_MEMORY", "64")
+    monkeypatch.setenv("NVPROXY_TRACE", "1")
+    exe = build("managed_pages")
+    out = {}
+    for mode in ("migrate", "zero-copy"):
+        monkeypatch.setenv("NVPROXY_MANAGED", mode)
+        r = run(nvproxy_cmd(exe, "sim", "managed_pages", "oversubscribe"))
+        assert r.returncode == 0 and "Test PASSED" in r.stdout, r.stderr[-3000:]
+        ops = _ops(r.stderr)
+        out[mode] = (r.stdout, ops[wire.NVP_OP_MANAGED_ALLOC], ops[wire.NVP_OP_MANAGED_PUSH])
+    assert out["migrate"][1:] == (1, 0)  # (asked for, refused by the device: host memory, nothing pushed)
+    assert out["zero-copy"][1:] == (0, 0)
+    assert out["migrate"][0] == out["zero-copy"][0]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_migrating_managed_memory_survives_a_migration(build, backend: str) -> None:
     """The device side moves with the proxy's image, the host side is the program's: a migration between steps

@@ -336,9 +336,9 @@ cudaError_t nvp_managed_pages_alloc(void **out, size_t size, unsigned flags)
     uint64_t a[NVP_MAX_ARGS] = {len, (uint64_t)nvp_current_device(), 0};
     struct nvp_reply rep = {0};
     cudaError_t e = nvp_call(NVP_OP_MANAGED_ALLOC, a, NULL, 0, &rep, fd);
-    if (e) {
+    if (e) { /* (more than the device has free, say: zero-copy then, as native managed memory oversubscribes) */
         close(fd);
-        return e == cudaErrorMemoryAllocation ? e : cudaErrorNotSupported;
+        return cudaErrorNotSupported;
     }
     uint64_t at = rep.h.r[0];
     void *p = mmap((void *)(uintptr_t)at, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);

@@ -2,7 +2,8 @@
 // and kernels taking turns on the same data, system calls reading and writing it right after kernels did, a host
 // function reading what its stream's kernel wrote, threads each working on their own allocation while the others
 // launch, odd sizes, and copies and memsets on it.
-// argv[1] = steps (a long run for checkpoint tests), argv[2] = "gate": wait for a line on stdin after each step.
+// argv[1] = steps (a long run for checkpoint tests), argv[2] = "gate": wait for a line on stdin after each step;
+// argv[1] = "oversubscribe": one allocation of 96 MiB alone (more than a small modelled device has).
 #include "check.h"
 #include <cstring>
 #include <fcntl.h>
@@ -56,7 +57,21 @@ static void *work(void *arg) {  // its own allocation and stream, while the othe
     return nullptr;
 }
 
+static int oversubscribe() {  // native managed memory may exceed the device's: it stays in host memory then
+    const int n = 24 << 20;
+    unsigned *m;
+    CHECK(cudaMallocManaged(&m, n * sizeof(unsigned)));
+    for (int i = 0; i < n; i++) m[i] = (unsigned)i;
+    bump<<<blocks(n), 256>>>(m, n, 9);
+    CHECK(cudaDeviceSynchronize());
+    printf("96 MiB: %016llx\n", fold(m, n));
+    CHECK(cudaFree(m));
+    printf("Test PASSED\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "oversubscribe")) return oversubscribe();
     int steps = argc > 1 ? atoi(argv[1]) : 0;
     bool gated = argc > 2 && !strcmp(argv[2], "gate");
     const int n = 2 << 20;  // 8 MiB: several chunks
