@@ -41,10 +41,10 @@ from .listen import listen_at
 REQ = wire.REQ
 HDR = REQ.size
 F_REPLY = wire.NVP_F_REPLY
-# what a proxy with a broken context still executes: the shim's reconnection bookkeeping (a restored proxy's
-# context works; a broken one fails them natively)
 # posted requests the heap hands to C first (_c_executed)
 C_FIRST = {wire.NVP_OP_LAUNCH, wire.NVP_OP_EVENT_RECORD, wire.NVP_OP_STREAM_WAIT_EVENT, wire.NVP_OP_GRAPH_LAUNCH}
+# what a proxy with a broken context still executes: the shim's reconnection bookkeeping (a restored proxy's
+# context works; a broken one fails them natively)
 BOOKKEEPING = {wire.NVP_OP_HOST_REGISTER, wire.NVP_OP_HOST_UNREGISTER, wire.NVP_OP_SET_DEVICE, wire.NVP_OP_RESTORE_DONE}
 MAX_LEN = HDR + wire.NVP_MAX_PAYLOAD
 SO_PEERCRED_FMT = "3i"

@@ -17,7 +17,7 @@ from array import array
 from typing import Any
 
 from ... import wire
-from ...errors import INVALID_VALUE, MEMORY_ALLOCATION, NOT_SUPPORTED, CudaError
+from ...errors import INVALID_VALUE, MEMORY_ALLOCATION, NOT_SUPPORTED, UNKNOWN, CudaError
 from .. import libc
 from ..state import ManagedRange
 
@@ -112,6 +112,9 @@ def serve(p: Any, sock: socket.socket, server: Any) -> None:
                 fetch(p, tuple(a))
             except CudaError as e:
                 err = e.code
+            except Exception as e:  # (answered all the same: the faulting thread waits for this reply)
+                print(f"nvproxy: internal error bringing managed memory back: {e!r}", file=sys.stderr)
+                err = UNKNOWN
             try:
                 sock.sendall(wire.pack_reply(err))
             except OSError:
