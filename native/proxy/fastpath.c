@@ -104,7 +104,7 @@ static long spin_ns = 50000;
  * polls for it, so it may poll much longer: a hand-off to a Python waiter
  * thread costs tens of microseconds (a 4 MiB copy takes 80). */
 static long exclusive_spin_ns = 5000000;
-static struct map kernels, streams, events, execs;
+static struct map kernels, streams, events, execs, lanes; /* lanes: see offload */
 static _Alignas(64) unsigned char params[MAX_PARAM_BYTES];
 
 EXPORT int nvpf_init(const struct nvpf_driver *drv, unsigned spin_us, unsigned exclusive_spin_us)
@@ -172,6 +172,7 @@ EXPORT void nvpf_forget_all(void)
     map_clear(&streams);
     map_clear(&events);
     map_clear(&execs);
+    map_clear(&lanes);
     memset(nsync, 0, sizeof nsync);
     memset(idle_mark, 0, sizeof idle_mark);
 }
@@ -238,6 +239,9 @@ struct worker {
 
 static int launch_threads = 4, nworkers, offloading;
 static struct worker *workers;
+/* lanes: stream handle -> its worker (nparams), given round robin as streams first launch; a hash of the handles
+ * put the few streams of a few threads on one worker as often as not (the driver aligns them alike) */
+static uint32_t next_lane;
 static uint64_t enqueued; /* works given to workers and perhaps not yet issued (drain: 0) */
 
 EXPORT void nvpf_set_launch_threads(int n) { launch_threads = n < 0 ? 0 : n > LAUNCH_THREADS_MAX ? LAUNCH_THREADS_MAX : n; }
@@ -327,7 +331,13 @@ static int offload(struct nvpf_chan *ch, void *func, const unsigned g[3], const 
     if (!offloading || !s || plen > WORK_PARAMS)
         return 0;
     int n = nworkers < launch_threads ? nworkers : launch_threads; /* (made once: fewer may be asked for since) */
-    struct worker *w = &workers[((uintptr_t)s >> 4) % (uintptr_t)n];
+    struct entry *lane = map_find(&lanes, (uint64_t)(uintptr_t)s);
+    if (!lane) {
+        if (!(lane = map_put(&lanes, (uint64_t)(uintptr_t)s)))
+            return 0;
+        lane->nparams = next_lane++;
+    }
+    struct worker *w = &workers[lane->nparams % (uint32_t)n];
     uint64_t h = w->head;
     while (h - __atomic_load_n(&w->tail, __ATOMIC_ACQUIRE) >= WORK_RING)
         nvp_cpu_relax();
