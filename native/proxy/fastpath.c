@@ -31,6 +31,7 @@ struct entry {
     uint64_t key;
     int used;
     void *handle;
+    uint64_t ticket; /* (lanes only) */
     uint32_t nparams;
     uint32_t *offsets;
 };
@@ -239,9 +240,10 @@ struct worker {
 
 static int launch_threads = 4, nworkers, offloading;
 static struct worker *workers;
-/* lanes: stream handle -> its worker (nparams), given round robin as streams first launch; a hash of the handles
- * put the few streams of a few threads on one worker as often as not (the driver aligns them alike) */
-static uint32_t next_lane;
+/* lanes: stream handle -> the worker that issues its launches (nparams) and the worker's head after the stream's
+ * last launch (ticket).  A stream whose launches have all been issued may move, to a worker with less to do: a
+ * fixed assignment (a hash of the handles, or round robin) left one worker with several busy streams and another
+ * idle, and the dispatcher waiting for the busy one. */
 static uint64_t enqueued; /* works given to workers and perhaps not yet issued (drain: 0) */
 
 EXPORT void nvpf_set_launch_threads(int n) { launch_threads = n < 0 ? 0 : n > LAUNCH_THREADS_MAX ? LAUNCH_THREADS_MAX : n; }
@@ -332,12 +334,22 @@ static int offload(struct nvpf_chan *ch, void *func, const unsigned g[3], const 
         return 0;
     int n = nworkers < launch_threads ? nworkers : launch_threads; /* (made once: fewer may be asked for since) */
     struct entry *lane = map_find(&lanes, (uint64_t)(uintptr_t)s);
-    if (!lane) {
-        if (!(lane = map_put(&lanes, (uint64_t)(uintptr_t)s)))
-            return 0;
-        lane->nparams = next_lane++;
+    if (!lane && !(lane = map_put(&lanes, (uint64_t)(uintptr_t)s)))
+        return 0;
+    uint32_t wi = lane->nparams < (uint32_t)n ? lane->nparams : 0;
+    struct worker *w = &workers[wi];
+    uint64_t tail = __atomic_load_n(&w->tail, __ATOMIC_ACQUIRE);
+    if (tail != w->head && tail >= lane->ticket) { /* (nothing of s in flight, and its worker busy) */
+        uint64_t least = w->head - tail;
+        for (int i = 0; i < n && least; i++) {
+            uint64_t k = workers[i].head - __atomic_load_n(&workers[i].tail, __ATOMIC_ACQUIRE);
+            if (k < least) {
+                least = k;
+                wi = (uint32_t)i;
+            }
+        }
+        w = &workers[wi];
     }
-    struct worker *w = &workers[lane->nparams % (uint32_t)n];
     uint64_t h = w->head;
     while (h - __atomic_load_n(&w->tail, __ATOMIC_ACQUIRE) >= WORK_RING)
         nvp_cpu_relax();
@@ -347,6 +359,8 @@ static int offload(struct nvpf_chan *ch, void *func, const unsigned g[3], const 
     memcpy(x->b, b, sizeof x->b);
     memcpy(x->params, payload, plen);
     __atomic_store_n(&w->head, h + 1, __ATOMIC_SEQ_CST);
+    lane->nparams = wi;
+    lane->ticket = h + 1;
     if (__atomic_load_n(&w->sleeping, __ATOMIC_SEQ_CST)) {
         pthread_mutex_lock(&w->lock);
         pthread_cond_signal(&w->wake);
