@@ -173,7 +173,6 @@ EXPORT void nvpf_forget_all(void)
     map_clear(&streams);
     map_clear(&events);
     map_clear(&execs);
-    map_clear(&lanes);
     memset(nsync, 0, sizeof nsync);
     memset(idle_mark, 0, sizeof idle_mark);
 }
@@ -232,6 +231,7 @@ struct worker {
     _Alignas(64) uint64_t head; /* works enqueued (the dispatcher's) */
     _Alignas(64) uint64_t tail; /* works issued (the worker's) */
     int sleeping;
+    uint32_t streams; /* (the dispatcher's) lanes that lead here */
     pthread_mutex_t lock;
     pthread_cond_t wake;
     void *ctx; /* the worker's current context */
@@ -240,10 +240,11 @@ struct worker {
 
 static int launch_threads = 4, nworkers, offloading;
 static struct worker *workers;
-/* lanes: stream handle -> the worker that issues its launches (nparams) and the worker's head after the stream's
- * last launch (ticket).  A stream whose launches have all been issued may move, to a worker with less to do: a
- * fixed assignment (a hash of the handles, or round robin) left one worker with several busy streams and another
- * idle, and the dispatcher waiting for the busy one. */
+/* lanes: stream handle -> 1 + the worker that issues its launches (nparams) and the worker's head after the
+ * stream's last launch (ticket).  A new stream goes to the worker with the fewest streams; one whose launches have
+ * all been issued may move to a worker with less to do.  (A hash of the handles put several busy streams on one
+ * worker, the dispatcher waiting for it while others were idle.)  Kept when handles are forgotten: a lane is only
+ * a place, and a handle the driver gives again may keep its old one. */
 static uint64_t enqueued; /* works given to workers and perhaps not yet issued (drain: 0) */
 
 EXPORT void nvpf_set_launch_threads(int n) { launch_threads = n < 0 ? 0 : n > LAUNCH_THREADS_MAX ? LAUNCH_THREADS_MAX : n; }
@@ -336,20 +337,29 @@ static int offload(struct nvpf_chan *ch, void *func, const unsigned g[3], const 
     struct entry *lane = map_find(&lanes, (uint64_t)(uintptr_t)s);
     if (!lane && !(lane = map_put(&lanes, (uint64_t)(uintptr_t)s)))
         return 0;
-    uint32_t wi = lane->nparams < (uint32_t)n ? lane->nparams : 0;
-    struct worker *w = &workers[wi];
-    uint64_t tail = __atomic_load_n(&w->tail, __ATOMIC_ACQUIRE);
-    if (tail != w->head && tail >= lane->ticket) { /* (nothing of s in flight, and its worker busy) */
-        uint64_t least = w->head - tail;
-        for (int i = 0; i < n && least; i++) {
+    uint32_t wi = lane->nparams - 1;
+    if (!lane->nparams || wi >= (uint32_t)n) { /* new (or its worker no longer asked for) */
+        wi = 0;
+        for (int i = 1; i < n; i++)
+            wi = workers[i].streams < workers[wi].streams ? (uint32_t)i : wi;
+        lane->ticket = 0;
+    } else {
+        struct worker *cur = &workers[wi];
+        uint64_t tail = __atomic_load_n(&cur->tail, __ATOMIC_ACQUIRE), least = cur->head - tail;
+        for (int i = 0; i < n && least && tail >= lane->ticket; i++) { /* (nothing of s in flight, its worker busy) */
             uint64_t k = workers[i].head - __atomic_load_n(&workers[i].tail, __ATOMIC_ACQUIRE);
             if (k < least) {
                 least = k;
                 wi = (uint32_t)i;
             }
         }
-        w = &workers[wi];
     }
+    if (wi + 1 != lane->nparams) {
+        if (lane->nparams && lane->nparams - 1 < (uint32_t)nworkers)
+            workers[lane->nparams - 1].streams--;
+        workers[wi].streams++;
+    }
+    struct worker *w = &workers[wi];
     uint64_t h = w->head;
     while (h - __atomic_load_n(&w->tail, __ATOMIC_ACQUIRE) >= WORK_RING)
         nvp_cpu_relax();
@@ -359,7 +369,7 @@ static int offload(struct nvpf_chan *ch, void *func, const unsigned g[3], const 
     memcpy(x->b, b, sizeof x->b);
     memcpy(x->params, payload, plen);
     __atomic_store_n(&w->head, h + 1, __ATOMIC_SEQ_CST);
-    lane->nparams = wi;
+    lane->nparams = wi + 1;
     lane->ticket = h + 1;
     if (__atomic_load_n(&w->sleeping, __ATOMIC_SEQ_CST)) {
         pthread_mutex_lock(&w->lock);
