@@ -270,8 +270,12 @@ static void *work_loop(void *arg)
         uint64_t t = w->tail;
         long until = now_ns() + WORKER_SPIN_NS;
         while (__atomic_load_n(&w->head, __ATOMIC_ACQUIRE) == t) {
-            if (now_ns() < until)
+            /* spinning while the dispatcher serves several channels: a worker that slept there, to be woken by the
+             * next launch, made every launch behind that one in call order wait for the wake-up */
+            if (__atomic_load_n(&offloading, __ATOMIC_RELAXED) || now_ns() < until) {
+                nvp_cpu_relax();
                 continue;
+            }
             pthread_mutex_lock(&w->lock); /* (sleeping, then head: the dispatcher stores head, then reads sleeping) */
             __atomic_store_n(&w->sleeping, 1, __ATOMIC_SEQ_CST);
             while (__atomic_load_n(&w->head, __ATOMIC_SEQ_CST) == t)
@@ -364,7 +368,12 @@ static int offload(struct nvpf_chan *ch, void *func, const unsigned g[3], const 
     while (h - __atomic_load_n(&w->tail, __ATOMIC_ACQUIRE) >= WORK_RING)
         nvp_cpu_relax();
     struct work *x = &w->ring[h % WORK_RING];
-    *x = (struct work){.func = func, .stream = s, .ctx = current_ctx, .ch = ch, .shmem = shmem, .plen = (uint32_t)plen};
+    x->func = func; /* (field by field: a compound literal would clear the whole parameter block too) */
+    x->stream = s;
+    x->ctx = current_ctx;
+    x->ch = ch;
+    x->shmem = shmem;
+    x->plen = (uint32_t)plen;
     memcpy(x->g, g, sizeof x->g);
     memcpy(x->b, b, sizeof x->b);
     memcpy(x->params, payload, plen);
@@ -1148,10 +1157,11 @@ static int serve_channels(struct nvpf_chan **chs, uint8_t **bufs, size_t *lens, 
         if (ch->mailbox)
             __atomic_store_n(&((struct nvp_mailbox *)ch->mailbox)->slot, NVP_SLOT_OPEN, __ATOMIC_RELEASE);
     }
-    offloading = n > 1 && start_workers() && D.ctx_get_current(&current_ctx) == 0 && current_ctx;
+    __atomic_store_n(&offloading, n > 1 && start_workers() && D.ctx_get_current(&current_ctx) == 0 && current_ctx,
+                     __ATOMIC_RELAXED);
     int why = serve(v, n, cap, next_seq, idle_us, budget_us, which);
     drain(); /* (Python executes what comes next) */
-    offloading = 0;
+    __atomic_store_n(&offloading, 0, __ATOMIC_RELAXED);
     for (int i = 0; i < n; i++) { /* (a request posted meanwhile goes to Python, from any channel) */
         int w = close_slot(chs[i], i == *which ? why : NVPF_IDLE);
         if (i == *which)
