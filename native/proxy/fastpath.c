@@ -231,7 +231,6 @@ struct worker {
     _Alignas(64) uint64_t head; /* works enqueued (the dispatcher's) */
     _Alignas(64) uint64_t tail; /* works issued (the worker's) */
     int sleeping;
-    uint32_t streams; /* (the dispatcher's) lanes that lead here */
     pthread_mutex_t lock;
     pthread_cond_t wake;
     void *ctx; /* the worker's current context */
@@ -240,11 +239,15 @@ struct worker {
 
 static int launch_threads = 4, nworkers, offloading;
 static struct worker *workers;
-/* lanes: stream handle -> 1 + the worker that issues its launches (nparams) and the worker's head after the
- * stream's last launch (ticket).  A new stream goes to the worker with the fewest streams; one whose launches have
- * all been issued may move to a worker with less to do.  (A hash of the handles put several busy streams on one
- * worker, the dispatcher waiting for it while others were idle.)  Kept when handles are forgotten: a lane is only
- * a place, and a handle the driver gives again may keep its old one. */
+/* lanes: a stream handle -> 1 + the worker that issues its launches (nparams), and that worker's head after the
+ * stream's last launch (ticket); homes: a channel -> its worker, given round robin.  A stream whose launches have
+ * all been issued goes to the worker of the channel launching on it, so that each application thread's launches
+ * are issued by a worker of their own, as the thread issues them natively; while some are still to be issued it
+ * stays, which keeps a stream's launches in order.  (A hash of the stream handles put several busy streams on one
+ * worker, the dispatcher waiting for it in call order while others were idle.)  Lanes are kept when handles are
+ * forgotten: a lane is only a place. */
+static struct map homes;
+static uint32_t next_home;
 static uint64_t enqueued; /* works given to workers and perhaps not yet issued (drain: 0) */
 
 EXPORT void nvpf_set_launch_threads(int n) { launch_threads = n < 0 ? 0 : n > LAUNCH_THREADS_MAX ? LAUNCH_THREADS_MAX : n; }
@@ -342,26 +345,13 @@ static int offload(struct nvpf_chan *ch, void *func, const unsigned g[3], const 
     if (!lane && !(lane = map_put(&lanes, (uint64_t)(uintptr_t)s)))
         return 0;
     uint32_t wi = lane->nparams - 1;
-    if (!lane->nparams || wi >= (uint32_t)n) { /* new (or its worker no longer asked for) */
-        wi = 0;
-        for (int i = 1; i < n; i++)
-            wi = workers[i].streams < workers[wi].streams ? (uint32_t)i : wi;
-        lane->ticket = 0;
-    } else {
-        struct worker *cur = &workers[wi];
-        uint64_t tail = __atomic_load_n(&cur->tail, __ATOMIC_ACQUIRE), least = cur->head - tail;
-        for (int i = 0; i < n && least && tail >= lane->ticket; i++) { /* (nothing of s in flight, its worker busy) */
-            uint64_t k = workers[i].head - __atomic_load_n(&workers[i].tail, __ATOMIC_ACQUIRE);
-            if (k < least) {
-                least = k;
-                wi = (uint32_t)i;
-            }
-        }
-    }
-    if (wi + 1 != lane->nparams) {
-        if (lane->nparams && lane->nparams - 1 < (uint32_t)nworkers)
-            workers[lane->nparams - 1].streams--;
-        workers[wi].streams++;
+    if (!lane->nparams || wi >= (uint32_t)n || __atomic_load_n(&workers[wi].tail, __ATOMIC_ACQUIRE) >= lane->ticket) {
+        struct entry *home = map_find(&homes, (uint64_t)(uintptr_t)ch);
+        if (!home && !(home = map_put(&homes, (uint64_t)(uintptr_t)ch)))
+            return 0;
+        if (!home->nparams)
+            home->nparams = 1 + next_home++;
+        wi = (home->nparams - 1) % (uint32_t)n;
     }
     struct worker *w = &workers[wi];
     uint64_t h = w->head;
