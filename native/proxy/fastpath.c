@@ -1096,6 +1096,15 @@ static int serve(struct served *v, int n, size_t cap, uint64_t *next_seq, unsign
             }
         }
         long t = now_ns();
+        /* (busy or not: a thread starting up or another channel waits for Python's turn, and a storm of launches
+         * from the threads already served would keep it from every other thread for as long as it lasts) */
+        if (t - start > (long)budget_us * 1000) {
+            if (t - entered > LONGEST_SERVE_NS || loop_wants_turn(chs, n)) {
+                *which = -1;
+                return NVPF_IDLE;
+            }
+            start = t;
+        }
         if (ran) {
             last = t;
             continue;
@@ -1103,13 +1112,6 @@ static int serve(struct served *v, int n, size_t cap, uint64_t *next_seq, unsign
         if (t - last > (long)idle_us * 1000) {
             *which = -1;
             return NVPF_IDLE;
-        }
-        if (t - start > (long)budget_us * 1000) {
-            if (t - entered > LONGEST_SERVE_NS || loop_wants_turn(chs, n)) {
-                *which = -1;
-                return NVPF_IDLE;
-            }
-            start = t;
         }
         int read = 0;
         for (int i = 0; i < n; i++) {
