@@ -273,9 +273,7 @@ static void *work_loop(void *arg)
         uint64_t t = w->tail;
         long until = now_ns() + WORKER_SPIN_NS;
         while (__atomic_load_n(&w->head, __ATOMIC_ACQUIRE) == t) {
-            /* spinning while the dispatcher serves several channels: a worker that slept there, to be woken by the
-             * next launch, made every launch behind that one in call order wait for the wake-up */
-            if (__atomic_load_n(&offloading, __ATOMIC_RELAXED) || now_ns() < until) {
+            if (now_ns() < until) {
                 nvp_cpu_relax();
                 continue;
             }
@@ -1149,11 +1147,10 @@ static int serve_channels(struct nvpf_chan **chs, uint8_t **bufs, size_t *lens, 
         if (ch->mailbox)
             __atomic_store_n(&((struct nvp_mailbox *)ch->mailbox)->slot, NVP_SLOT_OPEN, __ATOMIC_RELEASE);
     }
-    __atomic_store_n(&offloading, n > 1 && start_workers() && D.ctx_get_current(&current_ctx) == 0 && current_ctx,
-                     __ATOMIC_RELAXED);
+    offloading = n > 1 && start_workers() && D.ctx_get_current(&current_ctx) == 0 && current_ctx;
     int why = serve(v, n, cap, next_seq, idle_us, budget_us, which);
     drain(); /* (Python executes what comes next) */
-    __atomic_store_n(&offloading, 0, __ATOMIC_RELAXED);
+    offloading = 0;
     for (int i = 0; i < n; i++) { /* (a request posted meanwhile goes to Python, from any channel) */
         int w = close_slot(chs[i], i == *which ? why : NVPF_IDLE);
         if (i == *which)
