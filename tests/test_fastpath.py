@@ -426,6 +426,52 @@ def test_serve_many_issues_launches_on_worker_threads_in_order_per_stream(setup,
     fast.lib.nvpf_set_launch_threads(4)
 
 
+def _recording_workers(drv: Driver) -> tuple[fastpath.FastPath, list[tuple[int, int, bytes]], list]:
+    """A FastPath over drv whose launches record (thread, stream, parameters), with a context to make current."""
+    issued: list[tuple[int, int, bytes]] = []
+    plain_launch = drv.launch
+
+    def launch(*args) -> int:
+        rc = plain_launch(*args)
+        issued.append((threading.get_ident(), Driver.h(args[8]), drv.calls[-1][6]))
+        return rc
+
+    cbs = [ffi.callback("int(void **)", lambda out: (out.__setitem__(0, ffi.cast("void *", 0xC7C)), 0)[1]),
+           ffi.callback("int(void *)", lambda c: 0),
+           ffi.callback(ffi.typeof(ffi.new("struct nvpf_driver *").launch), launch)]
+    addresses = dict(drv.addresses, ctx_get_current=int(ffi.cast("uintptr_t", cbs[0])),
+                     ctx_set_current=int(ffi.cast("uintptr_t", cbs[1])), launch=int(ffi.cast("uintptr_t", cbs[2])))
+    return fastpath.FastPath(addresses, spin_us=200, launch_threads=2), issued, cbs
+
+
+def test_serve_many_gives_each_thread_its_own_worker_and_keeps_a_shared_stream_in_order(setup, second) -> None:
+    """Two threads launching on streams of their own, whose handles are alike in their low bits: each thread's
+    launches are issued by a worker of their own (the native runtime issues them on the two threads).  Then both
+    launch on one stream, alternately: its launches are issued in call order, whichever worker issues each."""
+    _fast, drv, chan, peer = setup
+    chan2, peer2 = second
+    fast, issued, _cbs = _recording_workers(drv)
+    fast.learn_stream(5, STREAM + 0x20, int)
+    params = [struct.pack("<iiQ", i, 0, i) for i in range(40)]
+    peer.sendall(b"".join(launch_req(1 + 2 * i, stream=3, payload=params[i]) for i in range(10)))
+    peer2.sendall(b"".join(launch_req(2 + 2 * i, stream=5, payload=params[10 + i]) for i in range(10)))
+    bufs = [bytearray(1 << 16), bytearray(1 << 16)]
+    why, which, lefts, seq = fast.serve_many([chan, chan2], bufs, 1, 20_000, 5_000_000)
+    assert seq == 21 and lefts == [0, 0], (why, which)
+    by_stream = {s: {t for t, s2, _p in issued if s2 == s} for s in (STREAM, STREAM + 0x20)}
+    assert [p for _t, s, p in issued if s == STREAM] == params[:10]
+    assert [p for _t, s, p in issued if s == STREAM + 0x20] == params[10:20]
+    assert len(by_stream[STREAM]) == 1 and len(by_stream[STREAM + 0x20]) == 1
+    assert by_stream[STREAM] != by_stream[STREAM + 0x20]  # (two workers)
+    issued.clear()
+    peer.sendall(b"".join(launch_req(21 + 2 * i, stream=5, payload=params[20 + 2 * i]) for i in range(10)))
+    peer2.sendall(b"".join(launch_req(22 + 2 * i, stream=5, payload=params[21 + 2 * i]) for i in range(10)))
+    why, which, lefts, seq = fast.serve_many([chan, chan2], bufs, 21, 20_000, 5_000_000)
+    assert seq == 41 and lefts == [0, 0], (why, which)
+    assert [p for _t, _s, p in issued] == params[20:40]
+    fast.lib.nvpf_set_launch_threads(4)
+
+
 def test_serve_many_leaves_calls_whose_turn_never_came_to_python(setup, second) -> None:
     """A call that waits for an earlier one that never comes (a thread between taking its seq and sending) is not
     lost: C returns once idle and the bytes go back to Python; a request in a slot goes with them."""

@@ -240,14 +240,14 @@ struct worker {
 static int launch_threads = 4, nworkers, offloading;
 static struct worker *workers;
 /* lanes: a stream handle -> 1 + the worker that issues its launches (nparams), and that worker's head after the
- * stream's last launch (ticket); homes: a channel -> its worker, given round robin.  A stream whose launches have
- * all been issued goes to the worker of the channel launching on it, so that each application thread's launches
- * are issued by a worker of their own, as the thread issues them natively; while some are still to be issued it
- * stays, which keeps a stream's launches in order.  (A hash of the stream handles put several busy streams on one
- * worker, the dispatcher waiting for it in call order while others were idle.)  Lanes are kept when handles are
- * forgotten: a lane is only a place. */
-static struct map homes;
-static uint32_t next_home;
+ * stream's last launch (ticket).  A stream whose launches have all been issued goes to the worker of the channel
+ * launching on it (its place among the served channels, modulo the workers), so that each application thread's
+ * launches are issued by a worker of their own, as the thread issues them natively; while some are still to be
+ * issued it stays, which keeps a stream's launches in order.  (A hash of the stream handles put several busy
+ * streams on one worker, the dispatcher waiting for it in call order while others were idle.)  Lanes are kept when
+ * handles are forgotten: a lane is only a place. */
+static struct nvpf_chan *const *served_chs; /* (serve_channels') */
+static int nserved;
 static uint64_t enqueued; /* works given to workers and perhaps not yet issued (drain: 0) */
 
 EXPORT void nvpf_set_launch_threads(int n) { launch_threads = n < 0 ? 0 : n > LAUNCH_THREADS_MAX ? LAUNCH_THREADS_MAX : n; }
@@ -344,12 +344,10 @@ static int offload(struct nvpf_chan *ch, void *func, const unsigned g[3], const 
         return 0;
     uint32_t wi = lane->nparams - 1;
     if (!lane->nparams || wi >= (uint32_t)n || __atomic_load_n(&workers[wi].tail, __ATOMIC_ACQUIRE) >= lane->ticket) {
-        struct entry *home = map_find(&homes, (uint64_t)(uintptr_t)ch);
-        if (!home && !(home = map_put(&homes, (uint64_t)(uintptr_t)ch)))
-            return 0;
-        if (!home->nparams)
-            home->nparams = 1 + next_home++;
-        wi = (home->nparams - 1) % (uint32_t)n;
+        int home = 0;
+        while (home < nserved && served_chs[home] != ch)
+            home++;
+        wi = (uint32_t)home % (uint32_t)n;
     }
     struct worker *w = &workers[wi];
     uint64_t h = w->head;
@@ -1147,10 +1145,13 @@ static int serve_channels(struct nvpf_chan **chs, uint8_t **bufs, size_t *lens, 
         if (ch->mailbox)
             __atomic_store_n(&((struct nvp_mailbox *)ch->mailbox)->slot, NVP_SLOT_OPEN, __ATOMIC_RELEASE);
     }
+    served_chs = chs;
+    nserved = n;
     offloading = n > 1 && start_workers() && D.ctx_get_current(&current_ctx) == 0 && current_ctx;
     int why = serve(v, n, cap, next_seq, idle_us, budget_us, which);
     drain(); /* (Python executes what comes next) */
     offloading = 0;
+    nserved = 0;
     for (int i = 0; i < n; i++) { /* (a request posted meanwhile goes to Python, from any channel) */
         int w = close_slot(chs[i], i == *which ? why : NVPF_IDLE);
         if (i == *which)
