@@ -214,7 +214,11 @@ static long now_ns(void)
  * worker.  Every other call, and every return to Python, first waits until the workers have issued what they hold
  * (drain), so nothing else can overtake a launch. */
 #define LAUNCH_THREADS_MAX 8
-#define WORK_RING 256
+/* A worker's queue: at most ~0.3 ms of launches (4-6 us each).  The dispatcher stops at a full queue.  With 256
+ * (1-1.5 ms), at 4 threads it was seen stopped at one full queue while 90% of the others were empty: threads whose
+ * mailbox slots are not taken for a millisecond nap (mailbox.c), which likely left the next turns to the thread
+ * that filled the queue, its worker alone busy.  Queues shorter than that millisecond keep the others spinning. */
+#define WORK_RING 64
 #define WORK_PARAMS 4096 /* (larger parameter blocks are launched by the dispatcher) */
 #define WORKER_SPIN_NS 200000
 
