@@ -64,9 +64,9 @@ int nvp_mailbox_slot_free(struct nvp_mailbox *mb)
     if (__atomic_load_n(&mb->slot, __ATOMIC_ACQUIRE) != NVP_SLOT_POSTED)
         return 0;
     uint64_t start = 0;
-    /* Several threads waiting at once (a launch storm) yield their cores between looks: spinning, they took the
-     * cores the proxy's launch workers needed to free their slots (wstorm: 4 workers beside 12 spinning threads
-     * issued launches 2.6 times slower than beside 4). */
+    /* Several threads waiting at once (a launch storm) yield their cores between looks: spinning, they take the
+     * cores the proxy's launch workers need to free their slots (benchmarks/probes/launch_workers.cu: 4 workers
+     * beside 12 spinning threads issued launches 2.6 times slower than beside 4). */
     int crowd = __atomic_fetch_add(&slot_waiters, 1, __ATOMIC_RELAXED) >= 2;
     int rc = 0;
     for (unsigned i = 0; __atomic_load_n(&mb->slot, __ATOMIC_ACQUIRE) == NVP_SLOT_POSTED; i++) {
