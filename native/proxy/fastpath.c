@@ -247,9 +247,9 @@ static struct worker *workers;
  * stream's last launch (ticket).  A stream whose launches have all been issued goes to the worker of the channel
  * launching on it (its place among the served channels, modulo the workers), so that each application thread's
  * launches are issued by a worker of their own, as the thread issues them natively; while some are still to be
- * issued it stays, which keeps a stream's launches in order.  (A hash of the stream handles put several busy
- * streams on one worker, the dispatcher waiting for it in call order while others were idle.)  Lanes are kept when
- * handles are forgotten: a lane is only a place. */
+ * issued it stays, which keeps a stream's launches in order.  (Round robin, or moving streams to the shortest
+ * queue, left workers idle while the dispatcher waited in call order for a busy one; a hash of the handles can put
+ * two threads' streams on one worker.)  Lanes are kept when handles are forgotten: a lane is only a place. */
 static struct nvpf_chan *const *served_chs; /* (serve_channels') */
 static int nserved;
 static uint64_t enqueued; /* works given to workers and perhaps not yet issued (drain: 0) */
