@@ -190,6 +190,11 @@ cudaError_t nvp_send_req(uint16_t op, uint16_t flags, const uint64_t a[NVP_MAX_A
     return send_seq(&h, iov, n, mb, fd, 1);
 }
 
+/* Does a request of op, sent without a reply, leave work on a device that may run after it returns?  Every op but
+ * those that only change the proxy's own state (cudaHostUnregister's, posted where no device can still be using
+ * the memory: memory.c). */
+static int leaves_device_work(uint16_t op) { return op != NVP_OP_HOST_UNREGISTER; }
+
 /* The request h (its seq taken) out through the mailbox's slot mb, or the socket; counted: see nvp_note_async_sent */
 static cudaError_t send_seq(struct nvp_req *h, struct iovec *iov, int n, struct nvp_mailbox *mb, int fd, int counted)
 {
@@ -203,7 +208,7 @@ static cudaError_t send_seq(struct nvp_req *h, struct iovec *iov, int n, struct 
         if (nvp_self.mb) /* (tells a proxy polling the slot that the socket has something: no recvmsg(2) per turn) */
             __atomic_fetch_add(&nvp_self.mb->sent, 1, __ATOMIC_RELEASE);
     }
-    if (!(flags & NVP_F_REPLY) && counted) /* device work that may still run after this returns */
+    if (!(flags & NVP_F_REPLY) && counted && leaves_device_work(op)) /* (device work that may still run) */
         nvp_note_async_sent();
     if (nvp_proxy.trace)
         nvp_log("nvproxy: -> op %u seq %llu%s", op, (unsigned long long)h->seq, flags & NVP_F_REPLY ? "" : " (no reply)");

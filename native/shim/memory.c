@@ -217,6 +217,22 @@ static cudaError_t unregister_in_proxy(uint64_t base)
     return nvp_call(NVP_OP_HOST_UNREGISTER, a, NULL, 0, &r, -1);
 }
 
+/* cudaHostUnregister's request.  It returns once no device can be using the memory: the proxy waits for every
+ * device.  Where none can be (each has finished all the work sent to any, as a synchronisation found), there is
+ * nothing to wait for, and the request is posted: the proxy unregisters the memory in call order while the program
+ * goes on.  A failure there (none is expected: the range is known registered) comes with a later reply. */
+static cudaError_t unregister_registered(uint64_t base)
+{
+    uint64_t a[NVP_MAX_ARGS] = {base};
+    if (nvp_devices_known_idle())
+        return nvp_call(NVP_OP_HOST_UNREGISTER, a, NULL, 0, NULL, -1);
+    uint64_t sent = nvp_async_sent();
+    cudaError_t e = unregister_in_proxy(base);
+    if (!e)
+        nvp_note_devices_idle(sent);
+    return e;
+}
+
 NVP_EXPORT cudaError_t cudaFreeHost(void *ptr)
 {
     cudaError_t e = nvp_enter();
@@ -320,7 +336,7 @@ NVP_EXPORT cudaError_t cudaHostUnregister(void *ptr)
     } else { /* the pages stay where they are (shared memory now, same contents) */
         if (h.fd >= 0)
             close(h.fd);
-        e = unregister_in_proxy(h.base);
+        e = unregister_registered(h.base);
     }
     nvp_ckpt_enable();
     return nvp_ret(e);

@@ -176,6 +176,8 @@ void nvp_subfree(uint64_t addr, int tag);
 void nvp_suballoc_reset(int dev);
 void nvp_note_async_sent(void); /* a fire-and-forget request went out */
 uint64_t nvp_async_sent(void);
+int nvp_devices_known_idle(void);                /* every device finished all work sent so far (suballoc.c) */
+void nvp_note_devices_idle(uint64_t sent_before); /* every device finished the work sent before sent_before */
 void nvp_note_device_idle(int dev, uint64_t sent_before); /* the device finished those */
 int nvp_device_known_idle(int dev); /* nothing sent since the device was last seen idle */
 

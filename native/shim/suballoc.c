@@ -62,6 +62,22 @@ int nvp_device_known_idle(int dev)
     return dev >= 0 && dev < MAX_DEV && atomic_load(&idle_after[dev]) >= atomic_load(&async_sent);
 }
 
+int nvp_devices_known_idle(void)
+{
+    int n = nvp_device_count();
+    for (int d = 0; d < n; d++)
+        if (!nvp_device_known_idle(d))
+            return 0;
+    return n > 0;
+}
+
+void nvp_note_devices_idle(uint64_t sent_before)
+{
+    int n = nvp_device_count();
+    for (int d = 0; d < n; d++)
+        nvp_note_device_idle(d, sent_before);
+}
+
 static int class_of(size_t size)
 {
     int c = MIN_SHIFT;

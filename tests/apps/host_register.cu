@@ -7,7 +7,9 @@
 // beyond the sizes its pool serves.
 // argv[1]: steps of a long run with a registered buffer alive (checkpoint tests; default 0), argv[2]: ms between
 // steps, or -1: after each step wait for a line on standard input (at its end of file, wait no more); argv[3]
-// "forbid-process-vm-writev": first a seccomp filter makes process_vm_writev fail with EPERM, as some sandboxes do.
+// "forbid-process-vm-writev": first a seccomp filter makes process_vm_writev fail with EPERM, as some sandboxes do;
+// "unregister-unsynced": only a buffer unregistered while the kernel that writes it may still run (the call then
+// waits for the devices), then read.
 #include "check.h"
 #include <atomic>
 #include <cerrno>
@@ -198,9 +200,26 @@ static void forbid_process_vm_writev() {
     }
 }
 
+static void unregister_unsynced(unsigned tag) {
+    Region r = region(MIB, 4096);
+    size_t n = MIB / 4;
+    fill(r.p, n, tag);
+    CHECK(cudaHostRegister(r.p, MIB, cudaHostRegisterDefault));
+    unsigned *dp;
+    CHECK(cudaHostGetDevicePointer((void **)&dp, r.p, 0));
+    add_one<<<128, 256>>>(dp, n);
+    CHECK(cudaHostUnregister(r.p));
+    printf("unregistered while its kernel may run: the kernel's writes seen %d\n", holds(r.p, n, tag, 1));
+    munmap(r.map, r.len);
+}
+
 int main(int argc, char **argv) {
     int steps = argc > 1 ? atoi(argv[1]) : 0, pause_ms = argc > 2 ? atoi(argv[2]) : 0;
     if (argc > 3 && !strcmp(argv[3], "forbid-process-vm-writev")) forbid_process_vm_writev();
+    if (argc > 3 && !strcmp(argv[3], "unregister-unsynced")) {
+        unregister_unsynced(100);
+        return 0;
+    }
     const size_t MAXB = 64 * MIB;
     unsigned *dev, *back = (unsigned *)malloc(MAXB);
     CHECK(cudaMalloc(&dev, MAXB));
