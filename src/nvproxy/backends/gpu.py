@@ -282,6 +282,7 @@ class GpuBackend:
     def copy_now(self, dev: int, copies: list[tuple[int, int, int]]) -> None:
         """(dst, src, bytes) copies done before this returns, on a stream of the proxy's own, ordered after nothing
         the application submitted (managed memory's migrations: handlers/managed.py)."""
+        self.activate(dev)  # (on the managed memory channel's thread too: its own current context, not the stream's)
         s = self._own_streams.get(dev)
         with relaxed(self.L):
             if s is None:
