@@ -214,10 +214,10 @@ static long now_ns(void)
  * worker.  Every other call, and every return to Python, first waits until the workers have issued what they hold
  * (drain), so nothing else can overtake a launch. */
 #define LAUNCH_THREADS_MAX 8
-/* A worker's queue: at most ~0.3 ms of launches (4-6 us each).  The dispatcher stops at a full queue.  With 256
- * (1-1.5 ms), at 4 threads it was seen stopped at one full queue while 90% of the others were empty: threads whose
- * mailbox slots are not taken for a millisecond nap (mailbox.c), which likely left the next turns to the thread
- * that filled the queue, its worker alone busy.  Queues shorter than that millisecond keep the others spinning. */
+/* A worker's queue: at most ~0.3 ms of launches (4-6 us each), under the millisecond a thread spins for its
+ * mailbox slot before it naps (mailbox.c).  The dispatcher stops at a full queue; with queues of 256 (1-1.5 ms) it
+ * stopped at one full queue while 90% of the others were empty (4 threads, performance.md), likely because the
+ * threads napping meanwhile left the next turns to the thread that filled it. */
 #define WORK_RING 64
 #define WORK_PARAMS 4096 /* (larger parameter blocks are launched by the dispatcher) */
 #define WORKER_SPIN_NS 200000
@@ -247,11 +247,10 @@ static struct worker *workers;
  * stream's last launch (ticket).  A stream whose launches have all been issued goes to the worker of the channel
  * launching on it (its place among the served channels, modulo the workers), so that each application thread's
  * launches are issued by a worker of their own, as the thread issues them natively; while some are still to be
- * issued it stays, which keeps a stream's launches in order.  (Round robin, or moving streams to the shortest
- * queue, left workers idle while the dispatcher waited in call order for a busy one; a hash of the handles can put
- * two threads' streams on one worker.)  Lanes are kept when handles are forgotten: a lane is only a place. */
-static struct nvpf_chan *const *served_chs; /* (serve_channels') */
-static int nserved;
+ * issued it stays, which keeps a stream's launches in order.  (Round robin and the shortest queue leave workers
+ * idle while the dispatcher waits in call order for a busy one, performance.md; a hash of the handles can put two
+ * threads' streams on one worker.)  Lanes are kept when handles are forgotten: a lane is only a place. */
+static int home; /* the place among the served channels of the one whose request runs (serve) */
 static uint64_t enqueued; /* works given to workers and perhaps not yet issued (drain: 0) */
 
 EXPORT void nvpf_set_launch_threads(int n) { launch_threads = n < 0 ? 0 : n > LAUNCH_THREADS_MAX ? LAUNCH_THREADS_MAX : n; }
@@ -348,9 +347,6 @@ static int offload(struct nvpf_chan *ch, void *func, const unsigned g[3], const 
         return 0;
     uint32_t wi = lane->nparams - 1;
     if (!lane->nparams || wi >= (uint32_t)n || __atomic_load_n(&workers[wi].tail, __ATOMIC_ACQUIRE) >= lane->ticket) {
-        int home = 0;
-        while (home < nserved && served_chs[home] != ch)
-            home++;
         wi = (uint32_t)home % (uint32_t)n;
     }
     struct worker *w = &workers[wi];
@@ -1089,6 +1085,7 @@ static int serve(struct served *v, int n, size_t cap, uint64_t *next_seq, unsign
     for (;;) {
         int ran = 0;
         for (int i = 0; i < n; i++) {
+            home = i;
             int why = serve_one(&v[i], n == 1, cap, next_seq, &ran);
             if (why != NVPF_MORE) {
                 *which = i;
@@ -1149,13 +1146,10 @@ static int serve_channels(struct nvpf_chan **chs, uint8_t **bufs, size_t *lens, 
         if (ch->mailbox)
             __atomic_store_n(&((struct nvp_mailbox *)ch->mailbox)->slot, NVP_SLOT_OPEN, __ATOMIC_RELEASE);
     }
-    served_chs = chs;
-    nserved = n;
     offloading = n > 1 && start_workers() && D.ctx_get_current(&current_ctx) == 0 && current_ctx;
     int why = serve(v, n, cap, next_seq, idle_us, budget_us, which);
     drain(); /* (Python executes what comes next) */
     offloading = 0;
-    nserved = 0;
     for (int i = 0; i < n; i++) { /* (a request posted meanwhile goes to Python, from any channel) */
         int w = close_slot(chs[i], i == *which ? why : NVPF_IDLE);
         if (i == *which)
