@@ -472,6 +472,51 @@ def test_serve_many_gives_each_thread_its_own_worker_and_keeps_a_shared_stream_i
     fast.lib.nvpf_set_launch_threads(4)
 
 
+def test_serve_many_passes_a_launch_whose_worker_is_full(setup, second) -> None:
+    """A launch whose worker's queue is full does not stop the other threads: their launches on other streams go
+    on in its place in call order.  A launch on its stream and every other call still come after it."""
+    _fast, drv, chan, peer = setup
+    chan2, peer2 = second
+    gate = threading.Event()
+    plain_launch = drv.launch
+
+    def launch(*args) -> int:
+        if Driver.h(args[8]) == STREAM:
+            gate.wait(10)  # (the first thread's worker stays busy until the other thread's launches are issued)
+        return plain_launch(*args)
+
+    drv.launch = launch
+    fast, issued, _cbs = _recording_workers(drv)
+    fast.learn_stream(5, STREAM + 0x20, int)
+    queue = 64  # (a worker's queue: WORK_RING)
+    n = queue + 3  # (one in its worker's hands, a queue full, two passed over)
+    params = [struct.pack("<iiQ", i, 0, i) for i in range(n + 11)]
+    peer.sendall(b"".join(launch_req(1 + i, stream=3, payload=params[i]) for i in range(n)))
+    peer2.sendall(b"".join(launch_req(n + 1 + i, stream=5, payload=params[n + i]) for i in range(10))
+                  + launch_req(n + 11, stream=3, payload=params[n + 10]) + record_req(n + 12))
+    passed = []
+
+    def release() -> None:
+        for _ in range(1000):
+            if sum(s == STREAM + 0x20 for _t, s, _p in issued) == 10:
+                passed.append(True)
+                break
+            gate.wait(0.01)
+        gate.set()
+
+    t = threading.Thread(target=release)
+    t.start()
+    bufs = [bytearray(1 << 16), bytearray(1 << 16)]
+    why, which, lefts, seq = fast.serve_many([chan, chan2], bufs, 1, 20_000, 5_000_000)
+    t.join()
+    assert seq == n + 13 and lefts == [0, 0], (why, which)
+    assert passed == [True]  # (the second thread's launches were issued while the first's worker was busy)
+    assert [p for _t, s, p in issued if s == STREAM] == params[:n] + [params[n + 10]]
+    assert [p for _t, s, p in issued if s == STREAM + 0x20] == params[n:n + 10]
+    assert drv.calls[-1] == ("record", EVENT, STREAM, n + 12) and len(drv.calls) == n + 12
+    fast.lib.nvpf_set_launch_threads(4)
+
+
 def test_serve_many_leaves_calls_whose_turn_never_came_to_python(setup, second) -> None:
     """A call that waits for an earlier one that never comes (a thread between taking its seq and sending) is not
     lost: C returns once idle and the bytes go back to Python; a request in a slot goes with them."""

@@ -335,24 +335,38 @@ static void drain(void)
 
 static void *current_ctx;
 
-/* A plain launch on stream s to its worker: 1, or 0 where the dispatcher launches it itself. */
-static int offload(struct nvpf_chan *ch, void *func, const unsigned g[3], const unsigned b[3], unsigned shmem, void *s,
-                   const uint8_t *payload, size_t plen)
+/* The worker that issues stream s's next launch (-1: none can be had), and the stream's lane. */
+static int lane_worker(void *s, struct entry **lane_out)
 {
-    if (!offloading || !s || plen > WORK_PARAMS)
-        return 0;
     int n = nworkers < launch_threads ? nworkers : launch_threads; /* (made once: fewer may be asked for since) */
     struct entry *lane = map_find(&lanes, (uint64_t)(uintptr_t)s);
     if (!lane && !(lane = map_put(&lanes, (uint64_t)(uintptr_t)s)))
-        return 0;
+        return -1;
     uint32_t wi = lane->nparams - 1;
-    if (!lane->nparams || wi >= (uint32_t)n || __atomic_load_n(&workers[wi].tail, __ATOMIC_ACQUIRE) >= lane->ticket) {
+    if (!lane->nparams || wi >= (uint32_t)n || __atomic_load_n(&workers[wi].tail, __ATOMIC_ACQUIRE) >= lane->ticket)
         wi = (uint32_t)home % (uint32_t)n;
-    }
+    *lane_out = lane;
+    return (int)wi;
+}
+
+static int queue_full(const struct worker *w)
+{
+    return w->head - __atomic_load_n(&w->tail, __ATOMIC_ACQUIRE) >= WORK_RING;
+}
+
+/* A plain launch on stream s to its worker (waiting for room in its queue): 1, or 0 where the dispatcher launches
+ * it itself. */
+static int offload(struct nvpf_chan *ch, void *func, const unsigned g[3], const unsigned b[3], unsigned shmem, void *s,
+                   const uint8_t *payload, size_t plen)
+{
+    struct entry *lane;
+    int wi;
+    if (!offloading || !s || plen > WORK_PARAMS || (wi = lane_worker(s, &lane)) < 0)
+        return 0;
     struct worker *w = &workers[wi];
-    uint64_t h = w->head;
-    while (h - __atomic_load_n(&w->tail, __ATOMIC_ACQUIRE) >= WORK_RING)
+    while (queue_full(w))
         nvp_cpu_relax();
+    uint64_t h = w->head;
     struct work *x = &w->ring[h % WORK_RING];
     x->func = func; /* (field by field: a compound literal would clear the whole parameter block too) */
     x->stream = s;
@@ -364,7 +378,7 @@ static int offload(struct nvpf_chan *ch, void *func, const unsigned g[3], const 
     memcpy(x->b, b, sizeof x->b);
     memcpy(x->params, payload, plen);
     __atomic_store_n(&w->head, h + 1, __ATOMIC_SEQ_CST);
-    lane->nparams = wi + 1;
+    lane->nparams = (uint32_t)wi + 1;
     lane->ticket = h + 1;
     if (__atomic_load_n(&w->sleeping, __ATOMIC_SEQ_CST)) {
         pthread_mutex_lock(&w->lock);
@@ -892,7 +906,117 @@ static int execute(struct nvpf_chan *ch, const struct nvp_req *q, const uint8_t 
 
 EXPORT void nvpf_set_capturing(int on) { capturing = on; }
 
-EXPORT int nvpf_run(struct nvpf_chan *ch, const uint8_t *buf, size_t len, uint64_t *next_seq, size_t *consumed)
+/* ---- launches passed over in call order ----
+ * Serving several channels, C executes calls in seq order: a thread's call may depend on any call that another
+ * thread made before it.  A launch whose worker's queue is full would stop every thread behind it, while the other
+ * workers' queues run dry; and the threads whose calls wait meanwhile nap (mailbox.c) and fall further behind.  So
+ * such a launch is passed over: it stays at the head of its channel's buffer (with the channel's later launches
+ * behind it), to be issued once its worker has room, and the calls after it in seq order go on.  Only launches on
+ * streams may pass one another, and only on different streams: their order is not observable (each stream is its
+ * own queue on the device; the legacy stream's launches wait for the others', so they never pass).  Anything else,
+ * and a launch on a stream that another channel's passed launches use, first waits until every passed launch is
+ * issued (flush), as does every return to Python. */
+#define PASS_STREAMS 4 /* a channel's passed launches use at most this many streams */
+#define PASS_MAX 64    /* launches a channel holds passed, at most (then the next in seq order waits for room) */
+#define RUN_DEFER 100  /* (run: the request at the stop is a launch to pass over) */
+#define RUN_BLOCKED 101 /* (run: the request at the stop must wait for the passed launches: flush) */
+
+struct served {
+    struct nvpf_chan *ch;
+    uint8_t *buf;
+    size_t *len;
+    uint32_t seen;      /* the mailbox's `sent` when its socket was last read */
+    uint64_t next_recv; /* when to read the socket though `sent` did not move */
+    size_t passed;      /* bytes at the head of buf: launches passed over, not yet issued */
+    int npassed, nstreams;
+    void *streams[PASS_STREAMS]; /* (the streams they use) */
+};
+
+static struct served *pass_v; /* the served channels (serve) */
+static int pass_n, holding;   /* how many; how many of them hold passed launches */
+
+/* May q pass, or be passed over?  A plain launch a worker would issue: then its stream in *s. */
+static int passable(const struct nvpf_chan *ch, const struct nvp_req *q, size_t plen, void **s)
+{
+    return offloading && q->op == NVP_OP_LAUNCH && !(q->flags & NVP_F_REPLY) && !(q->a[6] & NVP_LAUNCH_COOPERATIVE) &&
+           plen <= WORK_PARAMS && map_find(&kernels, kernel_key(ch->dev, q->a[0])) && stream_of(ch, q->a[5], s) &&
+           *s;
+}
+
+/* Do launches that another channel than self passed over use stream s? */
+static int held_elsewhere(const struct served *self, void *s)
+{
+    for (int i = 0; i < pass_n && holding; i++) {
+        const struct served *v = &pass_v[i];
+        for (int k = 0; v != self && k < v->nstreams; k++)
+            if (v->streams[k] == s)
+                return 1;
+    }
+    return 0;
+}
+
+static int worker_full_for(void *s)
+{
+    struct entry *lane;
+    int wi = lane_worker(s, &lane);
+    return wi >= 0 && queue_full(&workers[wi]);
+}
+
+/* The request at the head of v's buffer after the passed ones, seq *next_seq on stream s, joins them. */
+static int pass_over(struct served *v, void *s, uint64_t *next_seq)
+{
+    int k = 0;
+    while (k < v->nstreams && v->streams[k] != s)
+        k++;
+    if (k == v->nstreams) {
+        if (k == PASS_STREAMS)
+            return 0;
+        v->streams[v->nstreams++] = s;
+    }
+    struct nvp_req q;
+    memcpy(&q, v->buf + v->passed, sizeof q);
+    holding += !v->passed;
+    v->passed += q.len;
+    v->npassed++;
+    (*next_seq)++;
+    return 1;
+}
+
+/* Issue v's passed launches, in its order, while their workers have room (wait: until all are issued). */
+static int issue_passed(struct served *v, int wait)
+{
+    int issued = 0;
+    while (v->passed) {
+        struct nvp_req q;
+        void *s;
+        memcpy(&q, v->buf, sizeof q);
+        if (!wait && stream_of(v->ch, q.a[5], &s) && worker_full_for(s))
+            break;
+        execute(v->ch, &q, v->buf + sizeof q, q.len - sizeof q); /* (a worker's, as when it was passed over) */
+        memmove(v->buf, v->buf + q.len, *v->len - q.len);
+        *v->len -= q.len;
+        v->passed -= q.len;
+        v->npassed--;
+        issued = 1;
+    }
+    if (!v->passed && v->nstreams) {
+        v->nstreams = v->npassed = 0;
+        holding--;
+    }
+    return issued;
+}
+
+/* Every passed launch issued (for each channel, from its place among the workers' homes). */
+static void flush_passed(void)
+{
+    for (int i = 0; i < pass_n && holding; i++) {
+        home = i;
+        issue_passed(&pass_v[i], 1);
+    }
+}
+
+static int run(struct nvpf_chan *ch, const uint8_t *buf, size_t len, uint64_t *next_seq, size_t *consumed,
+               struct served *v)
 {
     size_t off = 0;
     int why = capturing && len >= sizeof(struct nvp_req) ? NVPF_PYTHON : NVPF_MORE;
@@ -905,6 +1029,18 @@ EXPORT int nvpf_run(struct nvpf_chan *ch, const uint8_t *buf, size_t len, uint64
         }
         if (len - off < q.len)
             break;
+        if (v) { /* (serving several channels) */
+            void *s = NULL;
+            int ok = passable(ch, &q, q.len - sizeof q, &s);
+            if (holding && (!ok || held_elsewhere(v, s))) {
+                why = RUN_BLOCKED;
+                break;
+            }
+            if (ok && worker_full_for(s)) {
+                why = RUN_DEFER;
+                break;
+            }
+        }
         rest = buf + off + q.len;
         rest_len = len - off - q.len;
         int r = execute(ch, &q, buf + off + sizeof q, q.len - sizeof q);
@@ -921,6 +1057,11 @@ EXPORT int nvpf_run(struct nvpf_chan *ch, const uint8_t *buf, size_t len, uint64
     }
     *consumed = off;
     return why;
+}
+
+EXPORT int nvpf_run(struct nvpf_chan *ch, const uint8_t *buf, size_t len, uint64_t *next_seq, size_t *consumed)
+{
+    return run(ch, buf, len, next_seq, consumed, NULL);
 }
 
 #define SOCKET_POLL_NS 50000 /* with a mailbox: how often the loop reads the socket though `sent` did not move */
@@ -986,14 +1127,6 @@ static int loop_wants_turn(struct nvpf_chan *const *chs, int n)
     return 0;
 }
 
-struct served {
-    struct nvpf_chan *ch;
-    uint8_t *buf;
-    size_t *len;
-    uint32_t seen;      /* the mailbox's `sent` when its socket was last read */
-    uint64_t next_recv; /* when to read the socket though `sent` did not move */
-};
-
 static uint64_t head_seq(const uint8_t *buf) /* (the buffer holds a whole header) */
 {
     uint64_t seq;
@@ -1001,24 +1134,80 @@ static uint64_t head_seq(const uint8_t *buf) /* (the buffer holds a whole header
     return seq;
 }
 
-/* Execute what is next from one served channel: its received bytes, or else its mailbox's slot, when they hold the
- * call whose turn it is (with one channel, received bytes whatever their seq: Python judges them).  NVPF_MORE with
- * *ran set when something ran; else why C stops. */
+/* v's request that follows its passed launches, when its turn has come: passed over too where it may be, else
+ * RUN_BLOCKED (flush first).  Its mailbox slot's request joins the buffer behind them. */
+static int serve_behind(struct served *v, size_t cap, uint64_t *next_seq, int *ran)
+{
+    struct nvp_mailbox *mb = v->ch->mailbox;
+    size_t at = v->passed;
+    if (*v->len == at) {
+        if (!mb || __atomic_load_n(&mb->slot, __ATOMIC_ACQUIRE) != NVP_SLOT_POSTED || head_seq(mb->req) != *next_seq ||
+            cap - at < NVP_MB_REQ_MAX)
+            return NVPF_MORE;
+        *v->len += take_posted(mb, v->buf + at, NVP_SLOT_OPEN);
+        *ran = 1;
+    }
+    struct nvp_req q;
+    if (*v->len - at < sizeof q)
+        return NVPF_MORE;
+    memcpy(&q, v->buf + at, sizeof q);
+    if (q.seq != *next_seq)
+        return q.seq > *next_seq ? NVPF_MORE : RUN_BLOCKED; /* (not its turn; or Python's to judge) */
+    if (q.len < sizeof q || q.len - sizeof q > NVP_MAX_PAYLOAD)
+        return RUN_BLOCKED; /* (malformed: Python says so) */
+    if (*v->len - at < q.len)
+        return NVPF_MORE;
+    void *s;
+    if (!passable(v->ch, &q, q.len - sizeof q, &s) || held_elsewhere(v, s))
+        return RUN_BLOCKED;
+    if (v->npassed >= PASS_MAX)
+        return NVPF_MORE; /* (the worker makes room) */
+    if (!pass_over(v, s, next_seq))
+        return RUN_BLOCKED;
+    *ran = 1;
+    return NVPF_MORE;
+}
+
+/* After run stopped at v's head for the passed launches: pass it over too (RUN_DEFER), or RUN_BLOCKED. */
+static int passing(struct served *v, int why, uint64_t *next_seq, int *ran)
+{
+    if (why == RUN_BLOCKED)
+        return why;
+    struct nvp_req q;
+    void *s;
+    memcpy(&q, v->buf, sizeof q);
+    stream_of(v->ch, q.a[5], &s); /* (run found it passable) */
+    *ran |= pass_over(v, s, next_seq);
+    return NVPF_MORE;
+}
+
+/* Execute what is next from one served channel: its passed launches whose workers have room, then its received
+ * bytes, or else its mailbox's slot, when they hold the call whose turn it is (with one channel, received bytes
+ * whatever their seq: Python judges them).  NVPF_MORE with *ran set when something ran; RUN_BLOCKED where the
+ * passed launches must be issued first; else why C stops. */
 static int serve_one(struct served *v, int alone, size_t cap, uint64_t *next_seq, int *ran)
 {
     static _Alignas(16) uint8_t posted[NVP_MB_REQ_MAX];
     struct nvpf_chan *ch = v->ch;
+    if (v->passed) {
+        *ran |= issue_passed(v, 0);
+        if (v->passed)
+            return serve_behind(v, cap, next_seq, ran);
+    }
     size_t len = *v->len;
+    struct served *pass = alone ? NULL : v;
     if (len) {
         if (!alone && (len < sizeof(struct nvp_req) || head_seq(v->buf) > *next_seq))
             return NVPF_MORE; /* (not its turn: another channel has the next call, or it is still on its way) */
         size_t used = 0;
-        int why = nvpf_run(ch, v->buf, len, next_seq, &used);
+        int why = run(ch, v->buf, len, next_seq, &used, pass);
         if (used) {
             memmove(v->buf, v->buf + used, len - used);
             *v->len = len - used;
             *ran = 1;
         }
+        if (why == RUN_DEFER || why == RUN_BLOCKED)
+            return passing(v, why, next_seq, ran);
         if (why == NVPF_PYTHON && !alone && *v->len >= sizeof(struct nvp_req) && head_seq(v->buf) > *next_seq)
             return NVPF_MORE; /* (what follows is not its turn yet) */
         if (why != NVPF_MORE)
@@ -1031,8 +1220,13 @@ static int serve_one(struct served *v, int alone, size_t cap, uint64_t *next_seq
         return NVPF_MORE;
     uint32_t n = take_posted(mb, posted, NVP_SLOT_OPEN);
     size_t used = 0;
-    int why = nvpf_run(ch, posted, n, next_seq, &used);
+    int why = run(ch, posted, n, next_seq, &used, pass);
     *ran = 1;
+    if (why == RUN_DEFER || why == RUN_BLOCKED) { /* (the rest waits in the buffer, which was empty) */
+        memcpy(v->buf, posted + used, n - used);
+        *v->len = n - used;
+        return passing(v, why, next_seq, ran);
+    }
     if (used < n) { /* Python's to execute (what was executed stays out of it) */
         memcpy(ch->side, posted + used, n - used);
         ch->side_len = (uint32_t)(n - used);
@@ -1087,6 +1281,11 @@ static int serve(struct served *v, int n, size_t cap, uint64_t *next_seq, unsign
         for (int i = 0; i < n; i++) {
             home = i;
             int why = serve_one(&v[i], n == 1, cap, next_seq, &ran);
+            if (why == RUN_BLOCKED) {
+                flush_passed();
+                ran = 1;
+                continue;
+            }
             if (why != NVPF_MORE) {
                 *which = i;
                 return why;
@@ -1147,8 +1346,13 @@ static int serve_channels(struct nvpf_chan **chs, uint8_t **bufs, size_t *lens, 
             __atomic_store_n(&((struct nvp_mailbox *)ch->mailbox)->slot, NVP_SLOT_OPEN, __ATOMIC_RELEASE);
     }
     offloading = n > 1 && start_workers() && D.ctx_get_current(&current_ctx) == 0 && current_ctx;
+    pass_v = v;
+    pass_n = n;
+    holding = 0;
     int why = serve(v, n, cap, next_seq, idle_us, budget_us, which);
-    drain(); /* (Python executes what comes next) */
+    flush_passed(); /* (Python executes what comes next, and finds every earlier call done) */
+    drain();
+    pass_n = 0;
     offloading = 0;
     for (int i = 0; i < n; i++) { /* (a request posted meanwhile goes to Python, from any channel) */
         int w = close_slot(chs[i], i == *which ? why : NVPF_IDLE);
