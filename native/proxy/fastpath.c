@@ -245,12 +245,13 @@ static int launch_threads = 4, nworkers, offloading;
 static struct worker *workers;
 /* lanes: a stream handle -> 1 + the worker that issues its launches (nparams), and that worker's head after the
  * stream's last launch (ticket).  A stream whose launches have all been issued goes to the worker of the channel
- * launching on it (its place among the served channels, modulo the workers), so that each application thread's
- * launches are issued by a worker of their own, as the thread issues them natively; while some are still to be
- * issued it stays, which keeps a stream's launches in order.  (Round robin and the shortest queue leave workers
- * idle while the dispatcher waits in call order for a busy one, performance.md; a hash of the handles can put two
- * threads' streams on one worker.)  Lanes are kept when handles are forgotten: a lane is only a place. */
-static int home; /* the place among the served channels of the one whose request runs (serve) */
+ * launching on it, so that each application thread's launches are issued by a worker of their own, as the thread
+ * issues them natively; while some are still to be issued it stays, which keeps a stream's launches in order.
+ * A channel's worker (its home) is given in turn at its first launch: a hash of the stream handles can put two
+ * threads' streams on one worker, and the channel's place among those served changes from one serve to the next
+ * while a stream that never runs dry keeps the worker it first had.  Lanes are kept when handles are forgotten:
+ * they are only places. */
+static uint32_t homes_given;
 static uint64_t enqueued; /* works given to workers and perhaps not yet issued (drain: 0) */
 
 EXPORT void nvpf_set_launch_threads(int n) { launch_threads = n < 0 ? 0 : n > LAUNCH_THREADS_MAX ? LAUNCH_THREADS_MAX : n; }
@@ -335,16 +336,19 @@ static void drain(void)
 
 static void *current_ctx;
 
-/* The worker that issues stream s's next launch (-1: none can be had), and the stream's lane. */
-static int lane_worker(void *s, struct entry **lane_out)
+/* The worker that issues channel ch's launch on stream s (-1: none can be had), and the stream's lane. */
+static int lane_worker(struct nvpf_chan *ch, void *s, struct entry **lane_out)
 {
     int n = nworkers < launch_threads ? nworkers : launch_threads; /* (made once: fewer may be asked for since) */
     struct entry *lane = map_find(&lanes, (uint64_t)(uintptr_t)s);
     if (!lane && !(lane = map_put(&lanes, (uint64_t)(uintptr_t)s)))
         return -1;
     uint32_t wi = lane->nparams - 1;
-    if (!lane->nparams || wi >= (uint32_t)n || __atomic_load_n(&workers[wi].tail, __ATOMIC_ACQUIRE) >= lane->ticket)
-        wi = (uint32_t)home % (uint32_t)n;
+    if (!lane->nparams || wi >= (uint32_t)n || __atomic_load_n(&workers[wi].tail, __ATOMIC_ACQUIRE) >= lane->ticket) {
+        if (!ch->home)
+            ch->home = 1 + homes_given++;
+        wi = (ch->home - 1) % (uint32_t)n;
+    }
     *lane_out = lane;
     return (int)wi;
 }
@@ -361,7 +365,7 @@ static int offload(struct nvpf_chan *ch, void *func, const unsigned g[3], const 
 {
     struct entry *lane;
     int wi;
-    if (!offloading || !s || plen > WORK_PARAMS || (wi = lane_worker(s, &lane)) < 0)
+    if (!offloading || !s || plen > WORK_PARAMS || (wi = lane_worker(ch, s, &lane)) < 0)
         return 0;
     struct worker *w = &workers[wi];
     while (queue_full(w))
@@ -936,7 +940,7 @@ static struct served *pass_v; /* the served channels (serve) */
 static int pass_n, holding;   /* how many; how many of them hold passed launches */
 
 /* May q pass, or be passed over?  A plain launch a worker would issue: then its stream in *s. */
-static int passable(const struct nvpf_chan *ch, const struct nvp_req *q, size_t plen, void **s)
+static int passable(struct nvpf_chan *ch, const struct nvp_req *q, size_t plen, void **s)
 {
     return offloading && q->op == NVP_OP_LAUNCH && !(q->flags & NVP_F_REPLY) && !(q->a[6] & NVP_LAUNCH_COOPERATIVE) &&
            plen <= WORK_PARAMS && map_find(&kernels, kernel_key(ch->dev, q->a[0])) && stream_of(ch, q->a[5], s) &&
@@ -955,10 +959,10 @@ static int held_elsewhere(const struct served *self, void *s)
     return 0;
 }
 
-static int worker_full_for(void *s)
+static int worker_full_for(struct nvpf_chan *ch, void *s)
 {
     struct entry *lane;
-    int wi = lane_worker(s, &lane);
+    int wi = lane_worker(ch, s, &lane);
     return wi >= 0 && queue_full(&workers[wi]);
 }
 
@@ -990,7 +994,7 @@ static int issue_passed(struct served *v, int wait)
         struct nvp_req q;
         void *s;
         memcpy(&q, v->buf, sizeof q);
-        if (!wait && stream_of(v->ch, q.a[5], &s) && worker_full_for(s))
+        if (!wait && stream_of(v->ch, q.a[5], &s) && worker_full_for(v->ch, s))
             break;
         execute(v->ch, &q, v->buf + sizeof q, q.len - sizeof q); /* (a worker's, as when it was passed over) */
         memmove(v->buf, v->buf + q.len, *v->len - q.len);
@@ -1006,13 +1010,11 @@ static int issue_passed(struct served *v, int wait)
     return issued;
 }
 
-/* Every passed launch issued (for each channel, from its place among the workers' homes). */
+/* Every passed launch issued. */
 static void flush_passed(void)
 {
-    for (int i = 0; i < pass_n && holding; i++) {
-        home = i;
+    for (int i = 0; i < pass_n && holding; i++)
         issue_passed(&pass_v[i], 1);
-    }
 }
 
 static int run(struct nvpf_chan *ch, const uint8_t *buf, size_t len, uint64_t *next_seq, size_t *consumed,
@@ -1036,7 +1038,7 @@ static int run(struct nvpf_chan *ch, const uint8_t *buf, size_t len, uint64_t *n
                 why = RUN_BLOCKED;
                 break;
             }
-            if (ok && worker_full_for(s)) {
+            if (ok && worker_full_for(ch, s)) {
                 why = RUN_DEFER;
                 break;
             }
@@ -1279,7 +1281,6 @@ static int serve(struct served *v, int n, size_t cap, uint64_t *next_seq, unsign
     for (;;) {
         int ran = 0;
         for (int i = 0; i < n; i++) {
-            home = i;
             int why = serve_one(&v[i], n == 1, cap, next_seq, &ran);
             if (why == RUN_BLOCKED) {
                 flush_passed();
