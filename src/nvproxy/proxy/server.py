@@ -58,7 +58,7 @@ SPIN_S = 50e-6  # how long the dispatcher keeps polling (a wait, its sockets) be
 # nvpf_serve_many): it polls their sockets for SERVE_IDLE_US after the last message, and every SERVE_BUDGET_US gives
 # the event loop a turn if one of the loop's sockets is ready (a turn costs a call arriving meanwhile tens of
 # microseconds)
-SERVE_IDLE_US, SERVE_BUDGET_US = 200, 500
+SERVE_IDLE_US, SERVE_BUDGET_US = 200, 2000
 # the control socket's requests are read off the event loop, each by a thread of its own: a client gets
 # CONTROL_READ_S for its whole request (small JSON: CONTROL_LIMIT bytes at most), CONTROL_READERS at once
 CONTROL_READ_S, CONTROL_LIMIT, CONTROL_READERS = 10.0, 1 << 20, 8
@@ -239,7 +239,6 @@ class Server:
         self.channel_failure_said = False  # (_channel_failed)
         self.running = True
         self.handed_over = False
-        self.serve_due = False  # a channel received requests that C may serve, once the loop's events are handled
         self.writer: threading.Thread | None = None  # writing a checkpoint file from the host image
         self.dmtcp = DmtcpOverlap()  # when DMTCP checkpoints' GPU images are written, and what came of them
         # a concurrent checkpoint's gate (checkpoint/concurrent.py): runs before each request until it says False
@@ -364,13 +363,6 @@ class Server:
             self._consume(ch)
             return
         self._run_fast(ch)
-        self.serve_due = True
-
-    def _serve_channels(self) -> None:
-        """C serves the calling threads' channels while it can (after the loop's other events: C hands the loop a
-        turn whenever one of its sockets is ready, so a new thread's connection, say, would cost a turn for each
-        channel that was readable beside it)."""
-        self.serve_due = False
         while (chans := self._servable()) is not None:
             before = self.next_seq
             if self._serve(chans) in (fastpath.IDLE, fastpath.CLOSED) or self.next_seq == before:
@@ -855,8 +847,6 @@ class Server:
                     last = time.perf_counter()
                 for key, _ in events:
                     key.data(key)
-                if self.serve_due:
-                    self._serve_channels()
                 if not events and self.heap and self.heap[0][0] > self.next_seq:
                     # a stamped request never arrived (its thread died mid-call): do not stall the rest
                     print(f"nvproxy: request {self.next_seq} never arrived; going on", file=sys.stderr)
