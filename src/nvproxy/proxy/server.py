@@ -239,6 +239,7 @@ class Server:
         self.channel_failure_said = False  # (_channel_failed)
         self.running = True
         self.handed_over = False
+        self.serve_due = False  # channels received calls for C (_serve_channels)
         self.writer: threading.Thread | None = None  # writing a checkpoint file from the host image
         self.dmtcp = DmtcpOverlap()  # when DMTCP checkpoints' GPU images are written, and what came of them
         # a concurrent checkpoint's gate (checkpoint/concurrent.py): runs before each request until it says False
@@ -362,7 +363,18 @@ class Server:
         if ch.fast is None:
             self._consume(ch)
             return
-        self._run_fast(ch)
+        self.serve_due = True  # (C executes what came, once the loop's other ready sockets had their turn)
+
+    def _serve_channels(self) -> None:
+        """C executes what the calling threads' channels received, and serves them while it can.  After all the
+        loop's ready sockets: C hands the loop a turn whenever one of them is ready, so serving at each readable
+        channel would cost a new thread's connection a turn for each channel readable beside it, while every
+        thread's calls went through the sockets to Python."""
+        self.serve_due = False
+        served = set(self._servable() or ())
+        for c in list(self.channels):  # (those C does not serve now: Python's to execute, in call order)
+            if c.rbuf and c.fast is not None and c not in served:
+                self._run_fast(c)
         while (chans := self._servable()) is not None:
             before = self.next_seq
             if self._serve(chans) in (fastpath.IDLE, fastpath.CLOSED) or self.next_seq == before:
@@ -847,6 +859,8 @@ class Server:
                     last = time.perf_counter()
                 for key, _ in events:
                     key.data(key)
+                if self.serve_due:
+                    self._serve_channels()
                 if not events and self.heap and self.heap[0][0] > self.next_seq:
                     # a stamped request never arrived (its thread died mid-call): do not stall the rest
                     print(f"nvproxy: request {self.next_seq} never arrived; going on", file=sys.stderr)
