@@ -435,6 +435,7 @@ class Server:
         """C serves the channels until Python is needed; then Python takes what C left (a reply, descriptors, the
         requests left in buffers and mailbox slots, in call order through the heap)."""
         fast = self.fast
+        before = self.next_seq
         fast.set_translating(bool(self.dispatch.state.relocs))
         self.backend.activate(chans[0].dev)
         for c in chans:
@@ -467,9 +468,16 @@ class Server:
         for c in chans:
             if c.fast.side_len:  # requests the thread posted in its mailbox, for Python (their seq puts them in place)
                 self._side(c, fast.side(c.fast))
-        for c in chans:  # (a partial message waits for its socket; a whole one joins the heap, in call order)
-            if c.rbuf:
+        # The channel C stopped at goes to Python (a partial message waits for its socket; whole ones join the
+        # heap, in call order).  Where C got on, the others' bytes wait for it to serve again, after the loop's
+        # turn: executed one by one from the heap, a storm of calls from many threads took Python's turns far
+        # longer than C's.  (Where it did not, they join the heap too: one may wait for a call that never comes.)
+        moved = self.next_seq != before
+        for i, c in enumerate(chans):
+            if c.rbuf and (i == which or why == fastpath.CLOSED or not moved):
                 self._run_fast(c)
+            elif c.rbuf:
+                self.serve_due = True
         return why
 
     def _fast_run(self, ch: Channel) -> bool:
@@ -852,6 +860,8 @@ class Server:
                 events = self.sel.select(timeout=0)
                 if events:
                     last = time.perf_counter()
+                elif self.serve_due:
+                    pass
                 elif time.perf_counter() - last < SPIN_S:
                     continue
                 else:
