@@ -468,16 +468,21 @@ class Server:
         for c in chans:
             if c.fast.side_len:  # requests the thread posted in its mailbox, for Python (their seq puts them in place)
                 self._side(c, fast.side(c.fast))
-        # The channel C stopped at goes to Python (a partial message waits for its socket; whole ones join the
-        # heap, in call order).  Where C got on, the others' bytes wait for it to serve again, after the loop's
-        # turn: executed one by one from the heap, a storm of calls from many threads took Python's turns far
-        # longer than C's.  (Where it did not, they join the heap too: one may wait for a call that never comes.)
+        # What C left in the channels' buffers waits for C to serve again, after the loop's turn, but for the call
+        # C stopped at, which is Python's: executed one by one from the heap, a storm of calls from many threads
+        # took Python's turns far longer than C's.  Where C did not get on, or a channel ended, all of it joins
+        # the heap, in call order (one may wait for a call that never comes; a partial message waits for its
+        # socket).
         moved = self.next_seq != before
         for i, c in enumerate(chans):
-            if c.rbuf and (i == which or why == fastpath.CLOSED or not moved):
+            if not c.rbuf:
+                continue
+            if why == fastpath.CLOSED or not moved:
                 self._run_fast(c)
-            elif c.rbuf:
-                self.serve_due = True
+                continue
+            if i == which and why in (fastpath.PYTHON, fastpath.FDS) and self._consume(c, one=True):
+                self._execute_ready()
+            self.serve_due = self.serve_due or bool(c.rbuf)
         return why
 
     def _fast_run(self, ch: Channel) -> bool:
