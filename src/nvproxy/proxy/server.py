@@ -468,25 +468,22 @@ class Server:
         for c in chans:
             if c.fast.side_len:  # requests the thread posted in its mailbox, for Python (their seq puts them in place)
                 self._side(c, fast.side(c.fast))
-        # What C left in the channels' buffers waits for C to serve again (after the loop's turn; where C did not
-        # get on, once a socket has more, or the loop's wait judges it), but for the call C stopped at, which is
-        # Python's: executed one by one from the heap, a storm of calls from many threads took Python's turns far
-        # longer than C's.  Where a channel ended, all of it joins the heap, in call order.
+        # What C left in the channels' buffers waits for C to serve again, after the loop's turn, but for the call
+        # C stopped at, which is Python's: executed one by one from the heap, a storm of calls from many threads
+        # took Python's turns far longer than C's.  Where C did not get on, or a channel ended, all of it joins
+        # the heap, in call order (one may wait for a call that never comes; a partial message waits for its
+        # socket).
         moved = self.next_seq != before
         for i, c in enumerate(chans):
             if not c.rbuf:
                 continue
-            if why == fastpath.CLOSED:
+            if why == fastpath.CLOSED or not moved:
                 self._run_fast(c)
                 continue
             if i == which and why in (fastpath.PYTHON, fastpath.FDS) and self._consume(c, one=True):
                 self._execute_ready()
-            self.serve_due = self.serve_due or (moved and bool(c.rbuf))
+            self.serve_due = self.serve_due or bool(c.rbuf)
         return why
-
-    def _held(self) -> bool:
-        """Do calls C left wait in the channels' buffers?"""
-        return any(c.rbuf for c in self.channels if c.fast is not None)
 
     def _fast_run(self, ch: Channel) -> bool:
         """Let C execute what it can at the start of ch's buffer; True when it used all complete messages."""
@@ -866,30 +863,24 @@ class Server:
                 # after activity, look again for a short while before sleeping:
                 # the next request usually follows within microseconds
                 events = self.sel.select(timeout=0)
-                timed_out = False
                 if events:
                     last = time.perf_counter()
-                elif not self.serve_due:
-                    if time.perf_counter() - last < SPIN_S:
-                        continue
-                    events = self.sel.select(timeout=2.0 if self.heap or self._held() else None)
+                elif self.serve_due:
+                    pass
+                elif time.perf_counter() - last < SPIN_S:
+                    continue
+                else:
+                    events = self.sel.select(timeout=2.0 if self.heap else None)
                     last = time.perf_counter()
-                    timed_out = not events
                 for key, _ in events:
                     key.data(key)
-                if timed_out:  # (what C left waiting for a call joins the heap, which judges the wait)
-                    for c in [c for c in self.channels if c.rbuf and c.fast is not None]:
-                        self._run_fast(c)
                 if self.serve_due:
                     self._serve_channels()
-                if timed_out and self.heap and self.heap[0][0] > self.next_seq:
+                if not events and self.heap and self.heap[0][0] > self.next_seq:
                     # a stamped request never arrived (its thread died mid-call): do not stall the rest
                     print(f"nvproxy: request {self.next_seq} never arrived; going on", file=sys.stderr)
                     self.next_seq = self.heap[0][0]
-                before = self.next_seq
                 self._execute_ready()
-                if self.next_seq != before and self._held():  # (what C left may run now)
-                    self.serve_due = True
         finally:
             if self.writer is not None:  # a checkpoint file is being written: finish it
                 self.writer.join()
