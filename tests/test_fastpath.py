@@ -649,7 +649,7 @@ def test_a_turn_for_the_loop_is_not_lost_to_a_request_posted_meanwhile(setup, se
         t = threading.Thread(target=_post, args=(mb, record_req(1000)))  # (never its turn: still there at the end)
         t.start()
         bufs = [bytearray(1 << 16), bytearray(1 << 16)]
-        why, which, lefts, seq = fast.serve_many([chan, chan2], bufs, 1, 200_000, 2_000)
+        why, which, lefts, seq = fast.serve_many([chan, chan2], bufs, 1, 2_000_000, 300_000)  # (time to post)
         t.join()
         assert (why, which, seq) == (fastpath.IDLE, -1, 1)
         assert fast.side(chan) == record_req(1000) and lefts == [0, 0]
