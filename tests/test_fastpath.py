@@ -630,36 +630,6 @@ def test_graph_launches_once_taught(setup) -> None:
     fast.set_capturing(False)
 
 
-def test_a_turn_for_the_loop_is_not_lost_to_a_request_posted_meanwhile(setup, second) -> None:
-    """C hands the event loop its turn as IDLE even where a thread posted a request as the slots closed (that
-    request goes to Python with the channel): were it PYTHON, Python would serve again at once, and a thread
-    connecting meanwhile would wait for a turn that only comes when no thread happens to be posting."""
-    import select
-
-    fast, _drv, chan, _peer = setup
-    chan2, _peer2 = second
-    mb = wire.ffi.new("struct nvp_mailbox *")
-    chan.mailbox = ffi.cast("void *", int(wire.ffi.cast("uintptr_t", mb)))
-    ep = select.epoll()
-    r, w = os.pipe()
-    try:
-        ep.register(r, select.EPOLLIN)
-        os.write(w, b"x")  # (a socket of the loop's is ready: a new connection, say)
-        fast.set_loop_fd(ep.fileno())
-        t = threading.Thread(target=_post, args=(mb, record_req(1000)))  # (never its turn: still there at the end)
-        t.start()
-        bufs = [bytearray(1 << 16), bytearray(1 << 16)]
-        why, which, lefts, seq = fast.serve_many([chan, chan2], bufs, 1, 2_000_000, 300_000)  # (time to post)
-        t.join()
-        assert (why, which, seq) == (fastpath.IDLE, -1, 1)
-        assert fast.side(chan) == record_req(1000) and lefts == [0, 0]
-    finally:
-        fast.set_loop_fd(-1)
-        ep.close()
-        os.close(r)
-        os.close(w)
-
-
 def _post(mb, msg: bytes, timeout: float = 5.0, length: int | None = None) -> None:
     """What the shim does (mailbox.c nvp_mailbox_post): a request into the mailbox's slot, once the proxy has it open
     (length: another slot_len than the message's)."""

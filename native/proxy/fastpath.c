@@ -1268,7 +1268,7 @@ static int receive(struct served *v, size_t cap)
 /* Serve n channels in call order: execute whichever holds the next call, read the sockets and poll the mailboxes'
  * slots, until Python is needed (*which: the channel that needs it). */
 static int serve(struct served *v, int n, size_t cap, uint64_t *next_seq, unsigned idle_us, unsigned budget_us,
-                 int *which, int *turn)
+                 int *which)
 {
     long entered = now_ns(), start = entered, last = start;
     struct nvpf_chan *chs[NVPF_SERVE_MAX];
@@ -1298,7 +1298,6 @@ static int serve(struct served *v, int n, size_t cap, uint64_t *next_seq, unsign
         if (t - start > (long)budget_us * 1000) {
             if (t - entered > LONGEST_SERVE_NS || loop_wants_turn(chs, n)) {
                 *which = -1;
-                *turn = 1;
                 return NVPF_IDLE;
             }
             start = t;
@@ -1351,8 +1350,7 @@ static int serve_channels(struct nvpf_chan **chs, uint8_t **bufs, size_t *lens, 
     pass_v = v;
     pass_n = n;
     holding = 0;
-    int turn = 0; /* (the loop's: a request posted as the slots close must not take it from the loop) */
-    int why = serve(v, n, cap, next_seq, idle_us, budget_us, which, &turn);
+    int why = serve(v, n, cap, next_seq, idle_us, budget_us, which);
     flush_passed(); /* (Python executes what comes next, and finds every earlier call done) */
     drain();
     pass_n = 0;
@@ -1361,7 +1359,7 @@ static int serve_channels(struct nvpf_chan **chs, uint8_t **bufs, size_t *lens, 
         int w = close_slot(chs[i], i == *which ? why : NVPF_IDLE);
         if (i == *which)
             why = w;
-        else if (w == NVPF_PYTHON && (why == NVPF_MORE || (why == NVPF_IDLE && !turn)))
+        else if (w == NVPF_PYTHON && (why == NVPF_IDLE || why == NVPF_MORE))
             why = NVPF_PYTHON;
     }
     return why;

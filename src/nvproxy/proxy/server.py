@@ -59,7 +59,6 @@ SPIN_S = 50e-6  # how long the dispatcher keeps polling (a wait, its sockets) be
 # the event loop a turn if one of the loop's sockets is ready (a turn costs a call arriving meanwhile tens of
 # microseconds)
 SERVE_IDLE_US, SERVE_BUDGET_US = 200, 2000
-SERVE_STALLS = 8
 # the control socket's requests are read off the event loop, each by a thread of its own: a client gets
 # CONTROL_READ_S for its whole request (small JSON: CONTROL_LIMIT bytes at most), CONTROL_READERS at once
 CONTROL_READ_S, CONTROL_LIMIT, CONTROL_READERS = 10.0, 1 << 20, 8
@@ -240,8 +239,6 @@ class Server:
         self.channel_failure_said = False  # (_channel_failed)
         self.running = True
         self.handed_over = False
-        self.serve_due = False  # channels received calls for C (_serve_channels)
-        self.stalls = 0  # C's turns in a row in which no call ran
         self.writer: threading.Thread | None = None  # writing a checkpoint file from the host image
         self.dmtcp = DmtcpOverlap()  # when DMTCP checkpoints' GPU images are written, and what came of them
         # a concurrent checkpoint's gate (checkpoint/concurrent.py): runs before each request until it says False
@@ -365,18 +362,7 @@ class Server:
         if ch.fast is None:
             self._consume(ch)
             return
-        self.serve_due = True  # (C executes what came, once the loop's other ready sockets had their turn)
-
-    def _serve_channels(self) -> None:
-        """C executes what the calling threads' channels received, and serves them while it can.  After all the
-        loop's ready sockets: C hands the loop a turn whenever one of them is ready, so serving at each readable
-        channel would cost a new thread's connection a turn for each channel readable beside it, while every
-        thread's calls went through the sockets to Python."""
-        self.serve_due = False
-        served = set(self._servable() or ())
-        for c in list(self.channels):  # (those C does not serve now: Python's to execute, in call order)
-            if c.rbuf and c.fast is not None and c not in served:
-                self._run_fast(c)
+        self._run_fast(ch)
         while (chans := self._servable()) is not None:
             before = self.next_seq
             if self._serve(chans) in (fastpath.IDLE, fastpath.CLOSED) or self.next_seq == before:
@@ -437,7 +423,6 @@ class Server:
         """C serves the channels until Python is needed; then Python takes what C left (a reply, descriptors, the
         requests left in buffers and mailbox slots, in call order through the heap)."""
         fast = self.fast
-        before = self.next_seq
         fast.set_translating(bool(self.dispatch.state.relocs))
         self.backend.activate(chans[0].dev)
         for c in chans:
@@ -470,22 +455,9 @@ class Server:
         for c in chans:
             if c.fast.side_len:  # requests the thread posted in its mailbox, for Python (their seq puts them in place)
                 self._side(c, fast.side(c.fast))
-        # What C left in the channels' buffers waits for C to serve again, after the loop's turn, but for the call
-        # C stopped at, which is Python's: executed one by one from the heap, a storm of calls from many threads
-        # took Python's turns far longer than C's.  Where C did not get on for SERVE_STALLS turns (the next call
-        # is not coming: its thread was preempted as it sent it, or died), or a channel ended, all of it joins
-        # the heap, in call order (whose wait judges a call that never comes; a partial message waits for its
-        # socket).
-        self.stalls = 0 if self.next_seq != before else self.stalls + 1
-        for i, c in enumerate(chans):
-            if not c.rbuf:
-                continue
-            if why == fastpath.CLOSED or self.stalls > SERVE_STALLS:
+        for c in chans:  # (a partial message waits for its socket; a whole one joins the heap, in call order)
+            if c.rbuf:
                 self._run_fast(c)
-                continue
-            if i == which and why in (fastpath.PYTHON, fastpath.FDS) and self._consume(c, one=True):
-                self._execute_ready()
-            self.serve_due = True
         return why
 
     def _fast_run(self, ch: Channel) -> bool:
@@ -866,20 +838,16 @@ class Server:
                 # after activity, look again for a short while before sleeping:
                 # the next request usually follows within microseconds
                 events = self.sel.select(timeout=0)
-                timed_out = False
                 if events:
                     last = time.perf_counter()
-                elif not self.serve_due:
-                    if time.perf_counter() - last < SPIN_S:
-                        continue
+                elif time.perf_counter() - last < SPIN_S:
+                    continue
+                else:
                     events = self.sel.select(timeout=2.0 if self.heap else None)
                     last = time.perf_counter()
-                    timed_out = not events
                 for key, _ in events:
                     key.data(key)
-                if self.serve_due:
-                    self._serve_channels()
-                if timed_out and self.heap and self.heap[0][0] > self.next_seq:
+                if not events and self.heap and self.heap[0][0] > self.next_seq:
                     # a stamped request never arrived (its thread died mid-call): do not stall the rest
                     print(f"nvproxy: request {self.next_seq} never arrived; going on", file=sys.stderr)
                     self.next_seq = self.heap[0][0]
