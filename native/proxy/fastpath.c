@@ -208,16 +208,14 @@ static long now_ns(void)
 }
 
 /* ---- launches of several threads at once, issued on worker threads ----
- * While C serves several channels, a launch on a stream other than the legacy one goes to a worker thread (one per
- * stream, by hash) and the dispatcher goes on to the next call: the driver issues launches on different streams in
+ * While C serves several channels, a launch on a stream other than the legacy one goes to a worker thread (see
+ * lanes) and the dispatcher goes on to the next call: the driver issues launches on different streams in
  * parallel, as it does for the application's own threads natively.  Launches on one stream stay in order on one
  * worker.  Every other call, and every return to Python, first waits until the workers have issued what they hold
  * (drain), so nothing else can overtake a launch. */
 #define LAUNCH_THREADS_MAX 8
 /* A worker's queue: at most ~0.3 ms of launches (4-6 us each), under the millisecond a thread spins for its
- * mailbox slot before it naps (mailbox.c).  The dispatcher stops at a full queue; with queues of 256 (1-1.5 ms) it
- * stopped at one full queue while 90% of the others were empty (4 threads, performance.md), likely because the
- * threads napping meanwhile left the next turns to the thread that filled it. */
+ * mailbox slot before it naps (mailbox.c).  A launch that finds it full is passed over (see "passed over in call order"). */
 #define WORK_RING 64
 #define WORK_PARAMS 4096 /* (larger parameter blocks are launched by the dispatcher) */
 #define WORKER_SPIN_NS 200000
