@@ -215,7 +215,8 @@ static long now_ns(void)
  * (drain), so nothing else can overtake a launch. */
 #define LAUNCH_THREADS_MAX 8
 /* A worker's queue: at most ~0.3 ms of launches (4-6 us each), under the millisecond a thread spins for its
- * mailbox slot before it naps (mailbox.c).  A launch that finds it full is passed over (see "passed over in call order"). */
+ * mailbox slot before it naps (mailbox.c).  A launch that finds it full is passed over (see "passed over in call
+ * order"). */
 #define WORK_RING 64
 #define WORK_PARAMS 4096 /* (larger parameter blocks are launched by the dispatcher) */
 #define WORKER_SPIN_NS 200000
