@@ -2,7 +2,7 @@
 serves, so the proxy reads what it sends.  On a connection of its own it sends garbage (argv[1]: which; argv[2]: a
 seed), then checks that a well-formed connection is still served, and prints what it saw of each:
 
-    garbage: closed | answered ERR | open | sent      (sent: nothing to see, it closed its end)
+    garbage: closed | answered ERR [after ASYNC_ERR] | open | sent      (sent: nothing to see, it closed its end)
     good: served | not served (...)
 """
 
@@ -84,9 +84,13 @@ GARBAGE = {
     "bad-hello": lambda rng: hello(7, version=wire.NVP_PROTO_VERSION + 99),
     "silent": lambda rng: b"\0",
     "unknown-op": lambda rng: hello(7) + request(999, 1),
+    # (a cudaHostUnregister the shim sent without a reply, of memory never registered; then a call that waits)
+    "posted-unregister": lambda rng: hello(7) + request(wire.NVP_OP_HOST_UNREGISTER, 1, 0x7E57000, flags=0)
+    + request(wire.NVP_OP_GRAPH_CREATE, 2, 1, 0),
 }
 CLOSES_ITS_END = {"truncated-header"}
-REQUESTS = {"unknown-op": 1, "random-requests": 20}  # well-formed requests the garbage carries (seq 1...)
+# well-formed requests the garbage carries (seq 1...)
+REQUESTS = {"unknown-op": 1, "random-requests": 20, "posted-unregister": 2}
 
 
 def main() -> int:
@@ -102,7 +106,8 @@ def main() -> int:
             if data.startswith(hello(7)):
                 assert reply(bad) is not None, "the proxy closed the channel after a good hello"
             rep = reply(bad)
-            print("garbage: closed" if rep is None else f"garbage: answered {rep[1]}")
+            after = f" after {rep[2]}" if rep is not None and rep[2] else ""  # (an earlier posted call's failure)
+            print("garbage: closed" if rep is None else f"garbage: answered {rep[1]}{after}")
         except TimeoutError:
             print("garbage: open")
     sys.stdout.flush()
