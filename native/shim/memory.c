@@ -220,7 +220,8 @@ static cudaError_t unregister_in_proxy(uint64_t base)
 /* cudaHostUnregister's request.  It returns once no device can be using the memory: the proxy waits for every
  * device.  Where none can be (each has finished all the work sent to any, as a synchronisation found), there is
  * nothing to wait for, and the request is posted: the proxy unregisters the memory in call order while the program
- * goes on.  A failure there (none is expected: the range is known registered) comes with a later reply. */
+ * goes on.  A failure there (none is expected: the range is known registered) comes with a later reply, and the
+ * proxy names it in one line. */
 static cudaError_t unregister_registered(uint64_t base)
 {
     uint64_t a[NVP_MAX_ARGS] = {base};

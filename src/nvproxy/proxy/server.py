@@ -45,10 +45,10 @@ F_REPLY = wire.NVP_F_REPLY
 C_FIRST = {wire.NVP_OP_LAUNCH, wire.NVP_OP_EVENT_RECORD, wire.NVP_OP_STREAM_WAIT_EVENT, wire.NVP_OP_GRAPH_LAUNCH}
 # what a proxy with a broken context still executes: the shim's reconnection bookkeeping (a restored proxy's
 # context works; a broken one fails them natively)
+BOOKKEEPING = {wire.NVP_OP_HOST_REGISTER, wire.NVP_OP_HOST_UNREGISTER, wire.NVP_OP_SET_DEVICE, wire.NVP_OP_RESTORE_DONE}
 # calls synchronous natively that the shim may send without a reply (memory.c: cudaHostUnregister where no device
 # can still be using the memory): a failure is the next call's asynchronous error, so one line names the call
 POSTED_SYNCHRONOUS = {wire.NVP_OP_HOST_UNREGISTER: "cudaHostUnregister"}
-BOOKKEEPING = {wire.NVP_OP_HOST_REGISTER, wire.NVP_OP_HOST_UNREGISTER, wire.NVP_OP_SET_DEVICE, wire.NVP_OP_RESTORE_DONE}
 MAX_LEN = HDR + wire.NVP_MAX_PAYLOAD
 SO_PEERCRED_FMT = "3i"
 RECV_BUF = bytearray(1 << 18)  # only the dispatcher thread reads channels
