@@ -45,6 +45,7 @@ PROGRAMS = [
     ("pinned_fds", ()),
     ("texobj_lifecycle", ()),
     ("host_register", ()),
+    ("pinned_capture", ()),
 ]
 IDS = ["-".join((n, *a)) for n, a in PROGRAMS]
 

@@ -77,7 +77,7 @@
 #define NVP_OP_CACHE_CONFIG 37    /* a0 0 device set, 1 device get, 2 func set; a1 value, a2 kernel -> r0 */
 #define NVP_OP_PEER 38            /* a0 0 can-access, 1 enable, 2 disable; a1 peer, a2 flags, a3 device -> r0 */
 #define NVP_OP_STAGED_COPY 39     /* a0 device/registered address, a1 staging offset, a2 bytes, a3 stream, a4 dir (0 H2D, 1 D2H),
-                                     a5 posted number (0: none), a6 NVP_STAGED_*.  A posted (host-to-device) copy
+                                     a5 posted number (0: none), a6 NVP_STAGED_*, a7 see NVP_STAGED_CAPTURE.  A posted (host-to-device) copy
                                      may be answered once it is issued, before its DMA ends: at once for
                                      cudaMemcpyAsync, for cudaMemcpy once every stream it waits for was idle (as the
                                      runtime's pageable copy returns once the bytes are staged).  The mailbox's
@@ -85,6 +85,9 @@
 #define NVP_STAGED_ASYNC 1        /* a6: cudaMemcpyAsync (no stream need be idle) */
 #define NVP_STAGED_UNANSWERED 2   /* a6: a posted copy sent without NVP_F_REPLY: the shim knows its answer (shim
                                      memory.c, "a run"); a failure to issue it is the next reply's async_err */
+#define NVP_STAGED_CAPTURE 4      /* a6: a synchronous copy from pinned memory at a7: the proxy takes its bytes into the
+                                     staging buffer once the streams it waits for are idle, and answers then, as if
+                                     the DMA had ended (else it copies from a7 and answers once done) */
 #define NVP_STAGED_RUN 1          /* r0 of a posted copy's answer: the proxy's C path took it, and would take such
                                      copies after it (a run may begin) */
 #define NVP_OP_STAGING 40         /* a0 size; memfd passed with SCM_RIGHTS -> r0 proxy-side address; or a1 a spare

@@ -1,5 +1,6 @@
 /* The proxy's native fast path (see fastpath.h).  Runs on the dispatcher
  * thread only; Python calls in with the GIL released. */
+#define _GNU_SOURCE /* (process_vm_readv) */
 #include "fastpath.h"
 #include "reach.h"
 
@@ -12,7 +13,9 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "libexec.h"
 #include "nvproxy_wire.h"
@@ -682,10 +685,20 @@ static int idle_since(int dev)
     return dev >= 0 && dev < NVPF_MAX_DEV && idle_mark[dev] == 1 + __atomic_load_n(&issued, __ATOMIC_RELAXED);
 }
 
+/* A captured copy's bytes, from the program's pinned memory into the staging buffer: 0 where [src, src + n) is not
+ * this process's readable memory (a bad address fails here, not with a fault). */
+static int take_bytes(uint64_t to, uint64_t src, uint64_t n)
+{
+    struct iovec local = {(void *)(uintptr_t)to, (size_t)n}, remote = {(void *)(uintptr_t)src, (size_t)n};
+    return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == (ssize_t)n;
+}
+
 /* A posted host-to-device copy: answered as soon as it is issued (cudaMemcpyAsync), or once the streams a
- * synchronous copy waits for are idle but for posted copies; else once it is done, as other staged copies are. */
+ * synchronous copy waits for are idle but for posted copies; else once it is done, as other staged copies are.
+ * A captured one (capture: its pinned source) has its bytes taken into the staging buffer when it is answered
+ * early; else it copies from the source itself. */
 static int posted_copy(struct nvpf_chan *ch, uint64_t dst, uint64_t host, uint64_t n, void *s, uint64_t num,
-                       int is_async)
+                       int is_async, uint64_t capture)
 {
     if (!ring_ready(ch))
         return TO_PYTHON;
@@ -704,7 +717,11 @@ static int posted_copy(struct nvpf_chan *ch, uint64_t dst, uint64_t host, uint64
      * which takes a while (benchmarks/probes/issue_cost.cu), and the thread can stage its next copy meanwhile.
      * The shim posts only into device memory it knows, so the issue hardly fails; where it does, the next reply
      * carries the error. */
-    int answered = early ? reply_r0(ch, 0, NVP_STAGED_RUN) : -1;
+    if (capture && early && !take_bytes(host, capture, n))
+        early = 0; /* (the driver then reports the address) */
+    if (capture && !early)
+        host = capture;
+    int answered = early ? reply_r0(ch, 0, capture ? 0 : NVP_STAGED_RUN) : -1;
     int rc = D.memcpy_async(dst, host, (size_t)n, s);
     uint32_t k = ch->posted_first + ch->posted_count;
     if (!rc)
@@ -855,7 +872,8 @@ static int execute(struct nvpf_chan *ch, const struct nvp_req *q, const uint8_t 
         if (unanswered)
             return posted_unanswered(ch, q->a[0], host, n, s, posted);
         if (posted)
-            return posted_copy(ch, q->a[0], host, n, s, posted, q->a[6] & NVP_STAGED_ASYNC);
+            return posted_copy(ch, q->a[0], host, n, s, posted, q->a[6] & NVP_STAGED_ASYNC,
+                               q->a[6] & NVP_STAGED_CAPTURE ? q->a[7] : 0);
         /* (after the posted copies still in flight: this one may land where they read) */
         if (ch->posted_count && (rc = nvpf_posted_order(ch, s)))
             return reply(ch, rc);

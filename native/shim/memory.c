@@ -554,6 +554,35 @@ static cudaError_t posted_h2d(struct nvp_staging *s, uint64_t dst, const char *s
     return e;
 }
 
+/* ---- captured copies: a small synchronous copy from pinned memory to the device ----
+ * The runtime returns once its DMA has ended, a few microseconds for a few bytes; the program can tell only that
+ * the bytes were taken.  So the proxy takes them into the staging buffer once the streams the copy waits for are
+ * idle (a kernel writing that memory has ended), answers, and issues the DMA from there, a posted copy
+ * (NVP_STAGED_CAPTURE).  Not write-combined or I/O memory, which the CPU reads slowly, nor managed memory; nor
+ * while a stream capture is on (the copy then goes as it would). */
+#define CAPTURE_MAX (128u << 10) /* (from about 64 KiB the proxy's copy of the bytes takes as long as the DMA it spares) */
+
+static int capturable(uint64_t dst, uint64_t src, size_t n)
+{
+    struct nvp_host_region h;
+    return n <= CAPTURE_MAX && !nvp_captures_on && nvp_posting() && nvp_in_arena(dst) && nvp_alloc_contains(dst, n) &&
+           nvp_host_shared(src, n, &h) && h.kind != NVP_HOST_MANAGED && !h.migrates &&
+           !(h.flags & cudaHostAllocWriteCombined) && !(h.flags & cudaHostRegisterIoMemory);
+}
+
+static cudaError_t captured_h2d(uint64_t dst, uint64_t src, size_t n, int64_t stream)
+{
+    struct nvp_staging *s;
+    size_t off;
+    cudaError_t e = nvp_staging(&s);
+    if (e || (e = posted_place(s, n, &off)))
+        return e;
+    uint64_t a[NVP_MAX_ARGS] = {dst, off, n, (uint64_t)stream, 0, s->posted, NVP_STAGED_CAPTURE, src};
+    struct nvp_reply r = {0};
+    run.seq = 0; /* (a run of posted copies goes on only from one of them) */
+    return nvp_call(NVP_OP_STAGED_COPY, a, NULL, 0, &r, -1);
+}
+
 static cudaError_t whole_h2d(const struct nvp_staging *s, uint64_t dst, const char *src, size_t n, int64_t stream)
 {
     size_t part = nvp_par_part(n), nparts = nvp_par_begin(s->base, src, n, part, (size_t)-1, 1);
@@ -803,6 +832,8 @@ static cudaError_t memcpy_impl(void *dst, const void *src, size_t n, enum cudaMe
         return staged_h2d(d, src, n, stream, is_async);
     if (dpage)
         return staged_d2h(dst, s, n, stream);
+    if (!is_async && capturable(d, s, n))
+        return captured_h2d(d, s, n, stream);
     uint64_t a[NVP_MAX_ARGS] = {d, s, n, (uint64_t)stream};
     struct nvp_reply r = {0};
     if (!is_async)

@@ -240,6 +240,8 @@ def STAGED_COPY(p: Any, ch: Any, a: tuple[int, ...], payload: bytes) -> Deferred
         p.fast.posted_order(ch.fast, lambda: p.backend.handle_value(s))  # (it may land where they still read)
     if to_host:
         p.backend.memcpy(host, dev_addr, n, s)
+    elif a[6] & wire.CONSTANTS["NVP_STAGED_CAPTURE"]:  # (from the pinned memory itself, answered once done)
+        p.backend.memcpy(dev_addr, a[7], n, s)
     else:
         p.backend.memcpy(dev_addr, host, n, s)
     if a[5] and not to_host and a[6] & wire.CONSTANTS["NVP_STAGED_UNANSWERED"]:
