@@ -830,6 +830,59 @@ def test_a_posted_copy_is_answered_before_it_is_issued(setup) -> None:
     assert [c[0] for c in drv.calls].count("record") == 1  # (the failed copy is not in flight)
 
 
+def test_a_captured_copy_takes_its_bytes_once_the_streams_are_idle(setup) -> None:
+    """A synchronous copy from pinned memory (NVP_STAGED_CAPTURE, a7 its source): once the streams it waits for are
+    idle, C copies its bytes into the staging buffer, answers, and then issues the DMA from there.  While they are
+    busy (a kernel may still be writing the source), or where the source cannot be read, the DMA reads the source
+    itself and the answer waits for it."""
+    fast, drv, chan, peer = setup
+    staging_channel(chan)
+    staging = ffi.new("uint8_t[]", 1 << 16)
+    chan.staging_base, chan.staging_size = int(ffi.cast("uintptr_t", staging)), 1 << 16
+    for i in range(fastpath.POSTED):
+        chan.posted_events[i] = ffi.cast("void *", 0xB000 + i)
+    chan.posted_dev = 0
+    fast.set_sync_streams(0, [0, STREAM])
+    data = bytes(range(256)) * 16
+    src = ffi.new("uint8_t[]", data)
+    source = int(ffi.cast("uintptr_t", src))
+    record, answered = drv._rec, []
+
+    def issue(*call):
+        if call[0] == "memcpy":
+            try:
+                answered.append(len(peer.recv(64, socket.MSG_PEEK | socket.MSG_DONTWAIT)) > 0)
+            except (BlockingIOError, TimeoutError):  # (replies() left the socket with a timeout)
+                answered.append(False)
+        return record(*call)
+
+    drv._rec = issue
+
+    def captured(seq: int, num: int, off: int, source: int) -> list[tuple]:
+        """Run it; the memcpy it issued, after checking that it was answered (when answered says)."""
+        answered.clear()
+        drv.calls.clear()
+        msg = bytearray(req(wire.NVP_OP_STAGED_COPY, seq, 0x2000, off, len(data), 0, 0, num,
+                            wire.CONSTANTS["NVP_STAGED_CAPTURE"], source, reply=True))
+        assert fast.run(chan, msg, seq)[::2] == (fastpath.MORE, seq + 1)
+        assert [r[1] for r in replies(peer)] == [0]
+        return [c for c in drv.calls if c[0] == "memcpy"]
+
+    # idle: taken, answered, then issued from the staging buffer
+    assert captured(1, 1, 0, source) == [("memcpy", 0x2000, chan.staging_base, len(data), 0)]
+    assert answered == [True] and bytes(ffi.buffer(staging, len(data))) == data
+    # busy (other work was issued, and the stream runs on): issued from the source, answered once done
+    drv.pending = {STREAM}
+    fast.note_issue()
+    assert captured(2, 2, 8192, source) == [("memcpy", 0x2000, source, len(data), 0)]
+    assert answered == [False] and bytes(ffi.buffer(staging + 8192, len(data))) == bytes(len(data))
+    # idle again, but the source is not this process's memory: issued from it (the driver says what it is)
+    drv.pending = set()
+    fast.note_issue()
+    assert captured(3, 3, 16384, 0x10) == [("memcpy", 0x2000, 0x10, len(data), 0)]
+    assert answered == [False]
+
+
 def test_a_synchronous_posted_copy_waits_for_other_work_not_for_posted_copies(setup) -> None:
     """Once the streams a cudaMemcpy waits for were seen idle, later synchronous posted copies are answered at once
     while nothing but posted copies (and waits, queries, fences) was issued: no host can tell whether they waited
