@@ -560,7 +560,8 @@ static cudaError_t posted_h2d(struct nvp_staging *s, uint64_t dst, const char *s
  * idle (a kernel writing that memory has ended), answers, and issues the DMA from there, a posted copy
  * (NVP_STAGED_CAPTURE).  Not write-combined or I/O memory, which the CPU reads slowly, nor managed memory; nor
  * while a stream capture is on (the copy then goes as it would). */
-#define CAPTURE_MAX (128u << 10) /* (from about 64 KiB the proxy's copy of the bytes takes as long as the DMA it spares) */
+/* (from about 64 KiB, the proxy's copy of the bytes takes as long as the DMA it spares) */
+#define CAPTURE_MAX (128u << 10)
 
 static int capturable(uint64_t dst, uint64_t src, size_t n)
 {
