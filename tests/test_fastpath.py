@@ -730,9 +730,13 @@ def test_what_follows_a_posted_request_goes_to_python_alone(setup) -> None:
     assert [c[0] for c in drv.calls] == ["launch"]
 
 
+_MAILBOXES: list = []  # (C writes to a channel's mailbox while the channel is used: none is freed under it)
+
+
 def staging_channel(chan) -> object:
     """Give chan a mailbox (returned), a staging buffer at 0x100000 of 1 MiB and its copy events 0xA000..."""
     mb = wire.ffi.new("struct nvp_mailbox *")
+    _MAILBOXES.append(mb)
     chan.mailbox = ffi.cast("void *", int(wire.ffi.cast("uintptr_t", mb)))
     chan.staging_base, chan.staging_size = 0x100000, 1 << 20
     for i in range(fastpath.COPY_EVENTS):
