@@ -21,3 +21,9 @@ static inline unsigned long long checksum(const void *p, size_t n) {
     for (size_t i = 0; i < n; i++) { h ^= b[i]; h *= 1099511628211ull; }
     return h;
 }
+
+// Pseudo-random bytes from a seed, for copies whose contents the tests compare.
+static inline void pattern(unsigned char *p, size_t n, unsigned seed) {
+    unsigned x = seed * 2654435761u + 1;
+    for (size_t i = 0; i < n; i++) { x = x * 1664525u + 1013904223u; p[i] = (unsigned char)(x >> 24); }
+}

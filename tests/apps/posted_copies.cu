@@ -17,11 +17,6 @@ __global__ void spin(volatile int *flag, long long cycles, int value) {
 
 static const long long SPIN = 40000000LL;  // ~20 ms on an H100/H200
 
-static void pattern(unsigned char *p, size_t n, unsigned seed) {
-    unsigned x = seed * 2654435761u + 1;
-    for (size_t i = 0; i < n; i++) { x = x * 1664525u + 1013904223u; p[i] = (unsigned char)(x >> 24); }
-}
-
 int main() {
     const size_t dev_bytes = 64 << 20;
     unsigned char *d;
