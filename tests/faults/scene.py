@@ -42,7 +42,16 @@ def seeded(n: int) -> list:
     return [pytest.param(base + i, id=f"seed{base + i}") for i in range(n)]
 
 
-_SESSION_SEED = random.SystemRandom().randrange(1, 1 << 20)
+def _session_seed() -> int:
+    """New each session, and the same in each of its pytest-xdist workers (each collects the tests itself, and
+    they must collect the same ids): from the run's id that xdist gives them all."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run:
+        return int.from_bytes(hashlib.sha256(run.encode()).digest()[:4], "little") % ((1 << 20) - 1) + 1
+    return random.SystemRandom().randrange(1, 1 << 20)
+
+
+_SESSION_SEED = _session_seed()
 
 
 def cmdline(pid: int) -> str:
