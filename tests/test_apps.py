@@ -19,6 +19,7 @@ PROGRAMS = [
     ("streams_events", ()),
     ("callbacks", ()),
     ("multithread", ()),
+    ("late_thread", ()),
     ("printf_assert", ()),
     ("printf_assert", ("assert",)),
     ("symbols", ()),

@@ -1120,9 +1120,11 @@ static int close_slot(struct nvpf_chan *ch, int why)
  * costs far more than a call served here, and a call arriving meanwhile waits for it.  -1: not known, hand over
  * every budget_us. */
 static int loop_fd = -1;
+static int loop_turn; /* the last serve ended for the loop's turn */
 #define LONGEST_SERVE_NS 100000000L /* a turn for Python at least this often, whatever its loop says */
 
 EXPORT void nvpf_set_loop_fd(int fd) { loop_fd = fd; }
+EXPORT int nvpf_loop_turn(void) { return loop_turn; }
 
 /* Whether one of the loop's sockets other than the served ones is ready.  Python's epoll (select.epoll) keys its
  * events by descriptor, so the ready ones can be told apart; what C reads itself is no reason for a turn. */
@@ -1315,6 +1317,7 @@ static int serve(struct served *v, int n, size_t cap, uint64_t *next_seq, unsign
         if (t - start > (long)budget_us * 1000) {
             if (t - entered > LONGEST_SERVE_NS || loop_wants_turn(chs, n)) {
                 *which = -1;
+                loop_turn = 1;
                 return NVPF_IDLE;
             }
             start = t;
@@ -1354,6 +1357,7 @@ static int serve_channels(struct nvpf_chan **chs, uint8_t **bufs, size_t *lens, 
                           uint64_t *next_seq, unsigned idle_us, unsigned budget_us, int *which)
 {
     struct served v[NVPF_SERVE_MAX];
+    loop_turn = 0;
     for (int i = 0; i < n; i++) {
         struct nvpf_chan *ch = chs[i];
         ch->nfds = 0;

@@ -140,6 +140,9 @@ int nvpf_serve_many(struct nvpf_chan **chs, uint8_t **bufs, size_t *lens, int n,
 /* Python's event loop descriptor (epoll), which nvpf_serve looks at every budget_us: it returns NVPF_IDLE once
  * one of its descriptors but the served channels' is ready (or -1: every budget_us). */
 void nvpf_set_loop_fd(int fd);
+/* Did the last nvpf_serve(_many) end because Python's loop was due a turn (a new thread, a command)?  Its answer
+ * may still be NVPF_PYTHON, for requests posted meanwhile: Python executes those, then lets the loop turn. */
+int nvpf_loop_turn(void);
 /* CDEF-END */
 
 #endif

@@ -115,6 +115,10 @@ class FastPath:
         """The event loop's descriptor (epoll), readable when the loop has work: serve() hands over only then."""
         self.lib.nvpf_set_loop_fd(fd)
 
+    def loop_turn(self) -> bool:
+        """Did the last serve end because the event loop was due a turn (whatever it answered)?"""
+        return bool(self.lib.nvpf_loop_turn())
+
     def set_text_pending(self, on: bool) -> None:
         self.lib.nvpf_set_text_pending(int(on))
 

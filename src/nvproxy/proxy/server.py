@@ -241,6 +241,8 @@ class Server:
         self.calling_threads = 0  # call channels open
         self.channel_failure_said = False  # (_channel_failed)
         self.running = True
+        self.serve_due = False  # C is to serve the calling threads' channels after this turn of the event loop
+        self.c_stalled = False  # C's last serve ran nothing: the loop reads the calling threads' sockets itself
         self.handed_over = False
         self.writer: threading.Thread | None = None  # writing a checkpoint file from the host image
         self.dmtcp = DmtcpOverlap()  # when DMTCP checkpoints' GPU images are written, and what came of them
@@ -281,16 +283,16 @@ class Server:
 
     # ---- connections ----
     def _accept(self, _key: Any) -> None:
-        got = self._accept_from(self.listener)
-        if got is None:
-            return
-        s, pid, uid = got
-        if uid != os.getuid() or pid != self.owner_pid:
-            print(f"nvproxy: refused a connection from pid {pid} uid {uid}: this proxy serves pid {self.owner_pid}",
-                  file=sys.stderr)
-            s.close()
-            return
-        self._add_channel(s)
+        """Every connection waiting (threads that start together connect together: one a turn would admit the
+        last of them a turn per thread later, while the calls of the others wait for its first one)."""
+        while (got := self._accept_from(self.listener)) is not None:
+            s, pid, uid = got
+            if uid != os.getuid() or pid != self.owner_pid:
+                print(f"nvproxy: refused a connection from pid {pid} uid {uid}: this proxy serves pid "
+                      f"{self.owner_pid}", file=sys.stderr)
+                s.close()
+                continue
+            self._add_channel(s)
 
     def _add_channel(self, s: socket.socket) -> Channel:
         s.setblocking(False)
@@ -360,17 +362,48 @@ class Server:
         return n
 
     def _readable(self, ch: Channel) -> None:
+        if not self.c_stalled and ch.fast is not None and ch.kind == wire.NVP_CHAN_CALL and self._servable():
+            self.serve_due = True  # (C reads the socket itself, once the loop's other sockets have had their turn)
+            return
+        self._read(ch)
+
+    def _read(self, ch: Channel) -> None:
         if not self._receive(ch):
             return
         if ch.fast is None:
             self._consume(ch)
             return
         self._run_fast(ch)
+        self.serve_due = True
+
+    def _serve_due(self) -> None:
+        """C serves the calling threads' channels for as long as it can; then the event loop has its turn."""
+        self.serve_due = False
         while (chans := self._servable()) is not None:
             before = self.next_seq
-            if self._serve(chans) in (fastpath.IDLE, fastpath.CLOSED) or self.next_seq == before:
-                break  # back to the event loop (which reads the end of file, if that was it); with nothing run,
-                # what waits needs more from a socket (C hands what it cannot run straight back)
+            why, which = self._serve(chans)
+            if why == fastpath.CLOSED:  # (its end of file, or an error: Python's own read finds out which)
+                if which >= 0:
+                    self._read(chans[which])
+                return
+            if self.fast.loop_turn():  # (whatever C answered: requests posted meanwhile may make it PYTHON)
+                self.serve_due = True  # what C received and did not run waits in the channels' buffers
+                return
+            # With nothing run, what waits needs more from a socket, or a request numbered but never sent: Python
+            # takes what C received (in call order, through the heap) and reads the sockets until C runs something
+            # again.  After a pause (a thread between numbering a request and sending it, its core taken), C takes
+            # up what it received again once the loop has looked at its sockets: parsing it all here costs far more.
+            self.c_stalled = self.next_seq == before
+            if self.c_stalled:
+                for c in chans:
+                    if c.rbuf:
+                        self._run_fast(c)
+                return
+            if why == fastpath.IDLE:
+                self.serve_due = True
+                return
+        for ch in [c for c in self.channels if c.rbuf and c.fast is not None]:
+            self._run_fast(ch)  # (what C left that it cannot be handed again: Python's to run)
 
     def _run_fast(self, ch: Channel) -> None:
         while ch.rbuf and not ch.closed and ch.fast is not None:  # (a callback channel's HELLO clears fast)
@@ -422,9 +455,10 @@ class Server:
             held.append(len(d))
         return held
 
-    def _serve(self, chans: list[Channel]) -> int:
+    def _serve(self, chans: list[Channel]) -> tuple[int, int]:
         """C serves the channels until Python is needed; then Python takes what C left (a reply, descriptors, the
-        requests left in buffers and mailbox slots, in call order through the heap)."""
+        requests left in mailbox slots, in call order through the heap, and those left in buffers, unless C stopped
+        for the loop's turn: C takes those again after it).  (Why C stopped, the channel it stopped for or -1.)"""
         fast = self.fast
         fast.set_translating(bool(self.dispatch.state.relocs))
         self.backend.activate(chans[0].dev)
@@ -458,10 +492,11 @@ class Server:
         for c in chans:
             if c.fast.side_len:  # requests the thread posted in its mailbox, for Python (their seq puts them in place)
                 self._side(c, fast.side(c.fast))
-        for c in chans:  # (a partial message waits for its socket; a whole one joins the heap, in call order)
-            if c.rbuf:
-                self._run_fast(c)
-        return why
+        if why != fastpath.IDLE and not self.fast.loop_turn():  # (else C takes them up again: _serve_due)
+            for c in chans:  # (a partial message waits for its socket; a whole one joins the heap, in call order)
+                if c.rbuf:
+                    self._run_fast(c)
+        return why, which
 
     def _fast_run(self, ch: Channel) -> bool:
         """Let C execute what it can at the start of ch's buffer; True when it used all complete messages."""
@@ -748,6 +783,8 @@ class Server:
         (waited for GAP_WAIT_S at most: one numbered but not sent may never come, its thread stopped in between).
         Requests in the mailboxes' slots reached the heap when C last returned.  How many ran."""
         before, skipped = self.next_seq, 0
+        for ch in [c for c in self.channels if c.rbuf and self._receivable(c)]:
+            self._take(ch)  # (received, and left to C for its next serve)
         owed = {ch: _queued(ch.sock) for ch in list(self.channels) if self._receivable(ch)}
         while any(n > 0 for n in owed.values()):
             for ch, n in owed.items():
@@ -845,16 +882,20 @@ class Server:
                 # after activity, look again for a short while before sleeping:
                 # the next request usually follows within microseconds
                 events = self.sel.select(timeout=0)
-                if events:
+                waited = False
+                if events or self.serve_due:
                     last = time.perf_counter()
                 elif time.perf_counter() - last < SPIN_S:
                     continue
                 else:
                     events = self.sel.select(timeout=2.0 if self.heap else None)
                     last = time.perf_counter()
+                    waited = True
                 for key, _ in events:
                     key.data(key)
-                if not events and self.heap and self.heap[0][0] > self.next_seq:
+                if self.serve_due:
+                    self._serve_due()
+                if waited and not events and self.heap and self.heap[0][0] > self.next_seq:
                     # a stamped request never arrived (its thread died mid-call): do not stall the rest
                     print(f"nvproxy: request {self.next_seq} never arrived; going on", file=sys.stderr)
                     self.next_seq = self.heap[0][0]
