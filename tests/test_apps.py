@@ -8,7 +8,7 @@ and through nvproxy on the real device and the two outputs must be identical.
 from __future__ import annotations
 
 import pytest
-from conftest import EXPECTED, gpu_count, misreported_assert, nvproxy_cmd, run
+from conftest import EXPECTED, gpu_count, hooked, misreported_assert, nvproxy_cmd, run
 
 from nvproxy import wire
 
@@ -180,3 +180,15 @@ def test_gpu_dynamic_parallelism(build) -> None:
     proxied = run(nvproxy_cmd(exe, "gpu", "dynpar"))
     assert "Test PASSED" in native.stdout, native.stdout + native.stderr
     assert proxied.stdout == native.stdout and proxied.returncode == 0, proxied.stderr
+
+
+@pytest.mark.parametrize("name", ["copies"])
+def test_sim_a_reply_in_the_mailbox_before_later_ones_on_the_socket(build, name: str) -> None:
+    """A copy from the device in pieces sends every piece's request at once: the proxy answers the first through
+    the thread's mailbox and the rest through its socket.  Here the thread waits before each look at its socket
+    (the test hook NVPROXY_TEST_SOCKET_LOOK_US), so all of them have come by then: it must take the first from the
+    mailbox, not the second from the socket in its place (it then waited for ever for a last one)."""
+    exe = build(name)
+    r = run(nvproxy_cmd(exe, "sim", name), env=hooked(NVPROXY_TEST_SOCKET_LOOK_US="2000"), timeout=120)
+    assert r.stdout == (EXPECTED / "sim" / f"{name}.txt").read_text(), r.stderr
+    assert r.returncode == 0, r.stderr

@@ -9,13 +9,14 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define NVP_TEST_HOOKS_VERSION 2
+#define NVP_TEST_HOOKS_VERSION 3
 
 struct nvp_test_hooks { /* each may be NULL */
     void (*call_entered)(void);  /* a CUDA call enters the shim, before it waits for a restore or connects */
     void (*hold_released)(void); /* this thread's outermost checkpoint hold ended (under DMTCP only) */
     void (*host_shared)(void);   /* cudaHostAlloc: the proxy has mapped the new memory, the shim not listed it yet */
     void (*request_numbered)(uint64_t seq); /* a request has its number in the call order, and is not sent yet */
+    void (*socket_look)(void); /* a thread waiting for a reply that may come through its mailbox reads its socket */
 };
 
 struct nvp_shim_services {

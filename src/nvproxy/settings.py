@@ -263,6 +263,9 @@ SETTINGS: tuple[Setting, ...] = (
             "is written (a test's gap in the call order)", (TEST_HOOKS,), "testing"),
     Setting("NVPROXY_TEST_HOLD_FIFO", "", WRITABLE_FILE,
             "the FIFO that releases the request NVPROXY_TEST_HOLD_REQUEST holds", (TEST_HOOKS,), "testing"),
+    Setting("NVPROXY_TEST_SOCKET_LOOK_US", "0", integer(0, 1000000, " (us)"),
+            "a thread waiting for a reply that may come through its mailbox waits this long before each look at its "
+            "socket (a test's window: the proxy answers meanwhile)", (TEST_HOOKS,), "testing"),
     Setting("CUDA_VISIBLE_DEVICES", "all", ANY, "the GPUs the proxy uses (the driver's setting; the sim backend "
             "honours it too)", (PROXY,), option="nvproxy migrate --device"),
     Setting("XDG_RUNTIME_DIR", "/tmp/nvproxy-UID", RUNTIME_DIR,

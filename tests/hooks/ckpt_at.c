@@ -14,6 +14,9 @@
  *   NVPROXY_TEST_HOLD_REQUEST=N with NVPROXY_TEST_HOLD_FIFO=path: the thread whose request gets number N (once)
  *                            holds it, unsent, until a writer has opened and closed the FIFO at path: the proxy
  *                            has a gap in the call order, and later requests of other threads wait behind it.
+ *   NVPROXY_TEST_SOCKET_LOOK_US=n  a thread waiting for a reply that may come through its mailbox sleeps n us before
+ *                            each look at its socket: the proxy answers meanwhile, that reply through the mailbox
+ *                            and the next ones through the socket.
  * Calls are counted where they enter the shim (its call_entered hook).  A bad value is said in one line, and the
  * program exits (status 2) before its first call: a test must not run without the hook it asked for.
  * crash.c, the other part of this library, prints a crashing program's frames. */
@@ -39,7 +42,7 @@ extern int dmtcp_get_local_status(int *checkpoints, int *restarts) __attribute__
 int nvp_hooks_attached(void) { return nvproxy_test_hooks != NULL; }
 
 static struct nvp_shim_services shim;
-static long checkpoint_at, migrate_at, pause_ms, waiters = 1, hold_request;
+static long checkpoint_at, migrate_at, pause_ms, waiters = 1, hold_request, look_us;
 static const char *hold_fifo;
 static atomic_int held_once;
 static int only_children;
@@ -163,6 +166,12 @@ static void host_shared(void)
     nanosleep(&t, NULL);
 }
 
+static void socket_look(void)
+{
+    struct timespec t = {look_us / 1000000, look_us % 1000000 * 1000};
+    nanosleep(&t, NULL);
+}
+
 static void request_numbered(uint64_t seq)
 {
     if (seq != (uint64_t)hold_request || atomic_exchange(&held_once, 1))
@@ -198,12 +207,14 @@ __attribute__((constructor)) static void attach(void)
     calls_out = getenv("NVPROXY_CALLS_OUT");
     hold_request = number("NVPROXY_TEST_HOLD_REQUEST", 1);
     hold_fifo = getenv("NVPROXY_TEST_HOLD_FIFO");
+    look_us = number("NVPROXY_TEST_SOCKET_LOOK_US", 0);
     if (hold_request && !(hold_fifo && *hold_fifo)) {
         say("nvproxy test hooks: NVPROXY_TEST_HOLD_REQUEST needs NVPROXY_TEST_HOLD_FIFO");
         _exit(2);
     }
     struct nvp_test_hooks hooks = {call_entered, checkpoint_at > 0 ? hold_released : NULL,
-                                   pause_ms > 0 ? host_shared : NULL, hold_request ? request_numbered : NULL};
+                                   pause_ms > 0 ? host_shared : NULL, hold_request ? request_numbered : NULL,
+                                   look_us > 0 ? socket_look : NULL};
     if (nvproxy_test_hooks(NVP_TEST_HOOKS_VERSION, &hooks, &shim) != 0) {
         say("nvproxy test hooks: the shim speaks another version of test_hooks.h");
         _exit(2);
