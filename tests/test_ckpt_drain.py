@@ -11,12 +11,13 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import hooked, nvproxy_cmd, run
-from gated import Gated, kill_and_wait
+from gated import WAIT_S, Gated, kill_and_wait
 
 from nvproxy.launcher import find_proxy
 from nvproxy.proxy import control
@@ -79,3 +80,37 @@ def test_a_checkpoint_of_a_stopped_program_holds_everything_it_sent(build, backe
         out, err = app.finish()
     assert f"request {held} held" in err and "starting a new one from" in err, err
     assert out == reference.stdout, err
+
+
+@pytest.mark.parametrize("backend", ["sim", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_a_request_numbered_but_not_sent_holds_the_others_up_only_for_a_while(build, backend: str,
+                                                                              tmp_path: Path) -> None:
+    """A thread stopped between numbering a request and sending it (it may have died there): the proxy executes
+    the other threads' later requests after a while, says so in one line, and runs the held request when it comes;
+    the program prints what an undisturbed run prints (each thread's work is on its own stream)."""
+    exe = build("drain_ckpt")
+    threads, rounds, tail, work = ARGS[backend]
+    args = [str(a) for a in (threads, rounds, tail, work)]
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    reference = run(nvproxy_cmd(exe, backend, "drain_ckpt", *args, "0"), stdin=subprocess.DEVNULL, env=env)
+    assert reference.returncode == 0 and "Test PASSED" in reference.stdout, reference.stdout + reference.stderr
+    fifo, log = tmp_path / "hold", tmp_path / "proxy.log"
+    os.mkfifo(fifo)
+    held = held_request(threads, rounds, tail)
+    env = hooked(env, NVPROXY_TEST_HOLD_REQUEST=str(held), NVPROXY_TEST_HOLD_FIFO=str(fifo),
+                 NVPROXY_PROXY_LOG=str(log))
+    said = f"request {held} never arrived; going on"
+    with Gated(nvproxy_cmd(exe, backend, "drain_ckpt", *args, "1"), env) as app:
+        try:
+            assert app.line() == "issued\n"
+            deadline = time.monotonic() + WAIT_S  # (a failure bound: the proxy says it within seconds)
+            while said not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert said in log.read_text(), log.read_text()
+        finally:
+            with open(fifo, "wb"):  # (lets the held request go)
+                pass
+        app.p.stdin.close()
+        out, err = app.finish()
+    assert f"request {held} held" in err, err
+    assert out == reference.stdout, err + log.read_text()
