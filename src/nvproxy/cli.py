@@ -311,14 +311,15 @@ def _adopt(args: argparse.Namespace, backend, dispatch):
         himg = _early_buffer(args.adopt, backend)
         prepare_s = time.monotonic() - t
         ctl.connect(args.adopt)
-    except (FileNotFoundError, ConnectionRefusedError):  # (it ended meanwhile, with its application most likely)
+        control.send(ctl, {"cmd": "handoff", "image": args.image})
+        info, blob, fds = control.recv(ctl)
+    except (FileNotFoundError, ConnectionError):  # (it ended meanwhile, with its application most likely: before
+        # the connection, or with it open, which then closes before the answer)
         if args.report_fd is not None:  # (nvproxy migrate says so, in its one line)
             os.write(args.report_fd, b"gone\n")
         else:
             print(f"nvproxy migrate: the proxy to take over from has ended ({args.adopt} is gone)", file=sys.stderr)
         return None
-    control.send(ctl, {"cmd": "handoff", "image": args.image})
-    info, blob, fds = control.recv(ctl)
     if not info.get("ok"):
         print(f"nvproxy migrate: the running proxy refused: {info.get('error')}", file=sys.stderr)
         return None
