@@ -36,6 +36,14 @@ def held_request(threads: int, rounds: int, tail: int) -> int:
     return setup + 4 * rounds * threads + threads * tail // 3
 
 
+def undisturbed(exe: Path, backend: str, args: list[str], env: dict[str, str]) -> str:
+    """drain_ckpt's output when nothing holds it up: native CUDA's on the GPU, the sim backend's on sim."""
+    cmd = [str(exe), *args, "0"] if backend == "gpu" else nvproxy_cmd(exe, backend, "drain_ckpt", *args, "0")
+    r = run(cmd, stdin=subprocess.DEVNULL, env=env)
+    assert r.returncode == 0 and "Test PASSED" in r.stdout, r.stdout + r.stderr
+    return r.stdout
+
+
 def checkpoint_now(app_pid: int, image: Path) -> dict[str, Any]:
     """nvproxy checkpoint's request, from this process."""
     pid, sock = find_proxy(app_pid)
@@ -55,11 +63,7 @@ def test_a_checkpoint_of_a_stopped_program_holds_everything_it_sent(build, backe
     args = [str(a) for a in (threads, rounds, tail, work)]
     env = dict(os.environ, **MODES[mode])
     env.pop("LD_PRELOAD", None)
-    if backend == "gpu":  # (native CUDA's output)
-        reference = run([str(exe), *args, "0"], stdin=subprocess.DEVNULL, env=env)
-    else:
-        reference = run(nvproxy_cmd(exe, backend, "drain_ckpt", *args, "0"), stdin=subprocess.DEVNULL, env=env)
-    assert reference.returncode == 0 and "Test PASSED" in reference.stdout, reference.stdout + reference.stderr
+    reference = undisturbed(exe, backend, args, env)
     image, fifo = tmp_path / "last.img", tmp_path / "hold"
     os.mkfifo(fifo)
     held = held_request(threads, rounds, tail)
@@ -79,7 +83,7 @@ def test_a_checkpoint_of_a_stopped_program_holds_everything_it_sent(build, backe
                 pass
         out, err = app.finish()
     assert f"request {held} held" in err and "starting a new one from" in err, err
-    assert out == reference.stdout, err
+    assert out == reference, err
 
 
 @pytest.mark.parametrize("backend", ["sim", pytest.param("gpu", marks=pytest.mark.gpu)])
@@ -92,8 +96,7 @@ def test_a_request_numbered_but_not_sent_holds_the_others_up_only_for_a_while(bu
     threads, rounds, tail, work = ARGS[backend]
     args = [str(a) for a in (threads, rounds, tail, work)]
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    reference = run(nvproxy_cmd(exe, backend, "drain_ckpt", *args, "0"), stdin=subprocess.DEVNULL, env=env)
-    assert reference.returncode == 0 and "Test PASSED" in reference.stdout, reference.stdout + reference.stderr
+    reference = undisturbed(exe, backend, args, env)
     fifo, log = tmp_path / "hold", tmp_path / "proxy.log"
     os.mkfifo(fifo)
     held = held_request(threads, rounds, tail)
@@ -113,4 +116,4 @@ def test_a_request_numbered_but_not_sent_holds_the_others_up_only_for_a_while(bu
         app.p.stdin.close()
         out, err = app.finish()
     assert f"request {held} held" in err, err
-    assert out == reference.stdout, err + log.read_text()
+    assert out == reference, err + log.read_text()
