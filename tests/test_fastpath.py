@@ -97,6 +97,7 @@ def setup():
     fast.set_text_fd(-1)
     fast.set_loop_fd(-1)
     fast.set_text_pending(False)
+    fast.set_may_print(True)  # (the tests of waits that skip the driver's wait say so)
     fast.lib.nvpf_set_translating(0)  # (C's state outlives a FastPath: an earlier test may have set it)
     fast.set_capturing(False)
     fast.learn_kernel(0, 1, KERNEL, lambda k: (k, [0, 8]))
@@ -175,6 +176,31 @@ def test_replies_that_must_wait_go_to_python(setup) -> None:
     assert fast.run(chan, bytearray(req(wire.NVP_OP_FLUSH, 3, reply=True)), 3)[0] == fastpath.REPLY
     assert chan.wait_kind == fastpath.WAIT_NONE
     assert replies(peer) == []
+
+
+def test_a_wait_needs_no_driver_wait_where_no_kernel_can_print(setup) -> None:
+    """Where no loaded module may print, the query that found the stream done answers the wait, and no reply looks
+    for kernel printf text in the pipe first; once one may, a wait is also the driver's (which flushes that text),
+    and text in the pipe goes out before the reply (Python's)."""
+    fast, drv, chan, peer = setup
+    r, w = os.pipe()
+    try:
+        os.write(w, b"text")  # (text of the driver's that no kernel could have written)
+        fast.set_text_fd(r)
+        fast.set_may_print(False)
+        buf = bytearray(req(wire.NVP_OP_STREAM_SYNC, 1, 3, reply=True) + req(wire.NVP_OP_EVENT_SYNC, 2, 4, reply=True))
+        assert fast.run(chan, buf, 1) == (fastpath.MORE, len(buf), 3)
+        assert drv.calls == [("stream_query", STREAM), ("event_query", EVENT)]
+        assert [rep[1] for rep in replies(peer)] == [0, 0]
+        fast.set_may_print(True)
+        buf = bytearray(req(wire.NVP_OP_STREAM_SYNC, 3, 3, reply=True))
+        assert fast.run(chan, buf, 3) == (fastpath.REPLY, len(buf), 4)  # (the text first: Python's)
+        assert drv.calls[2:] == [("stream_query", STREAM), ("stream_sync", STREAM)]
+        assert replies(peer) == []
+    finally:
+        fast.set_text_fd(-1)
+        os.close(r)
+        os.close(w)
 
 
 def test_replies_through_the_mailbox_only_where_the_thread_spins_for_it(setup) -> None:

@@ -53,6 +53,20 @@ def test_compressed_entries_are_compressed(build) -> None:
     assert ents and all(e.flags & fatbin.FLAG_ZSTD for e in ents)
 
 
+@pytest.mark.parametrize("flags", [(), ("-Xfatbin=-compress-all",)], ids=["default", "compressed"])
+def test_which_modules_may_print(build, flags: tuple[str, ...]) -> None:
+    """A module whose kernel calls printf may print, read from its cubin or from its compressed entries; one that
+    does not, may not; one that cannot be read may."""
+    def image(name: str) -> bytes:
+        return fatbin_section(build(name, *flags).read_bytes())
+
+    assert fatbin.may_print(image("printf_assert"))
+    assert not fatbin.may_print(image("vector_add"))
+    damaged = bytearray(image("vector_add"))
+    struct.pack_into("<Q", damaged, 8, 1 << 40)  # (a container larger than the image)
+    assert fatbin.may_print(bytes(damaged))
+
+
 def test_ptx_params() -> None:
     ptx = """.visible .entry _Z1kPfi(
         .param .u64 .ptr .align 1 _Z1kPfi_param_0,

@@ -103,6 +103,7 @@ static struct nvpf_driver D;
 static int ready, text_fd = -1, translating, capturing;
 static int by_mailbox; /* the request being executed may be answered through its channel's mailbox */
 static volatile int text_pending;
+static int may_print; /* a module loaded that may print (kernel printf): the driver writes its text at each wait */
 static long spin_ns = 50000;
 /* A thread alone in its process holds up no other thread while the dispatcher
  * polls for it, so it may poll much longer: a hand-off to a Python waiter
@@ -193,6 +194,7 @@ EXPORT void nvpf_set_sync_streams(int dev, void **handles, int n)
 EXPORT void nvpf_set_text_fd(int fd) { text_fd = fd; }
 EXPORT void nvpf_set_translating(int on) { translating = on; }
 EXPORT void nvpf_set_text_pending(int on) { text_pending = on; }
+EXPORT void nvpf_set_may_print(int on) { may_print = on; }
 
 /* ---- execution ---- */
 enum { DONE, TO_PYTHON, REPLY_BY_PYTHON };
@@ -426,16 +428,15 @@ static int event_of(uint64_t wire, void **out)
     return 1;
 }
 
-/* Poll for a short while: most waits find short work already done. */
+/* Poll for a short while: most waits find short work already done.  The query's answer (ERR_NOT_READY: not done
+ * within limit_ns). */
 static int done_soon(int (*query)(void *), void *h, long limit_ns)
 {
     long end = now_ns() + limit_ns;
     for (;;) {
         int rc = query(h);
-        if (rc != ERR_NOT_READY)
-            return 1; /* done, or failed: the real wait reports which */
-        if (now_ns() > end)
-            return 0;
+        if (rc != ERR_NOT_READY || now_ns() > end)
+            return rc;
     }
 }
 
@@ -555,7 +556,8 @@ static int text_waiting(void)
 {
     if (text_pending)
         return 1;
-    if (text_fd < 0)
+    /* (only the driver's kernel printf text and a math library's log write to the proxy's stdout) */
+    if (text_fd < 0 || (!may_print && !nvpl_any_open()))
         return 0;
     struct pollfd p = {.fd = text_fd, .events = POLLIN};
     return poll(&p, 1, 0) > 0;
@@ -630,15 +632,16 @@ static int wait_then_reply(struct nvpf_chan *ch, int kind, void *h)
 {
     int (*query)(void *) = kind == NVPF_WAIT_STREAM ? D.stream_query : D.event_query;
     int (*wait)(void *) = kind == NVPF_WAIT_STREAM ? D.stream_sync : D.event_sync;
-    if (ch->pending || !done_soon(query, h, ch->exclusive ? exclusive_spin_ns : spin_ns)) {
+    int rc = ch->pending ? ERR_NOT_READY : done_soon(query, h, ch->exclusive ? exclusive_spin_ns : spin_ns);
+    if (rc == ERR_NOT_READY) {
         ch->wait_kind = kind;
         ch->wait_handle = h;
         ch->reply_err = 0;
         return REPLY_BY_PYTHON;
     }
-    /* done: the real wait costs little now and reports errors as a native wait
-     * would (it also makes the driver flush kernel printf output) */
-    return reply(ch, wait(h));
+    /* done: where no kernel can print, the query's success is the wait's; else the real wait makes the driver flush
+     * kernel printf text (it costs little now) and reports errors as a native wait would */
+    return reply(ch, rc == 0 && !may_print ? 0 : wait(h));
 }
 
 static int launch(struct nvpf_chan *ch, const struct nvp_req *q, const uint8_t *payload, size_t plen)

@@ -109,6 +109,7 @@ void nvpf_forget_all(void);
 void nvpf_set_translating(int on);
 void nvpf_set_capturing(int on); /* a stream capture is on: every call goes to Python, which logs it */
 void nvpf_set_text_pending(int on);
+void nvpf_set_may_print(int on); /* a module that may print was loaded: every wait is a real wait */
 /* The streams a synchronous pageable copy on dev waits for (the legacy stream, blocking streams, per-thread
  * streams): n < 0 unknown (C leaves such copies to Python, which tells it), n > NVPF_SYNC_STREAMS too many to ask
  * (C waits for the copy instead). */

@@ -20,6 +20,14 @@ static char err[512];
 EXPORT int nvpl_table_count(void) { return nvpl_table_size; }
 EXPORT const char *nvpl_error(void) { return err; }
 
+int nvpl_any_open(void)
+{
+    for (int i = 0; i < NLIBS; i++)
+        if (libs[i])
+            return 1;
+    return 0;
+}
+
 EXPORT int nvpl_open(int lib, const char *path)
 {
     if (lib < 0 || lib >= NLIBS)

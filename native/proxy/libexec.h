@@ -59,6 +59,7 @@ uint64_t nvpl_take_generated(int kind, uint64_t id);
 void nvpl_handle_slow(int kind, uint64_t id, int slow);
 void nvpl_fast_host_only(int on);
 /* CDEF-END */
+int nvpl_any_open(void); /* has a library been opened (it may write to the proxy's stdout) */
 
 /* For fastpath.c: execute an NVP_OP_LIB_CALL (a: its arguments; ch: the channel's struct nvpf_chan) where Python
  * allowed it; 1 if done, 0 if it is Python's.  A posted call's failure is printed and kept in the channel for its

@@ -272,6 +272,26 @@ def linked_parts(image: bytes) -> list[bytes] | None:
     return parts
 
 
+PRINTF_SYMBOL = b"vprintf"  # the driver's entry that kernel printf calls: named in every cubin or PTX that prints
+SCAN_LIMIT = 64 << 20  # compressed entries beyond this are not decompressed to look: such an image may print
+
+
+def may_print(image: bytes) -> bool:
+    """Whether a module image may call printf from a kernel (the driver then writes text at each wait): its printf
+    entry named in it, or in one of its compressed entries; True where that cannot be told."""
+    if PRINTF_SYMBOL in image:
+        return True
+    try:
+        parts = linked_parts(image) or [image]
+        if not all(p[:4] == struct.pack("<I", FATBIN_MAGIC) for p in parts):
+            return False  # (a cubin or PTX text, read whole above)
+        if sum(len(p) for p in parts) > SCAN_LIMIT:
+            return True
+        return any(PRINTF_SYMBOL in e.data for p in parts for e in entries(p) if e.flags & (FLAG_ZSTD | FLAG_LZ4))
+    except FatbinError:
+        return True
+
+
 def parse(image: bytes) -> Module:
     """Kernels and variables of the best entry in a fatbinary (of the linked one
     for a device-linked module), or of a cubin or PTX text (a module the program loads itself)."""

@@ -32,6 +32,8 @@ class Dispatcher:
                                           launch_threads=int(os.environ.get("NVPROXY_LAUNCH_THREADS", "4")))
             # C replies itself only while no kernel printf text waits for a reply
             self.fast.set_text_fd(backend.watch_text(self.fast.set_text_pending))
+            # (where no kernel can print, C's waits need not make the driver flush printf text: fastpath.c)
+            self.state.printing = lambda: self.fast.set_may_print(True)
         self.table: dict[int, Any] = {}
         for mod in (arrays, device, driver_api, graphs, ipc, libs, managed, memory, modules, streams):
             for name, op in wire.CONSTANTS.items():

@@ -122,6 +122,9 @@ class FastPath:
     def set_text_pending(self, on: bool) -> None:
         self.lib.nvpf_set_text_pending(int(on))
 
+    def set_may_print(self, on: bool) -> None:
+        self.lib.nvpf_set_may_print(int(on))
+
     def set_sync_streams(self, dev: int, handles: list[int] | None) -> None:
         """The streams a synchronous pageable copy on dev waits for (handle values), or None: not known."""
         if dev >= MAX_DEV:

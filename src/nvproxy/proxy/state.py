@@ -10,9 +10,11 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import fatbin
 from ..errors import INVALID_DEVICE, INVALID_RESOURCE_HANDLE, INVALID_VALUE, CudaError
 from .arena import Arena
 
@@ -128,6 +130,8 @@ class ProcessState:
         self.broken = 0  # the sticky error that left the context unusable (every call fails with it), or 0
         self._props: dict[int, tuple[str, bytes, int, list[int]]] = {}
         self.images: dict[int, bytes] = {}  # module id -> fatbinary
+        self.may_print = False  # a loaded module may print from a kernel (fatbin.may_print)
+        self.printing: Callable[[], None] = lambda: None  # (told once, when may_print turns on)
         self.kernel_names: dict[int, tuple[int, str]] = {}  # kernel id -> (module id, name)
         self.streams: dict[int, tuple[int, Any]] = {}  # wire id -> (device, backend stream)
         self.stream_args: dict[int, tuple[int, int]] = {}  # wire id -> (flags, priority)
@@ -314,6 +318,9 @@ class ProcessState:
             if mod_id not in self.images:
                 raise CudaError(INVALID_RESOURCE_HANDLE, f"module {mod_id} was never loaded")
             m = d.modules[mod_id] = self.backend.module_load(dev, self.images[mod_id])
+            if not self.may_print and fatbin.may_print(self.images[mod_id]):
+                self.may_print = True
+                self.printing()
         return m
 
     def kernel(self, dev: int, kid: int) -> Any:
