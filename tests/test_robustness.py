@@ -494,6 +494,25 @@ def test_a_proxy_that_cannot_start_says_why(monkeypatch, capfd, tmp_path: Path) 
     assert "nvproxy: could not start a proxy: FileNotFoundError" in capfd.readouterr().err
 
 
+def test_an_incomplete_installation_is_refused_in_one_line(monkeypatch, capsys) -> None:
+    """A native library missing from the installation (a build that did not finish): every command but `settings`
+    refuses in one line naming it, and so does a proxy the shim starts, before it starts anything."""
+    import nvproxy
+    from nvproxy import boot, cli
+
+    monkeypatch.setattr(nvproxy, "NATIVE", (*nvproxy.NATIVE, "libnvproxy_gone.so"))
+    for argv in (["run", "--backend", "sim", "--", "true"], ["bench", "--reps", "1"], ["info"]):
+        assert cli.main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "this installation is incomplete (libnvproxy_gone.so missing" in err
+    assert cli.main(["settings"]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "argv", ["nvproxy", "proxy", "--socket", "/nonexistent/p.sock", "--owner-pid", "1"])
+    with pytest.raises(SystemExit) as e:
+        boot.main()
+    assert e.value.code == 1 and "libnvproxy_gone.so missing" in capsys.readouterr().err
+
+
 def _control_client(ctl: str, send: bytes) -> socket.socket:
     c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     c.connect(ctl)

@@ -11,6 +11,22 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 
+NATIVE = ("libnvproxy.so", "libnvproxy_cuda.so", "libnvproxy_fast.so")  # the shim, libcuda.so.1's name, the proxy's C
+
+
+def install_problem() -> str | None:
+    """One line naming the native libraries this installation lacks (a build that did not run or did not finish);
+    None where it has them all."""
+    import os
+
+    here = os.path.join(os.path.dirname(os.path.realpath(__file__)), "_native")
+    missing = [n for n in NATIVE if not os.path.exists(os.path.join(here, n))]
+    if not missing:
+        return None
+    return (f"nvproxy: this installation is incomplete ({', '.join(missing)} missing in {here}): build it again "
+            f"(pip install -e . in a checkout) or reinstall nvproxy")
+
+
 def shim_path() -> Path:
     """The LD_PRELOAD shim built with this package."""
     from pathlib import Path  # (here: a proxy imports this package before it starts the driver)

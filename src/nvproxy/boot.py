@@ -139,6 +139,11 @@ def main() -> None:
     argv = sys.argv[1:]
     signal.pthread_sigmask(signal.SIG_SETMASK, [])  # (a checkpointer's hook may have blocked nearly everything)
     if argv[:1] == ["proxy"]:
+        from . import install_problem
+
+        if problem := install_problem():  # (a proxy the shim started: its program then says it could not start one)
+            print(problem, file=sys.stderr)
+            raise SystemExit(1)
         begin(_option(argv, "--restore"), _option(argv, "--backend") or os.environ.get("NVPROXY_BACKEND") or "auto")
     import site
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import libcuda_name_path, shim_path
+from . import install_problem, libcuda_name_path, shim_path
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -789,8 +789,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     whole_lines()
     if argv[:1] == ["bench"]:  # every option belongs to the benchmark runner
+        if problem := install_problem():
+            print(problem, file=sys.stderr)
+            return 1
         return cmd_bench(argparse.Namespace(rest=argv[1:]))
     args = parser().parse_args(argv)
+    problem = install_problem() if args.fn is not cmd_settings else None
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
     try:
         return int(args.fn(args) or 0)
     except BrokenPipeError:  # (its output went into `head`, say, which has had enough)
