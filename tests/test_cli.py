@@ -228,7 +228,7 @@ def _bound(path: Path) -> None:
         s.bind(str(path))
 
 
-def test_sweep_removes_only_the_sockets_of_dead_proxies(tmp_path: Path) -> None:
+def test_sweep_removes_only_the_sockets_of_dead_proxies(run_dir: Path) -> None:
     import socket
 
     from nvproxy import stale
@@ -239,13 +239,13 @@ def test_sweep_removes_only_the_sockets_of_dead_proxies(tmp_path: Path) -> None:
             f"p{gone}-3c.sock.{gone}.ctl.{gone}.tmp"]  # bound by a proxy that died before it listened
     starting = f"p{me}-4d.sock"  # its application runs and no control socket yet: a proxy starting
     for name in [*dead, starting]:
-        _bound(tmp_path / name)
+        _bound(run_dir / name)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as live:  # listened on: kept, whatever its pids say
-        live.bind(str(tmp_path / f"p{gone}-5e.sock.{gone}.ctl"))
+        live.bind(str(run_dir / f"p{gone}-5e.sock.{gone}.ctl"))
         live.listen(1)
-        removed = stale.sweep(tmp_path)
+        removed = stale.sweep(run_dir)
     assert sorted(p.name for p in removed) == sorted(dead)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([starting, f"p{gone}-5e.sock.{gone}.ctl"])
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted([starting, f"p{gone}-5e.sock.{gone}.ctl"])
 
 
 def test_a_starting_proxy_removes_a_killed_proxys_sockets(build, run_dir: Path) -> None:

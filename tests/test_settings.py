@@ -122,6 +122,24 @@ def test_run_checks_dmtcp_settings_only_for_dmtcp(build) -> None:
     assert r.returncode == 0 and r.stdout.endswith("Test PASSED\n"), r.stderr
 
 
+def test_run_and_restart_refuse_a_dmtcp_too_new_for_the_plugin(build, tmp_path: Path) -> None:
+    """DMTCP 5 changed its plugin interface: `run --dmtcp` and `restart` say so in one line, before anything starts
+    (DMTCP itself would stop the program with an assertion once it had started)."""
+    (tmp_path / "bin").mkdir()
+    for tool in ("dmtcp_launch", "dmtcp_restart"):
+        (tmp_path / "bin" / tool).write_text(f"#!/bin/sh\necho '{tool} (DMTCP) 5.0.1'\n")
+        (tmp_path / "bin" / tool).chmod(0o755)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "ckpt_a.dmtcp").write_bytes(b"")
+    exe = str(build("vector_add"))
+    for argv, tool in ((["run", "--backend", "sim", "--dmtcp", "--", exe], "dmtcp_launch"),
+                       (["restart", str(tmp_path / "ckpt")], "dmtcp_restart")):
+        r = _run(argv, NVPROXY_DMTCP_DIR=str(tmp_path))
+        assert (r.returncode, r.stdout) == (2, "")
+        assert r.stderr == (f"nvproxy: {tmp_path}/bin/{tool} is DMTCP 5.0, whose plugin interface nvproxy's DMTCP "
+                            "plugin does not speak (it speaks DMTCP 3 and 4's; tested with DMTCP 4.2.0)\n")
+
+
 def test_a_proxy_the_shim_starts_refuses_a_bad_setting_in_one_line(build) -> None:
     """No `nvproxy run` to check first: the proxy itself says what is wrong, and the program's call fails."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVPROXY_")}

@@ -19,7 +19,7 @@ from . import install_problem, libcuda_name_path, shim_path
 
 def cmd_run(args: argparse.Namespace) -> int:
     from . import settings
-    from .launcher import exec_app, proxy_env, spawn_proxy
+    from .launcher import dmtcp_problem, exec_app, proxy_env, spawn_proxy
 
     argv = [a for a in args.command if a != "--"] if args.command[:1] == ["--"] else args.command
     if not argv:
@@ -29,6 +29,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     readers = (settings.SHIM, settings.PROXY, settings.RUN, settings.TEST_HOOKS) + ((settings.DMTCP,) if dmtcp else ())
     settings.check_or_exit(os.environ, readers, "nvproxy run")
     if _bad_sim_kernels(args.sim_kernels, "nvproxy run"):
+        return 2
+    if dmtcp and (why := dmtcp_problem("dmtcp_launch")):
+        print(why, file=sys.stderr)
         return 2
     refusal = _containment_refusal(argv)
     if refusal is not None:
@@ -406,12 +409,15 @@ def _dmtcp_checkpoint(args: argparse.Namespace) -> int:
 def cmd_restart(args: argparse.Namespace) -> int:
     """dmtcp_restart of the images in a checkpoint directory (nvproxy's GPU image is found by the plugin)."""
     from . import settings
-    from .launcher import dmtcp_tool
+    from .launcher import dmtcp_problem, dmtcp_tool
 
     if args.device is not None and (why := settings.problem_of("NVPROXY_DEVICES", args.device)):
         print(f"nvproxy restart: --device {args.device}: {why}", file=sys.stderr)
         return 2
     settings.check_or_exit(os.environ, (settings.DMTCP,), "nvproxy restart")
+    if why := dmtcp_problem("dmtcp_restart"):
+        print(why, file=sys.stderr)
+        return 2
     if not Path(args.dir).is_dir():
         print(f"nvproxy restart: {args.dir} is not a directory", file=sys.stderr)
         return 2

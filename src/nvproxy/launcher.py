@@ -210,15 +210,43 @@ def how_it_ended(pid: int) -> str:
     return f" (killed by signal {code & 0x7F})" if code & 0x7F else f" (exit status {code >> 8})"
 
 
-def dmtcp_tool(name: str) -> str:
-    """Path of a DMTCP command: $NVPROXY_DMTCP_DIR/bin, else PATH."""
+def _dmtcp_path(name: str) -> str | None:
     base = os.environ.get("NVPROXY_DMTCP_DIR")
     if base and (Path(base) / "bin" / name).exists():
         return str(Path(base) / "bin" / name)
-    found = shutil.which(name)
+    return shutil.which(name)
+
+
+def dmtcp_tool(name: str) -> str:
+    """Path of a DMTCP command: $NVPROXY_DMTCP_DIR/bin, else PATH."""
+    found = _dmtcp_path(name)
     if not found:
         raise SystemExit(f"nvproxy: {name} not found (install DMTCP, or set NVPROXY_DMTCP_DIR)")
     return found
+
+
+# nvproxy's plugin speaks DMTCP's plugin interface of DMTCP 3 and 4 (DMTCP_PLUGIN_API_VERSION "3"); a later DMTCP,
+# whose interface is another, refuses the plugin with an assertion once the program has started
+DMTCP_MAJOR_MAX = 4
+
+
+def dmtcp_problem(name: str) -> str | None:
+    """One line where the DMTCP command name cannot run nvproxy's plugin: missing, or of a DMTCP too new for it."""
+    import re
+    import subprocess  # (here: a plain `nvproxy run` starts without them)
+
+    path = _dmtcp_path(name)
+    if not path:
+        return f"nvproxy: {name} not found (install DMTCP 4.2, or set NVPROXY_DMTCP_DIR)"
+    try:
+        said = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None  # (running it says what is wrong)
+    m = re.search(r"\(DMTCP\) (\d+)\.(\d+)", said)
+    if m and int(m.group(1)) > DMTCP_MAJOR_MAX:
+        return (f"nvproxy: {path} is DMTCP {m.group(1)}.{m.group(2)}, whose plugin interface nvproxy's DMTCP plugin "
+                f"does not speak (it speaks DMTCP 3 and 4's; tested with DMTCP 4.2.0)")
+    return None
 
 
 def exec_app(argv: list[str], sock: str, proxy_pid: int, proxy_settings: dict[str, str],
