@@ -7,10 +7,13 @@ and through nvproxy on the real device and the two outputs must be identical.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from conftest import EXPECTED, gpu_count, hooked, misreported_assert, nvproxy_cmd, run
 
 from nvproxy import wire
+from nvproxy.proxy import fastpath
 
 PROGRAMS = [
     ("vector_add", ()),
@@ -69,6 +72,27 @@ def test_sim_threads_that_sleep_for_replies(build, monkeypatch, name: str) -> No
     r = run(nvproxy_cmd(exe, "sim", name))
     assert r.stdout == (EXPECTED / "sim" / f"{name}.txt").read_text(), r.stderr
     assert r.returncode == 0, r.stderr
+
+
+def test_sim_the_proxy_reports_how_it_served(build, monkeypatch) -> None:
+    """NVPROXY_SERVE_STATS=1: at its end the proxy says how its serving went, and its counts add up: every request
+    the program sent (NVPROXY_TRACE) was executed once, by C or by Python, and each serve ended for one reason."""
+    monkeypatch.setenv("NVPROXY_SERVE_STATS", "1")
+    monkeypatch.setenv("NVPROXY_TRACE", "1")
+    exe = build("multithread")
+    r = run(nvproxy_cmd(exe, "sim", "multithread"))
+    assert r.stdout == (EXPECTED / "sim" / "multithread.txt").read_text(), r.stderr[-3000:]
+    sent = sum(1 for line in r.stderr.splitlines() if re.search(r"-> op \d+ seq [1-9]", line))
+    m = re.search(r"nvproxy: served ([\d.]+) s \(waits included\), ([\d.]+) s of it in C \(\d+%\), in (\d+) serves\n"
+                  r"nvproxy: the serves ended: (.*) \(of them for the event loop's turn: (\d+)\)\n"
+                  r"nvproxy: requests executed by C (\d+), by Python (\d+)\n"
+                  r"nvproxy: requests C left to Python: (.*)\n", r.stderr)
+    assert m, r.stderr[-3000:]
+    wall, in_c, serves = float(m[1]), float(m[2]), int(m[3])
+    ended = [int(part.split()[0]) for part in m[4].split(", ")]
+    assert 0 <= in_c <= wall and sum(ended) == serves > 0 and int(m[5]) <= ended[fastpath.IDLE]
+    assert int(m[6]) + int(m[7]) == sent > 100 and int(m[6]) > 0
+    assert "LAUNCH" in m[8]  # (the sim backend's kernels are Python's)
 
 
 def _unanswered_setting(monkeypatch, setting: str) -> None:

@@ -196,6 +196,9 @@ EXPORT void nvpf_set_translating(int on) { translating = on; }
 EXPORT void nvpf_set_text_pending(int on) { text_pending = on; }
 EXPORT void nvpf_set_may_print(int on) { may_print = on; }
 
+static struct nvpf_stats stats; /* (the dispatcher's alone: counted per serve, and per request where C runs it) */
+EXPORT const struct nvpf_stats *nvpf_stats(void) { return &stats; }
+
 /* ---- execution ---- */
 enum { DONE, TO_PYTHON, REPLY_BY_PYTHON };
 
@@ -1017,6 +1020,7 @@ static int issue_passed(struct served *v, int wait)
         if (!wait && stream_of(v->ch, q.a[5], &s) && worker_full_for(v->ch, s))
             break;
         execute(v->ch, &q, v->buf + sizeof q, q.len - sizeof q); /* (a worker's, as when it was passed over) */
+        stats.executed++;
         memmove(v->buf, v->buf + q.len, *v->len - q.len);
         *v->len -= q.len;
         v->passed -= q.len;
@@ -1067,9 +1071,11 @@ static int run(struct nvpf_chan *ch, const uint8_t *buf, size_t len, uint64_t *n
         rest_len = len - off - q.len;
         int r = execute(ch, &q, buf + off + sizeof q, q.len - sizeof q);
         if (r == TO_PYTHON) {
+            stats.to_python[q.op % NVPF_STAT_OPS]++;
             why = NVPF_PYTHON;
             break;
         }
+        stats.executed++;
         off += q.len;
         (*next_seq)++;
         if (r == REPLY_BY_PYTHON) {
@@ -1374,6 +1380,7 @@ static int serve_channels(struct nvpf_chan **chs, uint8_t **bufs, size_t *lens, 
     pass_v = v;
     pass_n = n;
     holding = 0;
+    long entered = now_ns();
     int why = serve(v, n, cap, next_seq, idle_us, budget_us, which);
     flush_passed(); /* (Python executes what comes next, and finds every earlier call done) */
     drain();
@@ -1386,6 +1393,10 @@ static int serve_channels(struct nvpf_chan **chs, uint8_t **bufs, size_t *lens, 
         else if (w == NVPF_PYTHON && (why == NVPF_IDLE || why == NVPF_MORE))
             why = NVPF_PYTHON;
     }
+    stats.serves++;
+    stats.serve_ns += (uint64_t)(now_ns() - entered);
+    stats.ended[why & 7]++;
+    stats.loop_turns += loop_turn;
     return why;
 }
 

@@ -110,6 +110,16 @@ void nvpf_set_translating(int on);
 void nvpf_set_capturing(int on); /* a stream capture is on: every call goes to Python, which logs it */
 void nvpf_set_text_pending(int on);
 void nvpf_set_may_print(int on); /* a module that may print was loaded: every wait is a real wait */
+/* What C's serving did since the proxy started (NVPROXY_SERVE_STATS prints it at the proxy's end). */
+#define NVPF_STAT_OPS 128
+struct nvpf_stats {
+    uint64_t serves, serve_ns; /* calls of nvpf_serve and nvpf_serve_many, and the time they took */
+    uint64_t ended[8];         /* serves by why they ended (NVPF_*) */
+    uint64_t loop_turns;       /* of those ended NVPF_IDLE, for the turn of Python's event loop */
+    uint64_t executed;         /* requests C executed (a launch it gave a launch thread counts) */
+    uint64_t to_python[NVPF_STAT_OPS]; /* requests C left to Python, by operation */
+};
+const struct nvpf_stats *nvpf_stats(void);
 /* The streams a synchronous pageable copy on dev waits for (the legacy stream, blocking streams, per-thread
  * streams): n < 0 unknown (C leaves such copies to Python, which tells it), n > NVPF_SYNC_STREAMS too many to ask
  * (C waits for the copy instead). */

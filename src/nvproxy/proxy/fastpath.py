@@ -28,6 +28,8 @@ MAX_DEV = CONSTANTS["NVPF_MAX_DEV"]
 COPY_EVENTS = CONSTANTS["NVPF_COPY_EVENTS"]
 POSTED = CONSTANTS["NVPF_POSTED"]
 SERVE_MAX = CONSTANTS["NVPF_SERVE_MAX"]
+STAT_OPS = CONSTANTS["NVPF_STAT_OPS"]
+WHY_NAMES = {MORE: "MORE", PYTHON: "PYTHON", REPLY: "REPLY", IDLE: "IDLE", CLOSED: "CLOSED", FDS: "FDS"}
 DRIVER_FIELDS = ("launch", "launch_cooperative", "memcpy_async", "memset_async", "event_record", "event_query",
                  "event_sync", "stream_query", "stream_sync", "stream_wait_event", "graph_launch")
 # without them launches are issued on the dispatcher thread alone (fastpath.c: workers)
@@ -124,6 +126,22 @@ class FastPath:
 
     def set_may_print(self, on: bool) -> None:
         self.lib.nvpf_set_may_print(int(on))
+
+    def stats_report(self, wall_s: float, python_executed: int) -> str:
+        """What C's serving did over a proxy's wall_s seconds of serving, beside Python's python_executed requests:
+        a few lines for NVPROXY_SERVE_STATS."""
+        st = self.lib.nvpf_stats()
+        ended = ", ".join(f"{st.ended[code]} {name.lower()}" for code, name in WHY_NAMES.items())
+        left = sorted(((st.to_python[op], wire.OP_NAMES.get(op, str(op))) for op in range(STAT_OPS)
+                       if st.to_python[op]), reverse=True)
+        in_c = st.serve_ns / 1e9
+        return "\n".join([
+            f"nvproxy: served {wall_s:.3f} s (waits included), {in_c:.4f} s of it in C "
+            f"({100 * in_c / max(wall_s, 1e-9):.0f}%), in {st.serves} serves",
+            f"nvproxy: the serves ended: {ended} (of them for the event loop's turn: {st.loop_turns})",
+            f"nvproxy: requests executed by C {st.executed}, by Python {python_executed}",
+            "nvproxy: requests C left to Python: " + (", ".join(f"{name} {n}" for n, name in left) or "none"),
+        ])
 
     def set_sync_streams(self, dev: int, handles: list[int] | None) -> None:
         """The streams a synchronous pageable copy on dev waits for (handle values), or None: not known."""

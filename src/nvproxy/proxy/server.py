@@ -234,6 +234,7 @@ class Server:
         self.ending: set[Channel] = set()  # channels at their end of file, with requests still in the heap
         self.next_seq = 1
         self.running_seq = 0  # the request _execute_ready is executing (0: none; requests count from 1)
+        self.executed = 0  # requests Python executed (NVPROXY_SERVE_STATS)
         self.tiebreak = 0
         self.callback_channel: Channel | None = None
         self.callback_lock = threading.Lock()
@@ -658,6 +659,7 @@ class Server:
             return
         handler = self.dispatch.table.get(op)
         broken = self.dispatch.state.broken
+        self.executed += 1
         try:
             if broken and op not in BOOKKEEPING:
                 raise CudaError(broken)
@@ -876,6 +878,7 @@ class Server:
         self.next_seq = info["next_seq"]
 
     def serve(self) -> None:
+        began = time.perf_counter()
         try:
             last = time.perf_counter()
             while self.running:
@@ -901,6 +904,8 @@ class Server:
                     self.next_seq = self.heap[0][0]
                 self._execute_ready()
         finally:
+            if self.fast is not None and os.environ.get("NVPROXY_SERVE_STATS") == "1":
+                print(self.fast.stats_report(time.perf_counter() - began, self.executed), file=sys.stderr)
             if self.writer is not None:  # a checkpoint file is being written: finish it
                 self.writer.join()
             if self.fast is not None:
