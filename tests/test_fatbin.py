@@ -67,6 +67,19 @@ def test_which_modules_may_print(build, flags: tuple[str, ...]) -> None:
     assert fatbin.may_print(bytes(damaged))
 
 
+def test_a_process_reads_modules_for_printf_within_a_budget(build, monkeypatch) -> None:
+    """The proxy reads each module it loads for printf until one may print, or until it has read its budget of
+    image bytes: a program with many large modules is then taken to print, rather than pay to read each."""
+    from types import SimpleNamespace
+
+    from nvproxy.proxy import state as st
+
+    silent = fatbin_section(build("vector_add").read_bytes())
+    monkeypatch.setattr(st, "PRINT_SCAN_BUDGET", 3 * len(silent))
+    ps = st.ProcessState(SimpleNamespace())
+    assert [ps._may_print(silent) for _ in range(4)] == [False, False, False, True]
+
+
 def test_ptx_params() -> None:
     ptx = """.visible .entry _Z1kPfi(
         .param .u64 .ptr .align 1 _Z1kPfi_param_0,

@@ -123,6 +123,9 @@ class ManagedRange:
     dev: int
 
 
+PRINT_SCAN_BUDGET = 16 << 20  # module image bytes read for kernel printf per process; more: taken to print
+
+
 class ProcessState:
     def __init__(self, backend: Any) -> None:
         self.backend = backend
@@ -131,6 +134,7 @@ class ProcessState:
         self._props: dict[int, tuple[str, bytes, int, list[int]]] = {}
         self.images: dict[int, bytes] = {}  # module id -> fatbinary
         self.may_print = False  # a loaded module may print from a kernel (fatbin.may_print)
+        self.print_scanned = 0  # bytes of module images read for that (PRINT_SCAN_BUDGET)
         self.printing: Callable[[], None] = lambda: None  # (told once, when may_print turns on)
         self.kernel_names: dict[int, tuple[int, str]] = {}  # kernel id -> (module id, name)
         self.streams: dict[int, tuple[int, Any]] = {}  # wire id -> (device, backend stream)
@@ -318,10 +322,16 @@ class ProcessState:
             if mod_id not in self.images:
                 raise CudaError(INVALID_RESOURCE_HANDLE, f"module {mod_id} was never loaded")
             m = d.modules[mod_id] = self.backend.module_load(dev, self.images[mod_id])
-            if not self.may_print and fatbin.may_print(self.images[mod_id]):
+            if not self.may_print and self._may_print(self.images[mod_id]):
                 self.may_print = True
                 self.printing()
         return m
+
+    def _may_print(self, image: bytes) -> bool:
+        """fatbin.may_print, within a budget: reading a compressed image costs its decompression, and a program with
+        many large modules (a framework's) is taken to print rather than pay that at each module's first use."""
+        self.print_scanned += len(image)
+        return self.print_scanned > PRINT_SCAN_BUDGET or fatbin.may_print(image)
 
     def kernel(self, dev: int, kid: int) -> Any:
         d = self.device(dev)
