@@ -44,6 +44,16 @@ def undisturbed(exe: Path, backend: str, args: list[str], env: dict[str, str]) -
     return r.stdout
 
 
+def held_run(build, backend: str, env: dict[str, str], tmp_path: Path) -> tuple[Path, list[str], str, Path, int]:
+    """What a test of a held request starts from: drain_ckpt, its arguments, its undisturbed output, the fifo that
+    lets the held request go, and that request's number."""
+    exe = build("drain_ckpt")
+    args = [str(a) for a in ARGS[backend]]
+    fifo = tmp_path / "hold"
+    os.mkfifo(fifo)
+    return exe, args, undisturbed(exe, backend, args, env), fifo, held_request(*ARGS[backend][:3])
+
+
 def checkpoint_now(app_pid: int, image: Path) -> dict[str, Any]:
     """nvproxy checkpoint's request, from this process."""
     pid, sock = find_proxy(app_pid)
@@ -58,15 +68,10 @@ def checkpoint_now(app_pid: int, image: Path) -> dict[str, Any]:
 @pytest.mark.parametrize("backend", ["sim", pytest.param("gpu", marks=pytest.mark.gpu)])
 def test_a_checkpoint_of_a_stopped_program_holds_everything_it_sent(build, backend: str, mode: str,
                                                                     tmp_path: Path) -> None:
-    exe = build("drain_ckpt")
-    threads, rounds, tail, work = ARGS[backend]
-    args = [str(a) for a in (threads, rounds, tail, work)]
     env = dict(os.environ, **MODES[mode])
     env.pop("LD_PRELOAD", None)
-    reference = undisturbed(exe, backend, args, env)
-    image, fifo = tmp_path / "last.img", tmp_path / "hold"
-    os.mkfifo(fifo)
-    held = held_request(threads, rounds, tail)
+    exe, args, reference, fifo, held = held_run(build, backend, env, tmp_path)
+    image = tmp_path / "last.img"
     env = hooked(env, NVPROXY_RECOVER=str(image), NVPROXY_TEST_HOLD_REQUEST=str(held),
                  NVPROXY_TEST_HOLD_FIFO=str(fifo))
     with Gated(nvproxy_cmd(exe, backend, "drain_ckpt", *args, "1"), env) as app:
@@ -92,14 +97,9 @@ def test_a_request_numbered_but_not_sent_holds_the_others_up_only_for_a_while(bu
     """A thread stopped between numbering a request and sending it (it may have died there): the proxy executes
     the other threads' later requests after a while, says so in one line, and runs the held request when it comes;
     the program prints what an undisturbed run prints (each thread's work is on its own stream)."""
-    exe = build("drain_ckpt")
-    threads, rounds, tail, work = ARGS[backend]
-    args = [str(a) for a in (threads, rounds, tail, work)]
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    reference = undisturbed(exe, backend, args, env)
-    fifo, log = tmp_path / "hold", tmp_path / "proxy.log"
-    os.mkfifo(fifo)
-    held = held_request(threads, rounds, tail)
+    exe, args, reference, fifo, held = held_run(build, backend, env, tmp_path)
+    log = tmp_path / "proxy.log"
     env = hooked(env, NVPROXY_TEST_HOLD_REQUEST=str(held), NVPROXY_TEST_HOLD_FIFO=str(fifo),
                  NVPROXY_PROXY_LOG=str(log))
     said = f"request {held} never arrived; going on"

@@ -794,14 +794,9 @@ def whole_lines() -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     whole_lines()
-    if argv[:1] == ["bench"]:  # every option belongs to the benchmark runner
-        if problem := install_problem():
-            print(problem, file=sys.stderr)
-            return 1
-        return cmd_bench(argparse.Namespace(rest=argv[1:]))
-    args = parser().parse_args(argv)
-    problem = install_problem() if args.fn is not cmd_settings else None
-    if problem:
+    bench = argv[:1] == ["bench"]  # (every option of bench belongs to the benchmark runner)
+    args = argparse.Namespace(rest=argv[1:], fn=cmd_bench) if bench else parser().parse_args(argv)
+    if args.fn is not cmd_settings and (problem := install_problem()):
         print(problem, file=sys.stderr)
         return 1
     try:

@@ -217,11 +217,15 @@ def _dmtcp_path(name: str) -> str | None:
     return shutil.which(name)
 
 
+def _dmtcp_missing(name: str) -> str:
+    return f"nvproxy: {name} not found (install DMTCP 4.2, or set NVPROXY_DMTCP_DIR)"
+
+
 def dmtcp_tool(name: str) -> str:
     """Path of a DMTCP command: $NVPROXY_DMTCP_DIR/bin, else PATH."""
     found = _dmtcp_path(name)
     if not found:
-        raise SystemExit(f"nvproxy: {name} not found (install DMTCP, or set NVPROXY_DMTCP_DIR)")
+        raise SystemExit(_dmtcp_missing(name))
     return found
 
 
@@ -237,7 +241,7 @@ def dmtcp_problem(name: str) -> str | None:
 
     path = _dmtcp_path(name)
     if not path:
-        return f"nvproxy: {name} not found (install DMTCP 4.2, or set NVPROXY_DMTCP_DIR)"
+        return _dmtcp_missing(name)
     try:
         said = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
