@@ -76,7 +76,8 @@ def test_sim_threads_that_sleep_for_replies(build, monkeypatch, name: str) -> No
 
 def test_sim_the_proxy_reports_how_it_served(build, monkeypatch) -> None:
     """NVPROXY_SERVE_STATS=1: at its end the proxy says how its serving went, and its counts add up: every request
-    the program sent (NVPROXY_TRACE) was executed once, by C or by Python, and each serve ended for one reason."""
+    the program sent (NVPROXY_TRACE) was executed once, by C or by Python, each serve ended for one reason, and the
+    gaps between serves, Python's, are timed."""
     monkeypatch.setenv("NVPROXY_SERVE_STATS", "1")
     monkeypatch.setenv("NVPROXY_TRACE", "1")
     exe = build("multithread")
@@ -86,13 +87,19 @@ def test_sim_the_proxy_reports_how_it_served(build, monkeypatch) -> None:
     m = re.search(r"nvproxy: served ([\d.]+) s \(waits included\), ([\d.]+) s of it in C \(\d+%\), in (\d+) serves\n"
                   r"nvproxy: the serves ended: (.*) \(of them for the event loop's turn: (\d+)\)\n"
                   r"nvproxy: requests executed by C (\d+), by Python (\d+)\n"
-                  r"nvproxy: requests C left to Python: (.*)\n", r.stderr)
+                  r"nvproxy: requests C left to Python: (.*)\n"
+                  r"nvproxy: between serves ([\d.]+) s in (\d+) gaps(, the longest: .*)?\n", r.stderr)
     assert m, r.stderr[-3000:]
     wall, in_c, serves = float(m[1]), float(m[2]), int(m[3])
     ended = [int(part.split()[0]) for part in m[4].split(", ")]
     assert 0 <= in_c <= wall and sum(ended) == serves > 0 and int(m[5]) <= ended[fastpath.IDLE]
     assert int(m[6]) + int(m[7]) == sent > 100 and int(m[6]) > 0
     assert "LAUNCH" in m[8]  # (the sim backend's kernels are Python's)
+    # (a gap between each two serves, outside C's share; the longest say why C stopped and what Python executed)
+    assert int(m[10]) == serves - 1 and 0 <= float(m[9]) <= wall - in_c
+    longest = m[11].removeprefix(", the longest: ").split("; ")
+    assert len(longest) == min(serves - 1, 5)
+    assert all(re.fullmatch(r"[\d.]+ ms after [a-z]+ \(.+\)", g) for g in longest)
 
 
 def _unanswered_setting(monkeypatch, setting: str) -> None:

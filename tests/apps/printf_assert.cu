@@ -1,4 +1,5 @@
-// Kernel printf reaches the application's stdout, in order with host output;
+// Kernel printf reaches the application's stdout, in order with host output,
+// after every kind of wait (the last one just before the program ends);
 // a failed device assert is a sticky cudaErrorAssert.  argv[1] == "assert"
 // runs the second part.
 #include "check.h"
@@ -33,6 +34,29 @@ int main(int argc, char **argv) {
         CHECK(cudaDeviceSynchronize());
         printf("host after step %d\n", step);
     }
+    // each way of waiting that natively makes the driver write the text
+    cudaStream_t s;
+    cudaEvent_t e;
+    int *d, *pinned, pageable[4];
+    CHECK(cudaStreamCreate(&s));
+    CHECK(cudaEventCreate(&e));
+    CHECK(cudaMalloc(&d, sizeof pageable));
+    CHECK(cudaMallocHost(&pinned, sizeof pageable));
+    hello<<<1, 32, 0, s>>>(3);
+    CHECK(cudaStreamSynchronize(s));
+    printf("host after a created stream's sync\n");
+    hello<<<1, 32, 0, s>>>(4);
+    CHECK(cudaEventRecord(e, s));
+    CHECK(cudaEventSynchronize(e));
+    printf("host after an event's sync\n");
+    hello<<<1, 32>>>(5);
+    CHECK(cudaMemcpy(pinned, d, sizeof pageable, cudaMemcpyDeviceToHost));
+    printf("host after a copy to pinned memory\n");
+    hello<<<1, 32>>>(6);
+    CHECK(cudaMemcpy(pageable, d, sizeof pageable, cudaMemcpyDeviceToHost));
+    printf("host after a copy to pageable memory\n");
+    hello<<<1, 32>>>(7);
+    CHECK(cudaMemcpy(pageable, d, sizeof pageable, cudaMemcpyDeviceToHost));
     printf("Test PASSED\n");
     return 0;
 }

@@ -9,6 +9,9 @@ it, and everything is forgotten whenever one is destroyed or reloaded.
 
 from __future__ import annotations
 
+import heapq
+import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -257,3 +260,51 @@ class FastPath:
                 raise CudaError(rc)
 
         return wait
+
+
+class ServeGaps:
+    """NVPROXY_SERVE_STATS: the times between two of C's serves, while Python held the channels, and the longest of
+    them with why C had stopped and what Python executed meanwhile (where the serving's other share goes)."""
+
+    KEEP = 5
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total_s = 0.0
+        self.longest: list[tuple[float, int, str, str]] = []  # (seconds, tiebreak, why, ops), a min-heap of KEEP
+        self._left: float | None = None
+        self._why = ""
+        self._ops: Counter[str] = Counter()
+
+    def left(self, why: int) -> None:
+        """C's serve just ended, for why."""
+        self._left = time.perf_counter()
+        self._why = WHY_NAMES.get(why, str(why)).lower()
+        self._ops.clear()
+
+    def ran(self, op: int) -> None:
+        """Python executed op."""
+        if self._left is not None:
+            self._ops[wire.OP_NAMES.get(op, str(op))] += 1
+
+    def entered(self) -> None:
+        """C's next serve begins."""
+        if self._left is None:
+            return
+        gap = time.perf_counter() - self._left
+        self._left = None
+        self.count += 1
+        self.total_s += gap
+        ops = ", ".join(f"{name} {n}" for name, n in self._ops.most_common(3)) or "nothing"
+        entry = (gap, self.count, self._why, ops)
+        if len(self.longest) < self.KEEP:
+            heapq.heappush(self.longest, entry)
+        else:
+            heapq.heappushpop(self.longest, entry)
+
+    def report(self) -> str:
+        worst = "; ".join(f"{g * 1e3:.2f} ms after {why} ({ops})" for g, _n, why, ops in sorted(self.longest,
+                                                                                             reverse=True))
+        return (f"nvproxy: between serves {self.total_s:.4f} s in {self.count} gaps"
+                + (f", the longest: {worst}" if worst else ""))
+

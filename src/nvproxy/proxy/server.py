@@ -83,7 +83,9 @@ class Deferred:
     thread, then the reply carries what it returns.  poll(), if given, says
     without blocking whether wait() would return at once: then the dispatcher
     replies itself and spares the thread hand-off (most synchronisations
-    find short work already done)."""
+    find short work already done).  Where a kernel may print, the dispatcher
+    still calls wait() then (it returns at once): the driver writes kernel
+    printf text only at a wait, never at a query."""
 
     __slots__ = ("wait", "poll")
 
@@ -235,6 +237,7 @@ class Server:
         self.next_seq = 1
         self.running_seq = 0  # the request _execute_ready is executing (0: none; requests count from 1)
         self.executed = 0  # requests Python executed (NVPROXY_SERVE_STATS)
+        self.gaps = fastpath.ServeGaps() if os.environ.get("NVPROXY_SERVE_STATS") == "1" else None
         self.tiebreak = 0
         self.callback_channel: Channel | None = None
         self.callback_lock = threading.Lock()
@@ -466,6 +469,8 @@ class Server:
         for c in chans:
             fc = c.fast
             fc.dev, fc.pending, fc.async_err = c.dev, c._pending, c.async_err
+        if self.gaps is not None:
+            self.gaps.entered()
         if len(chans) == 1:
             held = self._hand_back(chans, [RECV_BUF])
             why, left, self.next_seq = fast.serve(chans[0].fast, RECV_BUF, held[0], self.next_seq, SERVE_IDLE_US,
@@ -476,6 +481,8 @@ class Server:
             held = self._hand_back(chans, bufs)
             why, which, lefts, self.next_seq = fast.serve_many([c.fast for c in chans], bufs, self.next_seq,
                                                                SERVE_IDLE_US, SERVE_BUDGET_US, held)
+        if self.gaps is not None:
+            self.gaps.left(why)
         for c, buf, left in zip(chans, bufs, lefts, strict=True):
             c.async_err = c.fast.async_err
             if left:
@@ -660,6 +667,8 @@ class Server:
         handler = self.dispatch.table.get(op)
         broken = self.dispatch.state.broken
         self.executed += 1
+        if self.gaps is not None:
+            self.gaps.ran(op)
         try:
             if broken and op not in BOOKKEEPING:
                 raise CudaError(broken)
@@ -695,9 +704,20 @@ class Server:
             if not isinstance(result, Deferred):
                 ch.reply(result, 0)
             elif ch._pending == 0 and result.done_soon():
-                ch.reply(None, 0)
+                ch.reply(None, self._flushing_wait(result))
             else:
                 ch.defer(result)
+
+    def _flushing_wait(self, d: Deferred) -> int:
+        """The error of d's wait, where a loaded module may print (the work is done: it returns at once), so that
+        the driver writes the kernels' printf text before the reply takes it; else 0, as the query said."""
+        if not self.dispatch.state.may_print:
+            return 0
+        try:
+            d.wait()
+        except CudaError as e:
+            return e.code
+        return 0
 
     # ---- control socket: checkpoint, hand-over (commands.py) ----
     def _control(self, _key: Any) -> None:
@@ -906,6 +926,8 @@ class Server:
         finally:
             if self.fast is not None and os.environ.get("NVPROXY_SERVE_STATS") == "1":
                 print(self.fast.stats_report(time.perf_counter() - began, self.executed), file=sys.stderr)
+                if self.gaps is not None:
+                    print(self.gaps.report(), file=sys.stderr)
             if self.writer is not None:  # a checkpoint file is being written: finish it
                 self.writer.join()
             if self.fast is not None:
