@@ -1293,6 +1293,17 @@ static int receive(struct served *v, size_t cap)
     return ch->nfds ? NVPF_FDS : NVPF_MORE;
 }
 
+/* Does a served channel hold a received call (whose turn has not come)? */
+static int holds_later(const struct served *v, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const struct nvp_mailbox *mb = v[i].ch->mailbox;
+        if (*v[i].len > v[i].passed || (mb && __atomic_load_n(&mb->slot, __ATOMIC_RELAXED) == NVP_SLOT_POSTED))
+            return 1;
+    }
+    return 0;
+}
+
 /* Serve n channels in call order: execute whichever holds the next call, read the sockets and poll the mailboxes'
  * slots, until Python is needed (*which: the channel that needs it). */
 static int serve(struct served *v, int n, size_t cap, uint64_t *next_seq, unsigned idle_us, unsigned budget_us,
@@ -1306,6 +1317,8 @@ static int serve(struct served *v, int n, size_t cap, uint64_t *next_seq, unsign
         v[i].next_recv = 0;
         chs[i] = v[i].ch;
     }
+    long still = 0; /* (stats: when the turns began to run nothing; and whether one held a later call) */
+    int behind = 0;
     for (;;) {
         int ran = 0;
         for (int i = 0; i < n; i++) {
@@ -1330,6 +1343,15 @@ static int serve(struct served *v, int n, size_t cap, uint64_t *next_seq, unsign
                 return NVPF_IDLE;
             }
             start = t;
+        }
+        if (n > 1) {
+            if (ran && still) {
+                *(behind ? &stats.order_ns : &stats.quiet_ns) += (uint64_t)(t - still);
+                still = behind = 0;
+            } else if (!ran) {
+                still = still ? still : t;
+                behind = behind || holds_later(v, n);
+            }
         }
         if (ran) {
             last = t;

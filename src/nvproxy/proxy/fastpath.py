@@ -144,6 +144,8 @@ class FastPath:
             f"nvproxy: the serves ended: {ended} (of them for the event loop's turn: {st.loop_turns})",
             f"nvproxy: requests executed by C {st.executed}, by Python {python_executed}",
             "nvproxy: requests C left to Python: " + (", ".join(f"{name} {n}" for n, name in left) or "none"),
+            f"nvproxy: serving several threads, C ran nothing for {st.order_ns / 1e9:.4f} s while it held a later "
+            f"call than the next, and for {st.quiet_ns / 1e9:.4f} s while it held none",
         ])
 
     def set_sync_streams(self, dev: int, handles: list[int] | None) -> None:
@@ -275,6 +277,8 @@ class ServeGaps:
         self._left: float | None = None
         self._why = ""
         self._ops: Counter[str] = Counter()
+        self._refused = ""  # why Python last kept the channels (Server._servable)
+        self.kept_s: Counter[str] = Counter()  # gap time by that reason
 
     def left(self, why: int) -> None:
         """C's serve just ended, for why."""
@@ -287,12 +291,18 @@ class ServeGaps:
         if self._left is not None:
             self._ops[wire.OP_NAMES.get(op, str(op))] += 1
 
+    def refused(self, why: str) -> None:
+        """Python kept the channels for why."""
+        self._refused = why
+
     def entered(self) -> None:
         """C's next serve begins."""
         if self._left is None:
             return
         gap = time.perf_counter() - self._left
         self._left = None
+        self.kept_s[self._refused or "none"] += gap
+        self._refused = ""
         self.count += 1
         self.total_s += gap
         ops = ", ".join(f"{name} {n}" for name, n in self._ops.most_common(3)) or "nothing"
@@ -305,6 +315,8 @@ class ServeGaps:
     def report(self) -> str:
         worst = "; ".join(f"{g * 1e3:.2f} ms after {why} ({ops})" for g, _n, why, ops in sorted(self.longest,
                                                                                              reverse=True))
+        kept = ", ".join(f"{why} {t:.4f} s" for why, t in self.kept_s.most_common())
         return (f"nvproxy: between serves {self.total_s:.4f} s in {self.count} gaps"
-                + (f", the longest: {worst}" if worst else ""))
+                + (f", the longest: {worst}" if worst else "")
+                + f"\nnvproxy: the gaps by what last kept the channels in Python: {kept or 'none'}")
 

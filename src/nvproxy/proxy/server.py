@@ -386,18 +386,24 @@ class Server:
         while (chans := self._servable()) is not None:
             before = self.next_seq
             why, which = self._serve(chans)
+            if self.gaps is not None:
+                self.gaps.refused("C stopped: " + fastpath.WHY_NAMES.get(why, str(why)).lower())
             if why == fastpath.CLOSED:  # (its end of file, or an error: Python's own read finds out which)
                 if which >= 0:
                     self._read(chans[which])
                 return
             if self.fast.loop_turn():  # (whatever C answered: requests posted meanwhile may make it PYTHON)
                 self.serve_due = True  # what C received and did not run waits in the channels' buffers
+                if self.gaps is not None:
+                    self.gaps.refused("the event loop's turn")
                 return
             # With nothing run, what waits needs more from a socket, or a request numbered but never sent: Python
             # takes what C received (in call order, through the heap) and reads the sockets until C runs something
             # again.  After a pause (a thread between numbering a request and sending it, its core taken), C takes
             # up what it received again once the loop has looked at its sockets: parsing it all here costs far more.
             self.c_stalled = self.next_seq == before
+            if self.c_stalled and self.gaps is not None:
+                self.gaps.refused("C ran nothing")
             if self.c_stalled:
                 for c in chans:
                     if c.rbuf:
@@ -421,17 +427,25 @@ class Server:
         """The calling threads' channels, when C may serve them all (on one device, what of theirs waits in Python
         fits their buffers in C, and one of them is free to send: the others wait for replies Python owes), else
         None."""
-        if not (self.running and self.fast is not None) or self.ending:
-            return None
+        chans, why = self._servable_why()
+        if why and self.gaps is not None:
+            self.gaps.refused(why)
+        return chans
+
+    def _servable_why(self) -> tuple[list[Channel] | None, str]:
+        if not (self.running and self.fast is not None):
+            return None, "stopped"
+        if self.ending:
+            return None, "a channel ending"
         chans = [c for c in self.channels if c.kind == wire.NVP_CHAN_CALL]
         if not chans or len(chans) > fastpath.SERVE_MAX:
-            return None
+            return None, "no channels or too many"
         dev = chans[0].dev
         if any(c.fast is None or c.closed or c.dev != dev for c in chans):
-            return None
+            return None, "a channel not ready or on another device"
         if (self.heap or any(c.rbuf for c in chans)) and not self._waiting_fits(chans):
-            return None
-        return None if all(c._pending for c in chans) else chans
+            return None, "requests that do not fit C's buffers"
+        return (None, "every thread waits for Python") if all(c._pending for c in chans) else (chans, "")
 
     def _waiting_fits(self, chans: list[Channel]) -> bool:
         """Can what waits in Python (the heap's requests, received bytes not parsed yet) go back to these channels'
