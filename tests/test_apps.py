@@ -88,8 +88,8 @@ def test_sim_the_proxy_reports_how_it_served(build, monkeypatch) -> None:
                   r"nvproxy: the serves ended: (.*) \(of them for the event loop's turn: (\d+)\)\n"
                   r"nvproxy: requests executed by C (\d+), by Python (\d+)\n"
                   r"nvproxy: requests C left to Python: (.*)\n"
-                  r"nvproxy: serving several threads, C ran nothing for ([\d.]+) s while it held a later call than the "
-                  r"next, and for ([\d.]+) s while it held none\n"
+                  r"nvproxy: serving several threads, C ran nothing for ([\d.]+) s while it held later calls but not "
+                  r"the next, ([\d.]+) s while the next waited for a launch worker, and ([\d.]+) s while it held none\n"
                   r"nvproxy: between serves ([\d.]+) s in (\d+) gaps(, the longest: .*)?\n"
                   r"nvproxy: the gaps by what last kept the channels in Python: (.*)\n", r.stderr)
     assert m, r.stderr[-3000:]
@@ -98,15 +98,15 @@ def test_sim_the_proxy_reports_how_it_served(build, monkeypatch) -> None:
     assert 0 <= in_c <= wall and sum(ended) == serves > 0 and int(m[5]) <= ended[fastpath.IDLE]
     assert int(m[6]) + int(m[7]) == sent > 100 and int(m[6]) > 0
     assert "LAUNCH" in m[8]  # (the sim backend's kernels are Python's)
-    assert float(m[9]) + float(m[10]) <= in_c  # (C's turns that ran nothing, within its time)
+    assert float(m[9]) + float(m[10]) + float(m[11]) <= in_c  # (C's turns that ran nothing, within its time)
     # (a gap between each two serves, outside C's share; the longest say why C stopped and what Python executed;
     # the gaps' time, split by what kept the channels in Python, adds up)
-    gaps_s = float(m[11])
-    assert int(m[12]) == serves - 1 and 0 <= gaps_s <= wall - in_c
-    longest = m[13].removeprefix(", the longest: ").split("; ")
+    gaps_s = float(m[12])
+    assert int(m[13]) == serves - 1 and 0 <= gaps_s <= wall - in_c
+    longest = m[14].removeprefix(", the longest: ").split("; ")
     assert len(longest) == min(serves - 1, 5)
     assert all(re.fullmatch(r"[\d.]+ ms after [a-z]+ \(.+\)", g) for g in longest)
-    kept = [float(x) for x in re.findall(r" ([\d.]+) s(?:,|$)", m[14])]
+    kept = [float(x) for x in re.findall(r" ([\d.]+) s(?:,|$)", m[15])]
     assert kept and abs(sum(kept) - gaps_s) < 1e-3 * len(kept)
 
 

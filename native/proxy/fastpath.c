@@ -1293,15 +1293,26 @@ static int receive(struct served *v, size_t cap)
     return ch->nfds ? NVPF_FDS : NVPF_MORE;
 }
 
-/* Does a served channel hold a received call (whose turn has not come)? */
-static int holds_later(const struct served *v, int n)
+/* What the served channels hold, for a turn that ran nothing: 2 the next call (it waits for room at a launch
+ * worker), 1 only later calls (the next is still on its way), 0 none. */
+static int holding_what(const struct served *v, int n, uint64_t next_seq)
 {
+    int later = 0;
     for (int i = 0; i < n; i++) {
         const struct nvp_mailbox *mb = v[i].ch->mailbox;
-        if (*v[i].len > v[i].passed || (mb && __atomic_load_n(&mb->slot, __ATOMIC_RELAXED) == NVP_SLOT_POSTED))
-            return 1;
+        size_t at = v[i].passed;
+        if (*v[i].len >= at + sizeof(struct nvp_req)) {
+            if (head_seq(v[i].buf + at) == next_seq)
+                return 2;
+            later = 1;
+        }
+        if (mb && __atomic_load_n(&mb->slot, __ATOMIC_ACQUIRE) == NVP_SLOT_POSTED) {
+            if (head_seq(mb->req) == next_seq)
+                return 2;
+            later = 1;
+        }
     }
-    return 0;
+    return later;
 }
 
 /* Serve n channels in call order: execute whichever holds the next call, read the sockets and poll the mailboxes'
@@ -1317,8 +1328,8 @@ static int serve(struct served *v, int n, size_t cap, uint64_t *next_seq, unsign
         v[i].next_recv = 0;
         chs[i] = v[i].ch;
     }
-    long still = 0; /* (stats: when the turns began to run nothing; and whether one held a later call) */
-    int behind = 0;
+    long still = 0; /* (stats: when the turns began to run nothing; and the most they held: holding_what) */
+    int held = 0;
     for (;;) {
         int ran = 0;
         for (int i = 0; i < n; i++) {
@@ -1346,11 +1357,13 @@ static int serve(struct served *v, int n, size_t cap, uint64_t *next_seq, unsign
         }
         if (n > 1) {
             if (ran && still) {
-                *(behind ? &stats.order_ns : &stats.quiet_ns) += (uint64_t)(t - still);
-                still = behind = 0;
+                uint64_t *into[] = {&stats.quiet_ns, &stats.order_ns, &stats.room_ns};
+                *into[held] += (uint64_t)(t - still);
+                still = held = 0;
             } else if (!ran) {
                 still = still ? still : t;
-                behind = behind || holds_later(v, n);
+                int h = holding_what(v, n, *next_seq);
+                held = h > held ? h : held;
             }
         }
         if (ran) {

@@ -118,8 +118,9 @@ struct nvpf_stats {
     uint64_t loop_turns;       /* of those ended NVPF_IDLE, for the turn of Python's event loop */
     uint64_t executed;         /* requests C executed (a launch it gave a launch thread counts) */
     uint64_t to_python[NVPF_STAT_OPS]; /* requests C left to Python, by operation */
-    uint64_t order_ns, quiet_ns; /* serving several channels, turns that ran nothing: with a later call received
-                                    (waiting for the next one's turn), and with none */
+    uint64_t order_ns, quiet_ns, room_ns; /* serving several channels, time in turns that ran nothing: holding only
+                                             later calls than the next (still on its way), none, and the next (its
+                                             launch waits for room at a launch worker) */
 };
 const struct nvpf_stats *nvpf_stats(void);
 /* The streams a synchronous pageable copy on dev waits for (the legacy stream, blocking streams, per-thread

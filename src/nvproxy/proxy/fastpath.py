@@ -144,8 +144,9 @@ class FastPath:
             f"nvproxy: the serves ended: {ended} (of them for the event loop's turn: {st.loop_turns})",
             f"nvproxy: requests executed by C {st.executed}, by Python {python_executed}",
             "nvproxy: requests C left to Python: " + (", ".join(f"{name} {n}" for n, name in left) or "none"),
-            f"nvproxy: serving several threads, C ran nothing for {st.order_ns / 1e9:.4f} s while it held a later "
-            f"call than the next, and for {st.quiet_ns / 1e9:.4f} s while it held none",
+            f"nvproxy: serving several threads, C ran nothing for {st.order_ns / 1e9:.4f} s while it held later "
+            f"calls but not the next, {st.room_ns / 1e9:.4f} s while the next waited for a launch worker, and "
+            f"{st.quiet_ns / 1e9:.4f} s while it held none",
         ])
 
     def set_sync_streams(self, dev: int, handles: list[int] | None) -> None:
