@@ -323,6 +323,7 @@ class SimBackend:
         self._open: list[SimCapture] = []  # captures begun and not yet ended
         self._relaxed = threading.local()  # (capture_relaxed: the calling thread's capture mode is relaxed)
         self.text: list[str] = []
+        self._unwritten: list[str] = []  # kernel printf text the "driver" writes at the next wait (_write_text)
         self._text_notify: Callable[[bool], None] = lambda pending: None
         self._handles: dict[int, object] = {}
         self._fast_callbacks: list[object] = []
@@ -602,6 +603,7 @@ class SimBackend:
     def stream_sync(self, s: SimStream) -> None:
         self._not_while_capturing(s)
         self._unsafe()
+        self._write_text()
         self.check()
 
     def stream_query(self, s: SimStream) -> bool:
@@ -823,6 +825,7 @@ class SimBackend:
 
     def device_sync(self, dev: int) -> None:
         self._refuse([c for c in self._open if c.streams[0].device == dev])  # (a context sync waits for them all)
+        self._write_text()
         self.check()
 
     def event_create(self, dev: int, flags: int) -> SimEvent:
@@ -849,6 +852,7 @@ class SimBackend:
     def event_sync(self, e: SimEvent) -> None:
         self._captured(e)
         self._unsafe()
+        self._write_text()
         self.check()
 
     def event_query(self, e: SimEvent) -> bool:
@@ -998,8 +1002,14 @@ class SimBackend:
         return NOT_READY
 
     def _print(self, text: str) -> None:
-        self.text.append(text)
-        self._text_notify(True)
+        self._unwritten.append(text)
+
+    def _write_text(self) -> None:
+        """As the driver does: kernel printf text comes out at a wait (a synchronisation), never at a query."""
+        if self._unwritten:
+            self.text += self._unwritten
+            self._unwritten.clear()
+            self._text_notify(True)
 
     # ---- the native fast path, on the CPU model: C calls back into this
     # backend (slowly), so CI runs the same C code that drives the GPU ----
