@@ -240,8 +240,8 @@ SETTINGS: tuple[Setting, ...] = (
             "staged copy waits for its answer)", (SHIM, PROXY), "debug"),
     Setting("NVPROXY_TRACE", "", choice("1"), "the shim prints every request it sends on stderr", (SHIM,), "debug"),
     Setting("NVPROXY_SERVE_STATS", "", choice("1"), "the proxy prints on stderr at its end how its C fast path "
-            "served: its share of the time, why each of its serves ended, the requests C and Python executed, and "
-            "those C left to Python by operation, and the gaps between serves (the longest with why C stopped and what "
+            "served: its share of the time, why each of its serves ended, the requests C and Python executed, those "
+            "C left to Python by operation, and the gaps between serves (the longest with why C stopped and what "
             "Python executed)", (PROXY,), "debug"),
     Setting("NVPROXY_LIB_FAST", "1", ON_OFF,
             "the proxy's C fast path makes GPU library calls of functions that ran once in Python (0: never)",
