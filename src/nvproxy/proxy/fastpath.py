@@ -265,6 +265,11 @@ class FastPath:
         return wait
 
 
+def why_name(why: int) -> str:
+    """Why a serve ended, in words."""
+    return WHY_NAMES.get(why, str(why)).lower()
+
+
 class ServeGaps:
     """NVPROXY_SERVE_STATS: the times between two of C's serves, while Python held the channels, and the longest of
     them with why C had stopped and what Python executed meanwhile (where the serving's other share goes)."""
@@ -284,7 +289,7 @@ class ServeGaps:
     def left(self, why: int) -> None:
         """C's serve just ended, for why."""
         self._left = time.perf_counter()
-        self._why = WHY_NAMES.get(why, str(why)).lower()
+        self._why = why_name(why)
         self._ops.clear()
 
     def ran(self, op: int) -> None:
@@ -320,4 +325,3 @@ class ServeGaps:
         return (f"nvproxy: between serves {self.total_s:.4f} s in {self.count} gaps"
                 + (f", the longest: {worst}" if worst else "")
                 + f"\nnvproxy: the gaps by what last kept the channels in Python: {kept or 'none'}")
-

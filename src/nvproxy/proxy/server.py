@@ -387,7 +387,7 @@ class Server:
             before = self.next_seq
             why, which = self._serve(chans)
             if self.gaps is not None:
-                self.gaps.refused("C stopped: " + fastpath.WHY_NAMES.get(why, str(why)).lower())
+                self.gaps.refused("C stopped: " + fastpath.why_name(why))
             if why == fastpath.CLOSED:  # (its end of file, or an error: Python's own read finds out which)
                 if which >= 0:
                     self._read(chans[which])
