@@ -45,6 +45,7 @@ PROGRAMS = [
     ("managed_vars", ()),
     ("p2p", ()),
     ("thread_churn", ()),
+    ("thread_tails", ()),
     ("pinned_at_checkpoint", ()),
     ("pinned_fds", ()),
     ("texobj_lifecycle", ()),

@@ -732,7 +732,7 @@ def test_a_damaged_posted_request_reaches_python_as_malformed(setup, capsys) -> 
     assert drv.calls == []
     dropped = []
     server = SimpleNamespace(heap=[], tiebreak=0, _drop=dropped.append, _execute_ready=lambda: None)
-    ch = SimpleNamespace(tid=7)
+    ch = SimpleNamespace(tid=7, queued=0)
     Server._side(server, ch, side)
     assert dropped == [ch] and server.heap == []
     assert "malformed message in the mailbox of thread 7" in capsys.readouterr().err

@@ -1377,6 +1377,8 @@ static int serve(struct served *v, int n, size_t cap, uint64_t *next_seq, unsign
         int read = 0;
         for (int i = 0; i < n; i++) {
             struct nvp_mailbox *mb = v[i].ch->mailbox;
+            if (v[i].ch->ended)
+                continue;
             /* (small requests come through the slot: a recvmsg(2) per turn would delay them) */
             if (mb && !nvp_socket_due(&mb->sent, &v[i].seen, (uint64_t)t, &v[i].next_recv, SOCKET_POLL_NS))
                 continue;

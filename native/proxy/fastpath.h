@@ -64,6 +64,7 @@ struct nvpf_chan {
     int pending;        /* replies Python still owes: C must not reply before them */
     int exclusive;      /* the process's only calling thread: nobody else waits while C spins */
     int async_err;      /* first failure of an asynchronous call, for the next reply */
+    int ended;          /* the thread closed its socket: C runs what the buffer holds and reads no more */
     uint32_t home;      /* C's: 1 + the launch worker that issues the thread's launches (0: none yet) */
     uint64_t staging_base, staging_size;
     void *mailbox; /* the thread's struct nvp_mailbox (nvproxy_wire.h), mapped here, or NULL */

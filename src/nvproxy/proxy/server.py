@@ -125,6 +125,7 @@ class Channel:
         self._send_lock = threading.Lock()
         self._waits: queue.SimpleQueue[Any] | None = None
         self._pending = 0
+        self.queued = 0  # its requests in the server's heap
         self.closed = False
         self.fast: Any = None  # its struct nvpf_chan, where the native fast path runs
         self._serve_buf: bytearray | None = None
@@ -233,7 +234,7 @@ class Server:
         if self.fast is not None:
             self.fast.set_loop_fd(self.sel.fileno() if hasattr(self.sel, "fileno") else -1)
         self.heap: list[tuple[int, int, Channel, int, int, tuple[int, ...], bytes]] = []
-        self.ending: set[Channel] = set()  # channels at their end of file, with requests still in the heap
+        self.ending: set[Channel] = set()  # channels at their end of file, with requests still to run
         self.next_seq = 1
         self.running_seq = 0  # the request _execute_ready is executing (0: none; requests count from 1)
         self.executed = 0  # requests Python executed (NVPROXY_SERVE_STATS)
@@ -311,6 +312,7 @@ class Server:
         self.running = False
 
     def _drop(self, ch: Channel) -> None:
+        self.ending.discard(ch)
         if ch in self.channels and ch.kind == wire.NVP_CHAN_CALL:
             self.calling_threads -= 1
         self.channels.discard(ch)
@@ -354,11 +356,14 @@ class Server:
                 k = len(cdata) // 4
                 ch.fds.extend(struct.unpack(f"{k}i", cdata[: k * 4]))
         if not n:
-            if any(e[2] is ch for e in self.heap):
+            if self._holds_requests(ch):
                 # the thread's last requests (say cudaStreamAddCallback, which has no reply, and then the thread
-                # ended) wait in the heap for earlier ones of other threads: they run first, then it is dropped
+                # ended) wait for earlier ones of other threads: C serves them with the others' (it reads the socket
+                # no more), then the channel is dropped
                 self.sel.unregister(ch.sock)
                 self.ending.add(ch)
+                if ch.fast is not None:
+                    ch.fast.ended = 1
             else:
                 self._drop(ch)
             return None
@@ -388,10 +393,10 @@ class Server:
             why, which = self._serve(chans)
             if self.gaps is not None:
                 self.gaps.refused("C stopped: " + fastpath.why_name(why))
-            if why == fastpath.CLOSED:  # (its end of file, or an error: Python's own read finds out which)
-                if which >= 0:
-                    self._read(chans[which])
-                return
+            self._drop_ended()
+            if why == fastpath.CLOSED and which >= 0:  # (its end of file, or an error: Python's read finds out which)
+                self._read(chans[which])
+                continue  # (C serves on: the others' buffers, and an ended thread's last requests)
             if self.fast.loop_turn():  # (whatever C answered: requests posted meanwhile may make it PYTHON)
                 self.serve_due = True  # what C received and did not run waits in the channels' buffers
                 if self.gaps is not None:
@@ -435,8 +440,6 @@ class Server:
     def _servable_why(self) -> tuple[list[Channel] | None, str]:
         if not (self.running and self.fast is not None):
             return None, "stopped"
-        if self.ending:
-            return None, "a channel ending"
         chans = [c for c in self.channels if c.kind == wire.NVP_CHAN_CALL]
         if not chans or len(chans) > fastpath.SERVE_MAX:
             return None, "no channels or too many"
@@ -465,6 +468,8 @@ class Server:
         for seq, _t, ch, op, flags, args, payload in sorted(self.heap, key=lambda e: (e[0], e[1])):
             data[ch] += REQ.pack(REQ.size + len(payload), op, flags, seq, *args) + payload
         self.heap.clear()
+        for c in chans:
+            c.queued = 0
         held = []
         for c, buf in zip(chans, bufs, strict=True):
             d = data[c] + c.rbuf
@@ -514,10 +519,13 @@ class Server:
         for c in chans:
             if c.fast.side_len:  # requests the thread posted in its mailbox, for Python (their seq puts them in place)
                 self._side(c, fast.side(c.fast))
-        if why != fastpath.IDLE and not self.fast.loop_turn():  # (else C takes them up again: _serve_due)
-            for c in chans:  # (a partial message waits for its socket; a whole one joins the heap, in call order)
-                if c.rbuf:
-                    self._run_fast(c)
+        if why in (fastpath.IDLE, fastpath.REPLY, fastpath.CLOSED) or self.fast.loop_turn():
+            # C takes up what it received again (_serve_due): parsing every buffer into the heap, to hand it all
+            # back to C at once, took tens of milliseconds with many threads (thousands of calls)
+            return why, which
+        for c in chans:  # (a partial message waits for its socket; a whole one joins the heap, in call order)
+            if c.rbuf:
+                self._run_fast(c)
         return why, which
 
     def _fast_run(self, ch: Channel) -> bool:
@@ -551,6 +559,7 @@ class Server:
                 return
             self.tiebreak += 1
             heapq.heappush(self.heap, (seq, self.tiebreak, ch, op, flags, tuple(args), msgs[off + HDR : off + length]))
+            ch.queued += 1
             off += length
         self._execute_ready()
 
@@ -577,6 +586,7 @@ class Server:
             else:
                 self.tiebreak += 1
                 heapq.heappush(self.heap, (seq, self.tiebreak, ch, op, flags, tuple(args), payload))
+                ch.queued += 1
         del buf[:off]
         return off > 0
 
@@ -643,13 +653,23 @@ class Server:
         heap = self.heap
         while heap and heap[0][0] <= self.next_seq:
             seq, _t, ch, op, flags, args, payload = heapq.heappop(heap)
+            ch.queued -= 1
             self.running_seq = seq  # (before next_seq moves on: see ran)
             if seq == self.next_seq:
                 self.next_seq += 1
             if not (op in C_FIRST and not flags & F_REPLY and self._c_executed(ch, seq, op, flags, args, payload)):
                 self._execute(ch, op, flags, args, payload)
             self.running_seq = 0
-        for ch in [c for c in self.ending if not any(e[2] is c for e in heap)]:
+        self._drop_ended()
+
+    def _holds_requests(self, ch: Channel) -> bool:
+        """Does a request of ch wait to run (in the heap, or whole in its buffer)?"""
+        buf = ch.rbuf
+        return ch.queued > 0 or len(buf) >= HDR and HDR <= REQ.unpack_from(buf, 0)[0] <= len(buf)
+
+    def _drop_ended(self) -> None:
+        """Drop the channels at their end whose last requests have run (a partial one never will)."""
+        for ch in [c for c in self.ending if not self._holds_requests(c)]:
             self.ending.discard(ch)
             self._drop(ch)
 
@@ -819,8 +839,8 @@ class Server:
         (waited for GAP_WAIT_S at most: one numbered but not sent may never come, its thread stopped in between).
         Requests in the mailboxes' slots reached the heap when C last returned.  How many ran."""
         before, skipped = self.next_seq, 0
-        for ch in [c for c in self.channels if c.rbuf and self._receivable(c)]:
-            self._take(ch)  # (received, and left to C for its next serve)
+        for ch in [c for c in self.channels if c.rbuf and (self._receivable(c) or c in self.ending)]:
+            self._take(ch)  # (received, and left to C for its next serve; an ended thread's last requests too)
         owed = {ch: _queued(ch.sock) for ch in list(self.channels) if self._receivable(ch)}
         while any(n > 0 for n in owed.values()):
             for ch, n in owed.items():
