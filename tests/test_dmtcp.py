@@ -216,6 +216,19 @@ def test_dmtcp_checkpoint_kill_restart(build, backend: str, pause_ms: str, tmp_p
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_dmtcp_restarted_program_grows_its_heap(build, backend: str, tmp_path: Path) -> None:
+    """After a restart the program's C heap grows through the program break (malloc, larger at each step), and
+    glibc's program break is the kernel's: the kernel's had been the restart program's, and a PyTorch program
+    restarted died in malloc (glibc's next sbrk() "succeeded" into DMTCP's guard area after the heap)."""
+    session = Session(tmp_path)
+    exe = build("heap_after_restart", "-Xcompiler", "-fno-pie", "-Xlinker", "-no-pie")  # (low in memory, as python3)
+    reference = run(nvproxy_cmd(exe, backend, "heap_after_restart", "12")).stdout.splitlines(keepends=True)
+    assert len(reference) == 13 and all("as the kernel's" in line for line in reference[:-1]), reference
+    checkpoint_kill_restart(session, nvproxy_cmd(exe, backend, "heap_after_restart", "12", "150"), reference,
+                            "step 3:")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("name", "args", "after"), [("graphs", ("8",), "run 2:"), ("graph_nodes", ("8",), "run 2:"),
                                                      ("managed", ("12",), "step 4:"), ("textures", ("8",), "step 2:"),
                                                      ("graph_cond", ("6",), "run 2:"),

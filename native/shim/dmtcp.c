@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -312,6 +313,24 @@ static void wait_for_image(void)
     image_answer_fd = -1;
 }
 
+/* glibc's cached program break (exported by glibc for its own libraries) */
+extern void *__curbrk __attribute__((weak));
+
+/* After a restart the kernel's program break is the restart program's, while glibc's cached one came back with the
+ * application's memory.  Where the kernel's lies above glibc's, glibc's next sbrk() "succeeds" with no memory behind
+ * it (brk() below the kernel's heap changes nothing, and glibc takes any answer at or above what it asked for), and
+ * malloc writes into the PROT_NONE area DMTCP keeps after the heap: the program dies in malloc at its first large
+ * allocation after the restart (a PyTorch program did, each time).  glibc made to see the kernel's break takes its
+ * next sbrk() from there, apart from the old heap, as after any other caller's sbrk().  (A kernel's break below
+ * glibc's is harmless, glibc's sbrk() then fails and malloc maps memory instead; and glibc aborts on a break that
+ * moved down under its heap.) */
+static void sync_program_break(void)
+{
+    void *kernel = (void *)syscall(SYS_brk, 0);
+    if (&__curbrk && (uintptr_t)kernel > (uintptr_t)__curbrk)
+        __curbrk = kernel;
+}
+
 static void hook(int event, void *data)
 {
     (void)data;
@@ -329,6 +348,7 @@ static void hook(int event, void *data)
         set_gate(0);
         break;
     case EV_RESTART:
+        sync_program_break();
         restarted = 1;
         image_answer_fd = -1; /* (the number DMTCP saved names nothing of the restarted process's) */
         set_restore_pending(1);

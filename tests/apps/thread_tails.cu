@@ -47,7 +47,7 @@ int main() {
                got[i] == want ? "right" : "WRONG");
         bad += got[i] != want;
     }
-    printf("%s\n", bad ? "FAILED" : "all launches ran, in order");
+    printf("%s\n", bad ? "FAILED" : "PASSED: every launch ran, in order");
     CHECK(cudaFree(values));
     return bad;
 }
