@@ -218,8 +218,8 @@ def test_dmtcp_checkpoint_kill_restart(build, backend: str, pause_ms: str, tmp_p
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_dmtcp_restarted_program_grows_its_heap(build, backend: str, tmp_path: Path) -> None:
     """After a restart the program's C heap grows through the program break (malloc, larger at each step), and
-    glibc's program break is the kernel's: the kernel's had been the restart program's, and a PyTorch program
-    restarted died in malloc (glibc's next sbrk() "succeeded" into DMTCP's guard area after the heap)."""
+    glibc's program break is the kernel's, not the restart program's: where that lay above glibc's, glibc's next
+    sbrk() "succeeded" into DMTCP's guard area after the heap, and the program (a PyTorch run too) died in malloc."""
     session = Session(tmp_path)
     exe = build("heap_after_restart", "-Xcompiler", "-fno-pie", "-Xlinker", "-no-pie")  # (low in memory, as python3)
     reference = run(nvproxy_cmd(exe, backend, "heap_after_restart", "12")).stdout.splitlines(keepends=True)

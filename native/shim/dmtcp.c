@@ -319,8 +319,9 @@ extern void *__curbrk __attribute__((weak));
 /* After a restart the kernel's program break is the restart program's, while glibc's cached one came back with the
  * application's memory.  Where the kernel's lies above glibc's, glibc's next sbrk() "succeeds" with no memory behind
  * it (brk() below the kernel's heap changes nothing, and glibc takes any answer at or above what it asked for), and
- * malloc writes into the PROT_NONE area DMTCP keeps after the heap: the program dies in malloc at its first large
- * allocation after the restart (a PyTorch program did, each time).  glibc made to see the kernel's break takes its
+ * malloc writes into the PROT_NONE area DMTCP keeps after the heap: the program dies in malloc at its first
+ * allocation after the restart that grows the heap (python3, not position-independent, has its heap low enough
+ * for this: a PyTorch training run died so).  glibc made to see the kernel's break takes its
  * next sbrk() from there, apart from the old heap, as after any other caller's sbrk().  (A kernel's break below
  * glibc's is harmless, glibc's sbrk() then fails and malloc maps memory instead; and glibc aborts on a break that
  * moved down under its heap.) */

@@ -1,7 +1,8 @@
 // The C heap after a DMTCP restart: the program computes on the GPU in steps, printing each, and after each step
 // it grows its heap through the program break (malloc with no mmap threshold below 64 MiB) and says whether glibc's
-// program break is the kernel's.  After a restart they once differed (the kernel's was the restart program's), and
-// glibc's next sbrk() then "succeeded" into DMTCP's guard area after the heap: the program died in malloc.
+// program break is the kernel's.  Where the kernel's break after a restart is the restart program's and lies above
+// glibc's, glibc's next sbrk() "succeeds" into DMTCP's guard area after the heap, and the program dies in malloc.
+// Built not position-independent (its heap low, as python3's), the program meets that layout.
 #include "check.h"
 #include <malloc.h>
 #include <string.h>

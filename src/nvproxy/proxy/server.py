@@ -480,8 +480,9 @@ class Server:
 
     def _serve(self, chans: list[Channel]) -> tuple[int, int]:
         """C serves the channels until Python is needed; then Python takes what C left (a reply, descriptors, the
-        requests left in mailbox slots, in call order through the heap, and those left in buffers, unless C stopped
-        for the loop's turn: C takes those again after it).  (Why C stopped, the channel it stopped for or -1.)"""
+        requests left in mailbox slots, in call order through the heap, and those left in buffers where C stopped
+        for a call it left to Python or for descriptors: after the loop's turn, a reply or a closed socket, C takes
+        them again).  (Why C stopped, the channel it stopped for or -1.)"""
         fast = self.fast
         fast.set_translating(bool(self.dispatch.state.relocs))
         self.backend.activate(chans[0].dev)
