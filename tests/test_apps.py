@@ -77,8 +77,8 @@ def test_sim_threads_that_sleep_for_replies(build, monkeypatch, name: str) -> No
 
 def test_sim_the_proxy_reports_how_it_served(build, monkeypatch) -> None:
     """NVPROXY_SERVE_STATS=1: at its end the proxy says how its serving went, and its counts add up: every request
-    the program sent (NVPROXY_TRACE) was executed once, by C or by Python, each serve ended for one reason, and the
-    gaps between serves, Python's, are timed."""
+    the program sent (NVPROXY_TRACE) was executed once, by C or by Python (some of Python's while C served on), each
+    serve ended for one reason (those for Python by what C met), and the gaps between serves, Python's, are timed."""
     monkeypatch.setenv("NVPROXY_SERVE_STATS", "1")
     monkeypatch.setenv("NVPROXY_TRACE", "1")
     exe = build("multithread")
@@ -86,9 +86,11 @@ def test_sim_the_proxy_reports_how_it_served(build, monkeypatch) -> None:
     assert r.stdout == (EXPECTED / "sim" / "multithread.txt").read_text(), r.stderr[-3000:]
     sent = sum(1 for line in r.stderr.splitlines() if re.search(r"-> op \d+ seq [1-9]", line))
     m = re.search(r"nvproxy: served ([\d.]+) s \(waits included\), ([\d.]+) s of it in C \(\d+%\), in (\d+) serves\n"
-                  r"nvproxy: the serves ended: (.*) \(of them for the event loop's turn: (\d+)\)\n"
+                  r"nvproxy: the serves ended: (.*) \(of them for the event loop's turn: (\d+); for Python, at a call "
+                  r"C left to it (\d+), a message out of turn (\d+), a full buffer (\d+)\); requests found in mailbox "
+                  r"slots as serves ended (\d+)\n"
                   r"nvproxy: requests executed by C (\d+), by Python (\d+)\n"
-                  r"nvproxy: requests C left to Python: (.*)\n"
+                  r"nvproxy: requests C left to Python: (.*); of them, executed by Python while C served on: (\d+)\n"
                   r"nvproxy: serving several threads, C ran nothing for ([\d.]+) s while it held later calls but not "
                   r"the next, ([\d.]+) s while the next waited for a launch worker, and ([\d.]+) s while it held none\n"
                   r"nvproxy: between serves ([\d.]+) s in (\d+) gaps(, the longest: .*)?\n"
@@ -97,17 +99,19 @@ def test_sim_the_proxy_reports_how_it_served(build, monkeypatch) -> None:
     wall, in_c, serves = float(m[1]), float(m[2]), int(m[3])
     ended = [int(part.split()[0]) for part in m[4].split(", ")]
     assert 0 <= in_c <= wall and sum(ended) == serves > 0 and int(m[5]) <= ended[fastpath.IDLE]
-    assert int(m[6]) + int(m[7]) == sent > 100 and int(m[6]) > 0
-    assert "LAUNCH" in m[8]  # (the sim backend's kernels are Python's)
-    assert float(m[9]) + float(m[10]) + float(m[11]) <= in_c  # (C's turns that ran nothing, within its time)
+    assert int(m[6]) + int(m[7]) + int(m[8]) == ended[fastpath.PYTHON]
+    by_c, by_python, inline = int(m[10]), int(m[11]), int(m[13])
+    assert by_c + by_python == sent > 100 and by_c > 0 and 0 < inline <= by_python
+    assert "LAUNCH" in m[12]  # (the sim backend's kernels are Python's)
+    assert float(m[14]) + float(m[15]) + float(m[16]) <= in_c  # (C's turns that ran nothing, within its time)
     # (a gap between each two serves, outside C's share; the longest say why C stopped and what Python executed;
     # the gaps' time, split by what kept the channels in Python, adds up)
-    gaps_s = float(m[12])
-    assert int(m[13]) == serves - 1 and 0 <= gaps_s <= wall - in_c
-    longest = m[14].removeprefix(", the longest: ").split("; ")
+    gaps_s = float(m[17])
+    assert int(m[18]) == serves - 1 and 0 <= gaps_s <= wall - in_c
+    longest = m[19].removeprefix(", the longest: ").split("; ")
     assert len(longest) == min(serves - 1, 5)
     assert all(re.fullmatch(r"[\d.]+ ms after [a-z]+ \(.+\)", g) for g in longest)
-    kept = [float(x) for x in re.findall(r" ([\d.]+) s(?:,|$)", m[15])]
+    kept = [float(x) for x in re.findall(r" ([\d.]+) s(?:,|$)", m[20])]
     assert kept and abs(sum(kept) - gaps_s) < 1e-3 * len(kept)
 
 

@@ -557,8 +557,47 @@ def test_serve_many_leaves_calls_whose_turn_never_came_to_python(setup, second) 
     why, which, lefts, seq = fast.serve_many([chan, chan2], bufs, 1, 20_000, 5_000_000)
     t.join()
     assert seq == 1 and drv.calls == [] and lefts == [0, len(record_req(3))]
-    assert why == fastpath.PYTHON and fast.side(chan) == record_req(2)  # (taken as the slot closed)
+    # (taken as the slot closed; the serve still ends for what ended it: Python takes side whatever that was)
+    assert (why, which) == (fastpath.IDLE, -1) and fast.side(chan) == record_req(2)
     assert fast.serve_many([chan, chan2], bufs, 1, 1_000, 5_000_000)[:2] == (fastpath.IDLE, -1)
+
+
+@pytest.mark.parametrize("answer", ["done", "stop", "left"])
+def test_python_executes_what_c_leaves_while_c_serves_on(setup, second, answer: str) -> None:
+    """With Python's hook, a call C leaves to Python (a kernel it was never taught) is executed where C meets it,
+    in call order and after every earlier launch was issued, and C serves on; a hook that stops C has executed the
+    call (C returns IDLE after it), one that leaves it gets it back as without the hook (PYTHON, its bytes left)."""
+    fast, drv, chan, peer = setup
+    chan2, peer2 = second
+    code = {"done": fastpath.INLINE_DONE, "stop": fastpath.INLINE_STOP, "left": fastpath.INLINE_LEFT}[answer]
+    fds = []
+
+    def hook(c, msg: bytes) -> int:
+        fds.append(c.fd)
+        drv.calls.append(("python", wire.REQ.unpack_from(msg)[3], len(msg)))
+        return code
+
+    fast.set_python(hook)
+    try:
+        peer.sendall(launch_req(1, stream=3) + launch_req(2, kernel=99, stream=3) + record_req(4))
+        peer2.sendall(record_req(3))
+        bufs = [bytearray(1 << 16), bytearray(1 << 16)]
+        why, which, lefts, seq = fast.serve_many([chan, chan2], bufs, 1, 20_000, 5_000_000)
+    finally:
+        fast.set_python(None)
+    launched = ("launch", KERNEL, (3, 2, 1), (128, 1, 1), 64, STREAM, b"")
+    python = ("python", 2, len(launch_req(2)))
+    assert fds == [chan.fd]
+    if answer == "done":
+        assert (why, which, lefts, seq) == (fastpath.IDLE, -1, [0, 0], 5)
+        assert drv.calls == [launched, python, ("record", EVENT, STREAM, 3), ("record", EVENT, STREAM, 4)]
+    elif answer == "stop":
+        assert (why, which, seq) == (fastpath.IDLE, 0, 3) and lefts == [len(record_req(4)), len(record_req(3))]
+        assert drv.calls == [launched, python]
+    else:
+        assert (why, which, seq) == (fastpath.PYTHON, 0, 2)
+        assert bytes(bufs[0][: lefts[0]]).startswith(launch_req(2, kernel=99, stream=3))
+        assert drv.calls == [launched, python]
 
 
 def test_serve_many_names_the_channel_that_closed_or_sent_descriptors(setup, second) -> None:
@@ -704,7 +743,7 @@ def test_a_posted_request_out_of_turn_goes_to_python(setup) -> None:
     t.start()
     why, left, seq = fast.serve(chan, bytearray(1 << 16), 0, 5, 20_000, 5_000_000)
     t.join()
-    assert (why, left, seq) == (fastpath.PYTHON, 0, 5)
+    assert (why, left, seq) == (fastpath.IDLE, 0, 5)
     assert fast.side(chan) == launch_req(7) and chan.side_len == 0
     assert drv.calls == []
     assert mb.slot == wire.NVP_SLOT_CLOSED
@@ -1064,3 +1103,55 @@ def test_copies_to_the_host_in_pieces_are_issued_at_once(setup) -> None:
     drv.calls.clear()
     assert fast.run(chan, bytearray(piece(30, 3)), 30)[0] == fastpath.MORE
     assert drv.calls[:2] == [memcpy(3), ("record", 0xA000 + (chan.copy_next - 1) % fastpath.COPY_EVENTS, STREAM, 0)]
+
+
+def test_requests_handed_back_to_c_keep_each_threads_order() -> None:
+    """What waits in Python goes back to C's buffers in each thread's order: a request taken from a mailbox's slot
+    as C stopped was posted after everything the thread sent through its socket before it, some of which may still
+    be in the socket; requests the socket brought later follow it.  (Out of order, C waited for a call behind a
+    later one until Python parsed every buffer.)"""
+    from functools import partial
+    from types import SimpleNamespace
+
+    from nvproxy.proxy.dispatch import Dispatcher  # noqa: F401  (the server's import order, as the proxy's)
+    from nvproxy.proxy.server import Server
+
+    def heap_entry(seq: int, ch) -> tuple:
+        length, op, flags, s, *args = wire.REQ.unpack_from(record_req(seq))
+        return (seq, seq, ch, op, flags, tuple(args), b"")
+
+    a, b = socket.socketpair()
+    try:
+        a.setblocking(False)
+        class Thread:  # (a Channel's fields that handing back uses; hashable, as a Channel)
+            rbuf, sock, fds, closed, fast, queued = bytearray(record_req(10)), a, [], False, None, 1
+
+        ch = Thread()
+        server = SimpleNamespace(heap=[heap_entry(14, ch)])
+        server._receive = partial(Server._receive, server)
+        server._heap_by_channel = partial(Server._heap_by_channel, server)
+        b.sendall(record_req(12) + record_req(13))  # (sent before the thread posted 14 in its slot)
+        buf = bytearray(1 << 16)
+        held = Server._hand_back(server, [ch], [buf])
+        assert held == [4 * len(record_req(1))] and server.heap == [] and ch.rbuf == bytearray() and ch.queued == 0
+        assert bytes(buf[: held[0]]) == record_req(10) + record_req(12) + record_req(13) + record_req(14)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_request_merged_by_seq_among_a_threads_bytes() -> None:
+    from nvproxy.proxy.server import _merged
+
+    def whole(*seqs: int) -> bytes:
+        return b"".join(record_req(s) for s in seqs)
+
+    def entries(*seqs: int) -> list[tuple[int, bytes]]:
+        return [(s, record_req(s)) for s in seqs]
+
+    assert _merged(bytearray(whole(5, 9)), entries(3, 7, 11)) == whole(3, 5, 7, 9, 11)
+    assert _merged(bytearray(), entries(4)) == whole(4)
+    later = record_req(9)[:30]  # (part of a later request: its rest still in the socket)
+    assert _merged(bytearray(whole(5) + later), entries(7)) == whole(5, 7) + later
+    assert _merged(bytearray(whole(5) + record_req(6)[:30]), entries(7)) is None  # (7 must follow all of 6)
+    assert _merged(bytearray(whole(5) + record_req(6)[:10]), entries(7)) is None  # (part of a header: seq unknown)

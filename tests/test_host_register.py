@@ -32,13 +32,13 @@ def _unregisters(stderr: str) -> tuple[int, int]:
 
 
 def test_sim_unregister_after_a_synchronisation_is_posted(build) -> None:
-    """Each of the program's 12 cudaHostUnregister calls comes after a cudaDeviceSynchronize or with no work sent
+    """Each of the program's 14 cudaHostUnregister calls comes after a cudaDeviceSynchronize or with no work sent
     since one: nothing to wait for, so posted; cudaFreeHost of its 3 large cudaMallocHost buffers still waits.  The
     output is the transcript's, the buffers registered again at once among it."""
     r = run(nvproxy_cmd(build(APP), "sim", APP), env={**os.environ, "NVPROXY_TRACE": "1"})
     assert r.stdout == (EXPECTED / "sim" / f"{APP}.txt").read_text(), r.stderr[-3000:]
     assert r.returncode == 0, r.stderr[-3000:]
-    assert _unregisters(r.stderr) == (12, 3)
+    assert _unregisters(r.stderr) == (14, 3)
 
 
 def test_sim_unregister_with_work_in_flight_waits_for_it(build) -> None:

@@ -110,7 +110,7 @@ def _preloaded(exe: Path, extra: dict[str, str], stdin: str = "") -> subprocess.
 
 
 SPIN_RANGE = "expected a whole number from 0 to 200000 (microseconds)"
-DEBUG_KNOWN = "(known: no-mailbox, answered-copies)"
+DEBUG_KNOWN = "(known: no-mailbox, answered-copies, no-inline)"
 
 
 @pytest.mark.parametrize(("name", "value", "why"), [

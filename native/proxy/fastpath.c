@@ -1041,16 +1041,38 @@ static void flush_passed(void)
         issue_passed(&pass_v[i], 1);
 }
 
+/* ---- calls only Python executes, met while C serves ----
+ * Returning to Python for one of them costs far more than the call: C closes the mailboxes' slots, hands every
+ * channel's buffer over, and Python takes what they hold through its heap before C serves again (with many threads
+ * launching, milliseconds for each such call).  Python's hook executes the call in place instead, and C serves on.
+ * Every earlier call is issued first, as at a return to Python: the hook's call may use the same streams. */
+static int (*python_run)(struct nvpf_chan *, const uint8_t *, size_t);
+static int serving; /* inside nvpf_serve(_many): the hook may be called (never from nvpf_run: Python is its caller) */
+static int python_why; /* (stats: what made the serve end NVPF_PYTHON, as nvpf_stats.python_why counts it) */
+
+EXPORT void nvpf_set_python(int (*fn)(struct nvpf_chan *, const uint8_t *, size_t)) { python_run = fn; }
+
+static int run_in_python(struct nvpf_chan *ch, const uint8_t *msg, size_t n)
+{
+    if (!python_run || !serving)
+        return NVPF_INLINE_LEFT;
+    flush_passed();
+    drain();
+    return python_run(ch, msg, n);
+}
+
 static int run(struct nvpf_chan *ch, const uint8_t *buf, size_t len, uint64_t *next_seq, size_t *consumed,
                struct served *v)
 {
     size_t off = 0;
     int why = capturing && len >= sizeof(struct nvp_req) ? NVPF_PYTHON : NVPF_MORE;
+    python_why = 0; /* (a capture's: every call is Python's) */
     while (ready && !capturing && len - off >= sizeof(struct nvp_req)) {
         struct nvp_req q;
         memcpy(&q, buf + off, sizeof q);
         if (q.len < sizeof q || q.len - sizeof q > NVP_MAX_PAYLOAD || q.seq != *next_seq) {
             why = NVPF_PYTHON; /* malformed (Python says so), or not this call's turn */
+            python_why = 1;
             break;
         }
         if (len - off < q.len)
@@ -1072,8 +1094,20 @@ static int run(struct nvpf_chan *ch, const uint8_t *buf, size_t len, uint64_t *n
         int r = execute(ch, &q, buf + off + sizeof q, q.len - sizeof q);
         if (r == TO_PYTHON) {
             stats.to_python[q.op % NVPF_STAT_OPS]++;
-            why = NVPF_PYTHON;
-            break;
+            int py = run_in_python(ch, buf + off, q.len);
+            if (py == NVPF_INLINE_LEFT) {
+                why = NVPF_PYTHON;
+                python_why = 0;
+                break;
+            }
+            stats.inline_runs++;
+            off += q.len;
+            (*next_seq)++;
+            if (py == NVPF_INLINE_STOP) {
+                why = NVPF_IDLE; /* (Python's loop looks at the channels again before C serves them) */
+                break;
+            }
+            continue;
         }
         stats.executed++;
         off += q.len;
@@ -1110,18 +1144,19 @@ static uint32_t take_posted(struct nvp_mailbox *mb, uint8_t *out, uint32_t after
 /* Stop polling the slot; a request still posted goes to Python, after any already in side (one C left for Python,
  * which reopened the slot for the next before it knew: so side holds two at most).  Taken straight from POSTED to
  * CLOSED, never reopened on the way: a thread that posted in that instant (the proxy preempted between two
- * stores) would lose its request and wait for ever for its reply, the program in poll(2), the proxy idle. */
-static int close_slot(struct nvpf_chan *ch, int why)
+ * stores) would lose its request and wait for ever for its reply, the program in poll(2), the proxy idle.
+ * Python takes side's requests into call order whyever the serve ended, and hands them back to C with the rest:
+ * with many threads posting, one is nearly always in a slot, and a serve that ended for it would make Python take
+ * every buffer's calls through its heap (milliseconds). */
+static void close_slot(struct nvpf_chan *ch)
 {
     struct nvp_mailbox *mb = ch->mailbox;
     uint32_t open = NVP_SLOT_OPEN;
     if (mb && !__atomic_compare_exchange_n(&mb->slot, &open, NVP_SLOT_CLOSED, 0, __ATOMIC_SEQ_CST,
                                            __ATOMIC_SEQ_CST)) {
         ch->side_len += take_posted(mb, ch->side + ch->side_len, NVP_SLOT_CLOSED);
-        if (why != NVPF_REPLY && why != NVPF_FDS)
-            why = NVPF_PYTHON;
+        stats.side_taken++;
     }
-    return why;
 }
 
 /* Python's event loop: its epoll descriptor, readable while one of its sockets is (a new thread, a control command,
@@ -1242,7 +1277,10 @@ static int serve_one(struct served *v, int alone, size_t cap, uint64_t *next_seq
             return NVPF_MORE; /* (what follows is not its turn yet) */
         if (why != NVPF_MORE)
             return why;
-        return *v->len == cap ? NVPF_PYTHON : NVPF_MORE; /* (a message larger than the buffer: Python's grows) */
+        if (*v->len < cap)
+            return NVPF_MORE;
+        python_why = 2; /* (a message larger than the buffer: Python's grows) */
+        return NVPF_PYTHON;
     }
     /* the slot's request, when it is the next to run (an earlier one may still be in the socket) */
     struct nvp_mailbox *mb = ch->mailbox;
@@ -1418,21 +1456,19 @@ static int serve_channels(struct nvpf_chan **chs, uint8_t **bufs, size_t *lens, 
     pass_n = n;
     holding = 0;
     long entered = now_ns();
+    serving = 1;
     int why = serve(v, n, cap, next_seq, idle_us, budget_us, which);
+    serving = 0;
     flush_passed(); /* (Python executes what comes next, and finds every earlier call done) */
     drain();
     pass_n = 0;
     offloading = 0;
-    for (int i = 0; i < n; i++) { /* (a request posted meanwhile goes to Python, from any channel) */
-        int w = close_slot(chs[i], i == *which ? why : NVPF_IDLE);
-        if (i == *which)
-            why = w;
-        else if (w == NVPF_PYTHON && (why == NVPF_IDLE || why == NVPF_MORE))
-            why = NVPF_PYTHON;
-    }
+    for (int i = 0; i < n; i++) /* (a request posted meanwhile goes to Python, from any channel) */
+        close_slot(chs[i]);
     stats.serves++;
     stats.serve_ns += (uint64_t)(now_ns() - entered);
     stats.ended[why & 7]++;
+    stats.python_why[python_why % 3] += why == NVPF_PYTHON;
     stats.loop_turns += loop_turn;
     return why;
 }

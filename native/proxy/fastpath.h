@@ -34,6 +34,11 @@
 #define NVPF_FDS 5    /* descriptors came (SCM_RIGHTS), in fds[]: Python takes them with the bytes */
 #define NVPF_MAX_FDS 16
 
+/* what Python's hook answers for a call C meets while serving that only Python executes (nvpf_set_python) */
+#define NVPF_INLINE_DONE 0 /* executed there: C goes on with the next call */
+#define NVPF_INLINE_LEFT 1 /* not executed: C stops for it (NVPF_PYTHON), as without the hook */
+#define NVPF_INLINE_STOP 2 /* executed, and what it changed needs Python's loop: C stops (NVPF_IDLE) */
+
 #define NVPF_WAIT_NONE 0   /* at once, with reply_err */
 #define NVPF_WAIT_STREAM 1 /* once wait_handle (a stream) is idle */
 #define NVPF_WAIT_EVENT 2  /* once wait_handle (an event) has completed */
@@ -102,6 +107,10 @@ struct nvpf_chan {
 int nvpf_init(const struct nvpf_driver *drv, unsigned spin_us, unsigned exclusive_spin_us);
 void nvpf_set_text_fd(int fd); /* where kernel printf text arrives (-1: nowhere) */
 void nvpf_set_launch_threads(int n); /* threads that issue launches while C serves several channels (0: none) */
+/* Python's hook for the calls only Python executes, met while C serves (NULL: none; C then returns NVPF_PYTHON
+ * and hands its buffers over).  Called on the serving thread, in call order, with every earlier call issued; msg
+ * is the whole request.  Returns NVPF_INLINE_*. */
+void nvpf_set_python(int (*run)(struct nvpf_chan *ch, const uint8_t *msg, size_t len));
 void nvpf_learn_kernel(int dev, uint64_t id, void *func, uint32_t nparams, const uint32_t *offsets);
 void nvpf_learn_stream(uint64_t id, void *handle);
 void nvpf_learn_event(uint64_t id, void *handle);
@@ -122,6 +131,10 @@ struct nvpf_stats {
     uint64_t order_ns, quiet_ns, room_ns; /* serving several channels, time in turns that ran nothing: holding only
                                              later calls than the next (still on its way), none, and the next (its
                                              launch waits for room at a launch worker) */
+    uint64_t inline_runs; /* calls C left to Python that Python's hook executed while C served on */
+    uint64_t python_why[3]; /* serves that ended NVPF_PYTHON, by what C met: a call it left to Python; a message
+                               out of turn or malformed; a buffer full of calls whose turn had not come */
+    uint64_t side_taken;    /* requests found posted in a mailbox's slot as a serve ended (side) */
 };
 const struct nvpf_stats *nvpf_stats(void);
 /* The streams a synchronous pageable copy on dev waits for (the legacy stream, blocking streams, per-thread

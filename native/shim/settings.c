@@ -49,6 +49,7 @@ static const struct {
 } FLAGS[] = {
     {"no-mailbox", NVP_DEBUG_NO_MAILBOX},           /* every reply over the socket (mailbox.c) */
     {"answered-copies", NVP_DEBUG_ANSWERED_COPIES}, /* every posted copy answered, no unanswered runs (memory.c) */
+    {"no-inline", NVP_DEBUG_NO_INLINE},             /* the proxy's: C stops for every call Python executes */
 };
 
 /* NVPROXY_DEBUG's words, blanks around them taken, into *out; 0, or -1 with the line in bad */

@@ -109,6 +109,7 @@ cudaError_t nvp_enter(void);
 #define NVP_COPY_THREADS_MAX 8
 #define NVP_DEBUG_NO_MAILBOX 1u      /* NVPROXY_DEBUG=no-mailbox: every reply over the socket */
 #define NVP_DEBUG_ANSWERED_COPIES 2u /* NVPROXY_DEBUG=answered-copies: every posted copy answered */
+#define NVP_DEBUG_NO_INLINE 4u       /* NVPROXY_DEBUG=no-inline: the proxy's (the shim knows the word) */
 struct nvp_settings {
     uint64_t spin_ns; /* NVPROXY_SPIN_US */
     int copy_threads; /* NVPROXY_COPY_THREADS (0: unset) */
@@ -213,6 +214,7 @@ void nvp_host_foreach(void (*fn)(struct nvp_host_region *r, void *arg), void *ar
 int nvp_host_remove(uint64_t user, struct nvp_host_region *out);
 /* Is [p, p+n) inside memory the proxy can address (pinned/registered)? */
 int nvp_host_shared(uint64_t p, uint64_t n, struct nvp_host_region *out);
+int nvp_host_overlaps(uint64_t p, uint64_t n);
 /* memory.c: shared host memory at the same address in both processes (kind: nvp_host_kind) */
 cudaError_t nvp_host_alloc(void **p, size_t size, unsigned flags, int kind);
 cudaError_t nvp_host_free(const struct nvp_host_region *h);

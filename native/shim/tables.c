@@ -181,6 +181,17 @@ void nvp_host_foreach(void (*fn)(struct nvp_host_region *r, void *arg), void *ar
     pthread_mutex_unlock(&hosts.lock);
 }
 
+/* Does any of [p, p+n) lie in shared host memory?  (The ranges are sorted and disjoint: only the last one that
+ * begins in it or before it can reach into it.) */
+int nvp_host_overlaps(uint64_t p, uint64_t n)
+{
+    pthread_mutex_lock(&hosts.lock);
+    long i = n ? floor_index(&hosts, p + n - 1) : -1;
+    int hit = i >= 0 && hosts.v[i].base + hosts.v[i].size > p;
+    pthread_mutex_unlock(&hosts.lock);
+    return hit;
+}
+
 int nvp_host_shared(uint64_t p, uint64_t n, struct nvp_host_region *out)
 {
     struct range x;

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 # words NVPROXY_DEBUG may hold (empty: any word is accepted until the flags are listed here)
-DEBUG_FLAGS: tuple[str, ...] = ("no-mailbox", "answered-copies")
+DEBUG_FLAGS: tuple[str, ...] = ("no-mailbox", "answered-copies", "no-inline")
 
 
 @dataclass(frozen=True)
@@ -204,9 +204,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("NVPROXY_COPY_THREADS", "half the cores, at most 4", integer(1, 8),
             "threads that copy pageable memory into the staging buffers (1: the calling thread alone)", (SHIM,),
             "tuning"),
-    Setting("NVPROXY_LAUNCH_THREADS", "4", integer(0, 8),
+    Setting("NVPROXY_LAUNCH_THREADS", "8", integer(0, 8),
             "threads of the proxy that issue kernel launches while several of the program's threads make calls "
-            "(0: the proxy's one thread issues them all)", (PROXY,), "tuning"),
+            "(0: the proxy's one thread issues them all; unset: 8, at most half the cores the proxy may run on)",
+            (PROXY,), "tuning"),
     Setting("NVPROXY_MANAGED", "auto", choice("auto", "migrate", "zero-copy"),
             "managed memory: moved between host and device memory as each uses it (migrate; auto where the kernel "
             "lets this user watch page faults and the proxy has one device), or host memory kernels read over the "
@@ -237,7 +238,8 @@ SETTINGS: tuple[Setting, ...] = (
             "tuning"),
     Setting("NVPROXY_DEBUG", "", WORDS, "turns single mechanisms of the call path or the restore off, to compare or "
             "to isolate a fault, not for production: no-mailbox (replies by socket only), answered-copies (every "
-            "staged copy waits for its answer)", (SHIM, PROXY), "debug"),
+            "staged copy waits for its answer), no-inline (the proxy's C serving stops for every call only Python "
+            "executes)", (SHIM, PROXY), "debug"),
     Setting("NVPROXY_TRACE", "", choice("1"), "the shim prints every request it sends on stderr", (SHIM,), "debug"),
     Setting("NVPROXY_SERVE_STATS", "", choice("1"), "the proxy prints on stderr at its end how its C fast path "
             "served: its share of the time, why each of its serves ended, the requests C and Python executed, those "

@@ -3,8 +3,8 @@
 // are cores; 64 MiB on a 2 MiB boundary): each buffer keeps its contents and its neighbours', a kernel reads and
 // writes it through its device pointer, copies go both ways, and after cudaHostUnregister it is still the program's
 // memory, unchanged.  Then one buffer registered again and again, a thread reading a buffer while it is registered,
-// ranges that cannot be registered (with a hole, without access) failing and left as they were, and cudaMallocHost
-// beyond the sizes its pool serves.
+// ranges that cannot be registered (with a hole, without access, overlapping a registered one) failing and left as
+// they were, and cudaMallocHost beyond the sizes its pool serves.
 // argv[1]: steps of a long run with a registered buffer alive (checkpoint tests; default 0), argv[2]: ms between
 // steps, or -1: after each step wait for a line on standard input (at its end of file, wait no more); argv[3]
 // "forbid-process-vm-writev": first a seccomp filter makes process_vm_writev fail with EPERM, as some sandboxes do;
@@ -169,6 +169,27 @@ static void bad_ranges() {
     munmap(none, 20 * MIB);
 }
 
+// ranges that overlap a registered one fail (the same, one that begins before it, one that holds it); one beside it
+// is registered
+static void overlapping() {
+    Region r = region(4 * MIB, 4096);
+    unsigned char *p = (unsigned char *)r.p;
+    CHECK(cudaHostRegister(p + MIB, MIB, cudaHostRegisterDefault));
+    const struct { const char *what; size_t from, bytes; } tries[] = {
+        {"the same range", MIB, MIB},      {"a range ending inside it", 0, MIB + MIB / 2},
+        {"a range holding it", 0, 4 * MIB}, {"its last page", 2 * MIB - 4096, 4096},
+        {"the range before it", 0, MIB}};
+    for (const auto &t : tries) {
+        cudaError_t e = cudaHostRegister(p + t.from, t.bytes, cudaHostRegisterDefault);
+        cudaGetLastError();
+        printf("registering %s: %s\n", t.what, cudaGetErrorName(e));
+        if (e == cudaSuccess) CHECK(cudaHostUnregister(p + t.from));
+    }
+    CHECK(cudaHostUnregister(p + MIB));
+    printf("after: neighbours kept %d\n", neighbours_kept(r, 4 * MIB));
+    munmap(r.map, r.len);
+}
+
 static void large_pinned(unsigned tag) {
     int good = 0;
     for (size_t bytes : {48 * MIB, 40 * MIB + 4096, 48 * MIB}) {
@@ -231,6 +252,7 @@ int main(int argc, char **argv) {
     again_and_again(20 * MIB, 60);
     read_while_registering(64 * MIB, 70);
     bad_ranges();
+    overlapping();
     large_pinned(80);
 
     // a long run: a registered buffer alive, changed and read by a kernel at every step

@@ -1,8 +1,9 @@
 // Threads that end with calls still to run. Each launches on a stream of its own, a different number of times,
 // destroys the stream with its work still queued and ends without waiting, while the other threads go on
-// launching. Under nvproxy a thread's last calls are posted and may still wait for other threads' earlier calls
-// when its channel closes: the proxy must run them after the thread has gone, in the thread's order. Each launch
-// folds its number into the thread's value, so the values show whether every launch ran, once, in order.
+// launching; the main thread waits for the device between rounds. Under nvproxy a thread's last calls are posted
+// and may still wait for other threads' earlier calls when its channel closes: the proxy must run them after the
+// thread has gone, in the thread's order. Each launch folds its number into the thread's value, so the values show
+// whether every launch ran, once, in order.
 #include "check.h"
 #include <pthread.h>
 
@@ -33,6 +34,7 @@ int main() {
             pthread_create(&t[i], NULL, worker, (void *)i);
         for (int i = 0; i < THREADS; i++)
             pthread_join(t[i], NULL);
+        CHECK(cudaDeviceSynchronize()); /* (the next round's launches on new streams would race the last ones) */
     }
     CHECK(cudaDeviceSynchronize());
     unsigned got[THREADS];

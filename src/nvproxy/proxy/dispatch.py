@@ -17,6 +17,14 @@ from .server import SPIN_S
 from .state import ProcessState
 
 
+def launch_threads() -> int:
+    """NVPROXY_LAUNCH_THREADS, or where it is not set 8, at most half the cores this proxy may run on: the program's
+    threads that launch need cores beside them."""
+    if os.environ.get("NVPROXY_LAUNCH_THREADS"):
+        return int(os.environ["NVPROXY_LAUNCH_THREADS"])
+    return max(1, min(8, len(os.sched_getaffinity(0)) // 2))
+
+
 class Dispatcher:
     def __init__(self, backend: Any) -> None:
         self.backend = backend
@@ -28,8 +36,7 @@ class Dispatcher:
         self._sync_taught: set[int] = set()  # devices whose sync streams C knows (teach_sync_streams)
         driver = getattr(backend, "fast_driver", None)
         if driver is not None and fastpath.enabled():
-            self.fast = fastpath.FastPath(driver(), spin_us=int(SPIN_S * 1e6),
-                                          launch_threads=int(os.environ.get("NVPROXY_LAUNCH_THREADS", "4")))
+            self.fast = fastpath.FastPath(driver(), spin_us=int(SPIN_S * 1e6), launch_threads=launch_threads())
             # C replies itself only while no kernel printf text waits for a reply
             self.fast.set_text_fd(backend.watch_text(self.fast.set_text_pending))
             # (where no kernel can print, C's waits need not make the driver flush printf text: fastpath.c)

@@ -26,6 +26,7 @@ ffi = load("fastpath", CDEF)
 CONSTANTS = wire.defines(CDEF, "NVPF_")
 MORE, PYTHON, REPLY = CONSTANTS["NVPF_MORE"], CONSTANTS["NVPF_PYTHON"], CONSTANTS["NVPF_REPLY"]
 IDLE, CLOSED, FDS = CONSTANTS["NVPF_IDLE"], CONSTANTS["NVPF_CLOSED"], CONSTANTS["NVPF_FDS"]
+INLINE_DONE, INLINE_LEFT, INLINE_STOP = (CONSTANTS[f"NVPF_INLINE_{k}"] for k in ("DONE", "LEFT", "STOP"))
 WAIT_NONE, WAIT_STREAM, WAIT_EVENT = (CONSTANTS[f"NVPF_WAIT_{k}"] for k in ("NONE", "STREAM", "EVENT"))
 MAX_DEV = CONSTANTS["NVPF_MAX_DEV"]
 COPY_EVENTS = CONSTANTS["NVPF_COPY_EVENTS"]
@@ -58,6 +59,7 @@ class FastPath:
                 setattr(self.drv, name, ffi.cast(ffi.typeof(getattr(self.drv, name)), driver[name]))
         self.lib.nvpf_init(self.drv, spin_us, exclusive_spin_us)
         self.lib.nvpf_set_launch_threads(launch_threads)
+        self.lib.nvpf_set_python(ffi.NULL)  # (C's state outlives a FastPath: no earlier one's hook)
         # Python issued work: C's next synchronous posted copy asks the streams again (nvpf_note_issue)
         self.note_issue: Callable[[], None] = self.lib.nvpf_note_issue
         self._seq = ffi.new("uint64_t *")
@@ -67,6 +69,22 @@ class FastPath:
         self._events: set[int] = set()
         self._execs: set[int] = set()
         self._translating = False
+        self._python: Any = None  # (the hook's cffi callback, kept alive while C may call it)
+
+    def set_python(self, run: Callable[[Any, bytes], int] | None) -> None:
+        """Python's hook for a call C meets while serving that only Python executes: run(chan, message) executes it
+        where C is, and answers INLINE_DONE, INLINE_STOP (done; C stops serving) or INLINE_LEFT (C stops for it)."""
+        if run is None:
+            self.lib.nvpf_set_python(ffi.NULL)
+            self._python = None
+            return
+
+        def hook(chan: Any, msg: Any, n: int) -> int:
+            return run(chan, bytes(ffi.buffer(msg, n)))
+
+        # (an exception that escaped run would leave cffi's answer: LEFT, so the call is not lost)
+        self._python = ffi.callback("int(struct nvpf_chan *, const uint8_t *, size_t)", hook, error=INLINE_LEFT)
+        self.lib.nvpf_set_python(self._python)
 
     # ---- what C may use ----
     def channel(self, fd: int) -> Any:
@@ -141,9 +159,12 @@ class FastPath:
         return "\n".join([
             f"nvproxy: served {wall_s:.3f} s (waits included), {in_c:.4f} s of it in C "
             f"({100 * in_c / max(wall_s, 1e-9):.0f}%), in {st.serves} serves",
-            f"nvproxy: the serves ended: {ended} (of them for the event loop's turn: {st.loop_turns})",
+            f"nvproxy: the serves ended: {ended} (of them for the event loop's turn: {st.loop_turns}; for Python, "
+            f"at a call C left to it {st.python_why[0]}, a message out of turn {st.python_why[1]}, a full buffer "
+            f"{st.python_why[2]}); requests found in mailbox slots as serves ended {st.side_taken}",
             f"nvproxy: requests executed by C {st.executed}, by Python {python_executed}",
-            "nvproxy: requests C left to Python: " + (", ".join(f"{name} {n}" for n, name in left) or "none"),
+            "nvproxy: requests C left to Python: " + (", ".join(f"{name} {n}" for n, name in left) or "none")
+            + f"; of them, executed by Python while C served on: {st.inline_runs}",
             f"nvproxy: serving several threads, C ran nothing for {st.order_ns / 1e9:.4f} s while it held later "
             f"calls but not the next, {st.room_ns / 1e9:.4f} s while the next waited for a launch worker, and "
             f"{st.quiet_ns / 1e9:.4f} s while it held none",

@@ -40,12 +40,15 @@ from .listen import listen_at
 
 REQ = wire.REQ
 HDR = REQ.size
+HEAD = struct.Struct("<IHHQ")  # (a request's length, op, flags and seq)
 F_REPLY = wire.NVP_F_REPLY
 # posted requests the heap hands to C first (_c_executed)
 C_FIRST = {wire.NVP_OP_LAUNCH, wire.NVP_OP_EVENT_RECORD, wire.NVP_OP_STREAM_WAIT_EVENT, wire.NVP_OP_GRAPH_LAUNCH}
 # what a proxy with a broken context still executes: the shim's reconnection bookkeeping (a restored proxy's
 # context works; a broken one fails them natively)
 BOOKKEEPING = {wire.NVP_OP_HOST_REGISTER, wire.NVP_OP_HOST_UNREGISTER, wire.NVP_OP_SET_DEVICE, wire.NVP_OP_RESTORE_DONE}
+# calls C meets while serving that Python executes only after C has returned (_run_inline): they remake whole state
+NOT_INLINE = {wire.NVP_OP_DEVICE_RESET, wire.NVP_OP_RESTORE_DONE}
 # calls synchronous natively that the shim may send without a reply (memory.c: cudaHostUnregister where no device
 # can still be using the memory): a failure is the next call's asynchronous error, so one line names the call
 POSTED_SYNCHRONOUS = {wire.NVP_OP_HOST_UNREGISTER: "cudaHostUnregister"}
@@ -76,6 +79,28 @@ def _queued(sock: socket.socket) -> int:
     n = array.array("i", [0])
     fcntl.ioctl(sock.fileno(), termios.FIONREAD, n)
     return n[0]
+
+
+def _merged(buf: bytearray, entries: list[tuple[int, bytes]]) -> bytearray | None:
+    """One channel's requests from the heap (seq, the whole request; in seq order) put among the bytes it sent
+    after them or before them (buf), by seq; None where one would follow part of a request whose rest is still to
+    come, or part of a header (whose seq is not known)."""
+    out, off, n = bytearray(), 0, len(buf)
+    for seq, msg in entries:
+        start = off
+        while n - off >= HEAD.size:
+            length, _op, _flags, s = HEAD.unpack_from(buf, off)
+            if s > seq:
+                break
+            if length < HDR or off + length > n:
+                return None
+            off += length
+        if 0 < n - off < HEAD.size:
+            return None
+        out += buf[start:off]
+        out += msg
+    out += buf[off:]
+    return out
 
 
 class Deferred:
@@ -248,11 +273,16 @@ class Server:
         self.running = True
         self.serve_due = False  # C is to serve the calling threads' channels after this turn of the event loop
         self.c_stalled = False  # C's last serve ran nothing: the loop reads the calling threads' sockets itself
+        self.stalled_at = 0  # the call whose turn it was when a serve last ran nothing (_serve_due)
         self.handed_over = False
         self.writer: threading.Thread | None = None  # writing a checkpoint file from the host image
         self.dmtcp = DmtcpOverlap()  # when DMTCP checkpoints' GPU images are written, and what came of them
         # a concurrent checkpoint's gate (checkpoint/concurrent.py): runs before each request until it says False
         self.gate: Callable[[int, int, tuple[int, ...]], bool] | None = None
+        self.serving: dict[int, Channel] = {}  # while C serves: its channels by socket (_run_inline)
+        self.inline_exc: BaseException | None = None  # what interrupted _run_inline, raised once C has returned
+        if self.fast is not None and "no-inline" not in os.environ.get("NVPROXY_DEBUG", "").replace(" ", "").split(","):
+            self.fast.set_python(self._run_inline)
         if listener is None:
             listener = listen_at(sock_path, 64)
         self.listener = listener
@@ -390,7 +420,10 @@ class Server:
         self.serve_due = False
         while (chans := self._servable()) is not None:
             before = self.next_seq
-            why, which = self._serve(chans)
+            served = self._serve(chans)
+            if served is None:  # (what waits cannot go back to C in its order: Python runs it)
+                break
+            why, which = served
             if self.gaps is not None:
                 self.gaps.refused("C stopped: " + fastpath.why_name(why))
             self._drop_ended()
@@ -402,11 +435,20 @@ class Server:
                 if self.gaps is not None:
                     self.gaps.refused("the event loop's turn")
                 return
-            # With nothing run, what waits needs more from a socket, or a request numbered but never sent: Python
-            # takes what C received (in call order, through the heap) and reads the sockets until C runs something
-            # again.  After a pause (a thread between numbering a request and sending it, its core taken), C takes
-            # up what it received again once the loop has looked at its sockets: parsing it all here costs far more.
-            self.c_stalled = self.next_seq == before
+            # With nothing run, the next call is on its way: a thread between numbering a request and sending it (its
+            # core taken), or a new thread's first call.  C takes up what it received again once the loop has looked
+            # at its sockets (a new connection): parsing every buffer into the heap costs far more (up to a hundred
+            # milliseconds with many threads).  Where C runs nothing again for the same call, what waits needs more
+            # from a socket, or a request numbered but never sent: Python takes what C received (in call order,
+            # through the heap) and reads the sockets until C runs something again.
+            stalled = self.next_seq == before
+            if stalled and self.stalled_at != self.next_seq:
+                self.stalled_at = self.next_seq
+                self.serve_due = True
+                if self.gaps is not None:
+                    self.gaps.refused("C ran nothing once")
+                return
+            self.c_stalled = stalled
             if self.c_stalled and self.gaps is not None:
                 self.gaps.refused("C ran nothing")
             if self.c_stalled:
@@ -452,7 +494,7 @@ class Server:
 
     def _waiting_fits(self, chans: list[Channel]) -> bool:
         """Can what waits in Python (the heap's requests, received bytes not parsed yet) go back to these channels'
-        buffers for C, each channel's in its order?"""
+        buffers for C, each channel's in its order?  (_hand_back reads their sockets first, and looks again.)"""
         size = {c: len(c.rbuf) for c in chans}
         for seq, _t, ch, _op, _flags, _args, payload in self.heap:
             if ch not in size or seq < self.next_seq:
@@ -460,29 +502,51 @@ class Server:
             size[ch] += REQ.size + len(payload)
         return all(n <= len(RECV_BUF) for n in size.values())
 
-    def _hand_back(self, chans: list[Channel], bufs: list[bytearray]) -> list[int]:
-        """What waits in Python into the channels' buffers, in their order (the heap's requests, then the bytes
-        received after them): their lengths.  Requests that wait for another thread's earlier one then run in C
-        as soon as it comes, instead of each in Python."""
-        data = {c: bytearray() for c in chans}
+    def _heap_by_channel(self, chans: list[Channel]) -> dict[Channel, list[tuple[int, bytes]]]:
+        """The heap's requests by channel, in seq order, each whole; the channels' sockets read first.  A channel's
+        heap requests came from its buffer (parsed from what its socket brought) or from its mailbox's slot as C
+        stopped: those the thread posted after sending bytes that may still be in the socket, and after those
+        bytes they must run."""
+        by: dict[Channel, list[tuple[int, bytes]]] = {}
         for seq, _t, ch, op, flags, args, payload in sorted(self.heap, key=lambda e: (e[0], e[1])):
-            data[ch] += REQ.pack(REQ.size + len(payload), op, flags, seq, *args) + payload
-        self.heap.clear()
+            by.setdefault(ch, []).append((seq, REQ.pack(REQ.size + len(payload), op, flags, seq, *args) + payload))
+        for ch in by:
+            for _ in range(4):  # (until the socket is empty: a read stops short where descriptors came)
+                if ch not in chans or ch.closed or ch.fast is not None and ch.fast.ended or not self._receive(ch):
+                    break
+        return by
+
+    def _hand_back(self, chans: list[Channel], bufs: list[bytearray]) -> list[int] | None:
+        """What waits in Python into the channels' buffers, each in its order: their lengths; None (nothing moved)
+        where it does not fit or a heap request would follow part of a request."""
+        by = self._heap_by_channel(chans)
+        data = {}
         for c in chans:
-            c.queued = 0
+            d = _merged(c.rbuf, by[c]) if c in by else c.rbuf
+            if d is None or len(d) > len(bufs[0]):
+                return None
+            data[c] = d
+        self.heap.clear()
         held = []
         for c, buf in zip(chans, bufs, strict=True):
-            d = data[c] + c.rbuf
-            c.rbuf.clear()
+            c.queued = 0
+            d = data[c]
             buf[: len(d)] = d
             held.append(len(d))
+            c.rbuf.clear()
         return held
 
-    def _serve(self, chans: list[Channel]) -> tuple[int, int]:
+    def _serve(self, chans: list[Channel]) -> tuple[int, int] | None:
         """C serves the channels until Python is needed; then Python takes what C left (a reply, descriptors, the
         requests left in mailbox slots, in call order through the heap, and those left in buffers where C stopped
         for a call it left to Python or for descriptors: after the loop's turn, a reply or a closed socket, C takes
-        them again).  (Why C stopped, the channel it stopped for or -1.)"""
+        them again).  (Why C stopped, the channel it stopped for or -1); None, not served, where what waits in
+        Python cannot go back to the channels' buffers in its order."""
+        # (several channels: each its own buffer, where what one received but could not run yet stays)
+        bufs = [RECV_BUF] if len(chans) == 1 else [c.serve_buffer() for c in chans]
+        held = self._hand_back(chans, bufs)
+        if held is None:
+            return None
         fast = self.fast
         fast.set_translating(bool(self.dispatch.state.relocs))
         self.backend.activate(chans[0].dev)
@@ -491,16 +555,18 @@ class Server:
             fc.dev, fc.pending, fc.async_err = c.dev, c._pending, c.async_err
         if self.gaps is not None:
             self.gaps.entered()
+        self.serving = {c.fast.fd: c for c in chans}
         if len(chans) == 1:
-            held = self._hand_back(chans, [RECV_BUF])
             why, left, self.next_seq = fast.serve(chans[0].fast, RECV_BUF, held[0], self.next_seq, SERVE_IDLE_US,
                                                   SERVE_BUDGET_US)
-            which, bufs, lefts = 0, [RECV_BUF], [left]
-        else:  # (each its own buffer: what one received but could not run yet stays there)
-            bufs = [c.serve_buffer() for c in chans]
-            held = self._hand_back(chans, bufs)
+            which, lefts = 0, [left]
+        else:
             why, which, lefts, self.next_seq = fast.serve_many([c.fast for c in chans], bufs, self.next_seq,
                                                                SERVE_IDLE_US, SERVE_BUDGET_US, held)
+        self.serving = {}
+        if self.inline_exc is not None:
+            exc, self.inline_exc = self.inline_exc, None
+            raise exc
         if self.gaps is not None:
             self.gaps.left(why)
         for c, buf, left in zip(chans, bufs, lefts, strict=True):
@@ -528,6 +594,31 @@ class Server:
             if c.rbuf:
                 self._run_fast(c)
         return why, which
+
+    def _run_inline(self, fc: Any, msg: bytes) -> int:
+        """C's hook (fastpath.set_python): a call C met while serving that only Python executes, whose turn it is,
+        executed here while C serves on.  LEFT where it needs Python's whole way (C then stops for it)."""
+        try:
+            ch = self.serving.get(fc.fd)
+            _length, op, flags, seq, *args = REQ.unpack_from(msg, 0)
+            if ch is None or ch.closed or op in NOT_INLINE or self.gate is not None or self.dispatch.gated or self.heap:
+                return fastpath.INLINE_LEFT
+            dev = ch.dev
+            ch.async_err = fc.async_err
+            self.running_seq, self.next_seq = seq, seq + 1  # (ran(), from other threads)
+            try:
+                self._execute(ch, op, flags, tuple(args), msg[HDR:])
+            finally:
+                self.running_seq = 0
+            fc.pending, fc.async_err = ch._pending, ch.async_err
+            if ch.dev != dev or ch.closed or self.gate is not None or self.dispatch.gated:
+                return fastpath.INLINE_STOP  # (a device of its own now, or every call is Python's: the loop looks)
+            self.fast.set_translating(bool(self.dispatch.state.relocs))
+            self.backend.activate(dev)
+            return fastpath.INLINE_DONE
+        except BaseException as e:  # (an exit, a signal's exception: raised once C has returned)
+            self.inline_exc = e
+            return fastpath.INLINE_STOP
 
     def _fast_run(self, ch: Channel) -> bool:
         """Let C execute what it can at the start of ch's buffer; True when it used all complete messages."""
