@@ -1151,7 +1151,8 @@ def test_a_request_merged_by_seq_among_a_threads_bytes() -> None:
 
     assert _merged(bytearray(whole(5, 9)), entries(3, 7, 11)) == whole(3, 5, 7, 9, 11)
     assert _merged(bytearray(), entries(4)) == whole(4)
-    later = record_req(9)[:30]  # (part of a later request: its rest still in the socket)
+    later = req(wire.NVP_OP_EVENT_RECORD, 9, 4, 3, 9, payload=bytes(16))[: wire.REQ.size + 4]  # (part of a later one)
     assert _merged(bytearray(whole(5) + later), entries(7)) == whole(5, 7) + later
-    assert _merged(bytearray(whole(5) + record_req(6)[:30]), entries(7)) is None  # (7 must follow all of 6)
-    assert _merged(bytearray(whole(5) + record_req(6)[:10]), entries(7)) is None  # (part of a header: seq unknown)
+    earlier = req(wire.NVP_OP_EVENT_RECORD, 6, 4, 3, 6, payload=bytes(16))[: wire.REQ.size + 4]
+    assert _merged(bytearray(whole(5) + earlier), entries(7)) is None  # (7 must follow all of 6)
+    assert _merged(bytearray(whole(5) + record_req(6)[:30]), entries(7)) is None  # (part of a header: seq unknown)

@@ -112,8 +112,18 @@ def _executable(v: str) -> str | None:
     return None if os.access(v, os.X_OK) else "not executable"
 
 
+def _debug_words(v: str) -> list[str]:
+    return [w.strip() for w in v.split(",")]
+
+
+def debug_flag(name: str, env: Mapping[str, str] | None = None) -> bool:
+    """Is NVPROXY_DEBUG's flag `name` set (in env, else this process's environment)?"""
+    v = (os.environ if env is None else env).get("NVPROXY_DEBUG", "")
+    return bool(v) and name in _debug_words(v)
+
+
 def _words(v: str) -> str | None:
-    words = [w.strip() for w in v.split(",")]
+    words = _debug_words(v)
     bad = [w for w in words if not re.fullmatch(r"[A-Za-z0-9_-]+", w)]
     if bad:
         return f"{bad[0]!r} is not a word"
@@ -204,10 +214,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("NVPROXY_COPY_THREADS", "half the cores, at most 4", integer(1, 8),
             "threads that copy pageable memory into the staging buffers (1: the calling thread alone)", (SHIM,),
             "tuning"),
-    Setting("NVPROXY_LAUNCH_THREADS", "8", integer(0, 8),
+    Setting("NVPROXY_LAUNCH_THREADS", "8, at most half the cores", integer(0, 8),
             "threads of the proxy that issue kernel launches while several of the program's threads make calls "
-            "(0: the proxy's one thread issues them all; unset: 8, at most half the cores the proxy may run on)",
-            (PROXY,), "tuning"),
+            "(0: the proxy's one thread issues them all)", (PROXY,), "tuning"),
     Setting("NVPROXY_MANAGED", "auto", choice("auto", "migrate", "zero-copy"),
             "managed memory: moved between host and device memory as each uses it (migrate; auto where the kernel "
             "lets this user watch page faults and the proxy has one device), or host memory kernels read over the "

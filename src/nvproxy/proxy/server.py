@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .. import wire
+from .. import settings, wire
 from ..checkpoint import reach
 from ..errors import NOT_SUPPORTED, STICKY, UNKNOWN, CudaError
 from . import commands, control, fastpath, mailbox
@@ -40,7 +40,6 @@ from .listen import listen_at
 
 REQ = wire.REQ
 HDR = REQ.size
-HEAD = struct.Struct("<IHHQ")  # (a request's length, op, flags and seq)
 F_REPLY = wire.NVP_F_REPLY
 # posted requests the heap hands to C first (_c_executed)
 C_FIRST = {wire.NVP_OP_LAUNCH, wire.NVP_OP_EVENT_RECORD, wire.NVP_OP_STREAM_WAIT_EVENT, wire.NVP_OP_GRAPH_LAUNCH}
@@ -84,18 +83,18 @@ def _queued(sock: socket.socket) -> int:
 def _merged(buf: bytearray, entries: list[tuple[int, bytes]]) -> bytearray | None:
     """One channel's requests from the heap (seq, the whole request; in seq order) put among the bytes it sent
     after them or before them (buf), by seq; None where one would follow part of a request whose rest is still to
-    come, or part of a header (whose seq is not known)."""
+    come, or part of a header (whose seq is not known yet)."""
     out, off, n = bytearray(), 0, len(buf)
     for seq, msg in entries:
         start = off
-        while n - off >= HEAD.size:
-            length, _op, _flags, s = HEAD.unpack_from(buf, off)
+        while n - off >= HDR:
+            length, _op, _flags, s, *_args = REQ.unpack_from(buf, off)
             if s > seq:
                 break
             if length < HDR or off + length > n:
                 return None
             off += length
-        if 0 < n - off < HEAD.size:
+        if 0 < n - off < HDR:
             return None
         out += buf[start:off]
         out += msg
@@ -281,7 +280,7 @@ class Server:
         self.gate: Callable[[int, int, tuple[int, ...]], bool] | None = None
         self.serving: dict[int, Channel] = {}  # while C serves: its channels by socket (_run_inline)
         self.inline_exc: BaseException | None = None  # what interrupted _run_inline, raised once C has returned
-        if self.fast is not None and "no-inline" not in os.environ.get("NVPROXY_DEBUG", "").replace(" ", "").split(","):
+        if self.fast is not None and not settings.debug_flag("no-inline"):
             self.fast.set_python(self._run_inline)
         if listener is None:
             listener = listen_at(sock_path, 64)
